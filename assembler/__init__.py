@@ -1,0 +1,1 @@
+"""Assembler: Lark-parsed text or Python instruction objects -> ObjectFile -> versioned binary."""

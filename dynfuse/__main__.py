@@ -1,0 +1,5 @@
+import sys
+
+from dynfuse.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""`dynfuse` console command: one subcommand per job, registered by each package.
+
+Each listed module exposes `register(subparsers)`, adding parsers whose
+defaults carry `run=callable(args) -> int`. User mistakes arrive here as
+DynfuseError (or OSError for paths) and leave as one message and a non-zero
+exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from isa.errors import DynfuseError
+
+SUBCOMMAND_MODULES = (
+    "assembler.cli",
+)
+
+EXIT_USER_ERROR = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynfuse", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except DynfuseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as err:
+        print(f"error: {err.strerror or err}: {err.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
