@@ -8,11 +8,14 @@ PYTEST_WORKERS ?= 2
 install:
 	$(PIP) -e .
 
-# Everything the tests need: dev extras, the local CPU torch (test-only, for ONNX export) and Icarus Verilog.
+# Everything the tests need: dev extras, the local CPU torch (test-only, for ONNX export),
+# Icarus Verilog (RTL co-simulation) and Graphviz (DOT export checks).
+APT_TOOLS = iverilog:iverilog dot:graphviz
 install-test:
 	$(PIP) -e '.[dev]'
 	$(PIP) torch==2.13.0
-	command -v iverilog >/dev/null || { apt-get update -qq && apt-get install -y -qq iverilog; }
+	@missing=""; for pair in $(APT_TOOLS); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair##*:}"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 demo: install
 	$(PYTHON) -m dynfuse asm examples/tiled_gemm.s -o /tmp/dynfuse_demo.bin

@@ -16,6 +16,10 @@ from isa.errors import DynfuseError
 
 SUBCOMMAND_MODULES = (
     "assembler.cli",
+    "simulator.cli",
+    "fusion.cli",
+    "fusion.lower.cli",
+    "rtl.cli",
 )
 
 EXIT_USER_ERROR = 1

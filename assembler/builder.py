@@ -1,0 +1,219 @@
+"""`ProgramBuilder`: emit programs from Python without text, for the fusion engine.
+
+One method per ISA row is generated from the table (`v.add.vs` -> `v_add_vs`,
+Python keywords get a trailing underscore: `and_`); operands are given
+positionally in field order or by field name. Registers and immediates are
+ints, enums are members or names, targets are label names or absolute
+instruction indices. `build()` runs the same linker as the text path, so both
+give identical bytes; problems are reported at the Python line that emitted them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import keyword
+import linecache
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from assembler import program as ir
+from assembler.diagnostics import AssemblyError, Diagnostic
+from assembler.link import DATA_RANGES, link, paused_gc
+from assembler.objfile import ObjectFile, Section
+from isa import BY_MNEMONIC, INSTRUCTIONS, DType, InstructionSpec
+from isa.errors import IsaTableError
+
+TensorSpec = tuple[str, DType | str, Sequence[int], Any]  # name, dtype, shape, address (int or data label)
+
+
+def _caller(depth: int = 2) -> tuple[str, int]:
+    frame = sys._getframe(depth)
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def _user_frame() -> tuple[str, int]:
+    """The innermost frame outside this module and contextlib: where the user called us."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
+        frame = frame.f_back
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def _call_error(message: str, hint: str = "") -> AssemblyError:
+    """A mistake in the shape of a call: reported at once, at the caller's line."""
+    return AssemblyError([_report(_user_frame(), 0, message, hint)])
+
+
+def _report(loc: Any, col: int, message: str, hint: str) -> Diagnostic:
+    if loc is None:
+        return Diagnostic("<builder>", 0, 0, message, hint)
+    filename, lineno = loc
+    source = linecache.getline(filename, lineno).rstrip("\n")
+    indent = len(source) - len(source.lstrip())
+    return Diagnostic(filename, lineno, indent + 1, message, hint, source)
+
+
+class ProgramBuilder:
+    """Collects program items; see the module docstring. Methods return the builder for chaining."""
+
+    def __init__(self, data_base: int | None = None) -> None:
+        self._items: list[ir.Item] = []
+        if data_base is not None:
+            self._items.append(ir.DataBase(data_base, _caller()))
+
+    # --- text ------------------------------------------------------------------------------
+
+    def instr(self, mnemonic: str, *args: Any, **kwargs: Any) -> ProgramBuilder:
+        """Emit any instruction by mnemonic (the generated methods are shortcuts for this)."""
+        spec = BY_MNEMONIC.get(mnemonic)
+        if spec is None:
+            raise _call_error(f"unknown mnemonic {mnemonic!r}")
+        self._items.append(ir.Instr(spec, _bind(spec, args, kwargs), _caller()))
+        return self
+
+    def label(self, name: str) -> str:
+        """Define `name` at the current position of the current section; returns the name."""
+        self._items.append(ir.Label(name, _caller()))
+        return name
+
+    def equ(self, name: str, value: int | float | str) -> str:
+        self._items.append(ir.Equ(name, value, _caller()))
+        return name
+
+    def text(self) -> ProgramBuilder:
+        self._items.append(ir.SetSection(Section.text, _caller()))
+        return self
+
+    def data(self) -> ProgramBuilder:
+        self._items.append(ir.SetSection(Section.data, _caller()))
+        return self
+
+    # --- data ------------------------------------------------------------------------------
+
+    def i8(self, *values: Any) -> ProgramBuilder:
+        """Bytes in [-128, 255]: ints, symbol names, or one sequence / numpy array."""
+        return self._data("i8", values)
+
+    def i32(self, *values: Any) -> ProgramBuilder:
+        return self._data("i32", values)
+
+    def word(self, *values: Any) -> ProgramBuilder:
+        """32-bit words, typically label names (dispatch tables)."""
+        return self._data("i32", values)
+
+    def f32(self, *values: Any) -> ProgramBuilder:
+        return self._data("f32", values)
+
+    def zero(self, count: int) -> ProgramBuilder:
+        self._items.append(ir.Zero(count, _caller()))
+        return self
+
+    def align(self, boundary: int) -> ProgramBuilder:
+        self._items.append(ir.Align(boundary, _caller()))
+        return self
+
+    def _data(self, kind: str, values: tuple[Any, ...]) -> ProgramBuilder:
+        if len(values) == 1 and isinstance(values[0], np.ndarray | list | tuple):
+            values = values[0]
+        if isinstance(values, np.ndarray):
+            payload: Any = _array_bytes(kind, values)
+        else:
+            payload = tuple(values)
+        if len(payload) == 0:
+            raise _call_error(f".{kind} needs at least one value")
+        self._items.append(ir.Data(kind, payload, _caller(3)))
+        return self
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def kernel(
+        self,
+        name: str,
+        inputs: Sequence[TensorSpec] = (),
+        outputs: Sequence[TensorSpec] = (),
+        attrs: Mapping[str, str] | None = None,
+    ) -> Iterator[ProgramBuilder]:
+        """`with b.kernel("gemm", inputs=[("a", "i8", (64, 64), "a_buf")], attrs={...}):` emits a kernel block."""
+        loc = _user_frame()
+        self._items.append(ir.KernelBegin(name, loc))
+        for output, group in ((False, inputs), (True, outputs)):
+            for tensor_name, dtype, shape, address in group:
+                self._items.append(ir.KernelTensor(output, tensor_name, dtype, tuple(shape), address, loc))
+        for key, value in (attrs or {}).items():
+            self._items.append(ir.KernelAttr(key, str(value), loc))
+        yield self
+        self._items.append(ir.KernelEnd(_user_frame()))
+
+    # --- result ----------------------------------------------------------------------------
+
+    def build(self) -> ObjectFile:
+        """Link everything emitted so far; raises AssemblyError listing every problem."""
+        with paused_gc():
+            return link(self._items, _report)
+
+
+def _array_bytes(kind: str, array: np.ndarray) -> bytes:
+    """Data from a numpy array, range-checked like the text path, without a Python loop over elements."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if kind == "f32":
+        if flat.dtype.kind not in "iuf":
+            raise _call_error(f".f32 needs a numeric array, got dtype {flat.dtype}")
+        with np.errstate(over="ignore"):
+            out = flat.astype("<f4")
+        if not np.array_equal(np.isfinite(out), np.isfinite(flat)):
+            raise _call_error(".f32 array has values too large for single precision")
+        return out.tobytes()
+    if flat.dtype.kind not in "iu":
+        raise _call_error(f".{kind} needs an integer array, got dtype {flat.dtype}")
+    lo, hi = DATA_RANGES[kind]
+    if flat.size and (flat.min() < lo or flat.max() > hi):
+        raise _call_error(f".{kind} array has values outside [{lo}, {hi}]")
+    unsigned = "<u1" if kind == "i8" else "<u4"
+    return (flat.astype(np.int64) & ((1 << (8 * np.dtype(unsigned).itemsize)) - 1)).astype(unsigned).tobytes()
+
+
+def _bind(spec: InstructionSpec, args: tuple, kwargs: dict) -> tuple:
+    names = [f.name for f in spec.fields]
+    if len(args) > len(names):
+        raise _call_error(f"{spec.mnemonic} takes {len(names)} operands, got {len(args)}", spec.syntax)
+    bound = dict(zip(names, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise _call_error(f"{spec.mnemonic} has no operand {key!r}", f"operands: {', '.join(names)}")
+        if key in bound:
+            raise _call_error(f"{spec.mnemonic}: operand {key!r} given twice")
+        bound[key] = value
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise _call_error(f"{spec.mnemonic}: missing operand(s) {', '.join(missing)}", spec.syntax)
+    return tuple(bound[n] for n in names)
+
+
+def builder_method_name(spec: InstructionSpec) -> str:
+    name = spec.python_name
+    return name + "_" if keyword.iskeyword(name) else name
+
+
+def _generated(spec: InstructionSpec) -> Any:
+    arity = len(spec.fields)
+
+    def emit(self: ProgramBuilder, *args: Any, **kwargs: Any) -> ProgramBuilder:
+        if kwargs or len(args) != arity:
+            args = _bind(spec, args, kwargs)
+        frame = sys._getframe(1)
+        self._items.append(ir.Instr(spec, args, (frame.f_code.co_filename, frame.f_lineno)))
+        return self
+
+    emit.__name__ = emit.__qualname__ = builder_method_name(spec)
+    emit.__doc__ = f"`{spec.syntax}`: {spec.semantics}"
+    return emit
+
+
+for _spec in INSTRUCTIONS:
+    if hasattr(ProgramBuilder, builder_method_name(_spec)):
+        raise IsaTableError(f"mnemonic {_spec.mnemonic!r} clashes with ProgramBuilder.{builder_method_name(_spec)}")
+    setattr(ProgramBuilder, builder_method_name(_spec), _generated(_spec))

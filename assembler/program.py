@@ -1,0 +1,123 @@
+"""The program as a list of items: what both the text parser and `ProgramBuilder` produce.
+
+Operand arguments are either syntax nodes (`assembler.nodes`, from text) or
+plain Python values (from the builder: ints, enum members, names as str, numpy
+arrays for data). `assembler.link` turns the items into an `ObjectFile`, so both
+front ends share one resolver and one encoder and give identical bytes.
+
+`loc` is opaque here: the front end that made an item knows how to show it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from assembler.objfile import Section
+from isa.spec import InstructionSpec
+
+Arg = Any  # a syntax node, int, float, str (a name) or enum member
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    spec: InstructionSpec
+    args: tuple[Arg, ...]  # one per spec.fields
+    loc: Any
+    cols: tuple[int, ...] = ()  # column of each arg (text only)
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    name: str
+    loc: Any
+    col: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Equ:
+    name: str
+    value: Arg
+    loc: Any
+    col: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SetSection:
+    section: Section
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """Initialised data: `kind` is 'i8', 'i32' or 'f32'; items are args or one numpy array."""
+
+    kind: str
+    items: Any
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Zero:
+    count: Arg
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Align:
+    boundary: Arg
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DataBase:
+    address: Arg
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class KernelBegin:
+    name: str
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTensor:
+    """`.input` / `.output`: dtype is a name (or DType), shape and address are args."""
+
+    output: bool
+    name: str
+    dtype: Arg
+    shape: tuple[Arg, ...]
+    address: Arg
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class KernelAttr:
+    key: str
+    value: str
+    loc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEnd:
+    loc: Any
+
+
+Item = (
+    Instr
+    | Label
+    | Equ
+    | SetSection
+    | Data
+    | Zero
+    | Align
+    | DataBase
+    | KernelBegin
+    | KernelTensor
+    | KernelAttr
+    | KernelEnd
+)
+
+DATA_SIZES = {"i8": 1, "i32": 4, "f32": 4}

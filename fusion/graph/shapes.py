@@ -1,0 +1,281 @@
+"""Shape and dtype inference: each operator's output types from its input types and attributes.
+
+IR attribute conventions (the importer normalises ONNX into these; all axes are non-negative):
+Softmax/Concat/Gather/Split `axis`; Split `sizes`; LayerNorm `axis`, `epsilon` (inputs X, scale[, bias]);
+BatchNorm `epsilon` (inputs X, scale, bias, mean, var; channel axis 1); Transpose `perm`; Reshape `shape`
+(concrete); Slice `axes`, `starts`, `ends`, `steps` (concrete, clamped: indices are range(start, end, step));
+ReduceMean `axes`, `keepdims`; Gelu `approximate` ("none"/"tanh"); MatMul numpy matmul semantics;
+Gemm A[M,K] @ B[K,N] (+ C broadcast to [M,N]); Conv/MaxPool/AveragePool `strides`, `pads` (all begins then all
+ends), `dilations`, Conv `group`, pools `kernel`, `ceil_mode`, AveragePool `count_include_pad`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from fusion.errors import ShapeError
+from fusion.graph.ir import DataType, Graph, Node, TensorType
+from fusion.graph.ops import BINARY_BROADCAST, UNARY_ELEMWISE, OpType
+
+F32 = DataType.float32
+Types = tuple[TensorType, ...]
+
+
+def _fail(node: Node, message: str) -> ShapeError:
+    return ShapeError(f"node {node.name!r} ({node.op.value}): {message}")
+
+
+def _arity(node: Node, ins: Types, low: int, high: int) -> None:
+    if not low <= len(ins) <= high:
+        want = str(low) if low == high else f"{low}..{high}"
+        raise _fail(node, f"takes {want} inputs, got {len(ins)}")
+
+
+def _float(node: Node, ins: Types) -> None:
+    bad = [str(t) for t in ins if t.dtype != F32]
+    if bad:
+        raise _fail(node, f"needs float32 inputs, got {', '.join(bad)}")
+
+
+def broadcast_shapes(node: Node, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise _fail(node, f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _unary(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    if node.op != OpType.Identity:
+        _float(node, ins)
+    return (ins[0],)
+
+
+def _binary(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 2)
+    _float(node, ins)
+    return (TensorType(broadcast_shapes(node, ins[0].shape, ins[1].shape)),)
+
+
+def _batchnorm(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 5, 5)
+    _float(node, ins)
+    x = ins[0]
+    if x.rank < 2 or any(t.shape != (x.shape[1],) for t in ins[1:]):
+        raise _fail(node, f"needs X of rank >= 2 and four [C] parameters, got {[str(t) for t in ins]}")
+    return (x,)
+
+
+def _axis(node: Node, rank: int, key: str = "axis") -> int:
+    axis = node.attr(key)
+    if not 0 <= axis < max(rank, 1):
+        raise _fail(node, f"{key} {axis} out of range for rank {rank}")
+    return axis
+
+
+def _softmax(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    _float(node, ins)
+    _axis(node, ins[0].rank)
+    return (ins[0],)
+
+
+def _layernorm(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 3)
+    _float(node, ins)
+    x = ins[0]
+    norm_shape = x.shape[_axis(node, x.rank) :]
+    for t in ins[1:]:
+        if broadcast_shapes(node, norm_shape, t.shape) != norm_shape:
+            raise _fail(node, f"scale/bias {t} does not broadcast to normalised shape {norm_shape}")
+    return (x,)
+
+
+def _transpose(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    perm = node.attr("perm")
+    if sorted(perm) != list(range(ins[0].rank)):
+        raise _fail(node, f"perm {perm} is not a permutation of {ins[0].rank} axes")
+    return (TensorType(tuple(ins[0].shape[p] for p in perm), ins[0].dtype),)
+
+
+def _reshape(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    shape = tuple(node.attr("shape"))
+    if int(np.prod(shape, dtype=np.int64)) != ins[0].size:
+        raise _fail(node, f"cannot reshape {ins[0]} ({ins[0].size} elements) to {shape}")
+    return (TensorType(shape, ins[0].dtype),)
+
+
+def _concat(node: Node, ins: Types) -> Types:
+    if not ins:
+        raise _fail(node, "needs at least one input")
+    first = ins[0]
+    axis = _axis(node, first.rank)
+    for t in ins[1:]:
+        same = t.rank == first.rank and all(
+            a == b for i, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if i != axis
+        )
+        if not same or t.dtype != first.dtype:
+            raise _fail(node, f"cannot concatenate {first} and {t} on axis {axis}")
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in ins)
+    return (TensorType(tuple(shape), first.dtype),)
+
+
+def _split(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    axis = _axis(node, ins[0].rank)
+    sizes = node.attr("sizes")
+    if sum(sizes) != ins[0].shape[axis] or len(sizes) != len(node.outputs):
+        raise _fail(node, f"sizes {sizes} do not split axis {axis} of {ins[0]} into {len(node.outputs)} outputs")
+    shape = list(ins[0].shape)
+    return tuple(TensorType((*shape[:axis], s, *shape[axis + 1 :]), ins[0].dtype) for s in sizes)
+
+
+def _slice(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    shape = list(ins[0].shape)
+    for axis, start, end, step in zip(
+        node.attr("axes"), node.attr("starts"), node.attr("ends"), node.attr("steps"), strict=True
+    ):
+        if not 0 <= axis < len(shape) or step == 0:
+            raise _fail(node, f"bad slice axis {axis} / step {step} for {ins[0]}")
+        shape[axis] = len(range(start, end, step))
+    return (TensorType(tuple(shape), ins[0].dtype),)
+
+
+def _gather(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 2)
+    data, idx = ins
+    if idx.dtype not in (DataType.int32, DataType.int64):
+        raise _fail(node, f"indices must be int32/int64, got {idx}")
+    axis = _axis(node, data.rank)
+    return (TensorType(data.shape[:axis] + idx.shape + data.shape[axis + 1 :], data.dtype),)
+
+
+def _reduce_mean(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    _float(node, ins)
+    axes = node.attr("axes")
+    if any(not 0 <= a < ins[0].rank for a in axes):
+        raise _fail(node, f"axes {axes} out of range for {ins[0]}")
+    keep = node.attr("keepdims")
+    shape = tuple(1 if i in axes else d for i, d in enumerate(ins[0].shape) if keep or i not in axes)
+    return (TensorType(shape),)
+
+
+def _matmul(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 2)
+    _float(node, ins)
+    a, b = (t.shape for t in ins)
+    if not a or not b:
+        raise _fail(node, "MatMul inputs must have rank >= 1")
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise _fail(node, f"inner dimensions differ: {a} @ {b}")
+    rows = a2[-2:-1] if len(a) > 1 else ()
+    cols = b2[-1:] if len(b) > 1 else ()
+    return (TensorType((*broadcast_shapes(node, a2[:-2], b2[:-2]), *rows, *cols)),)
+
+
+def _gemm(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 3)
+    _float(node, ins)
+    a, b = ins[0].shape, ins[1].shape
+    if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+        raise _fail(node, f"needs A[M,K] and B[K,N], got {a} and {b}")
+    out = (a[0], b[1])
+    if len(ins) == 3 and broadcast_shapes(node, ins[2].shape, out) != out:
+        raise _fail(node, f"bias {ins[2].shape} does not broadcast to {out}")
+    return (TensorType(out),)
+
+
+def window_output(size: int, kernel: int, stride: int, dilation: int, pad_begin: int, pad_end: int, ceil: bool) -> int:
+    """Output length of a sliding window (ONNX rule: with ceil_mode a window may not start in the end padding)."""
+    span = (kernel - 1) * dilation + 1
+    room = size + pad_begin + pad_end - span
+    if room < 0:
+        return 0
+    out = (-(-room // stride) if ceil else room // stride) + 1
+    if ceil and (out - 1) * stride >= size + pad_begin:
+        out -= 1
+    return out
+
+
+def spatial_output(node: Node, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
+    n = len(spatial)
+    strides, pads, dil = node.attr("strides"), node.attr("pads"), node.attr("dilations")
+    if not len(kernel) == len(strides) == len(dil) == n or len(pads) != 2 * n:
+        raise _fail(node, f"window attributes do not match {n} spatial axes")
+    ceil = bool(node.attr("ceil_mode", 0))
+    out = tuple(window_output(spatial[i], kernel[i], strides[i], dil[i], pads[i], pads[n + i], ceil) for i in range(n))
+    if any(o <= 0 for o in out):
+        raise _fail(node, f"window {kernel} does not fit input {spatial} with pads {pads}")
+    return out
+
+
+def _conv(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 3)
+    _float(node, ins)
+    x, w = ins[0].shape, ins[1].shape
+    group = node.attr("group")
+    if len(x) < 3 or len(w) != len(x) or x[1] != w[1] * group or w[0] % group:
+        raise _fail(node, f"X {x} and W {w} do not match for group {group}")
+    if len(ins) == 3 and ins[2].shape != (w[0],):
+        raise _fail(node, f"bias must be [{w[0]}], got {ins[2].shape}")
+    return (TensorType((x[0], w[0], *spatial_output(node, x[2:], w[2:]))),)
+
+
+def _pool(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    _float(node, ins)
+    x = ins[0].shape
+    if len(x) < 3:
+        raise _fail(node, f"needs N,C,spatial... input, got {x}")
+    return (TensorType((*x[:2], *spatial_output(node, x[2:], node.attr("kernel")))),)
+
+
+RULES: dict[OpType, Callable[[Node, Types], Types]] = {
+    **{op: _unary for op in UNARY_ELEMWISE},
+    **{op: _binary for op in BINARY_BROADCAST},
+    OpType.BatchNorm: _batchnorm,
+    OpType.Transpose: _transpose,
+    OpType.Reshape: _reshape,
+    OpType.Concat: _concat,
+    OpType.Split: _split,
+    OpType.Slice: _slice,
+    OpType.Gather: _gather,
+    OpType.ReduceMean: _reduce_mean,
+    OpType.Softmax: _softmax,
+    OpType.LayerNorm: _layernorm,
+    OpType.MatMul: _matmul,
+    OpType.Gemm: _gemm,
+    OpType.Conv: _conv,
+    OpType.MaxPool: _pool,
+    OpType.AveragePool: _pool,
+}
+
+if set(RULES) != set(OpType):
+    raise AssertionError(f"shape rules missing for {set(OpType) - set(RULES)}")
+
+
+def infer(node: Node, ins: Types) -> Types:
+    """Output types of `node` given its input types; raises ShapeError naming the node when they do not fit."""
+    outs = RULES[node.op](node, ins)
+    if len(outs) != len(node.outputs):
+        raise _fail(node, f"produces {len(outs)} outputs but names {len(node.outputs)}")
+    return outs
+
+
+def verify(graph: Graph) -> None:
+    """Re-infer every node and check the graph's recorded types agree (passes are tested with this)."""
+    for node in graph.nodes:
+        got = infer(node, graph.input_types(node))
+        if got != graph.output_types(node):
+            raise _fail(
+                node, f"recorded types {[str(t) for t in graph.output_types(node)]} but infers {[str(t) for t in got]}"
+            )

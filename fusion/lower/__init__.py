@@ -1,0 +1,1 @@
+"""Lowering of graphs to accelerator programs: the unfused baseline (one base-ISA kernel per node)."""

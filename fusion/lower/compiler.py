@@ -1,0 +1,274 @@
+"""`compile(model_or_graph, config, dtype) -> CompiledModel`: the unfused baseline.
+
+Every node becomes its own `.kernel` block (base ISA only) that reads its inputs from DRAM and writes its output
+to DRAM; Reshape and Identity are DRAM aliases with no kernel. Kernels end with a fence, so one kernel's DRAM
+writes are complete before the next one reads them. On the int8 path the graph is quantized with
+`fusion.quant` (symmetric per-tensor scales calibrated on sample inputs; `run()` calibrates on its own inputs
+when no samples were given) and compiled results are bit-exact against `fusion.reference.quantized`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from assembler.builder import ProgramBuilder
+from assembler.objfile import ObjectFile
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
+from fusion.lower.emitter import Emitter, Step, run_pipeline
+from fusion.lower.errors import LoweringError, UnsupportedOpError
+from fusion.lower.kernels import elementwise, matrix, movement, normalize, windows
+from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
+from fusion.quant.calibrate import calibrate
+from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
+from fusion.quant.plan import QuantPlan, plan_quantization
+from isa.enums import DType, Extension
+from simulator.config import MachineConfig, load_config
+
+ALIAS_OPS = frozenset({OpType.Reshape, OpType.Identity})
+LOWERINGS: dict[OpType, Callable[[LowerContext, Node], list[list[Step]]]] = {
+    **matrix.LOWERINGS,
+    **elementwise.LOWERINGS,
+    **normalize.LOWERINGS,
+    **movement.LOWERINGS,
+    **windows.LOWERINGS,
+}
+SCRATCH: dict[OpType, Callable[[Graph, Node, QuantPlan | None], list[int]]] = windows.SCRATCH
+DTYPES = ("fp32", "int8")
+MATRIX_OPS = frozenset({OpType.MatMul, OpType.Gemm, OpType.Conv})
+Samples = Sequence[Mapping[str, np.ndarray]]
+
+
+def supported_ops() -> frozenset[OpType]:
+    return frozenset(LOWERINGS) | ALIAS_OPS
+
+
+def load_graph(model_or_graph: Graph | onnx.ModelProto | str | Path, cleanup: bool = True) -> Graph:
+    if isinstance(model_or_graph, Graph):
+        graph = model_or_graph
+    else:
+        from fusion.onnx_import.importer import import_model
+
+        graph = import_model(model_or_graph)
+    if cleanup:
+        from fusion.passes.pipeline import cleanup as run_cleanup
+
+        graph = run_cleanup(graph)
+    return graph
+
+
+def _alias_roots(graph: Graph) -> dict[str, str]:
+    roots: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op in ALIAS_OPS and not graph.is_constant(node.inputs[0]):
+            roots[node.outputs[0]] = roots.get(node.inputs[0], node.inputs[0])
+    return roots
+
+
+def _constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray]:
+    """Every constant as the kernels read it: float32, or (int8 path) pre-quantized matrix operands and biases."""
+    forms: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        for pos, value in enumerate(node.inputs):
+            if not graph.is_constant(value):
+                continue
+            data = np.asarray(graph.constants[value])
+            if plan is not None and node.op in MATRIX_OPS and pos < 2:
+                q = plan.matrix[node.name]
+                forms[const_key(value, CONST_I8)] = quantize_tensor(data, q.input_scale if pos == 0 else q.weight_scale)
+            elif plan is not None and node.op in MATRIX_OPS and pos == 2:
+                q = plan.matrix[node.name]
+                forms[const_key(value, CONST_BIAS)] = quantize_bias(data, q.input_scale, q.weight_scale)
+            elif data.dtype == np.float32:
+                forms[const_key(value, CONST_F32)] = data
+    return forms
+
+
+def _check_supported(graph: Graph) -> None:
+    problems = [n for n in graph.nodes if n.op not in supported_ops()]
+    if problems:
+        listing = "; ".join(f"{n.name!r} ({n.op.value})" for n in problems)
+        raise UnsupportedOpError(problems[0].name, problems[0].op.value, f"no kernel generator; unsupported: {listing}")
+
+
+def _intervals(graph: Graph, plan: QuantPlan | None, roots: Mapping[str, str]) -> list[Interval]:
+    end = len(graph.nodes)
+    live: dict[str, list[int]] = {v: [-1, -1] for v in graph.inputs}
+    for i, node in enumerate(graph.nodes):
+        for v in node.outputs:
+            live.setdefault(roots.get(v, v), [i, i])
+        for v in node.inputs:
+            if not graph.is_constant(v):
+                live[roots.get(v, v)][1] = i
+    for v in graph.outputs:
+        if not graph.is_constant(v):
+            live[roots.get(v, v)][1] = end
+    out = [
+        Interval(v, graph.types[v].size * storage_dtype(graph, plan, v).size, s, e) for v, (s, e) in live.items()
+    ]
+    for i, node in enumerate(graph.nodes):
+        if node.op in SCRATCH:
+            out += [Interval(temp_key(node, k), n, i, i) for k, n in enumerate(SCRATCH[node.op](graph, node, plan))]
+    return out
+
+
+def _data_section(forms: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, int]]:
+    chunks, addresses, offset = [], {}, 0
+    for key, array in forms.items():
+        raw = np.ascontiguousarray(array).tobytes()
+        addresses[key] = offset
+        padded = align(max(len(raw), 1))
+        chunks.append(raw + bytes(padded - len(raw)))
+        offset += padded
+    return b"".join(chunks), addresses
+
+
+def _decl(cx: LowerContext, value: str) -> tuple[str, str, tuple[int, ...], int]:
+    view = cx.view(value)
+    return value, view.dtype.name, view.shape, view.address
+
+
+@dataclass(frozen=True)
+class CompiledModel:
+    """A graph compiled for one machine and dtype: the program, its memory plan, and how to run it."""
+
+    graph: Graph
+    config: MachineConfig
+    dtype: str
+    program: ObjectFile
+    memory: MemoryPlan
+    params: QuantParams | None
+    compile_seconds: float
+    kernels: tuple[str, ...] = field(default=())
+
+    @property
+    def plan(self) -> QuantPlan | None:
+        return None if self.params is None else plan_quantization(self.graph, self.params)
+
+    def run(self, inputs: Mapping[str, np.ndarray], checked: bool = False) -> tuple[dict[str, np.ndarray], Any]:
+        """Simulate on `inputs` (graph input name -> float32 array); returns (outputs as float32, counters)."""
+        from simulator.run import simulate
+
+        result = simulate(self.program, self.config, check_inputs(self.graph, inputs), checked=checked)
+        plan = self.plan
+        outputs = {}
+        for name in self.graph.outputs:
+            data = result.outputs[name]
+            scale = None if plan is None else plan.scales[name]
+            outputs[name] = data if scale is None else data.astype(np.float32) * np.float32(scale)
+        return outputs, result.counters
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Exactly the graph's inputs, each of its declared shape, as float32; otherwise a clear LoweringError."""
+    missing = [v for v in graph.inputs if v not in inputs]
+    unknown = [v for v in inputs if v not in graph.inputs]
+    if missing or unknown:
+        raise LoweringError(f"model needs inputs {list(graph.inputs)}: missing {missing}, unknown {unknown}")
+    out = {}
+    for v in graph.inputs:
+        array = np.asarray(inputs[v])
+        want = graph.types[v].shape
+        if array.shape != want:
+            raise LoweringError(f"input {v!r} has shape {array.shape}, the model expects {want}")
+        if array.dtype.kind not in "fiu":
+            raise LoweringError(f"input {v!r} has dtype {array.dtype}, the model expects float32")
+        out[v] = np.ascontiguousarray(array, dtype=np.float32)
+    return out
+
+
+class LazyInt8Model:
+    """An int8 model without calibration samples: the first run calibrates on its inputs, then compiles."""
+
+    def __init__(self, graph: Graph, config: MachineConfig) -> None:
+        self.graph, self.config, self.dtype = graph, config, "int8"
+        self.compiled: CompiledModel | None = None
+
+    def run(self, inputs: Mapping[str, np.ndarray], checked: bool = False) -> tuple[dict[str, np.ndarray], Any]:
+        if self.compiled is None:
+            self.compiled = compile_graph(self.graph, self.config, "int8", [check_inputs(self.graph, inputs)])
+        return self.compiled.run(inputs, checked=checked)
+
+
+def compile(  # noqa: A001 - the issue's name for the entry point
+    model_or_graph: Graph | onnx.ModelProto | str | Path,
+    config: MachineConfig | str = "base",
+    dtype: str = "fp32",
+    samples: Samples | None = None,
+    cleanup: bool = True,
+) -> CompiledModel | LazyInt8Model:
+    """Compile a model (ONNX path/proto or Graph). int8 calibrates on `samples`; without them the first
+    `run()` calibrates on its own inputs (a LazyInt8Model)."""
+    if dtype not in DTYPES:
+        raise LoweringError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    graph = load_graph(model_or_graph, cleanup)
+    cfg = load_config(config)
+    if dtype == "int8" and samples is None:
+        _check_supported(graph)
+        return LazyInt8Model(graph, cfg)
+    return compile_graph(graph, cfg, dtype, samples)
+
+
+def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples | None = None) -> CompiledModel:
+    start = time.perf_counter()
+    _check_supported(graph)
+    params = calibrate(graph, [check_inputs(graph, s) for s in samples]) if dtype == "int8" else None
+    plan = None if params is None else plan_quantization(graph, params)
+    roots = _alias_roots(graph)
+    data, addresses = _data_section(_constant_forms(graph, plan))
+    memory = plan_arena(_intervals(graph, plan, roots), align(len(data) or 1), cfg.dram_bytes)
+    addresses.update(memory.addresses)
+    for alias, root in roots.items():
+        addresses[alias] = addresses[root]
+    cx = LowerContext(graph, cfg, plan, params, addresses)
+    b = ProgramBuilder(data_base=0)
+    em = Emitter(b)
+    kernels = _emit_kernels(cx, b, em)
+    b.halt()
+    if data:
+        b.data()
+        b.label("constants")
+        b.i8(np.frombuffer(data, dtype=np.uint8))
+    program = b.build()
+    used = program.extensions()
+    if used - {Extension.base}:
+        raise AssertionError(f"the unfused baseline must use the base ISA only, got {sorted(e.value for e in used)}")
+    return CompiledModel(graph, cfg, dtype, program, memory, params, time.perf_counter() - start, kernels)
+
+
+def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter) -> tuple[str, ...]:
+    graph, names = cx.graph, []
+    attrs_common = {"dtype": "int8" if cx.int8 else "fp32", "config": cx.config.config_hash()}
+    with b.kernel("graph_inputs", inputs=[_decl(cx, v) for v in graph.inputs], attrs={"op": "inputs"}):
+        b.nop()
+    for node in graph.nodes:
+        if node.op in ALIAS_OPS:
+            continue
+        ins = [_decl(cx, v) for v in dict.fromkeys(node.inputs) if not graph.is_constant(v)]
+        outs = [_decl(cx, v) for v in node.outputs]
+        attrs = {
+            "op": node.op.value,
+            **attrs_common,
+            "shapes": " ".join(str(graph.types[v]) for v in (*node.inputs, *node.outputs)),
+            **{f"attr.{k}": str(v).replace(" ", "") for k, v in node.attrs},
+        }
+        with b.kernel(node.name, inputs=ins, outputs=outs, attrs=attrs):
+            for phase in LOWERINGS[node.op](cx, node):
+                run_pipeline(em, phase)
+                b.fence()
+        names.append(node.name)
+    outs = [_decl(cx, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
+    with b.kernel("graph_outputs", outputs=outs, attrs={"op": "outputs"}):
+        b.nop()
+    return tuple(names)
+
+
+__all__ = ["CompiledModel", "LazyInt8Model", "compile", "compile_graph", "supported_ops", "DType"]

@@ -1,0 +1,80 @@
+"""What a kernel generator knows about the graph it lowers: storage dtypes, DRAM views, quantization."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.graph.ir import DataType, Graph, Node
+from fusion.lower.errors import UnsupportedOpError
+from fusion.lower.views import View, dense
+from fusion.quant.params import QuantParams
+from fusion.quant.plan import MatrixQuant, QuantPlan
+from isa.enums import DType
+from simulator.config import MachineConfig
+
+CONST_F32, CONST_I8, CONST_BIAS = "f32", "i8", "bias"
+
+
+@dataclass(frozen=True)
+class LowerContext:
+    """Read-only facts for the kernel generators. `plan` is None on the fp32 path."""
+
+    graph: Graph
+    config: MachineConfig
+    plan: QuantPlan | None
+    params: QuantParams | None
+    addresses: Mapping[str, int]  # value (or constant form key, or temp key) -> DRAM address
+
+    @property
+    def int8(self) -> bool:
+        return self.plan is not None
+
+    def scale(self, value: str) -> float | None:
+        """The int8 scale a value is stored at (None: stored as float32)."""
+        return None if self.plan is None else self.plan.scales[value]
+
+    def dtype(self, value: str) -> DType:
+        return storage_dtype(self.graph, self.plan, value)
+
+    def view(self, value: str) -> View:
+        if self.graph.is_constant(value):
+            return self.const_view(value, CONST_F32)
+        return dense(self.addresses[value], self.graph.types[value].shape, self.dtype(value))
+
+    def const_view(self, value: str, form: str) -> View:
+        dtype = {CONST_F32: DType.f32, CONST_I8: DType.i8, CONST_BIAS: DType.i32}[form]
+        return dense(self.addresses[const_key(value, form)], self.graph.types[value].shape, dtype)
+
+    def matrix(self, node: Node) -> MatrixQuant:
+        assert self.plan is not None
+        return self.plan.matrix[node.name]
+
+    def temp(self, node: Node, index: int) -> int:
+        return self.addresses[temp_key(node, index)]
+
+
+def const_key(value: str, form: str) -> str:
+    return f"const:{form}:{value}"
+
+
+def temp_key(node: Node, index: int) -> str:
+    return f"temp:{node.name}:{index}"
+
+
+def storage_dtype(graph: Graph, plan: QuantPlan | None, value: str) -> DType:
+    ttype = graph.types[value]
+    if ttype.dtype != DataType.float32:
+        raise UnsupportedOpError(value, ttype.dtype.value, "only float32 activations run on the accelerator")
+    if plan is not None and plan.scales.get(value) is not None:
+        return DType.i8
+    return DType.f32
+
+
+def const_scalar(graph: Graph, value: str) -> float | None:
+    """The value of a one-element float constant (used as a `.vs` scalar operand), else None."""
+    if graph.is_constant(value) and graph.constants[value].size == 1 and graph.types[value].dtype == DataType.float32:
+        return float(np.asarray(graph.constants[value]).reshape(-1)[0])
+    return None

@@ -1,0 +1,1 @@
+"""Kernel generators, one module per operator family; each turns one graph node into pipeline phases."""

@@ -1,0 +1,76 @@
+"""MatMul and Gemm nodes as GEMM pipelines (batched MatMul: one GEMM per broadcast batch index)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import product
+
+import numpy as np
+
+from fusion.graph.ir import Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import CONST_BIAS, CONST_I8, LowerContext
+from fusion.lower.emitter import Step
+from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
+from fusion.lower.views import View
+
+
+def matrix_operand(cx: LowerContext, node: Node, value: str, scale: float | None) -> Operand:
+    """An operand of a matrix node: constants come pre-quantized (int8 path); float activations are quantized
+    on the device at `scale`."""
+    if cx.int8 and cx.graph.is_constant(value):
+        return Operand(cx.const_view(value, CONST_I8))
+    view = cx.view(value)
+    if cx.int8 and cx.scale(value) is None:
+        return Operand(view, scale)
+    return Operand(view)
+
+
+def requant(cx: LowerContext, node: Node) -> tuple[int, int] | None:
+    if not cx.int8:
+        return None
+    q = cx.matrix(node)
+    return q.mult, q.shift
+
+
+def bias_view(cx: LowerContext, node: Node) -> View | None:
+    if len(node.inputs) < 3:
+        return None
+    value = node.inputs[2]
+    return cx.const_view(value, CONST_BIAS) if cx.int8 else cx.view(value)
+
+
+def _scales(cx: LowerContext, node: Node) -> tuple[float | None, float | None]:
+    if not cx.int8:
+        return None, None
+    q = cx.matrix(node)
+    return q.input_scale, q.weight_scale
+
+
+def lower_matmul(cx: LowerContext, node: Node) -> list[list[Step]]:
+    sa, sw = _scales(cx, node)
+    a = matrix_operand(cx, node, node.inputs[0], sa)
+    b = matrix_operand(cx, node, node.inputs[1], sw)
+    out = cx.view(node.outputs[0])
+    av, bv = a.view, b.view
+    if len(av.shape) == 1:
+        av = replace(av, shape=(1, *av.shape), strides=(0, *av.strides))
+    if len(bv.shape) == 1:
+        bv = replace(bv, shape=(*bv.shape, 1), strides=(*bv.strides, 0))
+    m, n = av.shape[-2], bv.shape[-1]
+    batch = tuple(int(d) for d in np.broadcast_shapes(av.shape[:-2], bv.shape[:-2]))
+    out = cx.view(node.outputs[0]).reshape_dense((*batch, m, n))
+    bias = bias_view(cx, node)
+    if bias is not None:
+        bias = bias.broadcast_to((m, n))
+    a_full = av.broadcast_to((*batch, m, av.shape[-1]))
+    b_full = bv.broadcast_to((*batch, bv.shape[-2], n))
+    steps: list[Step] = []
+    for index in product(*(range(d) for d in batch)):
+        a_part = Operand(a_full.index(index), a.quantize_scale)
+        g = Gemm(a_part, Operand(b_full.index(index), b.quantize_scale), out.index(index), bias, requant(cx, node))
+        steps.extend(gemm_steps(cx.config, g, len(steps)))
+    return [steps]
+
+
+LOWERINGS = {OpType.MatMul: lower_matmul, OpType.Gemm: lower_matmul}

@@ -1,0 +1,125 @@
+"""Data movement as DMA copies through the scratchpad: Transpose, Slice, Concat, Split, Gather (constant
+indices). Each is a list of (source view, destination view) pairs of equal shape; a transpose is a permuted
+source view, so the strided DMA does the work. On the int8 path an int8 source feeding a float32 destination
+(Concat of inputs at different scales) is dequantized on the vector unit in between.
+"""
+
+from __future__ import annotations
+
+from fusion.graph.ir import Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import LowerContext
+from fusion.lower.emitter import Emitter, Step
+from fusion.lower.errors import UnsupportedOpError
+from fusion.lower.kernels.vector_ops import dequantize
+from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.views import View, blocks, merge_dims
+from isa.enums import DType, Unit
+
+Copy = tuple[View, View, float | None]  # source, destination, dequantize scale (None: same dtype)
+
+
+def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Step]:
+    """Tiles of every copy, double-buffered; the source and destination of each tile have equal shapes."""
+    probe = TileArena(cx.config, 0)
+    budget = largest_fitting(1 << 15, lambda e: probe.fits([e * 4, e * 4]))
+    steps: list[Step] = []
+    for src, dst, scale in copies:
+        if any(s < 0 for s in (*src.strides, *dst.strides)):
+            raise UnsupportedOpError("copy", "DMA", "negative strides (reversed slices) are not supported")
+        src, dst = merge_dims((src, dst))
+        for block in blocks(src.shape, budget):
+            arena = TileArena(cx.config, (start + len(steps)) % 2)
+            part = block.of(src)
+            raw = arena.tile(part.size * src.dtype.size)
+            compute = []
+            out = raw
+            if scale is not None:
+                out = arena.tile(part.size * 4)
+
+                def deq(em: Emitter, out=out, raw=raw, n=part.size, scale=scale) -> None:
+                    dequantize(em, out, raw, n, scale)
+
+                compute = [(Unit.vector, deq)]
+            steps.append(Step([(part, raw)], compute, [(out, block.of(dst))]))
+    return steps
+
+
+def _copy(cx: LowerContext, src_value: str, src: View, dst: View) -> Copy:
+    scale = cx.scale(src_value) if src.dtype is DType.i8 and dst.dtype is DType.f32 else None
+    return src, dst, scale
+
+
+def transpose_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    x = node.inputs[0]
+    return [_copy(cx, x, cx.view(x).permute(node.attr("perm")), cx.view(node.outputs[0]))]
+
+
+def slice_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    x = node.inputs[0]
+    view = cx.view(x)
+    for axis, start, end, step in zip(
+        node.attr("axes"), node.attr("starts"), node.attr("ends"), node.attr("steps"), strict=True
+    ):
+        count = len(range(start, end, step))
+        if step < 0 and count > 1:
+            raise UnsupportedOpError(node.name, node.op.value, "negative slice steps are not supported")
+        view = view.slice(axis, start if count else 0, count, step if count > 1 else 1)
+    return [_copy(cx, x, view, cx.view(node.outputs[0]))]
+
+
+def concat_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    axis, out, offset, copies = node.attr("axis"), cx.view(node.outputs[0]), 0, []
+    for value in node.inputs:
+        view = cx.view(value)
+        size = view.shape[axis]
+        if size:
+            copies.append(_copy(cx, value, view, out.slice(axis, offset, size)))
+        offset += size
+    return copies
+
+
+def split_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    x, axis, offset, copies = node.inputs[0], node.attr("axis"), 0, []
+    view = cx.view(x)
+    for value, size in zip(node.outputs, node.attr("sizes"), strict=True):
+        if size:
+            copies.append(_copy(cx, x, view.slice(axis, offset, size), cx.view(value)))
+        offset += size
+    return copies
+
+
+def gather_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    data, indices = node.inputs
+    if not cx.graph.is_constant(indices):
+        raise UnsupportedOpError(node.name, node.op.value, "indices must be a constant (known at compile time)")
+    axis = node.attr("axis")
+    view = cx.view(data)
+    idx = cx.graph.constants[indices].reshape(-1)
+    length = view.shape[axis]
+    out = cx.view(node.outputs[0])
+    pre = view.shape[:axis]
+    out3 = out.reshape_dense((*pre, idx.size, *view.shape[axis + 1 :]))
+    copies = []
+    for j, i in enumerate(idx.tolist()):
+        i = i + length if i < 0 else i
+        if not 0 <= i < length:
+            raise UnsupportedOpError(node.name, node.op.value, f"index {i} is out of range for axis of {length}")
+        copies.append(_copy(cx, data, view.slice(axis, i, 1), out3.slice(axis, j, 1)))
+    return copies
+
+
+COPIES = {
+    OpType.Transpose: transpose_copies,
+    OpType.Slice: slice_copies,
+    OpType.Concat: concat_copies,
+    OpType.Split: split_copies,
+    OpType.Gather: gather_copies,
+}
+
+
+def lower_movement(cx: LowerContext, node: Node) -> list[list[Step]]:
+    return [copy_steps(cx, COPIES[node.op](cx, node))]
+
+
+LOWERINGS = dict.fromkeys(COPIES, lower_movement)

@@ -1,0 +1,156 @@
+"""Strided views of DRAM tensors and how they split into DMA transfers and tiles.
+
+Every kernel moves data as views: a transpose, slice, broadcast, concat slot or im2col window is the same
+tensor seen with other strides, so one DMA splitter serves every operator. Local tiles are always dense,
+in the view's row-major order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import product
+
+from isa.enums import DType
+
+MAX_ROWS = 4095  # `rows` field of dma.ld / dma.st
+MAX_COLS = 4095  # `cols` field
+
+
+@dataclass(frozen=True)
+class View:
+    """`shape` elements of `dtype` at DRAM `address` + sum(index * stride) (strides in bytes, 0 = broadcast)."""
+
+    address: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def permute(self, perm: Sequence[int]) -> View:
+        return replace(self, shape=tuple(self.shape[p] for p in perm), strides=tuple(self.strides[p] for p in perm))
+
+    def broadcast_to(self, shape: tuple[int, ...]) -> View:
+        """Numpy broadcasting: missing leading dims and size-1 dims get stride 0."""
+        pad = len(shape) - len(self.shape)
+        dims, strides = (1,) * pad + self.shape, (0,) * pad + self.strides
+        return replace(self, shape=shape, strides=tuple(0 if d == 1 else s for d, s in zip(dims, strides, strict=True)))
+
+    def slice(self, axis: int, start: int, count: int, step: int = 1) -> View:
+        return replace(
+            self,
+            address=self.address + start * self.strides[axis],
+            shape=self.shape[:axis] + (count,) + self.shape[axis + 1 :],
+            strides=self.strides[:axis] + (self.strides[axis] * step,) + self.strides[axis + 1 :],
+        )
+
+    def index(self, prefix: Sequence[int]) -> View:
+        """Fix the leading len(prefix) indices."""
+        offset = sum(i * s for i, s in zip(prefix, self.strides, strict=False))
+        k = len(prefix)
+        return replace(self, address=self.address + offset, shape=self.shape[k:], strides=self.strides[k:])
+
+    def reshape_dense(self, shape: tuple[int, ...]) -> View:
+        """A new shape over a dense view (only valid for dense views)."""
+        return dense(self.address, shape, self.dtype)
+
+
+def dense(address: int, shape: Sequence[int], dtype: DType) -> View:
+    shape = tuple(int(d) for d in shape)
+    strides, step = [], dtype.size
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return View(address, shape, tuple(reversed(strides)), dtype)
+
+
+def merge_dims(views: Sequence[View]) -> tuple[View, ...]:
+    """The same views over the fewest dims: size-1 dims dropped, neighbours merged where every view is
+    contiguous across them (element order is unchanged, so dense local tiles keep their layout)."""
+    keep = [i for i, d in enumerate(views[0].shape) if d != 1]
+    shapes = [[v.shape[i] for i in keep] for v in views]
+    strides = [[v.strides[i] for i in keep] for v in views]
+    i = len(keep) - 2
+    while i >= 0:
+        if all(st[i] == st[i + 1] * sh[i + 1] for sh, st in zip(shapes, strides, strict=True)):
+            for sh, st in zip(shapes, strides, strict=True):
+                sh[i : i + 2] = [sh[i] * sh[i + 1]]
+                st[i : i + 2] = [st[i + 1]]
+        i -= 1
+    return tuple(replace(v, shape=tuple(sh), strides=tuple(st)) for v, sh, st in zip(views, shapes, strides, strict=True))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One dma.ld / dma.st: rows x cols elements, DRAM row stride in bytes, at element offset `local` of the tile."""
+
+    dram: int
+    rows: int
+    cols: int
+    stride: int
+    local: int
+
+
+def transfers(view: View) -> list[Transfer]:
+    """Split a view into DMA transfers filling (or draining) a dense tile in row-major order."""
+    (v,) = merge_dims((view,))
+    es = v.dtype.size
+    shape, strides = list(v.shape), list(v.strides)
+    if not shape:
+        return [Transfer(v.address, 1, 1, es, 0)]
+    if strides[-1] == es:
+        cols, col_stride = shape.pop(), strides.pop()
+        if cols > MAX_COLS:  # a long contiguous run becomes rows of a divisor of its length
+            width = max(d for d in range(1, MAX_COLS + 1) if cols % d == 0)
+            shape.append(cols // width)
+            strides.append(width * col_stride)
+            cols = width
+    else:
+        cols = 1
+    if shape:
+        rows, row_stride = shape.pop(), strides.pop()
+    else:
+        rows, row_stride = 1, cols * es
+    out, local = [], 0
+    for outer in product(*(range(d) for d in shape)):
+        base = v.address + sum(i * s for i, s in zip(outer, strides, strict=True))
+        for r0 in range(0, rows, MAX_ROWS):
+            n = min(MAX_ROWS, rows - r0)
+            out.append(Transfer(base + r0 * row_stride, n, cols, row_stride, local))
+            local += n * cols
+    return out
+
+
+@dataclass(frozen=True)
+class Block:
+    """One tile of a logical shape S seen as (1, *S): the leading indices fixed by `prefix`, `count` indices
+    of the next dim from `start`, and every index of the dims after it."""
+
+    prefix: tuple[int, ...]
+    start: int
+    count: int
+
+    def of(self, view: View) -> View:
+        """The part of `view` (whose shape is the blocked shape S) this block covers."""
+        lifted = replace(view, shape=(1, *view.shape), strides=(0, *view.strides))
+        return lifted.index(self.prefix).slice(0, self.start, self.count)
+
+
+def blocks(shape: tuple[int, ...], budget: int, whole: int = 1) -> list[Block]:
+    """Tiles of at most `budget` elements in row-major order; the trailing dims whose product is `whole`
+    (e.g. a softmax row) are never split, so a tile may exceed `budget` only when one such row does."""
+    full = (1, *shape)
+    dim, inner = len(full) - 1, 1
+    while dim > 0 and (inner < whole or inner * full[dim] <= budget):
+        inner *= full[dim]
+        dim -= 1
+    chunk = max(1, budget // inner)
+    return [
+        Block(prefix, start, min(chunk, full[dim] - start))
+        for prefix in product(*(range(d) for d in full[:dim]))
+        for start in range(0, full[dim], chunk)
+    ]

@@ -1,0 +1,1 @@
+"""Graph clean-up passes run before lowering. Each is a pure function Graph -> Graph."""

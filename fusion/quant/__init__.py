@@ -1,0 +1,1 @@
+"""Symmetric per-tensor int8 post-training quantization: scales, requantization multipliers, calibration."""

@@ -1,0 +1,99 @@
+"""The reference interpreter's int8 mode: the accelerator's exact integer arithmetic, node by node.
+
+Which values are int8 (and at which scale) comes from `fusion.quant.plan`; the arithmetic is implemented here:
+- int8 x int8 products accumulate in int32 (wrapping); the bias is added in accumulator units
+  (`quantize_bias`); the result is requantized: sat8((acc * mult + 2^(shift-1)) >> shift) computed in int64.
+- A float32 operand of a matrix op is quantized as `v.qnt` does: sat8(round_half_even(x * f32(1 / scale))).
+- int8-preserving ops move or compare the int8 data; everything else (softmax, layernorm, gelu, sigmoid, tanh,
+  erf, exp, arithmetic, averaging) runs in float32 on dequantized inputs, f32(q) * f32(scale), as the
+  accelerator's f32 vector path does. Graph outputs are returned dequantized to float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import MATRIX_OPS, OpType
+from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
+from fusion.quant.plan import MatrixQuant, QuantPlan, plan_quantization
+from fusion.reference.interpreter import check_inputs
+from fusion.reference.kernels import evaluate_node, im2col_gemm
+
+
+@dataclass(frozen=True)
+class QValue:
+    """A value in the quantized interpreter: int8 data with a scale, or float32 data (scale None)."""
+
+    data: np.ndarray
+    scale: float | None = None
+
+    def real(self) -> np.ndarray:
+        if self.scale is None:
+            return self.data
+        return self.data.astype(np.float32) * np.float32(self.scale)
+
+
+def requantize(acc: np.ndarray, mult: int, shift: int) -> np.ndarray:
+    """int32 -> int8: sat8((acc * mult + (1 << (shift - 1))) >> shift) in int64, arithmetic shift."""
+    wide = acc.astype(np.int64) * np.int64(mult)
+    if shift > 0:
+        wide = (wide + (np.int64(1) << np.int64(shift - 1))) >> np.int64(shift)
+    return np.clip(wide, -128, 127).astype(np.int8)
+
+
+def _wrap32(x: np.ndarray) -> np.ndarray:
+    """Exact integer-valued float64 sums to int32 with two's-complement wrap."""
+    return np.rint(x).astype(np.int64).astype(np.int32)
+
+
+def _as_int8(value: QValue, scale: float) -> np.ndarray:
+    return value.data if value.scale is not None else quantize_tensor(value.data, scale)
+
+
+def _matrix(graph: Graph, node: Node, args: list[QValue], q: MatrixQuant) -> QValue:
+    a = _as_int8(args[0], q.input_scale).astype(np.float64)  # int8 products summed exactly (|sum| < 2^53)
+    w = _as_int8(args[1], q.weight_scale).astype(np.float64)
+    if node.op == OpType.Conv:
+        acc = _wrap32(im2col_gemm(node, a, w, graph.types[node.outputs[0]].shape[2:]))
+    else:
+        acc = _wrap32(np.matmul(a, w))
+    if len(node.inputs) > 2:
+        bias = quantize_bias(args[2].real(), q.input_scale, q.weight_scale)
+        if node.op == OpType.Conv:
+            bias = bias.reshape((-1,) + (1,) * (acc.ndim - 2))
+        acc = (acc.astype(np.int64) + bias).astype(np.int32)
+    return QValue(requantize(acc, q.mult, q.shift), q.output_scale)
+
+
+def _node(graph: Graph, node: Node, args: list[QValue], plan: QuantPlan) -> tuple[QValue, ...]:
+    shapes = tuple(graph.types[v].shape for v in node.outputs)
+    if node.op in MATRIX_OPS:
+        return (_matrix(graph, node, args, plan.matrix[node.name]),)
+    scale = plan.scales[node.outputs[0]]
+    if scale is not None:  # int8 in, int8 out: exact on float32 copies of the int8 data
+        raw = tuple(a.data.astype(np.float32) if a.scale is not None else a.data for a in args)
+        return tuple(QValue(np.asarray(o).astype(np.int8), scale) for o in evaluate_node(node, raw, shapes))
+    outs = evaluate_node(node, tuple(a.real() for a in args), shapes)
+    return tuple(
+        QValue(np.asarray(o, dtype=graph.types[v].dtype.numpy)) for o, v in zip(outs, node.outputs, strict=True)
+    )
+
+
+def evaluate_quantized(graph: Graph, inputs: Mapping[str, np.ndarray], params: QuantParams) -> dict[str, QValue]:
+    """Every value of the graph in int8 mode."""
+    plan = plan_quantization(graph, params)
+    env: dict[str, QValue] = {k: QValue(v) for k, v in {**graph.constants, **check_inputs(graph, inputs)}.items()}
+    for node in graph.nodes:
+        outs = _node(graph, node, [env[v] for v in node.inputs], plan)
+        env.update(zip(node.outputs, outs, strict=True))
+    return env
+
+
+def run_quantized(graph: Graph, inputs: Mapping[str, np.ndarray], params: QuantParams) -> dict[str, np.ndarray]:
+    """The graph's outputs in int8 mode, dequantized to float32."""
+    env = evaluate_quantized(graph, inputs, params)
+    return {name: env[name].real() for name in graph.outputs}

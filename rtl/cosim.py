@@ -1,0 +1,250 @@
+"""Program-level co-simulation: run a program on the simulator, replay its unit transactions on the RTL.
+
+Every matrix and vector transaction the simulator records (operands, result,
+charged cycles) becomes a `Case` on the RTL unit that implements it; each unit's
+cases run back to back in program order in one simulation; a `vc.lds` is replayed
+together with the `mx.mms` it consumes. Transactions the RTL has no datapath for
+(f32 arithmetic, conversions, configuration writes, partial streams) are counted
+as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from assembler.objfile import ObjectFile
+from isa import DType, EpilogueFlags, Instruction, decode, make
+from rtl.check import Case
+from rtl.replay import BatchReport, run_cases
+from rtl.stimulus import drain_case, matmul_case, preload_case, stream_case, vector_case
+from rtl.units import EPILOGUE, LANE_BINARY, LANE_OTHER, LANE_REDUCE, LANE_UNARY, MATRIX, STREAM, VECTOR, RtlUnit
+from simulator.config import MachineConfig
+from simulator.units.vector import MODE_VC, MODE_VR, MODE_VS, broadcast_rows
+
+INT_VECTOR_OPS = frozenset((*LANE_BINARY, *LANE_UNARY, *LANE_REDUCE, *LANE_OTHER))
+CHAINED_TIMINGS = frozenset({"chain_op", "chain_store"})
+
+
+@dataclass(frozen=True)
+class Skip:
+    mnemonic: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CosimReport:
+    program: str
+    config: str
+    batches: tuple[BatchReport, ...]
+    skipped: dict[tuple[str, str], int] = field(default_factory=dict)  # (mnemonic, reason) -> count
+
+    @property
+    def compared(self) -> int:
+        return sum(len(b.verdicts) for b in self.batches)
+
+    @property
+    def value_mismatches(self) -> int:
+        return sum(b.value_mismatches for b in self.batches)
+
+    @property
+    def cycle_mismatches(self) -> int:
+        return sum(b.cycle_mismatches for b in self.batches)
+
+    @property
+    def ok(self) -> bool:
+        return self.value_mismatches == 0 and self.cycle_mismatches == 0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"{self.program} on {self.config}: {self.compared} transactions compared, "
+            f"{self.value_mismatches} value mismatches, {self.cycle_mismatches} cycle mismatches"
+        ]
+        out += [f"  {b.unit}: {len(b.verdicts)} compared" for b in self.batches]
+        out += [f"  skipped {n} x {mnemonic}: {reason}" for (mnemonic, reason), n in sorted(self.skipped.items())]
+        out += [f"  FIRST MISMATCH {b.first_mismatch()}" for b in self.batches if not b.ok]
+        return out
+
+
+def _int(dtype: np.dtype) -> bool:
+    return dtype in (np.dtype(np.int8), np.dtype(np.int32))
+
+
+def _matrix_case(
+    cfg: MachineConfig, label: str, ins: Instruction, ops: dict, result: np.ndarray, cycles: int
+) -> Case | Skip:
+    timing = ins.spec.timing
+    if ops["w"].dtype != np.int8:
+        return Skip(ins.mnemonic, "f32 matrix arithmetic has no RTL datapath")
+    if timing == "preload":
+        return preload_case(cfg, label, ops["w"], charged=cycles)
+    return matmul_case(cfg, label, ops["a"], result, acc=ops.get("acc"), charged=cycles)
+
+
+def _drain_case(
+    cfg: MachineConfig, label: str, ins: Instruction, ops: dict, result: np.ndarray, cycles: int
+) -> Case | Skip:
+    if ops["acc"].dtype != np.int32 or DType(ops["out_dtype"]) is DType.f32:
+        return Skip(ins.mnemonic, "f32 epilogue has no RTL datapath")
+    flags = EpilogueFlags(int("bias" in ops) * EpilogueFlags.bias + int("residual" in ops) * EpilogueFlags.res)
+    word = make("ep.cfg", 0, 0, 0, ops["shift"], ops["act"], int(flags), ops["out_dtype"])
+    return drain_case(
+        cfg,
+        label,
+        word,
+        ops["mult"],
+        ops["acc"],
+        result,
+        bias=ops.get("bias"),
+        residual=ops.get("residual"),
+        latency=ins.spec.latency,
+        charged=cycles,
+    )
+
+
+def _op_name(ins: Instruction) -> str:
+    return ins.mnemonic.split(".")[1]
+
+
+def _vector_case(
+    cfg: MachineConfig, label: str, ins: Instruction, ops: dict, result: np.ndarray, cycles: int
+) -> Case | Skip:
+    a = ops.get("a")
+    if _op_name(ins) not in INT_VECTOR_OPS or a is None or not _int(a.dtype):
+        return Skip(ins.mnemonic, "f32 and conversion ops have no RTL datapath")
+    a = a.reshape(-1)
+    dtype = DType.i8 if a.dtype == np.int8 else DType.i32
+    fields = ins.by_name()
+    mode = dict(ins.spec.fixed).get("mode", 0)
+    b, rs2, rs3 = ops.get("b"), 0, 0
+    if mode == MODE_VS:
+        b, rs2 = None, int(b)
+    elif mode in (MODE_VR, MODE_VC):
+        shaped, rows = broadcast_rows(a, np.asarray(b).reshape(-1), mode)
+        b = np.broadcast_to(rows, shaped.shape).reshape(-1)
+    if "lo" in ops:
+        rs2, rs3 = int(ops["lo"]), int(ops["hi"])
+    if "mult" in ops:
+        rs2 = int(ops["mult"])
+    period = int(ops.get("period", fields.get("period", 0))) if ins.spec.timing.endswith("reduce") else 0
+    return vector_case(
+        cfg,
+        label,
+        ins,
+        a,
+        np.asarray(result),
+        b=None if b is None else np.asarray(b).reshape(-1),
+        rs2=rs2,
+        rs3=rs3,
+        dtype=dtype,
+        period=period,
+        chained=ins.spec.timing in CHAINED_TIMINGS,
+        charged=cycles,
+    )
+
+
+Builder = Callable[[MachineConfig, str, Instruction, dict, np.ndarray, int], "Case | Skip"]
+ROUTES: dict[str, tuple[RtlUnit, Builder]] = {
+    "preload": (MATRIX, _matrix_case),
+    "matmul": (MATRIX, _matrix_case),
+    "matmul_stream": (MATRIX, _matrix_case),
+    "drain": (EPILOGUE, _drain_case),
+    "vector": (VECTOR, _vector_case),
+    "vector_reduce": (VECTOR, _vector_case),
+    "chain_load": (VECTOR, _vector_case),
+    "chain_op": (VECTOR, _vector_case),
+    "chain_reduce": (VECTOR, _vector_case),
+    "chain_store": (VECTOR, _vector_case),
+}
+NOT_REPLAYED = {
+    "epilogue_config": "a configuration register write; its fields are replayed with each mx.drain",
+}
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One program's simulator run, ready for replay; `starts[i]` is the cycle transaction i started."""
+
+    name: str
+    obj: ObjectFile
+    transactions: tuple
+    starts: tuple[int, ...] = ()
+
+
+def _stream_case(
+    cfg: MachineConfig, label: str, ins: Instruction, txn, start: int | None, source: tuple | None
+) -> Case | Skip:
+    """vc.lds replayed with the mx.mms whose stream it consumes, on the stream path (array -> FIFO -> lanes)."""
+    if start is None:
+        return Skip(ins.mnemonic, "no start cycles recorded (record with trace=True)")
+    if source is None:
+        return Skip(ins.mnemonic, "consumes only part of an mx.mms stream")
+    mms, mms_start = source
+    n = cfg.array_size
+    if mms.operands["w"].dtype != np.int8:
+        return Skip(ins.mnemonic, "f32 matrix arithmetic has no RTL datapath")
+    if n != cfg.vector_lanes or mms.result.shape[1] != n:
+        return Skip(ins.mnemonic, "stream rows narrower than the vector unit need a gearbox the RTL lacks")
+    return stream_case(
+        cfg,
+        label,
+        ins,
+        mms.operands["w"],
+        mms.operands["a"],
+        mms.result,
+        mms_start=mms_start,
+        lds_start=start,
+        charged=txn.cycles,
+    )
+
+
+def plan(cfg: MachineConfig, run: Recorded) -> tuple[dict[str, list[Case]], Counter]:
+    """Group one program's transactions into per-unit case lists (program order); count the skipped ones."""
+    cases: dict[str, list[Case]] = {}
+    skipped: Counter = Counter()
+    stream: tuple | None = None  # the last mx.mms not yet consumed, with its start cycle
+    for index, txn in enumerate(run.transactions):
+        ins = decode(run.obj.text[txn.pc])
+        timing = ins.spec.timing
+        label = f"{run.name} #{index} pc {txn.pc} {ins.mnemonic}"
+        start = run.starts[index] if run.starts else None
+        if timing == "chain_stream":
+            whole = stream is not None and stream[0].result.size == txn.operands["n"]
+            unit, made = STREAM, _stream_case(cfg, label, ins, txn, start, stream if whole else None)
+            stream = None
+        elif timing in ROUTES:
+            unit, build_case = ROUTES[timing]
+            made = build_case(cfg, label, ins, txn.operands, txn.result, txn.cycles)
+            if timing == "matmul_stream":
+                stream = (txn, start)
+        else:
+            skipped[(ins.mnemonic, NOT_REPLAYED.get(timing, f"no RTL unit implements timing rule {timing!r}"))] += 1
+            continue
+        if isinstance(made, Skip):
+            skipped[(made.mnemonic, made.reason)] += 1
+        else:
+            cases.setdefault(unit.toplevel, []).append(made)
+    return cases, skipped
+
+
+def cosimulate(cfg: MachineConfig, runs: list[Recorded], vcd_dir: Path | None = None) -> list[CosimReport]:
+    """Replay every program's transactions; each RTL unit runs once for all programs together."""
+    plans = [plan(cfg, run) for run in runs]
+    units = {**{u.toplevel: u for u, _ in ROUTES.values()}, STREAM.toplevel: STREAM}
+    batches: dict[str, BatchReport] = {}
+    for top in sorted({top for cases, _ in plans for top in cases}):
+        batches[top] = run_cases(units[top], cfg, [c for cases, _ in plans for c in cases.get(top, [])], vcd_dir)
+    reports, taken = [], dict.fromkeys(batches, 0)
+    for run, (cases, skipped) in zip(runs, plans, strict=True):
+        mine = []
+        for top, unit_cases in sorted(cases.items()):
+            whole = batches[top]
+            verdicts = whole.verdicts[taken[top] : taken[top] + len(unit_cases)]
+            taken[top] += len(unit_cases)
+            mine.append(BatchReport(top, verdicts, whole.vcd))
+        reports.append(CosimReport(run.name, cfg.name, tuple(mine), dict(skipped)))
+    return reports

@@ -1,0 +1,226 @@
+"""Turn one matrix/vector/epilogue operation into a `Case`: stimulus plus expectation.
+
+Values expected come from the caller (the simulator's semantics or a recorded
+transaction); every expected cycle comes from `simulator.timing`: output row i
+of an instruction is due at (the cycles charged for its first i + 1 rows) - 1,
+and the whole instruction must occupy the unit exactly the cycles charged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from isa import DType, Instruction, encode
+from rtl.check import Busy, Case, Expected
+from rtl.jobs import Item, Watch, pack
+from rtl.units import ACC_BITS, ELEM_BITS
+from simulator import timing
+from simulator.config import MachineConfig
+
+WORD32 = (1 << 32) - 1
+SLACK = 8  # extra cycles to wait for late events before declaring them missing
+
+MATRIX_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "acc_en": 0, "in_acc": 0}
+VECTOR_IDLE = {"in_valid": 0, "in_mask": 0, "in_a": 0, "in_b": 0}
+EPILOGUE_IDLE = {"in_valid": 0, "in_acc": 0, "in_res": 0}
+STREAM_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "lds_start": 0}
+
+
+def _pad(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    out = np.zeros((rows, cols), dtype=np.int64)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def _u32(value: int) -> int:
+    return int(value) & WORD32
+
+
+def preload_case(cfg: MachineConfig, label: str, w: np.ndarray, charged: int | None = None) -> Case:
+    """Shift a K x C int8 weight tile (zero-padded to N x N) into the array."""
+    n = cfg.array_size
+    rows = _pad(w, n, n)
+    item = Item(
+        label,
+        {},
+        {"w_valid": [1] * n, "in_w": pack(rows, ELEM_BITS)},
+        (Watch(("w_ready",), (), 1, edge=True),),
+        timeout=n + SLACK,
+    )
+    due = timing.preload_cycles(cfg)
+    return Case(label, item, (Expected(np.array([due])),), due if charged is None else charged, Busy.first_event)
+
+
+def matmul_case(
+    cfg: MachineConfig,
+    label: str,
+    a: np.ndarray,
+    product: np.ndarray,
+    *,
+    acc: np.ndarray | None = None,
+    charged: int | None = None,
+) -> Case:
+    """Stream rows x K int8 activations through the preloaded array; expect `product` (rows x C int32).
+
+    With `acc` (mx.mma) each accumulator row is presented as its output row leaves, and added.
+    """
+    n = cfg.array_size
+    rows = a.shape[0]
+    offsets = np.array([timing.matmul_cycles(cfg, i + 1) - 1 for i in range(rows)])
+    drive = {"in_valid": [1] * rows, "in_a": pack(_pad(a, rows, n), ELEM_BITS)}
+    if acc is not None:
+        acc_rows = np.zeros((int(offsets[-1]) + 1, n), dtype=np.int64)
+        acc_rows[offsets] = _pad(acc, rows, n)
+        drive = {**drive, "in_acc": pack(acc_rows, ACC_BITS)}
+    item = Item(
+        label,
+        {"acc_en": int(acc is not None)},
+        drive,
+        (Watch(("out_valid",), ("out_p",), rows),),
+        timeout=2 * n + SLACK,
+    )
+    care = np.zeros((rows, n), dtype=bool)
+    care[:, : product.shape[1]] = True
+    expected = Expected(offsets, {"out_p": _pad(product, rows, n)}, {"out_p": care})
+    due = timing.matmul_cycles(cfg, rows)
+    return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event)
+
+
+def vector_case(
+    cfg: MachineConfig,
+    label: str,
+    instruction: Instruction,
+    a: np.ndarray,
+    result: np.ndarray,
+    *,
+    b: np.ndarray | None = None,
+    rs2: int = 0,
+    rs3: int = 0,
+    dtype: DType = DType.i32,
+    period: int = 0,
+    chained: bool = False,
+    charged: int | None = None,
+) -> Case:
+    """One vector instruction over the flat `a` (and `b`, already broadcast to a's length).
+
+    `period` > 0 marks a reduction: one result per row of `period` elements, due in the beat holding the
+    row's last element. `chained` ops are charged only their pipeline depth behind the last input beat.
+    """
+    lanes = cfg.vector_lanes
+    n = a.size
+    beats = -(-n // lanes)
+    flat_mask = np.arange(beats * lanes) < n
+    mask_rows = flat_mask.reshape(beats, lanes)
+    latency = instruction.spec.latency
+    item = Item(
+        label,
+        {"instr": encode(instruction), "reg_dtype": int(dtype), "rs2": _u32(rs2), "rs3": _u32(rs3)},
+        {
+            "in_valid": [1] * beats,
+            "in_mask": pack(mask_rows, 1),
+            "in_a": pack(_pad(a.reshape(1, -1), 1, beats * lanes).reshape(beats, lanes), ACC_BITS),
+            "in_b": pack(
+                _pad((np.zeros(n) if b is None else b).reshape(1, -1), 1, beats * lanes).reshape(beats, lanes), ACC_BITS
+            ),
+        },
+        (Watch(("out_valid",), ("out_data", "out_mask"), beats),),
+        timeout=latency + SLACK,
+    )
+    if period:
+        ends = np.zeros(beats * lanes, dtype=bool)
+        ends[np.arange(period - 1, n, period)] = True
+        values = np.zeros(beats * lanes, dtype=np.int64)
+        values[ends] = result.reshape(-1)
+        out_mask, out_data = ends.reshape(beats, lanes), values.reshape(beats, lanes)
+    else:
+        out_mask = mask_rows
+        out_data = _pad(result.reshape(1, -1), 1, beats * lanes).reshape(beats, lanes)
+    if chained:
+        per_beat = timing.chain_op_cycles(cfg, latency)
+        offsets = np.arange(beats) + per_beat
+        due, busy = per_beat, Busy.after_last_input
+    else:
+        offsets = np.array([timing.vector_cycles(cfg, (j + 1) * lanes, latency) - 1 for j in range(beats)])
+        due, busy = timing.vector_cycles(cfg, n, latency), Busy.last_event
+    expected = Expected(offsets, {"out_mask": out_mask.astype(np.int64), "out_data": out_data}, {"out_data": out_mask})
+    return Case(label, item, (expected,), due if charged is None else charged, busy)
+
+
+def drain_case(
+    cfg: MachineConfig,
+    label: str,
+    config_word: Instruction,
+    scale: int,
+    acc: np.ndarray,
+    result: np.ndarray,
+    *,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    latency: int,
+    charged: int | None = None,
+) -> Case:
+    """Drain rows x C int32 accumulator rows through the epilogue configured by an `ep.cfg` word."""
+    n = cfg.array_size
+    rows, cols = acc.shape
+    zeros = np.zeros_like(acc)
+    item = Item(
+        label,
+        {
+            "cfg": encode(config_word),
+            "scale": _u32(scale),
+            "in_bias": pack(_pad((np.zeros(cols) if bias is None else bias).reshape(1, -1), 1, n), ACC_BITS)[0],
+        },
+        {
+            "in_valid": [1] * rows,
+            "in_acc": pack(_pad(acc, rows, n), ACC_BITS),
+            "in_res": pack(_pad(zeros if residual is None else residual, rows, n), ACC_BITS),
+        },
+        (Watch(("out_valid",), ("out_data",), rows),),
+        timeout=latency + SLACK,
+    )
+    offsets = np.array([timing.drain_cycles(cfg, i + 1, latency) - 1 for i in range(rows)])
+    care = np.zeros((rows, n), dtype=bool)
+    care[:, :cols] = True
+    expected = Expected(offsets, {"out_data": _pad(result, rows, n)}, {"out_data": care})
+    due = timing.drain_cycles(cfg, rows, latency)
+    return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event)
+
+
+def stream_case(
+    cfg: MachineConfig,
+    label: str,
+    lds: Instruction,
+    w: np.ndarray,
+    a: np.ndarray,
+    product: np.ndarray,
+    *,
+    mms_start: int,
+    lds_start: int,
+    charged: int,
+) -> Case:
+    """Preload `w`, then `mx.mms` of `a` (rows x K) consumed whole by `vc.lds`, one N-wide row per beat.
+
+    Starts are the simulator's cycles; beat j is due when chain_stream_finish says the first j + 1 beats end.
+    """
+    n, rows = cfg.array_size, a.shape[0]
+    first = min(mms_start, lds_start)
+    m0, s0 = n + mms_start - first, n + lds_start - first  # item offsets, after the N-cycle weight load
+    item = Item(
+        label,
+        {"instr": encode(lds)},
+        {
+            "w_valid": [1] * n,
+            "in_w": pack(_pad(w, n, n), ELEM_BITS),
+            "in_valid": [0] * m0 + [1] * rows,
+            "in_a": [0] * m0 + pack(_pad(a, rows, n), ELEM_BITS),
+            "lds_start": [0] * s0 + [1],
+        },
+        (Watch(("out_valid",), ("out_data", "out_mask"), rows),),
+        timeout=2 * n + lds.spec.latency + SLACK,
+    )
+    lanes, lat = cfg.vector_lanes, lds.spec.latency
+    ready = [timing.stream_row_ready(cfg, m0, j) for j in range(rows)]
+    offsets = np.array([timing.chain_stream_finish(cfg, s0, (j + 1) * lanes, ready[j], lat) - 1 for j in range(rows)])
+    ones = np.ones((rows, lanes), dtype=np.int64)
+    expected = Expected(offsets, {"out_data": product.astype(np.int64), "out_mask": ones})
+    return Case(label, item, (expected,), charged, Busy.last_event, origin=s0)

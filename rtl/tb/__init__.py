@@ -1,0 +1,1 @@
+"""cocotb test modules (run inside the simulator process, started by `rtl.build`)."""

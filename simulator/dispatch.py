@@ -1,0 +1,106 @@
+"""The explicit mnemonic -> instruction-builder map, checked against the ISA table at import.
+
+Every row of `isa.INSTRUCTIONS` must have a builder here and a timing rule in `simulator.timing`, and
+every operation name the table lists must have a semantics function; otherwise importing the simulator
+fails, naming what is missing. No dispatch by name reflection.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from isa import BY_MNEMONIC, INSTRUCTIONS, Instruction
+from isa.enums import Unit
+from isa.errors import IsaTableError
+from isa.table import BRANCHES, SCALAR_ALU, SCALAR_IMM, VECTOR_BINARY, VECTOR_MODES, VECTOR_REDUCE, VECTOR_UNARY
+from simulator.semantics import scalar as scalar_sem
+from simulator.semantics import vector as vector_sem
+from simulator.timing import TIMING_RULES
+from simulator.units import chain, dma, matrix, scalar, vector
+
+if TYPE_CHECKING:
+    from simulator.machine import Builder
+
+
+def _vector_family(prefix: str, module: ModuleType) -> dict[str, Builder]:
+    """Rows the memory-to-memory (`v.`) and chain (`vc.`) families share; both modules name their builders alike."""
+    binary = {
+        f"{prefix}.{n}{suffix}": module.binary(n, mode) for n, *_ in VECTOR_BINARY for suffix, mode, _ in VECTOR_MODES
+    }
+    return {
+        **binary,
+        **{f"{prefix}.{name}": module.unary(name) for name, *_ in VECTOR_UNARY},
+        **{f"{prefix}.{name}": module.reduce(name) for name, *_ in VECTOR_REDUCE},
+        f"{prefix}.clip": module.clip,
+        f"{prefix}.cvt": module.convert,
+        f"{prefix}.rqnt": module.requantize,
+        f"{prefix}.qnt": module.quantize,
+    }
+
+
+BUILDERS: dict[str, Builder] = {
+    **{name: scalar.alu(name, immediate=False) for name, _, _ in SCALAR_ALU},
+    **{name + "i": scalar.alu(name, immediate=True) for name, _, _ in SCALAR_ALU if name in SCALAR_IMM},
+    **{name: scalar.branch(name) for name, _, _ in BRANCHES},
+    "li": scalar.li,
+    "jal": scalar.jal,
+    "jalr": scalar.jalr,
+    "lw": scalar.scalar_memory(store=False),
+    "sw": scalar.scalar_memory(store=True),
+    "loop": scalar.loop,
+    "loopi": scalar.loopi,
+    "rdcnt": scalar.rdcnt,
+    "nop": scalar.nop,
+    "halt": scalar.halt,
+    "fence": scalar.fence,
+    "sync.push": scalar.sync_push,
+    "sync.pop": scalar.sync_pop,
+    "bz.tile": scalar.zero_test(branch_if_zero=True),
+    "bnz.tile": scalar.zero_test(branch_if_zero=False),
+    "dispatch": scalar.dispatch,
+    "dma.ld": dma.dma_load(transposed=False),
+    "dma.ldt": dma.dma_load(transposed=True),
+    "dma.st": dma.dma_store,
+    "mx.preload": matrix.preload,
+    "mx.mm": matrix.matmul(accumulate=False),
+    "mx.mma": matrix.matmul(accumulate=True),
+    "mx.mms": matrix.matmul_stream,
+    "ep.cfg": matrix.epilogue_config,
+    "mx.drain": matrix.drain,
+    **_vector_family("v", vector),
+    "vc.ld": chain.chain_load,
+    "vc.st": chain.chain_store,
+    "vc.lds": chain.chain_stream,
+    **_vector_family("vc", chain),
+}
+
+
+def instruction_unit(ins: Instruction) -> Unit:
+    """The unit whose queue an instruction enters (sync tokens: push -> src, pop -> dst)."""
+    if ins.spec.unit is not None:
+        return ins.spec.unit
+    return Unit(ins.field("src") if ins.mnemonic == "sync.push" else ins.field("dst"))
+
+
+def check_complete() -> None:
+    missing = sorted(set(BY_MNEMONIC) - set(BUILDERS))
+    extra = sorted(set(BUILDERS) - set(BY_MNEMONIC))
+    if missing or extra:
+        raise IsaTableError(f"simulator dispatch out of date: no builder for {missing}, builders for unknown {extra}")
+    no_rule = sorted({spec.timing for spec in INSTRUCTIONS} - set(TIMING_RULES))
+    if no_rule:
+        raise IsaTableError(f"no timing rule in simulator.timing for {no_rule}")
+    ops = {
+        "scalar ALU": ({n for n, _, _ in SCALAR_ALU}, set(scalar_sem.ALU)),
+        "branch": ({n for n, _, _ in BRANCHES}, set(scalar_sem.BRANCH_CONDITIONS)),
+        "vector unary": ({n for n, *_ in VECTOR_UNARY}, set(vector_sem.UNARY_OPS)),
+        "vector reduce": ({n for n, *_ in VECTOR_REDUCE}, set(vector_sem.REDUCE_OPS)),
+        "vector binary": ({n for n, *_ in VECTOR_BINARY}, set(vector_sem.BINARY_OPS)),
+    }
+    for family, (wanted, have) in ops.items():
+        if wanted - have:
+            raise IsaTableError(f"no {family} semantics for {sorted(wanted - have)}")
+
+
+check_complete()

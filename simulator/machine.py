@@ -1,0 +1,234 @@
+"""The simulated machine: architectural state, the pre-decoded program and the issue loop.
+
+The program is decoded once into one closure per instruction (`steps[pc]() -> next pc`), built by the
+explicit mnemonic -> builder map in `simulator.dispatch`. A step does its instruction's data work at
+issue, in program order, and hands unit instructions to the timing engine, which decides when they run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from assembler.disasm import format_instruction
+from assembler.objfile import ObjectFile
+from isa import EncodingError, Instruction, decode
+from isa.enums import Unit
+from isa.fields import NUM_VREGS, NUM_XREGS
+from simulator.config import MachineConfig
+from simulator.dispatch import BUILDERS, instruction_unit
+from simulator.engine import DMA, PLAIN, S_ACC_RD, S_ACC_WR, S_SPAD_RD, S_SPAD_WR, STAT_FIELDS, Engine, Op
+from simulator.errors import Fault, SimulatorTrap
+from simulator.memory import Memory
+from simulator.races import RaceChecker
+
+Step = Callable[[], int]
+Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
+
+
+class Machine:
+    def __init__(
+        self,
+        obj: ObjectFile,
+        cfg: MachineConfig,
+        checked: bool = False,
+        trace: bool = False,
+        record_transactions: bool = False,
+    ) -> None:
+        self.obj = obj
+        self.cfg = cfg
+        self.x = [0] * NUM_XREGS
+        self.v: list[np.ndarray | None] = [None] * NUM_VREGS
+        self.mem = Memory(cfg, obj)
+        self.trace: list[tuple[int, int, int, int]] | None = [] if trace else None
+        self.engine = Engine(cfg, self.trace)
+        self.now = 0
+        self.mask = 0  # banks touched by the instruction being issued
+        self.loops: list[list[int]] = []  # [body start, end, remaining]
+        self.tokens: dict[tuple[int, int], deque[tuple[Op, np.ndarray | None]]] = {}
+        self.stream: deque[list] = deque()  # [mx.mms op, flat data, consumed, cols]
+        self.weights: np.ndarray | None = None
+        self.epilogue: tuple | None = None
+        self.transactions: list | None = [] if record_transactions else None
+        self.kernel_entries: list[tuple[int, int]] = []  # (kernel index, cycle) each time a kernel is entered
+        self.halt_cycle = -1
+        n = len(obj.text)
+        self.instructions: list[Instruction | None] = []
+        self.decode_errors: dict[int, str] = {}
+        decoded: dict[int, Instruction] = {}  # programs repeat few distinct words
+        for pc, word in enumerate(obj.text):
+            ins = decoded.get(word)
+            if ins is None:
+                try:
+                    ins = decoded[word] = decode(word)
+                except EncodingError as err:
+                    self.decode_errors[pc] = f"illegal instruction: {err}"
+            self.instructions.append(ins)
+        self.count = [0] * (n + 1)
+        self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
+        self.units = [instruction_unit(ins) if ins is not None else Unit.scalar for ins in self.instructions]
+        self.units.append(Unit.scalar)
+        self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe) if checked else None
+        steps: list[Step] = []
+        for pc, ins in enumerate(self.instructions):
+            steps.append(self._illegal(pc) if ins is None else BUILDERS[ins.mnemonic](self, pc, ins))
+        steps.append(self._fell_off(n))
+        self.steps = steps
+        self._wrap_loop_ends()
+        self._wrap_kernel_entries()
+        if self.races is not None:
+            self._wrap_checked()
+
+    # --- helpers for instruction builders -----------------------------------------------------------
+    def describe(self, pc: int) -> str:
+        if 0 <= pc < len(self.instructions) and self.instructions[pc] is not None:
+            return format_instruction(self.instructions[pc], pc)
+        return "<no instruction>" if pc >= len(self.instructions) else f".word {self.obj.text[pc]:#018x}"
+
+    def row(self, pc: int) -> list[int]:
+        """The statistics row of `pc` (see simulator.engine's S_* fields), allocated on first use."""
+        row = self.stats[pc]
+        if row is None:
+            row = self.stats[pc] = [0] * STAT_FIELDS
+        return row
+
+    def read_local(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
+        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype)
+        self.mask |= mask
+        row[S_ACC_RD if is_acc else S_SPAD_RD] += view.nbytes
+        if self.races is not None:
+            self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=False)
+        return view
+
+    def write_local(self, addr: int, values: np.ndarray, row: list[int]) -> None:
+        view, mask, is_acc, shadow = self.mem.local(addr, values.size, values.dtype)
+        self.mask |= mask
+        row[S_ACC_WR if is_acc else S_SPAD_WR] += view.nbytes
+        if self.races is not None:
+            self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=True)
+        view[:] = values.reshape(-1)
+
+    def check_dram(self, addr: int, rows: int, row_bytes: int, stride: int, write: bool) -> None:
+        if self.races is None or rows * row_bytes == 0:
+            return
+        if rows == 1 or stride == row_bytes:
+            idx: slice | np.ndarray = slice(addr, addr + rows * row_bytes)
+        else:
+            idx = (addr + stride * np.arange(rows)[:, None] + np.arange(row_bytes)).ravel()
+        self.races.access(self.races.dram, idx, addr, write)
+
+    def unit_op(self, unit: int, pc: int, dur: int, row: list[int], kind: int = PLAIN, dep: Op | None = None) -> Op:
+        """The timing record of the instruction being issued (banks gathered by read_local/write_local)."""
+        mask, self.mask = self.mask, 0
+        return Op(unit, pc, dur, self.mem.banks(mask), mask, row, kind, dep)
+
+    def submit(self, op: Op) -> None:
+        """Hand `op` to its unit's queue (stalling issue while the queue is full); the issue takes one cycle."""
+        self.now = self.engine.submit(op, self.now) + 1
+
+    def dma_op(self, unit: int, pc: int, dur: int, xfer: int, extra: int, row: list[int]) -> Op:
+        op = self.unit_op(unit, pc, dur, row, DMA)
+        op.xfer, op.extra = xfer, extra
+        return op
+
+    def record(self, op: Op, pc: int, operands: dict, result: np.ndarray) -> None:
+        """Keep a unit instruction's inputs and output for RTL replay (callers check `transactions` first)."""
+        self.transactions.append((op, pc, operands, result))
+
+    def watchdog(self) -> None:
+        if self.now > self.cfg.max_cycles:
+            raise Fault(f"watchdog: the run exceeded max_cycles={self.cfg.max_cycles}")
+
+    def release(self) -> None:
+        """Drop the step closures (they refer back to the machine) so the run's memory is freed at once."""
+        self.steps = []
+
+    # --- the issue loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        steps, count, pc = self.steps, self.count, 0
+        try:
+            if self.trace is None:
+                while pc >= 0:
+                    count[pc] += 1
+                    pc = steps[pc]()
+            else:
+                trace = self.trace
+                while pc >= 0:
+                    count[pc] += 1
+                    issued = self.now
+                    nxt = steps[pc]()
+                    trace.append((Unit.scalar, pc, issued, max(self.now, issued + 1)))
+                    pc = nxt
+        except Fault as fault:
+            raise SimulatorTrap(pc, self.describe(pc), self.now, fault.reason) from None
+
+    def _illegal(self, pc: int) -> Step:
+        reason = self.decode_errors[pc]
+
+        def step() -> int:
+            raise Fault(reason)
+
+        return step
+
+    def _fell_off(self, n: int) -> Step:
+        def step() -> int:
+            raise Fault(f"execution ran past the last instruction (pc {n}) without halt")
+
+        return step
+
+    def _wrap_loop_ends(self) -> None:
+        """Hardware loops: arriving at a loop's end pc jumps back to its body for free while iterations remain."""
+        ends = {
+            pc + ins.field("lend")
+            for pc, ins in enumerate(self.instructions)
+            if ins is not None and ins.mnemonic in ("loop", "loopi")
+        }
+        for end in ends:
+            if 0 <= end < len(self.steps):
+                self.steps[end] = self._loop_end(end, self.steps[end])
+
+    def _loop_end(self, end: int, inner: Step) -> Step:
+        loops, count = self.loops, self.count
+
+        def step() -> int:
+            while loops and loops[-1][1] == end:
+                top = loops[-1]
+                top[2] -= 1
+                if top[2] > 0:
+                    count[end] -= 1
+                    self.watchdog()
+                    return top[0]
+                loops.pop()
+            return inner()
+
+        return step
+
+    def _wrap_kernel_entries(self) -> None:
+        for k, kernel in enumerate(self.obj.kernels):
+            if 0 <= kernel.start < len(self.steps):
+                self.steps[kernel.start] = self._kernel_entry(k, self.steps[kernel.start])
+
+    def _kernel_entry(self, k: int, inner: Step) -> Step:
+        entries = self.kernel_entries
+
+        def step() -> int:
+            if not entries or entries[-1][0] != k:
+                entries.append((k, self.now))
+            return inner()
+
+        return step
+
+    def _wrap_checked(self) -> None:
+        races = self.races
+        for pc, step in enumerate(self.steps):
+            self.steps[pc] = self._checked(races, self.units[pc], pc, step)
+
+    @staticmethod
+    def _checked(races: RaceChecker, unit: int, pc: int, inner: Step) -> Step:
+        def step() -> int:
+            races.begin(unit, pc)
+            return inner()
+
+        return step

@@ -1,0 +1,104 @@
+"""DRAM, scratchpad and accumulator as numpy byte arrays, with checked address resolution.
+
+Every access goes through `local()` or `dram_rows()`, which enforce range, alignment and the
+accumulator's 4-byte entries, and report which banks an access touches (a bit mask over scratchpad
+banks then accumulator banks) so the timing engine can arbitrate them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from assembler.objfile import ObjectFile
+from isa.enums import DType
+from isa.errors import DynfuseError
+from isa.memory_map import ACC_ELEMENT_BYTES, LOCAL_ACC_BASE
+from simulator.config import MachineConfig
+from simulator.errors import Fault
+
+
+class Memory:
+    def __init__(self, cfg: MachineConfig, obj: ObjectFile) -> None:
+        self.cfg = cfg
+        self.dram = np.zeros(cfg.dram_bytes, dtype=np.uint8)
+        self.spad = np.zeros(cfg.spad_bytes, dtype=np.uint8)
+        self.acc = np.zeros(cfg.acc_bytes, dtype=np.uint8)
+        end = obj.data_base + len(obj.data)
+        if obj.data_base < 0 or end > cfg.dram_bytes:
+            raise DynfuseError(
+                f"data section [{obj.data_base}, {end}) does not fit the {cfg.dram_bytes}-byte DRAM "
+                f"of config {cfg.name!r}"
+            )
+        self.dram[obj.data_base : end] = np.frombuffer(obj.data, dtype=np.uint8)
+        self._spad_bytes = cfg.spad_bytes
+        self._acc_bytes = cfg.acc_bytes
+        self._spad_bank_bytes = cfg.spad_bank_bytes
+        self._acc_bank_bytes = cfg.acc_bank_bytes
+        self._acc_bank0 = cfg.spad_banks
+        self._banks_of_mask: dict[int, tuple[int, ...]] = {}
+        # one typed view of each local memory per element type: an access is then a single slice
+        self._typed = {
+            (is_acc, np.dtype(d.numpy)): (self.acc if is_acc else self.spad).view(d.numpy)
+            for is_acc in (False, True)
+            for d in DType
+        }
+
+    def local(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int]:
+        """A typed view of `count` elements at local address `addr`: (view, bank mask, is_acc, shadow offset)."""
+        size = dtype.itemsize
+        nbytes = count * size
+        if addr >= 0 and addr + nbytes <= self._spad_bytes:
+            off, bank_bytes, bank0, is_acc = addr, self._spad_bank_bytes, 0, False
+        elif addr >= LOCAL_ACC_BASE and addr - LOCAL_ACC_BASE + nbytes <= self._acc_bytes:
+            off, bank_bytes, bank0, is_acc = addr - LOCAL_ACC_BASE, self._acc_bank_bytes, self._acc_bank0, True
+            if size != ACC_ELEMENT_BYTES:
+                raise Fault(f"accumulator holds 4-byte elements; {dtype} access at {addr:#x} is not allowed")
+        else:
+            raise Fault(
+                f"local access of {nbytes} bytes at {addr:#x} is outside the scratchpad "
+                f"[0, {self._spad_bytes:#x}) and the accumulator "
+                f"[{LOCAL_ACC_BASE:#x}, {LOCAL_ACC_BASE + self._acc_bytes:#x})"
+            )
+        if off % size:
+            raise Fault(f"misaligned local access: address {addr:#x} is not a multiple of {size} ({dtype})")
+        typed = self._typed.get((is_acc, dtype))
+        if typed is None:
+            raise Fault(f"local memory holds i8, i32 or f32 elements, not {dtype}")
+        first = off // size
+        view = typed[first : first + count]
+        if nbytes == 0:
+            return view, 0, is_acc, off
+        mask = ((2 << ((off + nbytes - 1) // bank_bytes)) - (1 << (off // bank_bytes))) << bank0
+        return view, mask, is_acc, off + self._spad_bytes if is_acc else off
+
+    def banks(self, mask: int) -> tuple[int, ...]:
+        """The bank ids of a mask (cached: programs use few distinct masks)."""
+        banks = self._banks_of_mask.get(mask)
+        if banks is None:
+            banks = self._banks_of_mask[mask] = tuple(b for b in range(mask.bit_length()) if mask >> b & 1)
+        return banks
+
+    def dram_rows(self, addr: int, rows: int, row_bytes: int, stride: int, align: int) -> np.ndarray:
+        """A (rows, row_bytes) uint8 view of a strided DRAM region."""
+        if addr < 0 or stride < 0:
+            raise Fault(f"negative DRAM address {addr} or stride {stride}")
+        if addr % align or stride % align:
+            raise Fault(f"misaligned DRAM access: address {addr:#x} and stride {stride} must be multiples of {align}")
+        if rows == 0 or row_bytes == 0:
+            return self.dram[0:0].reshape(rows, row_bytes)
+        end = addr + (rows - 1) * stride + row_bytes
+        if end > self.cfg.dram_bytes:
+            raise Fault(f"DRAM access [{addr:#x}, {end:#x}) is outside the {self.cfg.dram_bytes:#x}-byte DRAM")
+        if stride == row_bytes:
+            return self.dram[addr:end].reshape(rows, row_bytes)
+        if stride > row_bytes and addr + rows * stride <= self.cfg.dram_bytes:
+            return self.dram[addr : addr + rows * stride].reshape(rows, stride)[:, :row_bytes]
+        return np.lib.stride_tricks.as_strided(self.dram[addr:], shape=(rows, row_bytes), strides=(stride, 1))
+
+    def dram_word(self, addr: int) -> np.ndarray:
+        """The 4-byte int32 view at `addr` (scalar `lw`/`sw`/`dispatch`)."""
+        if addr < 0 or addr + 4 > self.cfg.dram_bytes:
+            raise Fault(f"DRAM word access at {addr:#x} is outside the {self.cfg.dram_bytes:#x}-byte DRAM")
+        if addr % 4:
+            raise Fault(f"misaligned DRAM word access at {addr:#x}")
+        return self.dram[addr : addr + 4].view(np.int32)

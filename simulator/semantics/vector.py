@@ -1,0 +1,184 @@
+"""Vector-unit numerics: i8 saturates to [-128, 127], i32 wraps, f32 is IEEE single precision.
+
+Each function does one instruction's data work in a few numpy calls. Operands arrive already shaped for
+broadcasting (the caller reshapes rows for the .vr/.vc modes); scalars arrive as Python numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy.special import erf as _erf
+
+from isa.enums import DType
+from simulator.errors import Fault
+
+I8_MIN, I8_MAX = -128, 127
+_I32 = np.int32
+_F32 = np.float32
+_WIDE = np.int64
+
+
+def sat8(x: np.ndarray) -> np.ndarray:
+    """Saturate an integer array to int8 (two ufuncs: np.clip's Python wrapper costs more than the work)."""
+    wide = np.maximum(x, I8_MIN)
+    np.minimum(wide, I8_MAX, out=wide)
+    return wide.astype(np.int8)
+
+
+def _shift_amount(b: np.ndarray | int, dtype: DType) -> np.ndarray | int:
+    return np.bitwise_and(b, 7 if dtype is DType.i8 else 31)
+
+
+def _srl(a: np.ndarray, b: np.ndarray | int, dtype: DType) -> np.ndarray:
+    unsigned = np.uint8 if dtype is DType.i8 else np.uint32
+    return np.right_shift(a.view(unsigned), np.asarray(_shift_amount(b, dtype), dtype=unsigned)).view(a.dtype)
+
+
+_BINARY_WIDE: dict[str, Callable[[np.ndarray, np.ndarray | int], np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+    "div": np.divide,
+}
+
+BINARY_OPS = frozenset(_BINARY_WIDE) | {"sll", "srl", "sra"}
+
+
+def binary(op_name: str, a: np.ndarray, b: np.ndarray | int | float, dtype: DType) -> np.ndarray:
+    """`a OP b` elementwise in `dtype` (b broadcasts)."""
+    if op_name in ("sll", "srl", "sra"):
+        if dtype is DType.f32:
+            raise Fault(f"{op_name} needs an integer dtype, got f32")
+        if op_name == "srl":
+            return _srl(a, b, dtype)
+        if op_name == "sra":
+            return np.right_shift(a, np.asarray(_shift_amount(b, dtype), dtype=a.dtype))
+        if dtype is DType.i8:
+            return sat8(np.left_shift(a.astype(_I32), _shift_amount(b, dtype)))
+        return np.left_shift(a, np.asarray(_shift_amount(b, dtype), dtype=_I32))
+    fn = _BINARY_WIDE.get(op_name)
+    if fn is None:
+        raise Fault(f"unknown vector operation {op_name!r}")
+    if op_name == "div" and dtype is not DType.f32:
+        raise Fault(f"div needs dtype f32, got {dtype.name}")
+    if dtype is DType.f32:
+        with np.errstate(all="ignore"):
+            return fn(a, np.asarray(b, dtype=_F32)).astype(_F32, copy=False)
+    if dtype is DType.i8:
+        return sat8(fn(a.astype(_I32), np.asarray(b, dtype=_I32)))
+    return fn(a, np.asarray(b, dtype=_I32)).astype(_I32, copy=False)
+
+
+def _relu(a: np.ndarray) -> np.ndarray:
+    return np.maximum(a, a.dtype.type(0))
+
+
+def _sigmoid(a: np.ndarray) -> np.ndarray:
+    return (_F32(1) / (_F32(1) + np.exp(-a))).astype(_F32, copy=False)
+
+
+_UNARY_INT: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": _relu,
+    "neg": np.negative,
+    "abs": np.abs,
+    "copy": np.copy,
+}
+_UNARY_F32: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    **_UNARY_INT,
+    "exp": np.exp,
+    "recip": lambda a: _F32(1) / a,
+    "rsqrt": lambda a: _F32(1) / np.sqrt(a),
+    "sqrt": np.sqrt,
+    "erf": _erf,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+}
+UNARY_OPS = frozenset(_UNARY_F32)
+
+
+def unary(op_name: str, a: np.ndarray, dtype: DType) -> np.ndarray:
+    """`OP(a)` elementwise; transcendental ops exist only for f32."""
+    if dtype is DType.f32:
+        fn = _UNARY_F32.get(op_name)
+        if fn is None:
+            raise Fault(f"unknown vector operation {op_name!r}")
+        with np.errstate(all="ignore"):
+            return fn(a).astype(_F32, copy=False)
+    fn = _UNARY_INT.get(op_name)
+    if fn is None:
+        raise Fault(f"{op_name} needs dtype f32, got {dtype.name}")
+    if dtype is DType.i8 and op_name in ("neg", "abs"):
+        return sat8(fn(a.astype(_I32)))
+    return fn(a)
+
+
+REDUCE_OPS = frozenset({"rsum", "rmax", "rmin"})
+
+
+def reduce_output_dtype(op_name: str, dtype: DType) -> DType:
+    """i8 sums widen to i32 (so they cannot saturate); max and min keep the input dtype."""
+    return DType.i32 if (op_name == "rsum" and dtype is DType.i8) else dtype
+
+
+def reduce(op_name: str, a: np.ndarray, period: int, dtype: DType) -> np.ndarray:
+    """Reduce each row of `period` elements of the flat `a` to one element."""
+    if period <= 0 or a.size % period:
+        raise Fault(f"{a.size} elements do not split into rows of period {period}")
+    rows = a.reshape(-1, period)
+    if op_name == "rsum":
+        out = reduce_output_dtype(op_name, dtype).numpy
+        return rows.sum(axis=1, dtype=out)
+    if op_name == "rmax":
+        return rows.max(axis=1)
+    if op_name == "rmin":
+        return rows.min(axis=1)
+    raise Fault(f"unknown reduction {op_name!r}")
+
+
+def clip(a: np.ndarray, lo: int | float, hi: int | float, dtype: DType) -> np.ndarray:
+    """min(max(a, lo), hi); integer bounds are first saturated to the dtype's range."""
+    if dtype is DType.i8:
+        lo, hi = min(max(lo, I8_MIN), I8_MAX), min(max(hi, I8_MIN), I8_MAX)
+    return np.minimum(np.maximum(a, dtype.numpy.type(lo)), dtype.numpy.type(hi))
+
+
+_INT_RANGE = {DType.i8: (I8_MIN, I8_MAX), DType.i32: (-(2**31), 2**31 - 1)}
+
+
+def convert(a: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+    """dtype conversion: float -> int rounds half to even and saturates (NaN -> 0); int -> int saturates."""
+    if src is dst:
+        return a.copy()
+    if dst is DType.f32:
+        return a.astype(_F32)
+    lo, hi = _INT_RANGE[dst]
+    if src is DType.f32:
+        wide = np.rint(a.astype(np.float64))
+        wide[np.isnan(wide)] = 0
+        return np.clip(wide, lo, hi).astype(dst.numpy)
+    return np.clip(a, lo, hi).astype(dst.numpy)
+
+
+def requantize(x_i32: np.ndarray, mult: int, shift: int) -> np.ndarray:
+    """int8 = sat8((x * mult + 2^(shift-1)) >> shift) in int64 with an arithmetic shift (no rounding if shift=0)."""
+    if x_i32.dtype != np.int32:
+        raise Fault(f"requantize needs i32 input, got {x_i32.dtype}")
+    wide = x_i32.astype(_WIDE) * _WIDE(mult)
+    if shift:
+        wide += _WIDE(1) << _WIDE(shift - 1)
+        wide >>= _WIDE(shift)
+    return sat8(wide)
+
+
+def quantize(x_f32: np.ndarray, scale: float) -> np.ndarray:
+    """int8 = sat8(round_half_even(x * f32(scale))), NaN -> 0."""
+    if x_f32.dtype != np.float32:
+        raise Fault(f"quantize needs f32 input, got {x_f32.dtype}")
+    with np.errstate(all="ignore"):
+        scaled = np.rint(x_f32 * _F32(scale))
+    scaled[np.isnan(scaled)] = 0
+    return np.clip(scaled, I8_MIN, I8_MAX).astype(np.int8)

@@ -1,0 +1,131 @@
+"""The timing rules of docs/architecture.md, one pure function each: the only copy of every formula.
+
+The simulator, the fusion engine's analytic cost model and the RTL tests all call these. `TIMING_RULES`
+maps each name used in the ISA table's `timing` column to its function; the simulator checks at import
+that every row's rule exists. Results are cycles an instruction occupies its unit (scalar rules: issue
+cycles), without stalls caused by other units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simulator.config import MachineConfig
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def dma_bursts(cfg: MachineConfig, rows: int, row_bytes: int, stride: int) -> int:
+    """Bursts of a 2-D transfer: contiguous ones pack bursts, each strided row starts its own."""
+    if rows <= 1 or stride == row_bytes:
+        return _ceil_div(rows * row_bytes, cfg.burst_bytes)
+    return rows * _ceil_div(row_bytes, cfg.burst_bytes)
+
+
+def dma_transfer_cycles(cfg: MachineConfig, rows: int, row_bytes: int, stride: int) -> int:
+    """Cycles the DRAM channel is busy moving the bursts (after the access latency)."""
+    return _ceil_div(dma_bursts(cfg, rows, row_bytes, stride) * cfg.burst_bytes, cfg.dram_bytes_per_cycle)
+
+
+def dma_cycles(cfg: MachineConfig, rows: int, row_bytes: int, stride: int) -> int:
+    """`dma_load`, `dma_store`: DRAM latency plus burst transfer time."""
+    return cfg.dram_latency + dma_transfer_cycles(cfg, rows, row_bytes, stride)
+
+
+def dma_transposed_cycles(cfg: MachineConfig, rows: int, row_bytes: int, stride: int, latency: int) -> int:
+    """`dma_load_transposed`: the same DRAM traffic, plus the transpose buffer's pipeline."""
+    return dma_cycles(cfg, rows, row_bytes, stride) + latency
+
+
+def preload_cycles(cfg: MachineConfig) -> int:
+    """`preload`: weights shift into the N x N array one row per cycle."""
+    return cfg.array_size
+
+
+def matmul_cycles(cfg: MachineConfig, rows: int) -> int:
+    """`matmul`, `matmul_stream`: rows enter skewed one per cycle; the last leaves 2N - 1 cycles after it enters."""
+    return rows + 2 * cfg.array_size - 1
+
+
+def stream_row_ready(cfg: MachineConfig, start: int, row: int) -> int:
+    """Cycle at which output row `row` of a matmul started at `start` is complete (after de-skew)."""
+    return start + row + 2 * cfg.array_size - 1
+
+
+def epilogue_config_cycles(cfg: MachineConfig) -> int:
+    """`epilogue_config`: one register write on the matrix unit."""
+    return 1
+
+
+def drain_cycles(cfg: MachineConfig, rows: int, latency: int) -> int:
+    """`drain`: one N-wide accumulator row per cycle through bias -> activation -> requantize."""
+    return rows + latency
+
+
+def vector_cycles(cfg: MachineConfig, n: int, latency: int) -> int:
+    """`vector`, `vector_reduce`, `chain_load`, `chain_reduce`: ceil(n / L) beats plus the pipeline."""
+    return _ceil_div(n, cfg.vector_lanes) + latency
+
+
+def chain_op_cycles(cfg: MachineConfig, latency: int) -> int:
+    """`chain_op`, `chain_store`: streams behind its producer, adding only its pipeline depth."""
+    return latency
+
+
+def chain_stream_finish(cfg: MachineConfig, start: int, n: int, last_row_ready: int, latency: int) -> int:
+    """`chain_stream` end cycle: consume n elements, but not before the last streamed row exists."""
+    return max(start + _ceil_div(n, cfg.vector_lanes), last_row_ready + 1) + latency
+
+
+def chain_stream_cycles(cfg: MachineConfig, n: int, latency: int, start: int, last_row_ready: int) -> int:
+    """`chain_stream`: cycles the vector unit is occupied when it starts at `start`."""
+    return chain_stream_finish(cfg, start, n, last_row_ready, latency) - start
+
+
+def sync_cycles(cfg: MachineConfig) -> int:
+    """`sync`: token pushes and pops take no unit time."""
+    return 0
+
+
+def scalar_cycles(cfg: MachineConfig) -> int:
+    """`scalar`, `loop`, `control`: one issue cycle (hardware loops cost nothing per iteration)."""
+    return 1
+
+
+def branch_cycles(cfg: MachineConfig, taken: bool) -> int:
+    """`branch`, `zero_test`, `dispatch`: one cycle, plus the penalty when taken."""
+    return 1 + (cfg.branch_penalty if taken else 0)
+
+
+def scalar_mem_cycles(cfg: MachineConfig) -> int:
+    """`scalar_mem` (`lw`, `sw`): issue stalls for the DRAM latency."""
+    return 1 + cfg.dram_latency
+
+
+TIMING_RULES: dict[str, Callable[..., int]] = {
+    "dma_load": dma_cycles,
+    "dma_store": dma_cycles,
+    "dma_load_transposed": dma_transposed_cycles,
+    "preload": preload_cycles,
+    "matmul": matmul_cycles,
+    "matmul_stream": matmul_cycles,
+    "epilogue_config": epilogue_config_cycles,
+    "drain": drain_cycles,
+    "vector": vector_cycles,
+    "vector_reduce": vector_cycles,
+    "chain_load": vector_cycles,
+    "chain_op": chain_op_cycles,
+    "chain_reduce": vector_cycles,
+    "chain_store": chain_op_cycles,
+    "chain_stream": chain_stream_cycles,
+    "sync": sync_cycles,
+    "zero_test": branch_cycles,
+    "dispatch": branch_cycles,
+    "scalar": scalar_cycles,
+    "branch": branch_cycles,
+    "loop": scalar_cycles,
+    "control": scalar_cycles,
+    "scalar_mem": scalar_mem_cycles,
+}

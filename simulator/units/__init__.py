@@ -1,0 +1,1 @@
+"""Instruction builders, one module per unit family: `build(machine, pc, instruction) -> step`."""

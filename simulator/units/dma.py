@@ -1,0 +1,60 @@
+"""DMA load/store units: 2-D strided copies between DRAM and local memory (one optionally transposing)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from isa import Instruction
+from isa.enums import DType
+from simulator.engine import LOAD, S_DRAM_RD, S_DRAM_WR, STORE
+from simulator.semantics.scalar import unsigned32
+from simulator.timing import dma_cycles, dma_transfer_cycles, dma_transposed_cycles
+
+if TYPE_CHECKING:
+    from simulator.machine import Builder, Machine, Step
+
+
+def dma_load(transposed: bool) -> Builder:
+    """`dma.ld` / `dma.ldt`: a strided DRAM tile into dense local memory (`dma.ldt` stores its transpose)."""
+
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        rd, rs1, rs2, rows, cols, dtype = ins.values
+        dt = DType(dtype).numpy
+        row_bytes, x, nxt, row, cfg = cols * dt.itemsize, m.x, pc + 1, m.row(pc), m.cfg
+        lat = ins.spec.latency if transposed else 0
+
+        def step() -> int:
+            src, stride = unsigned32(x[rs1]), unsigned32(x[rs2])
+            data = m.mem.dram_rows(src, rows, row_bytes, stride, dt.itemsize).view(dt)
+            m.check_dram(src, rows, row_bytes, stride, write=False)
+            m.write_local(x[rd], data.T.copy() if transposed else data, row)
+            row[S_DRAM_RD] += rows * row_bytes
+            if transposed:
+                dur = dma_transposed_cycles(cfg, rows, row_bytes, stride, lat)
+            else:
+                dur = dma_cycles(cfg, rows, row_bytes, stride)
+            m.submit(m.dma_op(LOAD, pc, dur, dma_transfer_cycles(cfg, rows, row_bytes, stride), lat, row))
+            return nxt
+
+        return step
+
+    return build
+
+
+def dma_store(m: Machine, pc: int, ins: Instruction) -> Step:
+    rd, rs1, rs2, rows, cols, dtype = ins.values
+    dt = DType(dtype).numpy
+    row_bytes, x, nxt, row, cfg = cols * dt.itemsize, m.x, pc + 1, m.row(pc), m.cfg
+
+    def step() -> int:
+        dst, stride = unsigned32(x[rd]), unsigned32(x[rs2])
+        dest = m.mem.dram_rows(dst, rows, row_bytes, stride, dt.itemsize)
+        values = m.read_local(x[rs1], rows * cols, dt, row)
+        m.check_dram(dst, rows, row_bytes, stride, write=True)
+        dest[...] = values.view(dest.dtype).reshape(rows, row_bytes)
+        row[S_DRAM_WR] += rows * row_bytes
+        dur = dma_cycles(cfg, rows, row_bytes, stride)
+        m.submit(m.dma_op(STORE, pc, dur, dma_transfer_cycles(cfg, rows, row_bytes, stride), 0, row))
+        return nxt
+
+    return step

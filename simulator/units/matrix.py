@@ -1,0 +1,148 @@
+"""Matrix unit: weight preload, (accumulating / streaming) matmul, epilogue configuration and drain."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from isa import Instruction
+from isa.enums import Activation, DType, EpilogueFlags
+from isa.memory_map import LOCAL_ACC_BASE
+from simulator.engine import MATRIX, S_MACS_F32, S_MACS_I8
+from simulator.errors import Fault
+from simulator.semantics import matrix as sem
+from simulator.timing import drain_cycles, epilogue_config_cycles, matmul_cycles, preload_cycles
+
+if TYPE_CHECKING:
+    from simulator.machine import Builder, Machine, Step
+
+_ACC_DTYPE = {DType.i8: np.dtype(np.int32), DType.f32: np.dtype(np.float32)}
+
+
+def preload(m: Machine, pc: int, ins: Instruction) -> Step:
+    rs1, rows, cols, dtype = ins.values
+    n, dt = m.cfg.array_size, DType(dtype)
+    x, nxt, row, dur = m.x, pc + 1, m.row(pc), preload_cycles(m.cfg)
+
+    def step() -> int:
+        if rows > n or cols > n:
+            raise Fault(f"weight tile {rows} x {cols} exceeds the {n} x {n} array")
+        w = m.read_local(x[rs1], rows * cols, dt.numpy, row).reshape(rows, cols).copy()
+        m.weights = w
+        op = m.unit_op(MATRIX, pc, dur, row)
+        if m.transactions is not None:
+            m.record(op, pc, {"w": w}, w)
+        m.submit(op)
+        return nxt
+
+    return step
+
+
+def _weights(m: Machine) -> np.ndarray:
+    if m.weights is None:
+        raise Fault("matmul before any mx.preload: the array holds no weights")
+    return m.weights
+
+
+def _product(m: Machine, a_addr: int, rows: int, row: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    w = _weights(m)
+    dt = DType.i8 if w.dtype == np.int8 else DType.f32
+    a = m.read_local(a_addr, rows * w.shape[0], w.dtype, row).reshape(rows, w.shape[0])
+    row[S_MACS_I8 if dt is DType.i8 else S_MACS_F32] += rows * w.shape[0] * w.shape[1]
+    return a, w, sem.matmul(a, w, dt)
+
+
+def _acc_address(addr: int) -> int:
+    if addr < LOCAL_ACC_BASE:
+        raise Fault(f"matmul destination {addr:#x} is not an accumulator address (>= {LOCAL_ACC_BASE:#x})")
+    return addr
+
+
+def matmul(accumulate: bool) -> Builder:
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        rd, rs1, rows = ins.values
+        x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
+
+        def step() -> int:
+            a, w, product = _product(m, x[rs1], rows, row)
+            dest = _acc_address(x[rd])
+            recording = m.transactions is not None
+            operands = {"a": a.copy(), "w": w} if recording else {}
+            if accumulate:
+                old = m.read_local(dest, product.size, product.dtype, row).reshape(product.shape)
+                if recording:
+                    operands["acc"] = old.copy()
+                product = sem.accumulate(old, product)
+            m.write_local(dest, product, row)
+            op = m.unit_op(MATRIX, pc, dur, row)
+            if recording:
+                m.record(op, pc, operands, product)
+            m.submit(op)
+            return nxt
+
+        return step
+
+    return build
+
+
+def matmul_stream(m: Machine, pc: int, ins: Instruction) -> Step:
+    rs1, rows = ins.values
+    x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
+
+    def step() -> int:
+        a, w, product = _product(m, x[rs1], rows, row)
+        op = m.unit_op(MATRIX, pc, dur, row)
+        m.stream.append([op, product.reshape(-1), 0, product.shape[1]])
+        if m.transactions is not None:
+            m.record(op, pc, {"a": a.copy(), "w": w}, product)
+        m.submit(op)
+        return nxt
+
+    return step
+
+
+def epilogue_config(m: Machine, pc: int, ins: Instruction) -> Step:
+    rs1, rs2, rs3, shift, act, flags, dtype = ins.values
+    x, nxt, row, dur = m.x, pc + 1, m.row(pc), epilogue_config_cycles(m.cfg)
+    config = (Activation(act), EpilogueFlags(flags), shift, DType(dtype))
+
+    def step() -> int:
+        m.epilogue = (x[rs1], x[rs2], x[rs3], *config)
+        m.submit(m.unit_op(MATRIX, pc, dur, row))
+        return nxt
+
+    return step
+
+
+def drain(m: Machine, pc: int, ins: Instruction) -> Step:
+    rd, rs1, rows, cols = ins.values
+    n, x, nxt, row = m.cfg.array_size, m.x, pc + 1, m.row(pc)
+    dur = drain_cycles(m.cfg, rows, ins.spec.latency)
+
+    def step() -> int:
+        if m.epilogue is None:
+            raise Fault("mx.drain before any ep.cfg: the epilogue is not configured")
+        if cols > n:
+            raise Fault(f"drain of {cols} columns exceeds the {n}-wide array (one N-wide row per cycle)")
+        bias_addr, res_addr, mult, act, flags, shift, out = m.epilogue
+        acc_dt = _ACC_DTYPE[DType.f32 if m.weights is not None and m.weights.dtype == np.float32 else DType.i8]
+        acc = m.read_local(x[rs1], rows * cols, acc_dt, row).reshape(rows, cols)
+        bias = m.read_local(bias_addr, cols, acc_dt, row) if flags & EpilogueFlags.bias else None
+        res = (
+            m.read_local(res_addr, rows * cols, acc_dt, row).reshape(rows, cols) if flags & EpilogueFlags.res else None
+        )
+        result = sem.epilogue(acc, bias, res, act, mult, shift, out)
+        operands = None
+        if m.transactions is not None:  # copied before the write: the output may overlap the inputs
+            extra = {"bias": bias, "residual": res}
+            operands = {"acc": acc.copy(), "mult": mult, "shift": shift, "act": int(act), "out_dtype": int(out)}
+            operands |= {k: v.copy() for k, v in extra.items() if v is not None}
+        m.write_local(x[rd], result, row)
+        op = m.unit_op(MATRIX, pc, dur, row)
+        if operands is not None:
+            m.record(op, pc, operands, result)
+        m.submit(op)
+        return nxt
+
+    return step

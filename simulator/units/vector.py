@@ -1,0 +1,182 @@
+"""Vector unit, memory to memory: elementwise, broadcast, reduction and conversion over local memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from isa import Instruction
+from isa.enums import DType
+from simulator.engine import S_VOPS_F32, S_VOPS_INT, VECTOR
+from simulator.errors import Fault
+from simulator.semantics import vector as sem
+from simulator.semantics.scalar import f32_from_bits
+from simulator.timing import vector_cycles
+
+if TYPE_CHECKING:
+    from simulator.machine import Builder, Machine, Step
+
+MODE_VV, MODE_VS, MODE_VR, MODE_VC = 0, 1, 2, 3
+
+
+def scalar_operand(value: int, dtype: DType) -> int | float:
+    """A scalar register as an operand of `dtype`: its bits as fp32 for f32, its signed value otherwise."""
+    return f32_from_bits(value) if dtype is DType.f32 else value
+
+
+def vops_field(dtype: DType) -> int:
+    return S_VOPS_F32 if dtype is DType.f32 else S_VOPS_INT
+
+
+def broadcast_rows(a: np.ndarray, b: np.ndarray, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shape a flat `a` into rows for a .vr (b repeated for every row) or .vc (one b per row) operand."""
+    period = b.size if mode == MODE_VR else (a.size // b.size if b.size else 0)
+    if period == 0 or a.size % period or (mode == MODE_VC and a.size // period != b.size):
+        raise Fault(f"{a.size} elements do not split into rows matching a broadcast operand of {b.size}")
+    rows = a.reshape(-1, period)
+    return rows, (b.reshape(1, -1) if mode == MODE_VR else b.reshape(-1, 1))
+
+
+def _finish(
+    m: Machine, pc: int, row: list[int], dur: int, dest: int, result: np.ndarray, operands: Callable[[], dict]
+) -> None:
+    """Write the result, then queue the instruction (operands are captured first: dest may alias them)."""
+    captured = operands() if m.transactions is not None else None
+    m.write_local(dest, result, row)
+    op = m.unit_op(VECTOR, pc, dur, row)
+    if captured is not None:
+        m.record(op, pc, captured, result)
+    m.submit(op)
+
+
+def binary(op_name: str, mode: int) -> Builder:
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        f = ins.by_name()
+        rd, rs1, rs2, n, dt = f["rd"], f["rs1"], f["rs2"], f["n"], DType(f["dtype"])
+        period = f.get("period", 0)
+        npdt, x, nxt, row = dt.numpy, m.x, pc + 1, m.row(pc)
+        dur, vops = vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
+        whole_rows = period > 0 and n % period == 0
+        b_count = -1 if not whole_rows else (period if mode == MODE_VR else n // period)
+
+        def step() -> int:
+            a = m.read_local(x[rs1], n, npdt, row)
+            if mode == MODE_VV:
+                b = m.read_local(x[rs2], n, npdt, row)
+                result = sem.binary(op_name, a, b, dt)
+            elif mode == MODE_VS:
+                b = scalar_operand(x[rs2], dt)
+                result = sem.binary(op_name, a, b, dt)
+            else:
+                if b_count < 0:
+                    raise Fault(f"n={n} is not a whole number of rows of period {period}")
+                b = m.read_local(x[rs2], b_count, npdt, row)
+                shaped, bb = broadcast_rows(a, b, mode)
+                result = sem.binary(op_name, shaped, bb, dt).reshape(-1)
+            row[vops] += n
+            _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "b": np.copy(b)})
+            return nxt
+
+        return step
+
+    return build
+
+
+def unary(op_name: str) -> Builder:
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        rd, rs1, n, dtype = ins.values
+        dt = DType(dtype)
+        x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
+
+        def step() -> int:
+            a = m.read_local(x[rs1], n, dt.numpy, row)
+            result = sem.unary(op_name, a, dt)
+            row[vops] += n
+            _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy()})
+            return nxt
+
+        return step
+
+    return build
+
+
+def reduce(op_name: str) -> Builder:
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        rd, rs1, n, period, dtype = ins.values
+        dt = DType(dtype)
+        x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
+
+        def step() -> int:
+            a = m.read_local(x[rs1], n, dt.numpy, row)
+            result = sem.reduce(op_name, a, period, dt)
+            row[vops] += n
+            _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "period": period})
+            return nxt
+
+        return step
+
+    return build
+
+
+def clip(m: Machine, pc: int, ins: Instruction) -> Step:
+    rd, rs1, rs2, rs3, n, dtype = ins.values
+    dt = DType(dtype)
+    x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
+
+    def step() -> int:
+        a = m.read_local(x[rs1], n, dt.numpy, row)
+        lo, hi = scalar_operand(x[rs2], dt), scalar_operand(x[rs3], dt)
+        result = sem.clip(a, lo, hi, dt)
+        row[vops] += n
+        _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "lo": lo, "hi": hi})
+        return nxt
+
+    return step
+
+
+def convert(m: Machine, pc: int, ins: Instruction) -> Step:
+    rd, rs1, n, dtype, dtype2 = ins.values
+    src, dst = DType(dtype), DType(dtype2)
+    x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
+    vops = vops_field(DType.f32 if DType.f32 in (src, dst) else src)
+
+    def step() -> int:
+        a = m.read_local(x[rs1], n, src.numpy, row)
+        result = sem.convert(a, src, dst)
+        row[vops] += n
+        _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy()})
+        return nxt
+
+    return step
+
+
+def requantize(m: Machine, pc: int, ins: Instruction) -> Step:
+    rd, rs1, rs2, shift, n = ins.values
+    x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
+
+    def step() -> int:
+        a = m.read_local(x[rs1], n, DType.i32.numpy, row)
+        mult = x[rs2]
+        result = sem.requantize(a, mult, shift)
+        row[S_VOPS_INT] += n
+        _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "mult": mult, "shift": shift})
+        return nxt
+
+    return step
+
+
+def quantize(m: Machine, pc: int, ins: Instruction) -> Step:
+    rd, rs1, rs2, n = ins.values
+    x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
+
+    def step() -> int:
+        a = m.read_local(x[rs1], n, DType.f32.numpy, row)
+        scale = f32_from_bits(x[rs2])
+        result = sem.quantize(a, scale)
+        row[S_VOPS_F32] += n
+        _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "scale": scale})
+        return nxt
+
+    return step

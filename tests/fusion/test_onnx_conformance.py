@@ -1,0 +1,42 @@
+"""ONNX backend node tests (generated from the onnx wheel's own generators) through import -> reference.
+
+Data is generated once per onnx version into pytest's cache (~3 s, only cases built from supported operators).
+Every case must pass or be skipped for a stated unsupported feature (dtype, training mode, extra outputs).
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from fusion.onnx_import.conformance import SUPPORTED_OPS, ensure_node_tests, format_table, per_op_counts, run_all
+
+
+@pytest.fixture(scope="session")
+def node_test_dir(request: pytest.FixtureRequest):
+    return ensure_node_tests(request.config.cache.mkdir(f"onnx_node_tests_{onnx.__version__}"))
+
+
+@pytest.fixture(scope="session")
+def results(node_test_dir):
+    return run_all(node_test_dir)
+
+
+def test_no_supported_case_fails(results) -> None:
+    print("\n" + format_table(results))
+    print("\n".join(f"skipped {r.name}: {r.reason}" for r in results if r.status == "skip"))
+    failures = [f"{r.name}: {r.reason}" for r in results if r.status == "fail"]
+    assert not failures, "\n".join(failures)
+
+
+def test_every_supported_op_passes_some_case(results) -> None:
+    counts = per_op_counts(results)
+    missing = sorted(op for op in SUPPORTED_OPS if counts.get(op, {}).get("pass", 0) == 0)
+    assert not missing, f"supported operators with no passing backend case: {missing}"
+    assert sum(r.status == "pass" for r in results) >= 200
+
+
+def test_skips_state_an_unsupported_feature(results) -> None:
+    for r in results:
+        if r.status == "skip":
+            assert any(word in r.reason for word in ("dtype", "float32", "output", "training_mode", "non-tensor")), r

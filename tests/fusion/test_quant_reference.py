@@ -1,0 +1,87 @@
+"""The quantized reference: integer GEMM/conv pipelines computed by hand, scale-preserving ops, calibration."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
+from fusion.quant.calibrate import calibrate
+from fusion.quant.params import QuantizationError, QuantParams
+from fusion.reference.interpreter import run
+from fusion.reference.quantized import evaluate_quantized, run_quantized
+
+
+def _gemm_graph():
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (3, 5))
+    w = b.constant(rng.standard_normal((5, 4)).astype(np.float32), name="w")
+    bias = b.constant(rng.standard_normal(4).astype(np.float32), name="bias")
+    y = b.op(OpType.Gemm, x, w, bias, name="y")
+    r = b.op(OpType.Relu, y, name="r")
+    s = b.op(OpType.Sigmoid, r, name="s")
+    b.output(r, s)
+    return b.build(), rng.standard_normal((3, 5)).astype(np.float32)
+
+
+def test_gemm_is_integer_exact() -> None:
+    """Recompute the int8 pipeline independently with numpy integers and Python's integer shifts."""
+    graph, x = _gemm_graph()
+    params = QuantParams({"x": 0.02, "w": 0.015, "bias": 0.01, "y": 0.05, "r": 0.05, "s": 0.01})
+    env = evaluate_quantized(graph, {"x": x}, params)
+    xq = np.clip(np.rint(x * np.float32(1 / 0.02)), -128, 127).astype(int)
+    wq = np.clip(np.rint(graph.constants["w"] * np.float32(1 / 0.015)), -128, 127).astype(int)
+    bq = np.rint(graph.constants["bias"].astype(np.float64) / (0.02 * 0.015)).astype(int)
+    real = 0.02 * 0.015 / 0.05
+    frac, exp = math.frexp(real)
+    mult, shift = round(frac * 2**31), 31 - exp
+    want = [
+        [max(-128, min(127, (int(acc) * mult + (1 << (shift - 1))) >> shift)) for acc in row]
+        for row in (xq @ wq + bq).tolist()
+    ]
+    assert env["y"].data.tolist() == want and env["y"].scale == 0.05
+    assert env["r"].data.tolist() == np.maximum(np.array(want), 0).tolist() and env["r"].scale == 0.05
+    assert env["s"].scale is None  # non-linear ops run in float32
+
+
+def test_conv_maxpool_stay_int8_and_match_float_closely() -> None:
+    rng = np.random.default_rng(1)
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 8, 8))
+    c = b.op(
+        OpType.Conv,
+        x,
+        b.constant(rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+        strides=(1, 1),
+        pads=(1,) * 4,
+        dilations=(1, 1),
+        group=1,
+    )
+    p = b.op(OpType.MaxPool, c, kernel=(2, 2), strides=(2, 2), pads=(0,) * 4, dilations=(1, 1), ceil_mode=0)
+    b.output(p)
+    graph = b.build()
+    samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    params = calibrate(graph, samples)
+    env = evaluate_quantized(graph, samples[0], params)
+    assert env[p].data.dtype == np.int8 and env[p].scale == params.scale(c)
+    want = run(graph, samples[0])[p]
+    assert np.max(np.abs(env[p].real() - want)) <= 0.05 * np.max(np.abs(want))
+
+
+def test_missing_scale_is_a_clear_error() -> None:
+    graph, x = _gemm_graph()
+    with pytest.raises(QuantizationError, match="'x'"):
+        run_quantized(graph, {"x": x}, QuantParams({}))
+
+
+def test_calibration_scales_cover_the_observed_range() -> None:
+    graph, x = _gemm_graph()
+    params = calibrate(graph, [{"x": x}, {"x": 2 * x}])
+    assert params.scale("x") == pytest.approx(np.max(np.abs(2 * x)) / 127)
+    assert params.scale("w") == pytest.approx(np.max(np.abs(graph.constants["w"])) / 127)
+    with pytest.raises(QuantizationError, match="at least one"):
+        calibrate(graph, [])

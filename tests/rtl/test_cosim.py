@@ -1,0 +1,93 @@
+"""Program-level co-simulation: the simulator's transactions replayed on the RTL, values and cycles exact."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dynfuse.cli import main
+from rtl.corpus import example_programs, record_file, record_random
+from rtl.cosim import Recorded, cosimulate
+from simulator.config import PRESETS
+from simulator.errors import SimulatorTrap
+
+pytestmark = pytest.mark.rtl
+TINY = PRESETS["tiny"]
+RANDOM_SEEDS = range(8)
+
+
+def _assert_clean(reports) -> None:
+    for report in reports:
+        assert report.ok, "\n".join(report.lines())
+
+
+def test_random_programs_match_on_tiny() -> None:
+    reports = cosimulate(TINY, [record_random(seed, TINY) for seed in RANDOM_SEEDS])
+    _assert_clean(reports)
+    units = {b.unit for r in reports for b in r.batches}
+    assert units == {"matrix_unit", "vector_unit", "epilogue", "stream_path"}
+    assert sum(r.compared for r in reports) > 100
+
+
+def test_examples_that_fit_tiny_match_on_tiny() -> None:
+    """Examples sized for a bigger machine trap on tiny (memory, vreg size); they run on base below."""
+    runs, too_big = [], []
+    for path in example_programs():
+        try:
+            runs.append(record_file(path, TINY))
+        except SimulatorTrap:
+            too_big.append(path.name)
+    _assert_clean(cosimulate(TINY, runs))
+    print(f"ran {len(runs)} examples on tiny; sized for bigger machines: {', '.join(too_big) or 'none'}")
+
+
+def test_every_example_matches_on_base() -> None:
+    """Includes the GEMM and fused-epilogue examples, on the 16 x 16 array."""
+    base = PRESETS["base"]
+    paths = example_programs()
+    reports = cosimulate(base, [record_file(path, base) for path in paths])
+    _assert_clean(reports)
+    compared = {r.program: r.compared for r in reports}
+    for path in paths:
+        text = path.read_text()
+        if "mx.mm" in text or "mx.drain" in text:
+            assert compared[path.name] > 0, path.name
+
+
+def _first_case_changed(run: Recorded, mnemonic: str, change) -> Recorded:
+    for i, txn in enumerate(run.transactions):
+        if txn.mnemonic == mnemonic:
+            doctored = list(run.transactions)
+            doctored[i] = change(txn)
+            return dataclasses.replace(run, transactions=tuple(doctored))
+    raise AssertionError(f"no {mnemonic} transaction")
+
+
+def _has(run: Recorded, mnemonic: str) -> bool:
+    return any(t.mnemonic == mnemonic for t in run.transactions)
+
+
+def test_a_wrong_value_or_cycle_count_is_reported(tmp_path) -> None:
+    run = next(r for r in map(lambda s: record_random(s, TINY), range(20)) if _has(r, "mx.mm") and _has(r, "v.clip"))
+    wrong_value = _first_case_changed(run, "mx.mm", lambda t: dataclasses.replace(t, result=t.result + np.int32(1)))
+    wrong_cycles = _first_case_changed(run, "v.clip", lambda t: dataclasses.replace(t, cycles=t.cycles + 1))
+    value_report, cycle_report = cosimulate(TINY, [wrong_value, wrong_cycles], vcd_dir=tmp_path)
+    assert (value_report.value_mismatches, value_report.cycle_mismatches) == (1, 0)
+    assert (cycle_report.value_mismatches, cycle_report.cycle_mismatches) == (0, 1)
+    text = "\n".join(value_report.lines())
+    assert "value mismatch at cycle" in text and "out_p[0]" in text
+    assert "busy cycles: expected" in "\n".join(cycle_report.lines())
+    assert list(tmp_path.glob("*.vcd"))
+
+
+def test_cli_reports_totals(capsys) -> None:
+    assert main(["cosim", "--random", "1", "--seed", "11", "--config", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "0 value mismatches, 0 cycle mismatches" in out.splitlines()[-1]
+
+
+def test_cli_needs_a_program(capsys) -> None:
+    assert main(["cosim"]) == 1
+    assert "needs at least one PROGRAM" in capsys.readouterr().err

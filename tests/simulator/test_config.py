@@ -1,0 +1,77 @@
+from dataclasses import replace
+
+import pytest
+
+from simulator import PRESETS, ConfigError, EnergyTable, MachineConfig, load_config
+from simulator.config import config_from_dict
+
+
+def test_presets_have_the_documented_arrays() -> None:
+    assert {name: cfg.array_size for name, cfg in PRESETS.items()} == {"tiny": 4, "base": 16, "large": 32}
+    assert load_config("base") is PRESETS["base"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("array_size", 0, "array_size must be >= 1"),
+        ("array_size", 300, "array_size must be at most"),
+        ("spad_banks", 3, "spad_banks must be a power of two"),
+        ("dram_bytes_per_cycle", 2.5, "dram_bytes_per_cycle must be an integer"),
+        ("clock_mhz", -1.0, "clock_mhz must be a positive number"),
+        ("acc_bytes", 1000, "acc_bytes (1000) must divide"),
+        ("queue_depth", True, "queue_depth must be an integer"),
+    ],
+)
+def test_bad_values_name_the_field(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        replace(PRESETS["base"], **{field: value})
+
+
+def test_energy_values_are_validated() -> None:
+    with pytest.raises(ConfigError, match="energy.dram_byte"):
+        EnergyTable(dram_byte=-1)
+
+
+def test_toml_overrides_a_preset_and_the_energy_table(tmp_path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "base"\narray_size = 8\n[energy]\ndram_byte = 100.0\n')
+    cfg = load_config(str(path))
+    assert cfg.name == "mine" and cfg.array_size == 8 and cfg.vector_lanes == 16
+    assert cfg.energy.dram_byte == 100.0 and cfg.energy.mac_int8 == PRESETS["base"].energy.mac_int8
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('preset = "base"\narray_sise = 8\n', "unknown config field 'array_sise'"),
+        ('preset = "huge"\n', "preset must be one of"),
+        ("array_size = 8\n", "missing config fields"),
+        ('preset = "base"\n[energy]\nfoo = 1.0\n', "unknown energy field 'foo'"),
+        ("array_size = [\n", "invalid TOML"),
+    ],
+)
+def test_bad_toml_is_a_clear_error(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_unknown_name_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="unknown machine config 'medium'"):
+        load_config("medium")
+
+
+def test_full_toml_without_preset() -> None:
+    data = {k: v for k, v in PRESETS["tiny"].as_dict().items() if k not in ("name", "energy")}
+    assert config_from_dict(data, "t") == replace(PRESETS["tiny"], name="t")
+
+
+def test_config_hash_is_stable_and_sensitive() -> None:
+    base = PRESETS["base"]
+    again = MachineConfig(**{**base.as_dict(), "energy": EnergyTable(**base.as_dict()["energy"])})
+    assert again.config_hash() == base.config_hash()
+    assert replace(base, dram_latency=101).config_hash() != base.config_hash()
+    assert replace(base, energy=replace(base.energy, dram_byte=1.0)).config_hash() != base.config_hash()
+    assert len({cfg.config_hash() for cfg in PRESETS.values()}) == len(PRESETS)

@@ -1,0 +1,225 @@
+"""Matrix-unit and DMA instructions: values against numpy, cycles against the contract's formulas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sim_helpers import local, machine, run_asm, unit_slices
+
+from isa.enums import Unit
+from isa.memory_map import LOCAL_ACC_BASE as ACC
+from simulator import PRESETS, SimulatorTrap
+from simulator.semantics.scalar import bits_from_f32
+
+CFG = PRESETS["tiny"]  # N = 4, L = 4, DRAM: latency 20, 8 B/cycle, 16 B bursts
+N = CFG.array_size
+RNG = np.random.default_rng(3)
+
+
+def i8(*shape: int) -> np.ndarray:
+    return RNG.integers(-128, 128, shape, dtype=np.int8)
+
+
+def durations(m, unit: int) -> dict[str, int]:
+    return {m.instructions[pc].mnemonic: finish - start for pc, start, finish in unit_slices(m, unit)}
+
+
+def test_preload_mm_mma_accumulate_int8() -> None:
+    a1, a2, w1, w2 = i8(6, 4), i8(6, 3), i8(4, 3), i8(3, 3)
+    src = f"""li x1, 0
+li x2, 64
+li x3, 128
+li x4, 192
+li x5, {ACC}
+mx.preload x2, 4, 3, i8
+mx.mm x5, x1, 6
+mx.preload x4, 3, 3, i8
+mx.mma x5, x3, 6
+halt
+"""
+    m = machine(src, local={0: a1, 64: w1, 128: a2, 192: w2})
+    want = a1.astype(np.int64) @ w1 + a2.astype(np.int64) @ w2
+    assert np.array_equal(local(m, ACC, 18, np.int32).reshape(6, 3), want)
+    slices = unit_slices(m, Unit.matrix)
+    assert [f - s for _, s, f in slices] == [N, 6 + 2 * N - 1, N, 6 + 2 * N - 1]
+    assert m.transactions[1][2]["a"].shape == (6, 4)
+
+
+def test_fp32_matmul() -> None:
+    a, w = RNG.standard_normal((5, 4)).astype(np.float32), RNG.standard_normal((4, 4)).astype(np.float32)
+    m = machine(
+        f"li x1, 0\nli x2, 128\nli x5, {ACC}\nmx.preload x2, 4, 4, f32\nmx.mm x5, x1, 5\nhalt\n", local={0: a, 128: w}
+    )
+    np.testing.assert_allclose(local(m, ACC, 20, np.float32).reshape(5, 4), a.astype(np.float64) @ w, rtol=1e-5)
+
+
+def test_stream_to_vector_chain_overlaps() -> None:
+    a, w = i8(8, 4), i8(4, 4)
+    src = """li x1, 0
+li x2, 64
+mx.preload x2, 4, 4, i8
+mx.mms x1, 8
+vc.lds v1, 32
+vc.relu v2, v1
+li x3, 1024
+vc.st x3, v2
+halt
+"""
+    m = machine(src, local={0: a, 64: w})
+    want = np.maximum(a.astype(np.int64) @ w, 0)
+    assert np.array_equal(local(m, 1024, 32, np.int32).reshape(8, 4), want)
+    ((_, mms_start, mms_end),) = [s for s in unit_slices(m, Unit.matrix) if m.instructions[s[0]].mnemonic == "mx.mms"]
+    ((_, lds_start, lds_end),) = [s for s in unit_slices(m, Unit.vector) if m.instructions[s[0]].mnemonic == "vc.lds"]
+    last_row_ready = mms_start + 7 + 2 * N - 1
+    assert lds_start == mms_start  # the consumer starts with the stream ...
+    assert lds_end == max(lds_start + 32 // CFG.vector_lanes, last_row_ready + 1) + 1  # ... and ends after its last row
+    assert lds_end <= mms_end + 1  # overlapped: not after a full second pass
+
+
+def test_stream_underflow_traps() -> None:
+    with pytest.raises(SimulatorTrap, match="stream underflow"):
+        machine("vc.lds v1, 4\nhalt\n")
+
+
+def _drain_program(flags: str, act: str, out: str, scale_bits: int, shift: int, cols: int = 4) -> str:
+    return f"""li x1, {ACC}
+li x2, 512
+li x3, {ACC + 256}
+li x4, {scale_bits}
+li x6, 1024
+ep.cfg x2, x3, x4, {shift}, {act}, {flags}, {out}
+mx.drain x6, x1, 3, {cols}
+halt
+"""
+
+
+def test_drain_int_epilogue_bias_residual_relu_requantize() -> None:
+    acc = RNG.integers(-5000, 5000, (3, 4)).astype(np.int32)
+    bias = RNG.integers(-500, 500, 4).astype(np.int32)
+    res = RNG.integers(-500, 500, (3, 4)).astype(np.int32)
+    m = machine(_drain_program("bias_res", "relu", "i8", 5, 6), local={ACC: acc, 512: bias, ACC + 256: res})
+    t = np.maximum(acc.astype(np.int64) + bias + res, 0)
+    want = np.clip((t * 5 + 32) >> 6, -128, 127)
+    assert local(m, 1024, 12, np.int8).reshape(3, 4).tolist() == want.tolist()
+    assert durations(m, Unit.matrix) == {"ep.cfg": 1, "mx.drain": 3 + 3}
+
+
+def test_drain_float_epilogue_gelu() -> None:
+    acc = RNG.standard_normal((3, 4)).astype(np.float32)
+    src = f"li x1, 0\nli x2, 64\nli x5, {ACC + 512}\nmx.preload x2, 1, 1, f32\n" + _drain_program(
+        "none", "gelu", "f32", bits_from_f32(2.0), 0
+    )
+    m = machine(src, local={ACC: acc})
+    gelu = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))
+    np.testing.assert_allclose(
+        local(m, 1024, 12, np.float32).reshape(3, 4), 2 * gelu(acc.astype(np.float64)), rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (f"li x1, 0\nli x5, {ACC}\nmx.mm x5, x1, 4\nhalt\n", "before any mx.preload"),
+        ("li x1, 0\nli x5, 256\nmx.preload x1, 4, 4, i8\nmx.mm x5, x1, 4\nhalt\n", "not an accumulator address"),
+        ("li x1, 0\nmx.preload x1, 5, 4, i8\nhalt\n", "exceeds the 4 x 4 array"),
+        (f"li x1, {ACC}\nli x6, 0\nmx.drain x6, x1, 2, 2\nhalt\n", "before any ep.cfg"),
+        (_drain_program("none", "none", "i32", 1, 0, cols=8), "exceeds the 4-wide array"),
+        (_drain_program("none", "tanh", "i8", 1, 0), "needs the f32 path"),
+        (f"li x5, {ACC}\nli x1, 0\nmx.preload x1, 4, 4, i8\nmx.mm x5, x1, 1000\nhalt\n", "outside the scratchpad"),
+    ],
+)
+def test_matrix_faults(source: str, message: str) -> None:
+    with pytest.raises(SimulatorTrap, match=message):
+        machine(source)
+
+
+def _dma_cycles(rows: int, row_bytes: int, stride: int) -> int:
+    """The contract's rule, restated: latency + bursts * burst / bandwidth."""
+    contiguous = rows <= 1 or stride == row_bytes
+    bursts = -(-rows * row_bytes // 16) if contiguous else rows * -(-row_bytes // 16)
+    return 20 + -(-bursts * 16 // 8)
+
+
+def test_dma_strided_load_store_and_timing() -> None:
+    matrix = RNG.integers(-(2**31), 2**31, (8, 16), dtype=np.int64).astype(np.int32)
+    src = """.kernel k
+.input m: i32[8, 16] @ M
+.output tile: i32[3, 5] @ T
+.output whole: i32[8, 16] @ W
+li x1, 0
+li x2, M + 2 * 64 + 4 * 4
+li x3, 64
+dma.ld x1, x2, x3, 3, 5, i32
+li x4, 512
+li x5, M
+dma.ld x4, x5, x3, 8, 16, i32
+sync.push ld, st
+sync.pop ld, st
+li x6, T
+li x7, 20
+dma.st x6, x1, x7, 3, 5, i32
+li x6, W
+dma.st x6, x4, x3, 8, 16, i32
+halt
+.endkernel
+.data
+M: .zero 512
+T: .zero 60
+W: .zero 512
+"""
+    r = run_asm(src, inputs={"m": matrix}, checked=True, trace=True)
+    assert np.array_equal(r.outputs["tile"], matrix[2:5, 4:9])
+    assert np.array_equal(r.outputs["whole"], matrix)
+    slices = [
+        e for e in r.trace_events() if e["ph"] == "X" and e["tid"] == Unit.load and e["name"].startswith("dma.ld")
+    ]
+    assert [e["args"]["end_cycle"] - e["args"]["start_cycle"] for e in slices] == [
+        _dma_cycles(3, 20, 64),
+        _dma_cycles(8, 64, 64),
+    ]
+    assert r.counters.dram_read_bytes == 3 * 20 + 512 and r.counters.dram_write_bytes == 60 + 512
+
+
+def test_transposing_load() -> None:
+    data = i8(4, 6)
+    src = """.kernel k
+.input a: i8[4, 6] @ A
+.output t: i8[6, 4] @ T
+li x1, 0
+li x2, A
+li x3, 6
+dma.ldt x1, x2, x3, 4, 6, i8
+sync.push ld, st
+sync.pop ld, st
+li x4, T
+li x5, 4
+dma.st x4, x1, x5, 6, 4, i8
+halt
+.endkernel
+.data
+A: .zero 24
+T: .zero 24
+"""
+    r = run_asm(src, inputs={"a": data}, trace=True)
+    assert np.array_equal(r.outputs["t"], data.T)
+    (load,) = [
+        e for e in r.trace_events() if e["ph"] == "X" and e["tid"] == Unit.load and e["name"].startswith("dma.ld")
+    ]
+    assert load["args"]["end_cycle"] - load["args"]["start_cycle"] == _dma_cycles(4, 6, 6) + 2
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("li x1, 1\nli x2, 0\nli x3, 16\ndma.ld x1, x2, x3, 1, 4, i32\nhalt\n", "misaligned local access"),
+        ("li x1, 0\nli x2, 2\nli x3, 16\ndma.ld x1, x2, x3, 1, 4, i32\nhalt\n", "misaligned DRAM access"),
+        ("li x1, 0\nli x2, 0x3ffff0\nli x3, 64\ndma.ld x1, x2, x3, 2, 4, i32\nhalt\n", "outside the"),
+        (f"li x1, {ACC}\nli x2, 0\nli x3, 4\ndma.ld x1, x2, x3, 1, 4, i8\nhalt\n", "accumulator holds 4-byte"),
+        ("li x1, 16380\nli x2, 0\nli x3, 16\ndma.ld x1, x2, x3, 1, 4, i32\nhalt\n", "outside the scratchpad"),
+    ],
+)
+def test_dma_faults(source: str, message: str) -> None:
+    with pytest.raises(SimulatorTrap, match=message):
+        machine(source)

@@ -1,0 +1,71 @@
+"""Checked mode: unsynchronised accesses by two units are reported with both instructions."""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import machine
+
+from simulator import SimulatorTrap
+
+LOAD = "li x1, 0\nli x2, 0\nli x3, 16\ndma.ld x1, x2, x3, 4, 16, i8\n"
+
+
+def checked(source: str):
+    return machine(source + "halt\n", checked=True)
+
+
+def test_reading_what_another_unit_still_writes_is_a_race() -> None:
+    with pytest.raises(SimulatorTrap, match="data race") as err:
+        checked(LOAD + "mx.preload x1, 4, 4, i8\n")
+    trap = err.value
+    assert trap.pc == 4 and trap.instruction_text.startswith("mx.preload")
+    assert "dma.ld x1, x2, x3, 4, 16, i8" in trap.reason and "pc 3" in trap.reason and "load unit" in trap.reason
+
+
+def test_a_token_orders_the_two() -> None:
+    checked(LOAD + "sync.push ld, mx\nsync.pop ld, mx\nmx.preload x1, 4, 4, i8\n")
+
+
+def test_fence_orders_everything() -> None:
+    checked(LOAD + "fence\nmx.preload x1, 4, 4, i8\n")
+
+
+def test_token_between_other_units_does_not_help() -> None:
+    with pytest.raises(SimulatorTrap, match="data race"):
+        checked(LOAD + "sync.push ld, st\nsync.pop ld, st\nmx.preload x1, 4, 4, i8\n")
+
+
+def test_transitive_ordering_through_a_third_unit() -> None:
+    checked(LOAD + "sync.push ld, vx\nsync.pop ld, vx\nsync.push vx, mx\nsync.pop vx, mx\nmx.preload x1, 4, 4, i8\n")
+
+
+def test_overwriting_what_another_unit_still_reads_is_a_race() -> None:
+    src = "li x1, 0\nli x2, 4096\nli x3, 16\ndma.st x2, x1, x3, 4, 16, i8\nli x4, 64\ndma.ld x1, x4, x3, 4, 16, i8\n"
+    with pytest.raises(SimulatorTrap, match="load unit writes it here.*store unit\\) reads it"):
+        checked(src)
+
+
+def test_same_unit_accesses_are_ordered() -> None:
+    checked("li x1, 0\nv.relu x1, x1, 64, i8\nv.add x1, x1, x1, 64, i8\n")
+
+
+def test_disjoint_ranges_do_not_race() -> None:
+    checked(LOAD + "li x5, 1024\nmx.preload x5, 4, 4, i8\n")
+
+
+def test_scalar_tile_test_needs_a_token() -> None:
+    with pytest.raises(SimulatorTrap, match="scalar unit reads"):
+        checked(LOAD + "bz.tile x1, 16, i8, end\nend: nop\n")
+    checked(LOAD + "sync.push ld, sc\nsync.pop ld, sc\nbz.tile x1, 16, i8, end\nend: nop\n")
+
+
+def test_dram_round_trip_needs_a_token() -> None:
+    store = "li x1, 0\nli x2, 4096\nli x3, 16\ndma.st x2, x1, x3, 4, 16, i8\n"
+    reload = "li x4, 1024\ndma.ld x4, x2, x3, 4, 16, i8\n"
+    with pytest.raises(SimulatorTrap, match="data race on DRAM"):
+        checked(store + reload)
+    checked(store + "sync.push st, ld\nsync.pop st, ld\n" + reload)
+
+
+def test_unchecked_mode_does_not_look() -> None:
+    machine(LOAD + "mx.preload x1, 4, 4, i8\nhalt\n")
