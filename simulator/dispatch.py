@@ -34,8 +34,8 @@ def _vector_family(prefix: str, module: ModuleType) -> dict[str, Builder]:
         **{f"{prefix}.{name}": module.reduce(name) for name, *_ in VECTOR_REDUCE},
         f"{prefix}.clip": module.clip,
         f"{prefix}.cvt": module.convert,
-        f"{prefix}.rqnt": module.requantize,
-        f"{prefix}.qnt": module.quantize,
+        f"{prefix}.rqnt": module.to_int8("rqnt"),
+        f"{prefix}.qnt": module.to_int8("qnt"),
     }
 
 

@@ -9,6 +9,7 @@ when no samples were given) and compiled results are bit-exact against `fusion.r
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,9 +112,7 @@ def _intervals(graph: Graph, plan: QuantPlan | None, roots: Mapping[str, str]) -
     for v in graph.outputs:
         if not graph.is_constant(v):
             live[roots.get(v, v)][1] = end
-    out = [
-        Interval(v, graph.types[v].size * storage_dtype(graph, plan, v).size, s, e) for v, (s, e) in live.items()
-    ]
+    out = [Interval(v, graph.types[v].size * storage_dtype(graph, plan, v).size, s, e) for v, (s, e) in live.items()]
     for i, node in enumerate(graph.nodes):
         if node.op in SCRATCH:
             out += [Interval(temp_key(node, k), n, i, i) for k, n in enumerate(SCRATCH[node.op](graph, node, plan))]
@@ -131,9 +130,24 @@ def _data_section(forms: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, int
     return b"".join(chunks), addresses
 
 
-def _decl(cx: LowerContext, value: str) -> tuple[str, str, tuple[int, ...], int]:
+def symbol_names(names: Sequence[str], reserved: Sequence[str] = ()) -> dict[str, str]:
+    """Graph names -> unique assembler names ([A-Za-z_.$][A-Za-z0-9_.$]*): other characters become '_'."""
+    out: dict[str, str] = {}
+    taken = set(reserved)
+    for name in names:
+        base = re.sub(r"[^A-Za-z0-9_.$]", "_", name)
+        base = base if re.match(r"[A-Za-z_.$]", base) else f"_{base}"
+        candidate, k = base, 1
+        while candidate in taken:
+            candidate, k = f"{base}_{k}", k + 1
+        taken.add(candidate)
+        out[name] = candidate
+    return out
+
+
+def _decl(cx: LowerContext, names: Mapping[str, str], value: str) -> tuple[str, str, tuple[int, ...], int]:
     view = cx.view(value)
-    return value, view.dtype.name, view.shape, view.address
+    return names[value], view.dtype.name, view.shape, view.address
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,7 @@ class CompiledModel:
     params: QuantParams | None
     compile_seconds: float
     kernels: tuple[str, ...] = field(default=())
+    tensor_names: Mapping[str, str] = field(default_factory=dict)  # graph value -> name in the program
 
     @property
     def plan(self) -> QuantPlan | None:
@@ -157,11 +172,15 @@ class CompiledModel:
         """Simulate on `inputs` (graph input name -> float32 array); returns (outputs as float32, counters)."""
         from simulator.run import simulate
 
-        result = simulate(self.program, self.config, check_inputs(self.graph, inputs), checked=checked)
+        placed = {self.tensor_names[k]: v for k, v in check_inputs(self.graph, inputs).items()}
+        result = simulate(self.program, self.config, placed, checked=checked)
         plan = self.plan
         outputs = {}
         for name in self.graph.outputs:
-            data = result.outputs[name]
+            if self.graph.is_constant(name):  # no kernel computes a constant output
+                outputs[name] = np.array(self.graph.constants[name])
+                continue
+            data = result.outputs[self.tensor_names[name]]
             scale = None if plan is None else plan.scales[name]
             outputs[name] = data if scale is None else data.astype(np.float32) * np.float32(scale)
         return outputs, result.counters
@@ -181,7 +200,7 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np
             raise LoweringError(f"input {v!r} has shape {array.shape}, the model expects {want}")
         if array.dtype.kind not in "fiu":
             raise LoweringError(f"input {v!r} has dtype {array.dtype}, the model expects float32")
-        out[v] = np.ascontiguousarray(array, dtype=np.float32)
+        out[v] = np.array(array, dtype=np.float32, order="C")  # keeps 0-d arrays 0-d
     return out
 
 
@@ -231,7 +250,8 @@ def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples
     cx = LowerContext(graph, cfg, plan, params, addresses)
     b = ProgramBuilder(data_base=0)
     em = Emitter(b)
-    kernels = _emit_kernels(cx, b, em)
+    names = symbol_names(list(graph.types))
+    kernels = _emit_kernels(cx, b, em, names)
     b.halt()
     if data:
         b.data()
@@ -241,34 +261,35 @@ def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples
     used = program.extensions()
     if used - {Extension.base}:
         raise AssertionError(f"the unfused baseline must use the base ISA only, got {sorted(e.value for e in used)}")
-    return CompiledModel(graph, cfg, dtype, program, memory, params, time.perf_counter() - start, kernels)
+    seconds = time.perf_counter() - start
+    return CompiledModel(graph, cfg, dtype, program, memory, params, seconds, kernels, names)
 
 
-def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter) -> tuple[str, ...]:
-    graph, names = cx.graph, []
+def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter, names: Mapping[str, str]) -> tuple[str, ...]:
+    graph = cx.graph
+    kernel_names = symbol_names([n.name for n in graph.nodes], reserved=("graph_inputs", "graph_outputs"))
     attrs_common = {"dtype": "int8" if cx.int8 else "fp32", "config": cx.config.config_hash()}
-    with b.kernel("graph_inputs", inputs=[_decl(cx, v) for v in graph.inputs], attrs={"op": "inputs"}):
+    with b.kernel("graph_inputs", inputs=[_decl(cx, names, v) for v in graph.inputs], attrs={"op": "inputs"}):
         b.nop()
     for node in graph.nodes:
         if node.op in ALIAS_OPS:
             continue
-        ins = [_decl(cx, v) for v in dict.fromkeys(node.inputs) if not graph.is_constant(v)]
-        outs = [_decl(cx, v) for v in node.outputs]
+        ins = [_decl(cx, names, v) for v in dict.fromkeys(node.inputs) if not graph.is_constant(v)]
+        outs = [_decl(cx, names, v) for v in node.outputs]
         attrs = {
             "op": node.op.value,
             **attrs_common,
             "shapes": " ".join(str(graph.types[v]) for v in (*node.inputs, *node.outputs)),
             **{f"attr.{k}": str(v).replace(" ", "") for k, v in node.attrs},
         }
-        with b.kernel(node.name, inputs=ins, outputs=outs, attrs=attrs):
+        with b.kernel(kernel_names[node.name], inputs=ins, outputs=outs, attrs=attrs):
             for phase in LOWERINGS[node.op](cx, node):
                 run_pipeline(em, phase)
                 b.fence()
-        names.append(node.name)
-    outs = [_decl(cx, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
+    outs = [_decl(cx, names, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
     with b.kernel("graph_outputs", outputs=outs, attrs={"op": "outputs"}):
         b.nop()
-    return tuple(names)
+    return tuple(kernel_names[n.name] for n in graph.nodes if n.op not in ALIAS_OPS)
 
 
 __all__ = ["CompiledModel", "LazyInt8Model", "compile", "compile_graph", "supported_ops", "DType"]

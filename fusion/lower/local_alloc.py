@@ -45,9 +45,10 @@ class TileArena:
 
     def fits(self, spad_sizes: list[int], acc_sizes: list[int] = ()) -> bool:
         """Whether these tiles (bytes) fit one half each, alignment included."""
-        return sum(_up(s, ALIGN) for s in spad_sizes) <= self.spad.size and sum(
-            _up(s, ALIGN) for s in acc_sizes
-        ) <= self.acc.size
+        return (
+            sum(_up(s, ALIGN) for s in spad_sizes) <= self.spad.size
+            and sum(_up(s, ALIGN) for s in acc_sizes) <= self.acc.size
+        )
 
     def tile(self, nbytes: int) -> int:
         addr = self.spad.base + self._spad_used

@@ -63,8 +63,7 @@ def plan_arena(intervals: list[Interval], arena_base: int, dram_bytes: int) -> M
     arena = max((off + sz for off, sz, _ in placed), default=0)
     if arena_base + arena > dram_bytes:
         raise MemoryPlanError(
-            f"activations need {arena} DRAM bytes after {arena_base} bytes of constants; "
-            f"the machine has {dram_bytes}"
+            f"activations need {arena} DRAM bytes after {arena_base} bytes of constants; the machine has {dram_bytes}"
         )
     naive = sum(align(max(iv.nbytes, 1)) for iv in intervals)
     return MemoryPlan(MappingProxyType(addresses), arena_base, arena, naive)

@@ -81,7 +81,9 @@ def merge_dims(views: Sequence[View]) -> tuple[View, ...]:
                 sh[i : i + 2] = [sh[i] * sh[i + 1]]
                 st[i : i + 2] = [st[i + 1]]
         i -= 1
-    return tuple(replace(v, shape=tuple(sh), strides=tuple(st)) for v, sh, st in zip(views, shapes, strides, strict=True))
+    return tuple(
+        replace(v, shape=tuple(sh), strides=tuple(st)) for v, sh, st in zip(views, shapes, strides, strict=True)
+    )
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ def blocks(shape: tuple[int, ...], budget: int, whole: int = 1) -> list[Block]:
     """Tiles of at most `budget` elements in row-major order; the trailing dims whose product is `whole`
     (e.g. a softmax row) are never split, so a tile may exceed `budget` only when one such row does."""
     full = (1, *shape)
+    if 0 in full:
+        return []
     dim, inner = len(full) - 1, 1
     while dim > 0 and (inner < whole or inner * full[dim] <= budget):
         inner *= full[dim]

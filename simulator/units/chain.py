@@ -16,9 +16,8 @@ from isa.enums import DType
 from simulator.engine import STREAM, VECTOR
 from simulator.errors import Fault
 from simulator.semantics import vector as sem
-from simulator.semantics.scalar import f32_from_bits
 from simulator.timing import chain_op_cycles, vector_cycles
-from simulator.units.vector import MODE_VS, broadcast_rows, scalar_operand, vops_field
+from simulator.units.vector import MODE_VS, TO_INT8, broadcast_rows, scalar_operand, vops_field
 
 if TYPE_CHECKING:
     from simulator.machine import Builder, Machine, Step
@@ -215,29 +214,22 @@ def convert(m: Machine, pc: int, ins: Instruction) -> Step:
     return step
 
 
-def requantize(m: Machine, pc: int, ins: Instruction) -> Step:
-    vd, vs1, rs2, shift = ins.values
-    x, nxt, row, dur = m.x, pc + 1, m.row(pc), chain_op_cycles(m.cfg, ins.spec.latency)
+def to_int8(kind: str) -> Builder:
+    """`vc.rqnt` / `vc.qnt`: the register's elements to int8 (see `simulator.units.vector.TO_INT8`)."""
+    _, decode, convert = TO_INT8[kind]
 
-    def step() -> int:
-        a, dt = _source(m, vs1)
-        mult = x[rs2]
-        result = sem.requantize(a, mult, shift)
-        _compute(m, pc, row, dur, vd, result, a.size, dt, lambda: {"a": a, "mult": mult, "shift": shift})
-        return nxt
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        f = ins.by_name()
+        vd, vs1, rs2, shift = f["vd"], f["vs1"], f["rs2"], f.get("shift", 0)
+        x, nxt, row, dur = m.x, pc + 1, m.row(pc), chain_op_cycles(m.cfg, ins.spec.latency)
 
-    return step
+        def step() -> int:
+            a, dt = _source(m, vs1)
+            params = decode(x[rs2], shift)
+            result = convert(a, *params.values())
+            _compute(m, pc, row, dur, vd, result, a.size, dt, lambda: {"a": a, **params})
+            return nxt
 
+        return step
 
-def quantize(m: Machine, pc: int, ins: Instruction) -> Step:
-    vd, vs1, rs2 = ins.values
-    x, nxt, row, dur = m.x, pc + 1, m.row(pc), chain_op_cycles(m.cfg, ins.spec.latency)
-
-    def step() -> int:
-        a, dt = _source(m, vs1)
-        scale = f32_from_bits(x[rs2])
-        result = sem.quantize(a, scale)
-        _compute(m, pc, row, dur, vd, result, a.size, dt, lambda: {"a": a, "scale": scale})
-        return nxt
-
-    return step
+    return build

@@ -152,31 +152,38 @@ def convert(m: Machine, pc: int, ins: Instruction) -> Step:
     return step
 
 
-def requantize(m: Machine, pc: int, ins: Instruction) -> Step:
-    rd, rs1, rs2, shift, n = ins.values
-    x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
-
-    def step() -> int:
-        a = m.read_local(x[rs1], n, DType.i32.numpy, row)
-        mult = x[rs2]
-        result = sem.requantize(a, mult, shift)
-        row[S_VOPS_INT] += n
-        _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "mult": mult, "shift": shift})
-        return nxt
-
-    return step
+def _requantize_params(register: int, shift: int) -> dict[str, int | float]:
+    return {"mult": register, "shift": shift}
 
 
-def quantize(m: Machine, pc: int, ins: Instruction) -> Step:
-    rd, rs1, rs2, n = ins.values
-    x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
+def _quantize_params(register: int, shift: int) -> dict[str, int | float]:
+    return {"scale": f32_from_bits(register)}
 
-    def step() -> int:
-        a = m.read_local(x[rs1], n, DType.f32.numpy, row)
-        scale = f32_from_bits(x[rs2])
-        result = sem.quantize(a, scale)
-        row[S_VOPS_F32] += n
-        _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "scale": scale})
-        return nxt
 
-    return step
+# Conversions to int8 steered by one scalar register: input dtype, register decoding, numerics.
+TO_INT8: dict[str, tuple[DType, Callable[[int, int], dict], Callable[..., np.ndarray]]] = {
+    "rqnt": (DType.i32, _requantize_params, sem.requantize),
+    "qnt": (DType.f32, _quantize_params, sem.quantize),
+}
+
+
+def to_int8(kind: str) -> Builder:
+    """`v.rqnt` (i32 * mult >> shift) and `v.qnt` (f32 * scale): n elements to int8."""
+    src, decode, convert = TO_INT8[kind]
+
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        f = ins.by_name()
+        rd, rs1, rs2, n, shift = f["rd"], f["rs1"], f["rs2"], f["n"], f.get("shift", 0)
+        x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(src)
+
+        def step() -> int:
+            a = m.read_local(x[rs1], n, src.numpy, row)
+            params = decode(x[rs2], shift)
+            result = convert(a, *params.values())
+            row[vops] += n
+            _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), **params})
+            return nxt
+
+        return step
+
+    return build

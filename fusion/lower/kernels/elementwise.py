@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
@@ -18,7 +19,7 @@ from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import UnsupportedOpError
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
-from fusion.lower.views import blocks
+from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
 
 F32_UNARY = {
@@ -87,9 +88,37 @@ def _pow(node: Node, exponent: float | None) -> Body:
     raise UnsupportedOpError(node.name, node.op.value, "Pow needs a constant exponent of 0.5, 1 or 2")
 
 
+def _batchnorm(epsilon: float) -> Body:
+    """(x - mean) * (scale / sqrt(var + eps)) + bias with every parameter broadcast along the channel axis."""
+
+    def body(em: Emitter, out: int, ins: list[int | None], n: int, tmp: int) -> None:
+        x, scale, bias, mean, var = ins
+        b = em.b
+        b.v_add_vs(*em.regs(tmp, var, f32_bits(epsilon)), n, "f32")
+        b.v_sqrt(*em.regs(tmp, tmp), n, "f32")
+        b.v_div(*em.regs(tmp, scale, tmp), n, "f32")
+        b.v_sub(*em.regs(out, x, mean), n, "f32")
+        b.v_mul(*em.regs(out, out, tmp), n, "f32")
+        b.v_add(*em.regs(out, out, bias), n, "f32")
+
+    return body
+
+
+def _channel_views(cx: LowerContext, node: Node) -> list[View]:
+    """BatchNorm's per-channel parameters seen as [1, C, 1, ...] so they broadcast like the reference."""
+    rank = len(cx.graph.types[node.inputs[0]].shape)
+    views = []
+    for value in node.inputs[1:]:
+        v = cx.view(value)
+        views.append(replace(v, shape=(1, *v.shape, *(1,) * (rank - 2)), strides=(0, *v.strides, *(0,) * (rank - 2))))
+    return views
+
+
 def f32_body(cx: LowerContext, node: Node) -> tuple[Body, list[str]]:
     """The float32 computation of a node and the inputs it reads as tiles (a scalar operand is not a tile)."""
     op = node.op
+    if op == OpType.BatchNorm:
+        return _batchnorm(node.attr("epsilon")), list(node.inputs)
     if op == OpType.Gelu:
         return _gelu(node.attr("approximate")), [node.inputs[0]]
     if op in F32_UNARY:
@@ -110,7 +139,10 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
     shape = out_view.shape
     int8_relu = node.op == OpType.Relu and cx.dtype(node.inputs[0]) is DType.i8
     body, tiles_in = (None, [node.inputs[0]]) if int8_relu else f32_body(cx, node)
-    in_views = [cx.view(v).broadcast_to(shape) for v in tiles_in]
+    in_views = [cx.view(v) for v in tiles_in]
+    if node.op == OpType.BatchNorm:
+        in_views[1:] = _channel_views(cx, node)
+    in_views = [v.broadcast_to(shape) for v in in_views]
     deq = [cx.dtype(v) is DType.i8 and not int8_relu for v in tiles_in]
     out_dt = out_view.dtype
     # bytes per output element: raw inputs, their float copies, the output, one scratch tile
@@ -142,4 +174,4 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
     return [steps]
 
 
-LOWERINGS = {op: lower_elementwise for op in (*F32_UNARY, *BINARY, OpType.Gelu, OpType.Pow)}
+LOWERINGS = {op: lower_elementwise for op in (*F32_UNARY, *BINARY, OpType.Gelu, OpType.Pow, OpType.BatchNorm)}

@@ -85,9 +85,7 @@ def choose_rows(cfg: MachineConfig, g: Gemm) -> int:
     return tm
 
 
-def _load_operand(
-    arena: TileArena, op: Operand, part: View, loads: list, quants: list
-) -> tuple[int, DType]:
+def _load_operand(arena: TileArena, op: Operand, part: View, loads: list, quants: list) -> tuple[int, DType]:
     """Load a tile of an operand; returns the local address and dtype the matrix unit reads."""
     raw = arena.tile(part.size * part.dtype.size)
     loads.append((part, raw))
@@ -159,4 +157,3 @@ def _tile_step(arena: TileArena, g: Gemm, i0: int, rows: int, j0: int, cols: int
     if mode != "none" or g.int8:
         compute.append((Unit.vector, epilogue))
     return Step(loads, compute, [(out_addr, g.out.slice(0, i0, rows).slice(1, j0, cols))])
-

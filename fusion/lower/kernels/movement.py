@@ -27,6 +27,8 @@ def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Ste
     for src, dst, scale in copies:
         if any(s < 0 for s in (*src.strides, *dst.strides)):
             raise UnsupportedOpError("copy", "DMA", "negative strides (reversed slices) are not supported")
+        if src.size == 0:
+            continue
         src, dst = merge_dims((src, dst))
         for block in blocks(src.shape, budget):
             arena = TileArena(cx.config, (start + len(steps)) % 2)
@@ -56,16 +58,22 @@ def transpose_copies(cx: LowerContext, node: Node) -> list[Copy]:
 
 
 def slice_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    """A strided view per slice; an axis walked backwards (negative step, which DMA strides cannot express)
+    becomes one copy per index along it."""
     x = node.inputs[0]
-    view = cx.view(x)
+    pieces = [(cx.view(x), cx.view(node.outputs[0]))]
     for axis, start, end, step in zip(
         node.attr("axes"), node.attr("starts"), node.attr("ends"), node.attr("steps"), strict=True
     ):
-        count = len(range(start, end, step))
-        if step < 0 and count > 1:
-            raise UnsupportedOpError(node.name, node.op.value, "negative slice steps are not supported")
-        view = view.slice(axis, start if count else 0, count, step if count > 1 else 1)
-    return [_copy(cx, x, view, cx.view(node.outputs[0]))]
+        picked = range(start, end, step)
+        if step > 0 or len(picked) <= 1:
+            first = picked[0] if len(picked) else 0
+            pieces = [(src.slice(axis, first, len(picked), max(step, 1)), dst) for src, dst in pieces]
+        else:
+            pieces = [
+                (src.slice(axis, i, 1), dst.slice(axis, j, 1)) for src, dst in pieces for j, i in enumerate(picked)
+            ]
+    return [_copy(cx, x, src, dst) for src, dst in pieces]
 
 
 def concat_copies(cx: LowerContext, node: Node) -> list[Copy]:

@@ -19,6 +19,7 @@ from itertools import product
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, storage_dtype
+from fusion.lower.errors import MemoryPlanError
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
@@ -181,49 +182,92 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
         phases += [_fill_steps(cx, ones, 0.0), _fill_steps(cx, valid, 1.0)]
         counts = [_window_view(ones, w, o) for o in offsets]
     out = cx.view(node.outputs[0])
-    deq = not is_max and x_dt is DType.i8
-    scale = cx.scale(node.inputs[0])
-    per_elem = len(offsets) * (x_dt.size + (0 if is_max else 8)) + 8
-    probe = TileArena(cx.config, 0)
-    budget = largest_fitting(1 << 15, lambda e: probe.fits([e * per_elem + 64 * (2 * len(offsets) + 4)]))
-    steps = []
-    for block in blocks(out.shape, budget):
-        arena = TileArena(cx.config, len(steps) % 2)
-        parts = [block.of(v) for v in sources]
-        n = parts[0].size
-        tiles = [arena.tile(n * x_dt.size) for _ in parts]
-        loads = list(zip(parts, tiles, strict=True))
-        acc = arena.tile(n * out.dtype.size)
-        if is_max:
-
-            def compute(em: Emitter, tiles=tiles, acc=acc, n=n) -> None:
-                em.b.v_copy(*em.regs(acc, tiles[0]), n, x_dt.name)
-                for t in tiles[1:]:
-                    em.b.v_max(*em.regs(acc, acc, t), n, x_dt.name)
-
-        else:
-            ctiles = [arena.tile(n * 4) for _ in counts]
-            loads += [(block.of(v), t) for v, t in zip(counts, ctiles, strict=True)]
-            tmp = arena.tile(n * 4)
-            cnt = arena.tile(n * 4)
-
-            def compute(em: Emitter, tiles=tiles, ctiles=ctiles, acc=acc, tmp=tmp, cnt=cnt, n=n) -> None:
-                for i, (t, ct) in enumerate(zip(tiles, ctiles, strict=True)):
-                    src = t
-                    if deq:
-                        dequantize(em, tmp, t, n, scale)
-                        src = tmp
-                    if i == 0:
-                        em.b.v_copy(*em.regs(acc, src), n, "f32")
-                        em.b.v_copy(*em.regs(cnt, ct), n, "f32")
-                    else:
-                        em.b.v_add(*em.regs(acc, acc, src), n, "f32")
-                        em.b.v_add(*em.regs(cnt, cnt, ct), n, "f32")
-                em.b.v_div(*em.regs(acc, acc, cnt), n, "f32")
-
-        steps.append(Step(loads, [(Unit.vector, compute)], [(acc, block.of(out))]))
-    phases.append(steps)
+    kinds = [(sources, x_dt)] + ([] if is_max else [(counts, DType.f32)])
+    body = _PoolBody(is_max, x_dt, cx.scale(node.inputs[0]) if not is_max and x_dt is DType.i8 else None)
+    phases.append(_window_steps(cx, node, out, kinds, body))
     return phases
+
+
+@dataclass(frozen=True)
+class _PoolBody:
+    """Accumulates window tiles into the block's result tile: max, or sum and count then divide."""
+
+    is_max: bool
+    dtype: DType
+    dequantize_scale: float | None
+
+    def reserved(self, n: int, out_size: int) -> list[int]:
+        """Per-block tiles (result, count sum, float copy), at fixed offsets of a buffer half."""
+        return [n * out_size] if self.is_max else [n * 4, n * 4, n * 4]
+
+    def emit(self, em: Emitter, res: list[int], tiles: list[list[int]], n: int, first: bool, last: bool) -> None:
+        acc = res[0]
+        if self.is_max:
+            for i, t in enumerate(tiles[0]):
+                op = em.b.v_copy if first and i == 0 else None
+                if op is not None:
+                    op(*em.regs(acc, t), n, self.dtype.name)
+                else:
+                    em.b.v_max(*em.regs(acc, acc, t), n, self.dtype.name)
+            return
+        cnt, tmp = res[1], res[2]
+        for i, (t, ct) in enumerate(zip(tiles[0], tiles[1], strict=True)):
+            src = t
+            if self.dequantize_scale is not None:
+                dequantize(em, tmp, t, n, self.dequantize_scale)
+                src = tmp
+            if first and i == 0:
+                em.b.v_copy(*em.regs(acc, src), n, "f32")
+                em.b.v_copy(*em.regs(cnt, ct), n, "f32")
+            else:
+                em.b.v_add(*em.regs(acc, acc, src), n, "f32")
+                em.b.v_add(*em.regs(cnt, cnt, ct), n, "f32")
+        if last:
+            em.b.v_div(*em.regs(acc, acc, cnt), n, "f32")
+
+
+def _window_steps(
+    cx: LowerContext, node: Node, out: View, kinds: list[tuple[list[View], DType]], body: _PoolBody
+) -> list[Step]:
+    """Output blocks, each over groups of window offsets: a group's tiles rotate with the step parity, the
+    block's result tiles with the block parity (so a block's store never races the next block's compute)."""
+    count = len(kinds[0][0])
+    probe = TileArena(cx.config, 0)
+
+    def sizes(e: int, group: int) -> list[int]:
+        return body.reserved(e, out.dtype.size) + [e * dt.size for _, dt in kinds for _ in range(group)]
+
+    group = min(count, 8)
+    budget = largest_fitting(1 << 15, lambda e: probe.fits(sizes(e, group)))
+    while budget == 0 and group > 1:
+        group //= 2
+        budget = largest_fitting(1 << 15, lambda e: probe.fits(sizes(e, group)))
+    if budget == 0:
+        raise MemoryPlanError(f"node {node.name!r}: window tiles do not fit the scratchpad")
+    steps: list[Step] = []
+    for b, block in enumerate(blocks(out.shape, budget)):
+        n = block.of(out).size
+        res_arena = TileArena(cx.config, b % 2)
+        res = [res_arena.tile(size) for size in body.reserved(n, out.dtype.size)]
+        for g0 in range(0, count, group):
+            arena = TileArena(cx.config, len(steps) % 2)
+            for size in body.reserved(n, out.dtype.size):
+                arena.tile(size)
+            picked = range(g0, min(count, g0 + group))
+            tiles = [[arena.tile(n * dt.size) for _ in picked] for _, dt in kinds]
+            loads = [
+                (block.of(views[i]), t)
+                for (views, _), ts in zip(kinds, tiles, strict=True)
+                for i, t in zip(picked, ts, strict=True)
+            ]
+            first, last = g0 == 0, g0 + group >= count
+
+            def compute(em: Emitter, res=res, tiles=tiles, n=n, first=first, last=last) -> None:
+                body.emit(em, res, tiles, n, first, last)
+
+            stores = [(res[0], block.of(out))] if last else []
+            steps.append(Step(loads, [(Unit.vector, compute)], stores))
+    return steps
 
 
 LOWERINGS = {OpType.Conv: lower_conv, OpType.MaxPool: lower_pool, OpType.AveragePool: lower_pool}

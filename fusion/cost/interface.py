@@ -1,0 +1,48 @@
+"""What every cost model sees about a kernel candidate, and what it answers.
+
+`KernelFeatures` is plain data computed from a candidate before it is simulated (shapes, work, traffic,
+schedule choices, the data's sparsity); it is also the row format of the HPM calibration dataset, so
+field names are stable: append, never rename.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from simulator.config import MachineConfig
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    ops: tuple[str, ...]  # op types of the group in topological order, e.g. ("MatMul", "Add", "Relu")
+    strategy: str  # "unfused", "epilogue", "chain", "stream", "transpose_load", "zero_skip", ...
+    dtype: str  # "int8" or "fp32"
+    shapes: tuple[tuple[int, ...], ...]  # input shapes of the group, then output shapes
+    macs: int  # matrix-unit multiply-accumulates
+    vector_elems: int  # vector-unit element operations (elements x ops)
+    dram_read_bytes: int  # DRAM traffic the kernel's DMA performs
+    dram_write_bytes: int
+    tile_m: int  # activation rows streamed per matmul (0 without a matmul)
+    tile_n: int  # output columns per weight tile
+    tile_k: int  # reduction depth per weight tile
+    loop_order: str  # e.g. "nkm" (outer to inner) or "" without a matmul
+    zero_tile_fraction: float  # fraction of all-zero tiles in the operand a zero-skip kernel tests
+    instructions: int  # static instruction count of the generated kernel
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    cycles: float
+    energy_pj: float
+
+
+class CostModel(Protocol):
+    """Predicts without simulating; `name` appears in reports (`--cost-model analytic|hpm`)."""
+
+    name: str
+
+    def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate: ...
