@@ -22,10 +22,10 @@ from rich.table import Table
 from assembler.source import assemble
 from isa.memory_map import LOCAL_ACC_BASE
 from rtl import build as rtl_build
-from rtl.corpus import random_inputs
 from rtl.cosim import Recorded, cosimulate, plan
 from rtl.units import UNITS
 from simulator.config import PRESETS, MachineConfig
+from simulator.inputs import random_inputs
 from simulator.run import simulate
 
 RESULTS = Path(__file__).parent / "results" / "cosim.md"

@@ -19,6 +19,8 @@ SUBCOMMAND_MODULES = (
     "simulator.cli",
     "fusion.cli",
     "fusion.lower.cli",
+    "fusion.engine.cli",
+    "fusion.hpm.cli",
     "rtl.cli",
 )
 

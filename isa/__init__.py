@@ -12,7 +12,24 @@ from isa.spec import InstructionSpec
 from isa.table import BY_MNEMONIC, INSTRUCTIONS
 
 __all__ = [
-    "Activation", "BY_MNEMONIC", "Counter", "DType", "DynfuseError", "EncodingError", "EpilogueFlags",
-    "Extension", "FIELDS", "Field", "INSTRUCTIONS", "Instruction", "InstructionSpec", "IsaTableError",
-    "Kind", "Unit", "WORD_BYTES", "decode", "encode", "make",
+    "Activation",
+    "BY_MNEMONIC",
+    "Counter",
+    "DType",
+    "DynfuseError",
+    "EncodingError",
+    "EpilogueFlags",
+    "Extension",
+    "FIELDS",
+    "Field",
+    "INSTRUCTIONS",
+    "Instruction",
+    "InstructionSpec",
+    "IsaTableError",
+    "Kind",
+    "Unit",
+    "WORD_BYTES",
+    "decode",
+    "encode",
+    "make",
 ]

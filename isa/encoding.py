@@ -29,13 +29,13 @@ class Instruction:
         return self.spec.mnemonic
 
     def field(self, name: str) -> int:
-        for field, value in zip(self.spec.fields, self.values):
+        for field, value in zip(self.spec.fields, self.values, strict=True):
             if field.name == name:
                 return value
         raise KeyError(f"{self.spec.mnemonic} has no field {name!r}")
 
     def by_name(self) -> dict[str, int]:
-        return {f.name: v for f, v in zip(self.spec.fields, self.values)}
+        return {f.name: v for f, v in zip(self.spec.fields, self.values, strict=True)}
 
     def __repr__(self) -> str:
         return f"Instruction({self.spec.mnemonic} {', '.join(map(str, self.values))})"
@@ -49,7 +49,7 @@ def make(mnemonic: str, *values: int) -> Instruction:
     if len(values) != len(spec.fields):
         raise EncodingError(f"{spec.syntax}: expected {len(spec.fields)} field values, got {len(values)}")
     ints = tuple(int(v) for v in values)
-    for field, value in zip(spec.fields, ints):
+    for field, value in zip(spec.fields, ints, strict=True):
         check_range(spec, field, value)
     return Instruction(spec, ints)
 
@@ -66,7 +66,7 @@ def check_range(spec: InstructionSpec, field: Field, value: int) -> None:
 def encode(instruction: Instruction) -> int:
     spec = instruction.spec
     word = spec.match
-    for field, value in zip(spec.fields, instruction.values):
+    for field, value in zip(spec.fields, instruction.values, strict=True):
         word |= (value & ((1 << field.width) - 1)) << field.lo
     return word
 
@@ -103,7 +103,7 @@ def decode(word: int) -> Instruction:
             raw -= 1 << 32
         values.append(raw)
     instruction = Instruction(spec, tuple(values))
-    for field, value in zip(spec.fields, instruction.values):
+    for field, value in zip(spec.fields, instruction.values, strict=True):
         try:
             check_range(spec, field, value)
         except EncodingError as err:

@@ -34,8 +34,16 @@ def _encoding(spec: InstructionSpec) -> str:
 def _row(spec: InstructionSpec) -> str:
     unit = spec.unit.name if spec.unit is not None else "(operand)"
     dtypes = ",".join(d.name for d in spec.dtypes) or "-"
-    cells = (f"`{spec.syntax}`", unit, spec.extension.value, _encoding(spec), spec.timing, str(spec.latency),
-             dtypes, spec.semantics.replace("|", "\\|"))
+    cells = (
+        f"`{spec.syntax}`",
+        unit,
+        spec.extension.value,
+        _encoding(spec),
+        spec.timing,
+        str(spec.latency),
+        dtypes,
+        spec.semantics.replace("|", "\\|"),
+    )
     return "| " + " | ".join(cells) + " |"
 
 

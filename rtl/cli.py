@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 from isa.errors import DynfuseError
-from rtl.corpus import record_file, record_random
+from rtl.corpus import example_programs, record_file, record_random
 from rtl.cosim import cosimulate
-from simulator.cli import _inputs as parse_inputs
 from simulator.config import PRESETS, load_config
+from simulator.inputs import parse_input_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME=FILE.npy",
-        help="a kernel .input tensor (repeatable); undeclared inputs get seeded random values",
+        help="a kernel .input tensor (repeatable); the others get seeded random values as in sim --random-inputs",
+    )
+    cosim.add_argument(
+        "--examples",
+        action="store_true",
+        help="also replay every program in examples/ (its examples/<config>/ variant where there is one)",
     )
     cosim.add_argument("--random", type=int, default=0, metavar="COUNT", help="also replay COUNT random programs")
     cosim.add_argument("--seed", type=int, default=0, help="seed of the random inputs and programs")
@@ -33,11 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_cosim(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    inputs = parse_inputs(args.input)
-    runs = [record_file(path, cfg, inputs, args.seed) for path in args.programs]
+    inputs = parse_input_args(args.input)
+    programs = [*args.programs, *(example_programs(cfg.name) if args.examples else [])]
+    runs = [record_file(path, cfg, inputs, args.seed) for path in programs]
     runs += [record_random(args.seed + i, cfg) for i in range(args.random)]
     if not runs:
-        raise DynfuseError("cosim needs at least one PROGRAM or --random COUNT")
+        raise DynfuseError("cosim needs at least one PROGRAM, --examples or --random COUNT")
     reports = cosimulate(cfg, runs, args.vcd_dir)
     for report in reports:
         print("\n".join(report.lines()))

@@ -8,7 +8,7 @@ describe the `tiny` machine.
 
 from __future__ import annotations
 
-from rtl.introspect import ModuleInfo, WidthError
+from rtl.introspect import ModuleInfo, WidthError, evaluate
 from rtl.units import HEADER_PARAMETERS, PARAMETERS, UNITS, RtlUnit
 from simulator.config import PRESETS, MachineConfig
 
@@ -72,6 +72,38 @@ def shared_default_mismatches(modules: dict[str, ModuleInfo]) -> list[str]:
     return problems
 
 
+def instance_mismatches(modules: dict[str, ModuleInfo], cfg: MachineConfig) -> list[str]:
+    """Inside each unit, every instance must receive the config's values (e.g. the stream FIFO's DEPTH)."""
+    problems: list[str] = []
+
+    def visit(module: ModuleInfo, params: dict[str, int], path: str) -> None:
+        for inst in module.instances:
+            child = modules.get(inst.module)
+            if child is None:  # e.g. the deliberately undefined module of a generate-time assertion
+                continue
+            given, unknown = {}, set()
+            for name, expr in inst.params.items():
+                try:
+                    given[name] = evaluate(expr, params)
+                except WidthError:  # depends on a genvar (a skew line k cycles long): not a config value
+                    unknown.add(name)
+            values = child.parameters(given)
+            checked = UNITS[child.name].parameters if child.name in UNITS else SHARED_PARAMETERS
+            for name in sorted(set(checked) - unknown):
+                if name in values and values[name] != PARAMETERS[name](cfg):
+                    problems.append(
+                        f"{path}.{inst.name} ({child.name}): {name}={values[name]}, config {cfg.name} has "
+                        f"{PARAMETERS[name](cfg)}"
+                    )
+            visit(child, values, f"{path}.{inst.name}")
+
+    for unit in UNITS.values():
+        module = modules.get(unit.toplevel)
+        if module is not None and set(unit.parameters) <= set(module.defaults):
+            visit(module, module.parameters(unit.params(cfg)), unit.toplevel)
+    return problems
+
+
 def config_mismatches(modules: dict[str, ModuleInfo], cfg: MachineConfig) -> list[str]:
     units = [p for unit in UNITS.values() for p in unit_mismatches(unit, modules.get(unit.toplevel), cfg)]
-    return units + shared_default_mismatches(modules)
+    return units + shared_default_mismatches(modules) + instance_mismatches(modules, cfg)

@@ -82,6 +82,8 @@ def _matrix_case(
         return Skip(ins.mnemonic, "f32 matrix arithmetic has no RTL datapath")
     if timing == "preload":
         return preload_case(cfg, label, ops["w"], charged=cycles)
+    if timing == "matmul_stream":  # here the array's own rows + 2N - 1; stalls on a full FIFO: on stream_path
+        return matmul_case(cfg, label, ops["a"], result)
     return matmul_case(cfg, label, ops["a"], result, acc=ops.get("acc"), charged=cycles)
 
 
@@ -167,23 +169,19 @@ NOT_REPLAYED = {
 
 @dataclass(frozen=True)
 class Recorded:
-    """One program's simulator run, ready for replay; `starts[i]` is the cycle transaction i started."""
+    """One program's simulator run, ready for replay (each transaction carries its start cycle)."""
 
     name: str
     obj: ObjectFile
     transactions: tuple
-    starts: tuple[int, ...] = ()
 
 
-def _stream_case(
-    cfg: MachineConfig, label: str, ins: Instruction, txn, start: int | None, source: tuple | None
-) -> Case | Skip:
+def _stream_case(cfg: MachineConfig, label: str, ins: Instruction, txn, mms, fifo_empty_at: int) -> Case | Skip:
     """vc.lds replayed with the mx.mms whose stream it consumes, on the stream path (array -> FIFO -> lanes)."""
-    if start is None:
-        return Skip(ins.mnemonic, "no start cycles recorded (record with trace=True)")
-    if source is None:
+    if mms is None:
         return Skip(ins.mnemonic, "consumes only part of an mx.mms stream")
-    mms, mms_start = source
+    if mms.start < fifo_empty_at:
+        return Skip(ins.mnemonic, "its mx.mms starts while an earlier stream may still hold the FIFO")
     n = cfg.array_size
     if mms.operands["w"].dtype != np.int8:
         return Skip(ins.mnemonic, "f32 matrix arithmetic has no RTL datapath")
@@ -196,9 +194,10 @@ def _stream_case(
         mms.operands["w"],
         mms.operands["a"],
         mms.result,
-        mms_start=mms_start,
-        lds_start=start,
+        mms_start=mms.start,
+        lds_start=txn.start,
         charged=txn.cycles,
+        mms_charged=mms.cycles,
     )
 
 
@@ -206,21 +205,21 @@ def plan(cfg: MachineConfig, run: Recorded) -> tuple[dict[str, list[Case]], Coun
     """Group one program's transactions into per-unit case lists (program order); count the skipped ones."""
     cases: dict[str, list[Case]] = {}
     skipped: Counter = Counter()
-    stream: tuple | None = None  # the last mx.mms not yet consumed, with its start cycle
+    stream = None  # the last mx.mms transaction not yet consumed
+    fifo_empty_at = 0  # the end of the last vc.lds: a replay starts from an empty FIFO
     for index, txn in enumerate(run.transactions):
         ins = decode(run.obj.text[txn.pc])
         timing = ins.spec.timing
         label = f"{run.name} #{index} pc {txn.pc} {ins.mnemonic}"
-        start = run.starts[index] if run.starts else None
         if timing == "chain_stream":
-            whole = stream is not None and stream[0].result.size == txn.operands["n"]
-            unit, made = STREAM, _stream_case(cfg, label, ins, txn, start, stream if whole else None)
-            stream = None
+            whole = stream is not None and stream.result.size == txn.operands["n"]
+            unit, made = STREAM, _stream_case(cfg, label, ins, txn, stream if whole else None, fifo_empty_at)
+            stream, fifo_empty_at = None, txn.start + txn.cycles
         elif timing in ROUTES:
             unit, build_case = ROUTES[timing]
             made = build_case(cfg, label, ins, txn.operands, txn.result, txn.cycles)
             if timing == "matmul_stream":
-                stream = (txn, start)
+                stream = txn
         else:
             skipped[(ins.mnemonic, NOT_REPLAYED.get(timing, f"no RTL unit implements timing rule {timing!r}"))] += 1
             continue

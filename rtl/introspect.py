@@ -38,11 +38,21 @@ class PortInfo:
 
 
 @dataclass(frozen=True)
+class Instance:
+    """A module instantiated inside another, with the parameter expressions it is given."""
+
+    module: str
+    name: str
+    params: dict[str, ast.Node]
+
+
+@dataclass(frozen=True)
 class ModuleInfo:
     name: str
     path: Path
     defaults: dict[str, ast.Node]  # parameter -> default expression
     ports: dict[str, PortInfo]
+    instances: tuple[Instance, ...] = ()
 
     def parameters(self, overrides: Mapping[str, int]) -> dict[str, int]:
         """Parameter values with `overrides` applied, defaults evaluated in declaration order."""
@@ -123,7 +133,15 @@ def _module_info(module: ast.ModuleDef, path: Path) -> ModuleInfo:
         width = io.width
         direction = "input" if isinstance(io, ast.Input) else "output"
         ports[io.name] = PortInfo(io.name, direction, width.msb if width else None, width.lsb if width else None)
-    return ModuleInfo(module.name, path, defaults, ports)
+    return ModuleInfo(module.name, path, defaults, ports, tuple(_instances(module)))
+
+
+def _instances(node: ast.Node) -> list[Instance]:
+    """Every instance under `node`, generate blocks included."""
+    if isinstance(node, ast.InstanceList):
+        params = {p.paramname: p.argname for p in node.parameterlist}
+        return [Instance(node.module, i.name, params) for i in node.instances]
+    return [inst for child in node.children() for inst in _instances(child)]
 
 
 def read_modules(sources: list[Path] | None = None) -> dict[str, ModuleInfo]:

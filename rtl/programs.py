@@ -14,7 +14,7 @@ import numpy as np
 
 from isa import BY_MNEMONIC, Activation, DType, EpilogueFlags
 from isa.memory_map import LOCAL_ACC_BASE
-from rtl.units import LANE_BINARY, LANE_REDUCE, LANE_UNARY, stream_fifo_depth
+from rtl.units import LANE_BINARY, LANE_REDUCE, LANE_UNARY
 from simulator.config import MachineConfig
 
 MODES = ("", ".vs", ".vr", ".vc")
@@ -109,23 +109,27 @@ def _matrix_block(w: _Writer) -> None:
 def _stream_block(w: _Writer) -> None:
     """mx.mms streams full-width rows into a chain (vc.lds), overlapping the two units.
 
-    Sometimes a vector op over the stream's source bank runs first: it waits for mx.mms (bank conflict)
-    and vc.lds starts after every row is ready, so all rows wait in the FIFO. Only streams of at most
-    its depth do that: the RTL FIFO is bounded and the array cannot stall, the simulator's queue is not.
+    The consumer starts with the stream, or late: behind a vector op over the stream's source bank (it waits
+    for mx.mms to finish, so all rows wait in the FIFO; more rows than `stream_fifo_depth` would deadlock, so
+    that stream is kept short), or behind a long vector op elsewhere (rows pile up, the FIFO fills and the
+    array stalls until vc.lds takes them).
     """
     n, rng = w.cfg.array_size, w.rng
-    depth = stream_fifo_depth(w.cfg)
     k, rows = int(rng.integers(1, n + 1)), int(rng.integers(1, 3 * n + 1))
-    late = rng.random() < 0.5
-    rows = min(rows, depth) if late else rows
+    late = w.pick(("", "bank", "busy"))
+    rows = min(rows, w.cfg.stream_fifo_depth) if late == "bank" else rows
     wt, a = w.load(DType.i8, (k, n)), w.load(DType.i8, (rows, k))
     out = w.alloc(rows * n * 4)
     w.emit("fence")
     w.li(4, wt)
     w.emit(f"mx.preload x4, {k}, {n}, i8")
+    if late == "busy":  # 3N..8N beats in the accumulator: usually past the first rows + the FIFO's depth
+        busy = int(rng.integers(3 * n, 8 * n + 1)) * w.cfg.vector_lanes
+        w.li(15, w.alloc(busy * 4, acc=True))
+        w.emit(f"v.copy x15, x15, {busy}, i32")
     w.li(6, a)
     w.emit(f"mx.mms x6, {rows}")
-    if late:
+    if late == "bank":
         w.emit(f"v.copy x6, x6, {int(rng.integers(1, 4 * n))}, i8")
     w.emit(f"vc.lds v1, {rows * n}")
     w.emit(f"vc.{w.pick(LANE_UNARY)} v2, v1")

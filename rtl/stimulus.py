@@ -20,7 +20,7 @@ from simulator.config import MachineConfig
 WORD32 = (1 << 32) - 1
 SLACK = 8  # extra cycles to wait for late events before declaring them missing
 
-MATRIX_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "acc_en": 0, "in_acc": 0}
+MATRIX_IDLE = {"en": 1, "w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "acc_en": 0, "in_acc": 0}
 VECTOR_IDLE = {"in_valid": 0, "in_mask": 0, "in_a": 0, "in_b": 0}
 EPILOGUE_IDLE = {"in_valid": 0, "in_acc": 0, "in_res": 0}
 STREAM_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "lds_start": 0}
@@ -186,6 +186,27 @@ def drain_case(
     return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event)
 
 
+def stream_schedule(cfg: MachineConfig, rows: int, mms_start: int, lds_start: int) -> tuple[list[int], list[int]]:
+    """Cycle each row of one mx.mms leaves the array and is taken by the vc.lds consuming it whole (empty FIFO)."""
+    depth = cfg.stream_fifo_depth
+    out: list[int] = []
+    taken: list[int] = []
+    for i in range(rows):
+        before = taken[i - depth] if i >= depth else -1
+        out.append(timing.stream_row_out(timing.stream_row_ready(cfg, mms_start, i), out[-1] if out else -1, before))
+        taken.append(timing.stream_row_taken(lds_start, i, out[i]))
+    return out, taken
+
+
+def _array_steps(cfg: MachineConfig, rows: int, mms_start: int, out: list[int]) -> np.ndarray:
+    """Cycles the array advances (is not frozen on a full FIFO) from `mms_start`: row k enters at the k-th."""
+    frozen = np.zeros(out[-1] + 1, dtype=bool)
+    for i in range(rows):
+        arrived = max(timing.stream_row_ready(cfg, mms_start, i), out[i - 1] + 1 if i else 0)
+        frozen[arrived : out[i]] = True
+    return np.flatnonzero(~frozen[mms_start:]) + mms_start
+
+
 def stream_case(
     cfg: MachineConfig,
     label: str,
@@ -197,30 +218,50 @@ def stream_case(
     mms_start: int,
     lds_start: int,
     charged: int,
+    mms_charged: int | None = None,
 ) -> Case:
     """Preload `w`, then `mx.mms` of `a` (rows x K) consumed whole by `vc.lds`, one N-wide row per beat.
 
-    Starts are the simulator's cycles; beat j is due when chain_stream_finish says the first j + 1 beats end.
+    Starts are the simulator's cycles. Row j leaves the array at `stream_row_out` (the array freezes while the
+    FIFO holds stream_fifo_depth rows: input rows are presented on the cycles it advances, and it must take each
+    one then); beat j is due when chain_stream_finish says the first j + 1 beats end. `mms_charged` (the
+    simulator's mx.mms cycles) fixes when the last row must leave the array.
     """
     n, rows = cfg.array_size, a.shape[0]
     first = min(mms_start, lds_start)
     m0, s0 = n + mms_start - first, n + lds_start - first  # item offsets, after the N-cycle weight load
+    out, _ = stream_schedule(cfg, rows, m0, s0)
+    enter = _array_steps(cfg, rows, m0, out)[:rows]
+    valid = np.zeros(enter[-1] + 1, dtype=np.int64)
+    valid[enter] = 1
+    a_rows = np.zeros((enter[-1] + 1, n), dtype=np.int64)
+    a_rows[enter] = _pad(a, rows, n)
     item = Item(
         label,
         {"instr": encode(lds)},
         {
             "w_valid": [1] * n,
             "in_w": pack(_pad(w, n, n), ELEM_BITS),
-            "in_valid": [0] * m0 + [1] * rows,
-            "in_a": [0] * m0 + pack(_pad(a, rows, n), ELEM_BITS),
+            "in_valid": valid.tolist(),
+            "in_a": pack(a_rows, ELEM_BITS),
             "lds_start": [0] * s0 + [1],
         },
-        (Watch(("out_valid",), ("out_data", "out_mask"), rows),),
-        timeout=2 * n + lds.spec.latency + SLACK,
+        (
+            Watch(("out_valid",), ("out_data", "out_mask"), rows),
+            Watch(("in_valid",), ("in_ready",), rows),
+            Watch(("out_row_valid",), (), rows),
+        ),
+        timeout=2 * n + rows + lds.spec.latency + SLACK,
     )
     lanes, lat = cfg.vector_lanes, lds.spec.latency
-    ready = [timing.stream_row_ready(cfg, m0, j) for j in range(rows)]
-    offsets = np.array([timing.chain_stream_finish(cfg, s0, (j + 1) * lanes, ready[j], lat) - 1 for j in range(rows)])
+    offsets = np.array([timing.chain_stream_finish(cfg, s0, (j + 1) * lanes, out[j], lat) - 1 for j in range(rows)])
     ones = np.ones((rows, lanes), dtype=np.int64)
-    expected = Expected(offsets, {"out_data": product.astype(np.int64), "out_mask": ones})
-    return Case(label, item, (expected,), charged, Busy.last_event, origin=s0)
+    rows_out = np.array(out)
+    if mms_charged is not None:
+        rows_out[-1] = m0 + mms_charged - 1
+    expected = (
+        Expected(offsets, {"out_data": product.astype(np.int64), "out_mask": ones}),
+        Expected(enter, {"in_ready": np.ones((rows, 1), dtype=np.int64)}),
+        Expected(rows_out),
+    )
+    return Case(label, item, expected, charged, Busy.last_event, origin=s0)

@@ -2,10 +2,11 @@
 
 One naming convention for every unit: `clk`, `rst`, `in_valid`/`out_valid`,
 data ports `in_*`/`out_*`; parameters `N` (array size), `LANES`, `DATA_W`,
-`ACC_W` (element widths), `WIDTH`/`DEPTH` (stream FIFO). `PARAMETERS` says
-where each parameter's value comes from; `tests/rtl/test_config_match.py`
-parses `rtl/hdl` with pyverilog and fails if a unit's parameters or port widths
-disagree with these and the simulator's config.
+`ACC_W` (element widths), `WIDTH`/`DEPTH` (stream FIFO: row width, and rows it
+holds = the config's `stream_fifo_depth`). `PARAMETERS` says where each
+parameter's value comes from; `tests/rtl/test_conformance.py` parses `rtl/hdl`
+with pyverilog and fails if a unit's parameters or port widths disagree with
+these and the simulator's config.
 """
 
 from __future__ import annotations
@@ -27,18 +28,13 @@ ELEM_BITS = DType.i8.size * 8
 ACC_BITS = DType.i32.size * 8
 
 
-def stream_fifo_depth(cfg: MachineConfig) -> int:
-    """Rows the matrix -> vector stream FIFO holds: one array's worth of output rows."""
-    return cfg.array_size
-
-
 # parameter name -> its value for a machine config
 PARAMETERS: dict[str, Callable[[MachineConfig], int]] = {
     "N": lambda cfg: cfg.array_size,
     "LANES": lambda cfg: cfg.vector_lanes,
     "DATA_W": lambda cfg: ELEM_BITS,
     "ACC_W": lambda cfg: ACC_BITS,
-    "DEPTH": stream_fifo_depth,
+    "DEPTH": lambda cfg: cfg.stream_fifo_depth,
     "WIDTH": lambda cfg: cfg.array_size * ACC_BITS,
 }
 # parameters whose default comes from the generated ISA header, not from the config
@@ -91,6 +87,7 @@ MATRIX = RtlUnit(
     ("N", "DATA_W", "ACC_W"),
     (
         *CONTROL,
+        Port("en"),
         Port("w_valid"),
         Port("in_w", "N", "DATA_W"),
         Port("w_ready"),
@@ -162,7 +159,9 @@ STREAM = RtlUnit(
         Port("in_w", "N", "DATA_W"),
         Port("w_ready"),
         Port("in_valid"),
+        Port("in_ready"),
         Port("in_a", "N", "DATA_W"),
+        Port("out_row_valid"),
         WORD,
         Port("lds_start"),
         Port("out_valid"),

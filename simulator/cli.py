@@ -10,9 +10,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from isa.errors import DynfuseError
 from simulator.config import PRESETS
-from simulator.run import RunResult, simulate
+from simulator.inputs import parse_input_args, random_inputs
+from simulator.run import RunResult, load_program, simulate
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME=FILE.npy",
         help="a kernel .input tensor from a .npy file (repeatable)",
     )
+    sim.add_argument(
+        "--random-inputs",
+        type=int,
+        metavar="SEED",
+        help="fill every .input not given by --input with seeded random values (i8 full range, "
+        "i32 in [-1000, 1000], f32 standard normal)",
+    )
     sim.add_argument("--output-dir", type=Path, help="write each kernel .output tensor as DIR/NAME.npy")
     sim.add_argument("--trace", type=Path, help="write a Chrome trace-event JSON timeline (open in Perfetto)")
     sim.add_argument("--checked", action="store_true", help="detect unsynchronised data races between units")
@@ -33,21 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.set_defaults(run=run_sim)
 
 
-def _inputs(specs: list[str]) -> dict[str, np.ndarray]:
-    inputs = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise DynfuseError(f"--input expects NAME=FILE.npy, got {spec!r}")
-        try:
-            inputs[name] = np.load(path, allow_pickle=False)
-        except ValueError as err:
-            raise DynfuseError(f"--input {name}: {path} is not a .npy array ({err})") from None
-    return inputs
-
-
 def run_sim(args: argparse.Namespace) -> int:
-    result = simulate(args.program, args.config, _inputs(args.input), checked=args.checked, trace=bool(args.trace))
+    program = load_program(args.program)
+    inputs = parse_input_args(args.input)
+    if args.random_inputs is not None:
+        inputs = random_inputs(program, args.random_inputs, inputs)
+    result = simulate(program, args.config, inputs, checked=args.checked, trace=bool(args.trace))
     if args.output_dir:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         for name, value in result.outputs.items():

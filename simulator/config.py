@@ -1,10 +1,12 @@
 """Machine configuration: one validated, frozen record from which every size, rate and energy derives.
 
 Load a preset by name (`tiny`, `base`, `large`) or a TOML file. A TOML file may start from a preset with
-`preset = "base"` and override any field; per-event energies go in an `[energy]` table. Example:
+`preset = "base"` and override any field (fields are independent: a smaller `array_size` does not shrink
+`stream_fifo_depth`); per-event energies go in an `[energy]` table. Example:
 
     preset = "base"
     array_size = 8
+    stream_fifo_depth = 8
     dram_bytes_per_cycle = 16
     [energy]
     dram_byte = 160.0
@@ -44,6 +46,7 @@ class MachineConfig:
     burst_bytes: int
     queue_depth: int  # entries per unit instruction queue
     vreg_elems: int  # capacity of one vector register (fusion chains)
+    stream_fifo_depth: int  # rows the matrix -> vector stream FIFO holds before mx.mms stalls (presets: N)
     branch_penalty: int  # extra cycles of a taken branch
     clock_mhz: float
     max_cycles: int  # watchdog
@@ -64,6 +67,7 @@ class MachineConfig:
             "burst_bytes",
             "queue_depth",
             "vreg_elems",
+            "stream_fifo_depth",
             "max_cycles",
         )
         for name in positive:
@@ -137,6 +141,7 @@ PRESETS: dict[str, MachineConfig] = {
         burst_bytes=16,
         queue_depth=4,
         vreg_elems=256,
+        stream_fifo_depth=4,
         branch_penalty=2,
         clock_mhz=200.0,
         max_cycles=10_000_000,
@@ -155,6 +160,7 @@ PRESETS: dict[str, MachineConfig] = {
         burst_bytes=64,
         queue_depth=8,
         vreg_elems=4096,
+        stream_fifo_depth=16,
         branch_penalty=2,
         clock_mhz=1000.0,
         max_cycles=1_000_000_000,
@@ -173,6 +179,7 @@ PRESETS: dict[str, MachineConfig] = {
         burst_bytes=64,
         queue_depth=16,
         vreg_elems=8192,
+        stream_fifo_depth=32,
         branch_penalty=2,
         clock_mhz=1000.0,
         max_cycles=1_000_000_000,

@@ -26,6 +26,7 @@ STALL_CAUSES = {
     "bank": "waiting for a scratchpad/accumulator bank another unit holds",
     "dram": "DMA waiting for the shared DRAM channel (bandwidth); scalar: lw/sw latency",
     "fence": "scalar only: fence/halt waiting for every unit to go idle",
+    "stream_full": "matrix only: mx.mms frozen while the stream FIFO holds stream_fifo_depth rows not yet taken",
 }
 
 COUNTER_DOCS: tuple[tuple[str, type, str], ...] = (
@@ -130,6 +131,7 @@ def aggregate(m: Machine, snap: Snapshot, lo: int, hi: int, cycles: int) -> Any:
                 "bank": 0,
                 "dram": mine[E.S_DRAM],
                 "fence": col[E.S_FENCE],
+                "stream_full": 0,
             }
         else:
             busy = mine[E.S_BUSY]
@@ -139,6 +141,7 @@ def aggregate(m: Machine, snap: Snapshot, lo: int, hi: int, cycles: int) -> Any:
                 "bank": mine[E.S_BANK],
                 "dram": mine[E.S_DRAM],
                 "fence": 0,
+                "stream_full": mine[E.S_STREAM],
             }
         values[f"{u.name}_busy"] = int(busy)
         for cause, value in stalls.items():

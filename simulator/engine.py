@@ -6,7 +6,10 @@ its dependency is satisfied (a `sync.pop`'s matching push has retired; a `vc.lds
 begun) and no other unit holds a bank it touches. Instructions are timed lazily, always the one with the
 earliest possible start next, so bank and DRAM-channel arbitration is first come, first served in time
 (ties: lower unit number first) while the engine jumps from event to event instead of ticking cycles.
-Every dependency points to an earlier-issued instruction, so the engine can never deadlock.
+Every dependency points to an earlier-issued instruction. The one exception is the bounded stream FIFO:
+an `mx.mms` whose rows fill it cannot finish until a `vc.lds` takes them, so its finish stays open (the
+matrix unit and its banks are held) until the consumers of its rows are timed; a program whose `vc.lds`
+can never start then is a deadlock, reported as a trap.
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from collections import deque
 from isa.enums import Unit
 from simulator.config import MachineConfig
 from simulator.errors import Fault
-from simulator.timing import chain_stream_finish, stream_row_ready
+from simulator.timing import chain_stream_finish, stream_row_out, stream_row_ready, stream_row_taken
 
 INF = float("inf")
 LOAD, MATRIX, VECTOR, STORE = int(Unit.load), int(Unit.matrix), int(Unit.vector), int(Unit.store)
 QUEUED_UNITS = (LOAD, MATRIX, VECTOR, STORE)  # plain ints: list indexing with IntEnum members is slower
 
-# Op kinds: how the finish cycle and the dependency are computed.
-PLAIN, DMA, STREAM, POP = 0, 1, 2, 3
+# Op kinds: how the finish cycle and the dependency are computed (PRODUCER: mx.mms, STREAM: vc.lds).
+PLAIN, DMA, STREAM, POP, PRODUCER = 0, 1, 2, 3, 4
 
 # Per-pc statistics row layout (one list per instruction, shared with the counters module).
 (
@@ -44,8 +47,9 @@ PLAIN, DMA, STREAM, POP = 0, 1, 2, 3
     S_VOPS_INT,
     S_VOPS_F32,
     S_TAKEN,
-) = range(17)
-STAT_FIELDS = 17
+    S_STREAM,
+) = range(18)
+STAT_FIELDS = 18
 
 
 class Op:
@@ -114,6 +118,11 @@ class Engine:
         self.channel_free = 0
         self.pending = 0
         self.trace = trace
+        # the stream FIFO, by global row index (rows in the order mx.mms produce them)
+        self.row_ready: list[int] = []  # cycle each row would leave the array without stalls
+        self.row_out: list[int] = []  # cycle each row did leave it (known prefix)
+        self.row_taken: list[int] = []  # cycle the vector unit took each row (known prefix)
+        self.open: tuple[Op, int] | None = None  # an mx.mms whose finish waits for FIFO room, with its last row
 
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""
@@ -135,14 +144,27 @@ class Engine:
     def wait_for(self, op: Op) -> None:
         """Time instructions in order until `op` has been timed."""
         while op.start < 0:
-            if not self.pending:
-                raise Fault(f"internal: instruction at pc {op.pc} can never start")
+            before = self.pending
             self.advance(INF, one=True)
+            if self.pending == before:
+                raise self._stuck(f"the instruction at pc {op.pc} can never start")
 
     def drain(self) -> int:
         """Time everything; returns the cycle at which every unit is idle."""
         self.advance(INF)
+        if self.pending or self.open is not None:
+            raise self._stuck("the units can never go idle")
         return max(self.free)
+
+    def _stuck(self, what: str) -> Fault:
+        if self.open is not None:
+            op, last = self.open
+            return Fault(
+                f"deadlock: {what}: mx.mms at pc {op.pc} waits for room in the stream FIFO "
+                f"(stream_fifo_depth = {self.cfg.stream_fifo_depth} rows, {last + 1 - len(self.row_taken)} not "
+                "taken) and no vc.lds that would take them can start (it must not wait for the matrix unit)"
+            )
+        return Fault(f"internal: {what}")
 
     def advance(self, limit: float, one: bool = False) -> None:
         """Start, in time order, every queued instruction that can start at or before `limit`."""
@@ -191,6 +213,7 @@ class Engine:
                 stats[S_TOKEN] += dep_ready - ready
                 ready = dep_ready
         stats[S_BANK] += t - ready
+        op.start = t
         kind = op.kind
         if kind == DMA:
             data_start = t + self.cfg.dram_latency
@@ -201,13 +224,21 @@ class Engine:
             finish = self.channel_free + op.extra
             stats[S_BUSY] += finish - t - (data_start - t - self.cfg.dram_latency)
         elif kind == STREAM:
-            last_ready = stream_row_ready(self.cfg, op.dep.start, op.row)
-            finish = chain_stream_finish(self.cfg, t, op.n, last_ready, op.lat)
+            finish = self._consume(op, t)
             stats[S_BUSY] += finish - t
+        elif kind == PRODUCER:
+            finish = self._produce(op, t)
+            stats[S_BUSY] += op.dur
         else:
             finish = t + op.dur
             stats[S_BUSY] += op.dur
-        op.start, op.finish = t, finish
+        self._finish(op, finish)
+        if kind == STREAM:
+            self._resolve()
+
+    def _finish(self, op: Op, finish: int | float) -> None:
+        """Record when `op` frees its unit and banks (INF: not known yet, an mx.mms waiting for the FIFO)."""
+        u = op.unit
         self.free[u] = finish
         for b in op.banks:
             self.bank_owner[b] = u
@@ -218,5 +249,51 @@ class Engine:
             c = cand[v]
             if c is not None and (c == INF or self.queues[v][0].mask & op.mask):
                 cand[v] = None
+        if finish == INF:
+            return
+        op.finish = int(finish)
         if self.trace is not None:
-            self.trace.append((u, op.pc, t, finish))
+            self.trace.append((u, op.pc, op.start, op.finish))
+
+    # --- the stream FIFO ------------------------------------------------------------------------------
+    def _extend_out(self) -> None:
+        """Work out `stream_row_out` for every row whose FIFO slot is decided (its predecessor D rows back taken)."""
+        ready, out, taken, depth = self.row_ready, self.row_out, self.row_taken, self.cfg.stream_fifo_depth
+        while len(out) < len(ready) and len(out) - depth < len(taken):
+            i = len(out)
+            out.append(stream_row_out(ready[i], out[i - 1] if i else -1, taken[i - depth] if i >= depth else -1))
+
+    def _produce(self, op: Op, t: int) -> int | float:
+        """mx.mms starts at t: its rows join the stream; its finish, or INF until the FIFO lets its last row out."""
+        if not op.n:  # no rows: nothing to wait for
+            return t + op.dur
+        base = len(self.row_ready)
+        self.row_ready.extend(stream_row_ready(self.cfg, t, k) for k in range(op.n))
+        self._extend_out()
+        last = base + op.n - 1
+        if last >= len(self.row_out):
+            self.open = (op, last)
+            return INF
+        return self._stalled_finish(op, last)
+
+    def _stalled_finish(self, op: Op, last: int) -> int:
+        finish = self.row_out[last] + 1
+        op.stats[S_STREAM] += finish - op.start - op.dur
+        return finish
+
+    def _consume(self, op: Op, t: int) -> int:
+        """vc.lds starts at t: take the rows it completes, one per cycle; it ends after its last row is out."""
+        taken, out = self.row_taken, self.row_out
+        first = len(taken)
+        for q in range(op.xfer):
+            self._extend_out()
+            taken.append(stream_row_taken(t, q, out[first + q]))
+        self._extend_out()
+        return chain_stream_finish(self.cfg, t, op.n, out[op.row], op.lat)
+
+    def _resolve(self) -> None:
+        """Finish the open mx.mms once the FIFO has let its last row out."""
+        if self.open is not None and self.open[1] < len(self.row_out):
+            op, last = self.open
+            self.open = None
+            self._finish(op, self._stalled_finish(op, last))

@@ -48,7 +48,8 @@ class Machine:
         self.mask = 0  # banks touched by the instruction being issued
         self.loops: list[list[int]] = []  # [body start, end, remaining]
         self.tokens: dict[tuple[int, int], deque[tuple[Op, np.ndarray | None]]] = {}
-        self.stream: deque[list] = deque()  # [mx.mms op, flat data, consumed, cols]
+        self.stream: deque[list] = deque()  # [mx.mms op, flat data, consumed, cols, global index of its row 0]
+        self.stream_rows = 0  # rows every mx.mms so far has streamed
         self.weights: np.ndarray | None = None
         self.epilogue: tuple | None = None
         self.transactions: list | None = [] if record_transactions else None

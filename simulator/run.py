@@ -24,7 +24,8 @@ class Transaction:
 
     pc, mnemonic: which instruction. start: the cycle the unit started it. cycles: the latency charged by
     `simulator.timing` (finish - start; matrix and vector units have no stall inside an instruction, except
-    that `vc.lds` may wait for its streamed rows, as `timing.chain_stream_finish` says).
+    that `vc.lds` may wait for its streamed rows, as `timing.chain_stream_finish` says, and `mx.mms` may
+    stall on a full stream FIFO, as `timing.stream_row_out` says).
     operands, by instruction (arrays are copies of what the unit read; scalars are Python numbers):
       mx.preload      w (K x cols weights)                                 result: w
       mx.mm, mx.mms   a (rows x K activations), w                          result: rows x cols (i32 or f32)

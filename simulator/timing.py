@@ -45,13 +45,33 @@ def preload_cycles(cfg: MachineConfig) -> int:
 
 
 def matmul_cycles(cfg: MachineConfig, rows: int) -> int:
-    """`matmul`, `matmul_stream`: rows enter skewed one per cycle; the last leaves 2N - 1 cycles after it enters."""
+    """`matmul`, `matmul_stream`: rows enter skewed one per cycle; the last leaves 2N - 1 cycles after it enters.
+
+    An `mx.mms` takes longer when the stream FIFO is full: the unit is free the cycle after its last row's
+    `stream_row_out`.
+    """
     return rows + 2 * cfg.array_size - 1
 
 
 def stream_row_ready(cfg: MachineConfig, start: int, row: int) -> int:
     """Cycle at which output row `row` of a matmul started at `start` is complete (after de-skew)."""
     return start + row + 2 * cfg.array_size - 1
+
+
+def stream_row_out(ready: int, previous_out: int, taken_depth_before: int) -> int:
+    """Cycle a streamed row leaves the array into the stream FIFO (or, when it is empty, straight through it).
+
+    Not before it is `ready` (`stream_row_ready`), nor before the row ahead of it has left (a stall freezes the
+    whole array, so later rows slip with it), nor before the FIFO has room: the row `stream_fifo_depth` places
+    earlier must have been taken by the vector unit in an earlier cycle (`taken_depth_before`; -1 if there is no
+    such row). Cycles a row waits beyond `ready` and the row ahead are `matrix_stall_stream_full`.
+    """
+    return max(ready, previous_out + 1, taken_depth_before + 1)
+
+
+def stream_row_taken(start: int, index: int, out: int) -> int:
+    """Cycle a `vc.lds` started at `start` takes its `index`-th row: one row per cycle, once the row is out."""
+    return max(start + index, out)
 
 
 def epilogue_config_cycles(cfg: MachineConfig) -> int:
@@ -74,14 +94,15 @@ def chain_op_cycles(cfg: MachineConfig, latency: int) -> int:
     return latency
 
 
-def chain_stream_finish(cfg: MachineConfig, start: int, n: int, last_row_ready: int, latency: int) -> int:
-    """`chain_stream` end cycle: consume n elements, but not before the last streamed row exists."""
-    return max(start + _ceil_div(n, cfg.vector_lanes), last_row_ready + 1) + latency
+def chain_stream_finish(cfg: MachineConfig, start: int, n: int, last_row_out: int, latency: int) -> int:
+    """`chain_stream` end cycle: consume n elements, but not before the last streamed row is out of the array
+    (`stream_row_out`; without stalls that is `stream_row_ready`)."""
+    return max(start + _ceil_div(n, cfg.vector_lanes), last_row_out + 1) + latency
 
 
-def chain_stream_cycles(cfg: MachineConfig, n: int, latency: int, start: int, last_row_ready: int) -> int:
+def chain_stream_cycles(cfg: MachineConfig, n: int, latency: int, start: int, last_row_out: int) -> int:
     """`chain_stream`: cycles the vector unit is occupied when it starts at `start`."""
-    return chain_stream_finish(cfg, start, n, last_row_ready, latency) - start
+    return chain_stream_finish(cfg, start, n, last_row_out, latency) - start
 
 
 def sync_cycles(cfg: MachineConfig) -> int:

@@ -29,6 +29,22 @@ class KernelFeatures:
     loop_order: str  # e.g. "nkm" (outer to inner) or "" without a matmul
     zero_tile_fraction: float  # fraction of all-zero tiles in the operand a zero-skip kernel tests
     instructions: int  # static instruction count of the generated kernel
+    # appended by the fusion engine (counts from the generated program; defaults keep old rows loadable)
+    dma_loads: int = 0  # dma.ld / dma.ldt instructions
+    dma_stores: int = 0
+    preloads: int = 0  # mx.preload
+    matmuls: int = 0  # mx.mm / mx.mma / mx.mms
+    matmul_rows: int = 0  # activation rows over all matmuls
+    drains: int = 0  # mx.drain
+    drain_rows: int = 0
+    vector_instrs: int = 0  # vector instructions that make a pass over their elements (v.*, vc.ld, vc.lds, vc.r*)
+    vector_pass_elems: int = 0  # elements over those passes
+    chain_ops: int = 0  # vc.* register-to-register ops and vc.st (pipeline latency only)
+    phases: int = 0  # fenced pipeline phases
+    zero_tests: int = 0  # bz.tile / bnz.tile
+    steps: int = 0  # pipeline steps: token handovers into the main compute unit (matrix, else vector): overlap
+    load_bursts: int = 0  # DRAM bursts of the loads (strided rows start their own bursts)
+    store_bursts: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

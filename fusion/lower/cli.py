@@ -14,6 +14,7 @@ from assembler.binary import save
 from fusion.errors import FusionError
 from fusion.lower.compiler import DTYPES, CompiledModel, compile, load_graph
 from simulator.config import PRESETS
+from simulator.inputs import parse_input_args
 
 CALIBRATION_SEED = 0
 SUMMARY_COUNTERS = (
@@ -52,20 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="ONNX model file")
     p.add_argument("--config", default="base", help=f"machine preset ({', '.join(PRESETS)}) or a .toml file")
-    p.add_argument("--dtype", default="fp32", choices=DTYPES, help="fp32, or int8 (post-training quantization)")
-
-
-def load_arrays(specs: list[str], flag: str) -> dict[str, np.ndarray]:
-    arrays = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise FusionError(f"{flag} expects NAME=FILE.npy, got {spec!r}")
-        try:
-            arrays[name] = np.load(path, allow_pickle=False)
-        except ValueError as err:
-            raise FusionError(f"{flag} {name}: {path} is not a .npy array ({err})") from None
-    return arrays
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=DTYPES,
+        help="fp32, or int8: post-training quantization calibrated on the run's inputs (compile: on --calibrate)",
+    )
 
 
 def _model_path(path: Path) -> Path:
@@ -78,7 +71,7 @@ def run_compile(args: argparse.Namespace) -> int:
     graph = load_graph(_model_path(args.model))
     samples = None
     if args.dtype == "int8":
-        given = load_arrays(args.calibrate, "--calibrate")
+        given = parse_input_args(args.calibrate)
         rng = np.random.default_rng(CALIBRATION_SEED)
         samples = [given or {v: rng.standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs}]
     model = compile(graph, args.config, args.dtype, samples=samples, cleanup=False)
@@ -101,7 +94,7 @@ def safe_name(name: str) -> str:
 
 def run_model(args: argparse.Namespace) -> int:
     model = compile(_model_path(args.model), args.config, args.dtype)
-    outputs, counters = model.run(load_arrays(args.input, "--input"), checked=args.checked)
+    outputs, counters = model.run(parse_input_args(args.input), checked=args.checked)
     if args.output_dir:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         for name, value in outputs.items():

@@ -31,10 +31,10 @@ from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
 from fusion.quant.plan import QuantPlan, plan_quantization
-from isa.enums import DType, Extension
+from isa.enums import Extension
 from simulator.config import MachineConfig, load_config
 
-ALIAS_OPS = frozenset({OpType.Reshape, OpType.Identity})
+ALIAS_OPS = frozenset({OpType.Reshape, OpType.Identity})  # of an activation: no kernel (of a constant: a copy)
 LOWERINGS: dict[OpType, Callable[[LowerContext, Node], list[list[Step]]]] = {
     **matrix.LOWERINGS,
     **elementwise.LOWERINGS,
@@ -49,7 +49,7 @@ Samples = Sequence[Mapping[str, np.ndarray]]
 
 
 def supported_ops() -> frozenset[OpType]:
-    return frozenset(LOWERINGS) | ALIAS_OPS
+    return frozenset(LOWERINGS)
 
 
 def load_graph(model_or_graph: Graph | onnx.ModelProto | str | Path, cleanup: bool = True) -> Graph:
@@ -217,7 +217,7 @@ class LazyInt8Model:
         return self.compiled.run(inputs, checked=checked)
 
 
-def compile(  # noqa: A001 - the issue's name for the entry point
+def compile(
     model_or_graph: Graph | onnx.ModelProto | str | Path,
     config: MachineConfig | str = "base",
     dtype: str = "fp32",
@@ -252,17 +252,22 @@ def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples
     em = Emitter(b)
     names = symbol_names(list(graph.types))
     kernels = _emit_kernels(cx, b, em, names)
-    b.halt()
-    if data:
-        b.data()
-        b.label("constants")
-        b.i8(np.frombuffer(data, dtype=np.uint8))
-    program = b.build()
+    program = finish_program(b, data)
     used = program.extensions()
     if used - {Extension.base}:
         raise AssertionError(f"the unfused baseline must use the base ISA only, got {sorted(e.value for e in used)}")
     seconds = time.perf_counter() - start
     return CompiledModel(graph, cfg, dtype, program, memory, params, seconds, kernels, names)
+
+
+def finish_program(b: ProgramBuilder, data: bytes) -> ObjectFile:
+    """End the text with `halt`, append the constants as the data section (at DRAM address 0) and link."""
+    b.halt()
+    if data:
+        b.data()
+        b.label("constants")
+        b.i8(np.frombuffer(data, dtype=np.uint8))
+    return b.build()
 
 
 def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter, names: Mapping[str, str]) -> tuple[str, ...]:
@@ -271,9 +276,9 @@ def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter, names: Mappi
     attrs_common = {"dtype": "int8" if cx.int8 else "fp32", "config": cx.config.config_hash()}
     with b.kernel("graph_inputs", inputs=[_decl(cx, names, v) for v in graph.inputs], attrs={"op": "inputs"}):
         b.nop()
-    for node in graph.nodes:
-        if node.op in ALIAS_OPS:
-            continue
+    roots = _alias_roots(graph)
+    lowered = [n for n in graph.nodes if n.outputs[0] not in roots]
+    for node in lowered:
         ins = [_decl(cx, names, v) for v in dict.fromkeys(node.inputs) if not graph.is_constant(v)]
         outs = [_decl(cx, names, v) for v in node.outputs]
         attrs = {
@@ -289,7 +294,4 @@ def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter, names: Mappi
     outs = [_decl(cx, names, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
     with b.kernel("graph_outputs", outputs=outs, attrs={"op": "outputs"}):
         b.nop()
-    return tuple(kernel_names[n.name] for n in graph.nodes if n.op not in ALIAS_OPS)
-
-
-__all__ = ["CompiledModel", "LazyInt8Model", "compile", "compile_graph", "supported_ops", "DType"]
+    return tuple(kernel_names[n.name] for n in lowered)

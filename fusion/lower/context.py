@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.graph.ir import DataType, Graph, Node
-from fusion.lower.errors import UnsupportedOpError
+from fusion.lower.errors import UnsupportedTypeError
 from fusion.lower.views import View, dense
 from fusion.quant.params import QuantParams
 from fusion.quant.plan import MatrixQuant, QuantPlan
@@ -67,7 +67,9 @@ def temp_key(node: Node, index: int) -> str:
 def storage_dtype(graph: Graph, plan: QuantPlan | None, value: str) -> DType:
     ttype = graph.types[value]
     if ttype.dtype != DataType.float32:
-        raise UnsupportedOpError(value, ttype.dtype.value, "only float32 activations run on the accelerator")
+        raise UnsupportedTypeError(
+            f"value {value!r} is {ttype}: only float32 tensors (int8 after quantization) run on the accelerator"
+        )
     if plan is not None and plan.scales.get(value) is not None:
         return DType.i8
     return DType.f32

@@ -1,12 +1,13 @@
-"""Instruction emission for one kernel: a register cache for constants, view DMAs, and the double-buffered
+"""Instruction emission for one kernel: a register cache for constants, view DMAs, and the multi-buffered
 token pipeline every kernel generator runs its tiles through.
 
-Pipeline protocol (per step s, buffers of parity s % 2): the step's segments run on their units in order
+Pipeline protocol (step s uses buffer slot s % DEPTH): the step's segments run on their units in order
 (load -> compute units -> store); consecutive segments on different units hand over with
-`sync.push a, b` / `sync.pop a, b`. Before step s reuses the buffers of step s - 2, its first unit waits for a
-credit the last unit of step s - 2 pushed, so every access of step s is ordered after every access of step
-s - 2, while step s - 1 (other parity, other banks) overlaps. Every pop follows its push in program order, so
-the in-order issue never deadlocks; the last credits are popped before the kernel's closing fence.
+`sync.push a, b` / `sync.pop a, b`. Before step s reuses the buffers of step s - DEPTH, its first unit waits
+for a credit the last unit of that step pushed, so every access of step s is ordered after every access of
+step s - DEPTH (vector clocks are transitive along the hand-over chain), while the steps in between, in other
+slots, overlap. Every pop follows its push in program order, so the in-order issue never deadlocks, and a
+credit is only pushed when a step will pop it, so no token outlives the kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from assembler.builder import ProgramBuilder
+from fusion.lower.local_alloc import DEPTH
 from fusion.lower.views import Transfer, View, transfers
 from isa.enums import DType, Unit
 
@@ -52,29 +54,22 @@ class Emitter:
         return r
 
     def regs(self, *values: int) -> tuple[int, ...]:
-        """Registers for several values at once (none evicts another of the same call)."""
-        out = tuple(self.reg(v) for v in values)
-        if len(set(v & 0xFFFFFFFF for v in values)) == len(set(out)) or 0 in out:
-            return out
-        raise AssertionError("register cache evicted a value it just loaded")
-
-    def f32(self, value: float) -> int:
-        return self.reg(f32_bits(value))
+        """Registers for a few values at once (least-recently-used eviction over 31 registers never evicts a
+        value of the same call)."""
+        return tuple(self.reg(v) for v in values)
 
     def dma_load(self, view: View, local: int) -> None:
         for t in transfers(view):
-            self._dma(self.b.dma_ld, local, t, view.dtype)
+            loc, dram, stride = self._operands(local, t, view.dtype)
+            self.b.dma_ld(loc, dram, stride, t.rows, t.cols, view.dtype.name)
 
     def dma_store(self, local: int, view: View) -> None:
         for t in transfers(view):
-            self._dma(self.b.dma_st, local, t, view.dtype)
+            loc, dram, stride = self._operands(local, t, view.dtype)
+            self.b.dma_st(dram, loc, stride, t.rows, t.cols, view.dtype.name)
 
-    def _dma(self, op: Callable, local: int, t: Transfer, dtype: DType) -> None:
-        loc, dram, stride = self.regs(local + t.local * dtype.size, t.dram, t.stride)
-        if op == self.b.dma_ld:
-            op(loc, dram, stride, t.rows, t.cols, dtype.name)
-        else:
-            op(dram, loc, stride, t.rows, t.cols, dtype.name)
+    def _operands(self, local: int, t: Transfer, dtype: DType) -> tuple[int, ...]:
+        return self.regs(local + t.local * dtype.size, t.dram, t.stride)
 
     def push(self, src: Unit, dst: Unit) -> None:
         self.b.sync_push(UNIT_NAME[src], UNIT_NAME[dst])
@@ -104,21 +99,58 @@ class Step:
         return segs
 
 
-def run_pipeline(em: Emitter, steps: Sequence[Step], depth: int = 2) -> None:
+def run_pipeline(em: Emitter, steps: Sequence[Step], depth: int = DEPTH) -> None:
     """Emit the steps with the token protocol of the module docstring (`depth` buffer sets in rotation).
 
-    The credit of step s goes from its last unit to the first unit of step s + depth, and only if that step
-    exists, so no token is left over when the kernel ends."""
+    Software pipelining: the loads of step s + 1 are issued before the compute of step s, so a compute queue
+    waiting for its data never blocks the in-order issue of the next loads. The credit of step s goes from
+    its last unit to the first unit of step s + depth, and only if that step exists, so no token is left
+    over when the kernel ends."""
     plans = [segs for segs in (step.segments() for step in steps) if segs]
-    for s, segs in enumerate(plans):
-        if s >= depth and plans[s - depth][-1][0] != segs[0][0]:
-            em.pop(plans[s - depth][-1][0], segs[0][0])
-        prev = None
-        for unit, emit in segs:
-            if prev is not None and prev != unit:
+    heads = [_head(em, plans, s, depth) for s in range(len(plans))]
+    if heads:
+        heads[0]()
+    for s in range(len(plans)):
+        if s + 1 < len(plans):
+            heads[s + 1]()
+        _rest(em, plans, s, depth)
+
+
+def _credit_pop(em: Emitter, plans: list, s: int, depth: int) -> None:
+    if s >= depth and plans[s - depth][-1][0] != plans[s][0][0]:
+        em.pop(plans[s - depth][-1][0], plans[s][0][0])
+
+
+def _head(em: Emitter, plans: list, s: int, depth: int) -> Callable[[], None]:
+    """The step's load segment (with its credit wait and hand-over push), emitted ahead of the previous
+    step's compute; a no-op for a step that does not start with loads."""
+    segs = plans[s]
+
+    def emit() -> None:
+        if segs[0][0] is not Unit.load:
+            return
+        _credit_pop(em, plans, s, depth)
+        segs[0][1](em)
+        if len(segs) > 1 and segs[1][0] is not Unit.load:
+            em.push(Unit.load, segs[1][0])
+
+    return emit
+
+
+def _rest(em: Emitter, plans: list, s: int, depth: int) -> None:
+    segs, prev, pushed = plans[s], None, False
+    if segs[0][0] is Unit.load:  # emitted by _head, which also pushed the hand-over token
+        segs, prev, pushed = segs[1:], Unit.load, True
+    else:
+        _credit_pop(em, plans, s, depth)
+    for unit, emit in segs:
+        if prev is not None and prev != unit:
+            if not pushed:
                 em.push(prev, unit)
-                em.pop(prev, unit)
-            emit(em)
-            prev = unit
-        if s + depth < len(plans) and plans[s + depth][0][0] != segs[-1][0]:
-            em.push(segs[-1][0], plans[s + depth][0][0])
+            em.pop(prev, unit)
+        pushed = False
+        emit(em)
+        prev = unit
+    last = plans[s][-1][0]
+    if s + depth < len(plans) and plans[s + depth][0][0] != last:
+        em.push(last, plans[s + depth][0][0])

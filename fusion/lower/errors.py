@@ -17,5 +17,9 @@ class UnsupportedOpError(LoweringError):
         super().__init__(f"cannot lower node {node!r} ({op}): {reason}")
 
 
+class UnsupportedTypeError(LoweringError):
+    """A value has an element type the accelerator does not compute on (int64, int32 or int8 tensors)."""
+
+
 class MemoryPlanError(LoweringError):
     """The tensors do not fit DRAM, or a tile does not fit the scratchpad."""

@@ -1,8 +1,9 @@
 """Scratchpad and accumulator placement for one pipeline step's tiles.
 
-Double buffering splits each memory into two halves by bank: buffers of even steps live in the lower banks,
-odd steps in the upper ones, so the DMA filling one step's tiles does not wait on the banks the compute
-units are reading for the other (with a single bank both halves share it and only timing suffers).
+Multi-buffering splits each memory into DEPTH equal slots (whole banks when the bank count allows):
+step s uses slot s % DEPTH, so the DMA filling one step's tiles works beside the compute units reading
+another step's and the store draining a third. With three slots a step's load waits only for the store of
+the step three back, so loading, computing and storing overlap instead of alternating.
 """
 
 from __future__ import annotations
@@ -20,31 +21,34 @@ def _up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
+DEPTH = 3
+
+
 @dataclass(frozen=True)
-class Half:
-    """One parity's share of a memory: [base, base + size) in local addresses."""
+class Slot:
+    """One buffer set's share of a memory: [base, base + size) in local addresses."""
 
     base: int
     size: int
 
 
-def halves(total: int, banks: int, base: int = 0) -> tuple[Half, Half]:
+def slot(total: int, banks: int, index: int, base: int = 0) -> Slot:
     bank = total // banks
-    size = (banks // 2) * bank if banks >= 2 else total // 2
-    return Half(base, size), Half(base + size, size)
+    size = (banks // DEPTH) * bank if banks >= DEPTH else total // DEPTH // ALIGN * ALIGN
+    return Slot(base + (index % DEPTH) * size, size)
 
 
 class TileArena:
-    """Bump allocation of named tiles in one parity's scratchpad and accumulator halves."""
+    """Bump allocation of tiles in the scratchpad and accumulator slots of step (or block) `index`."""
 
-    def __init__(self, cfg: MachineConfig, parity: int) -> None:
-        self.spad = halves(cfg.spad_bytes, cfg.spad_banks)[parity]
-        self.acc = halves(cfg.acc_bytes, cfg.acc_banks, LOCAL_ACC_BASE)[parity]
+    def __init__(self, cfg: MachineConfig, index: int) -> None:
+        self.spad = slot(cfg.spad_bytes, cfg.spad_banks, index)
+        self.acc = slot(cfg.acc_bytes, cfg.acc_banks, index, LOCAL_ACC_BASE)
         self._spad_used = 0
         self._acc_used = 0
 
     def fits(self, spad_sizes: list[int], acc_sizes: list[int] = ()) -> bool:
-        """Whether these tiles (bytes) fit one half each, alignment included."""
+        """Whether these tiles (bytes) fit one slot each, alignment included."""
         return (
             sum(_up(s, ALIGN) for s in spad_sizes) <= self.spad.size
             and sum(_up(s, ALIGN) for s in acc_sizes) <= self.acc.size
@@ -54,14 +58,14 @@ class TileArena:
         addr = self.spad.base + self._spad_used
         self._spad_used += _up(max(nbytes, 1), ALIGN)
         if self._spad_used > self.spad.size:
-            raise MemoryPlanError(f"tiles need {self._spad_used} scratchpad bytes, a buffer half has {self.spad.size}")
+            raise MemoryPlanError(f"tiles need {self._spad_used} scratchpad bytes, a buffer slot has {self.spad.size}")
         return addr
 
     def acc_tile(self, nbytes: int) -> int:
         addr = self.acc.base + self._acc_used
         self._acc_used += _up(max(nbytes, 1), ALIGN)
         if self._acc_used > self.acc.size:
-            raise MemoryPlanError(f"tiles need {self._acc_used} accumulator bytes, a buffer half has {self.acc.size}")
+            raise MemoryPlanError(f"tiles need {self._acc_used} accumulator bytes, a buffer slot has {self.acc.size}")
         return addr
 
 

@@ -63,9 +63,9 @@ module epilogue #(
     endgenerate
 
     delay_line #(.WIDTH(N * ACC_W), .DEPTH(LAT - STAGES)) u_extra (
-        .clk(clk), .rst(rst), .d(stage3), .q(out_data)
+        .clk(clk), .rst(rst), .en(1'b1), .d(stage3), .q(out_data)
     );
     delay_line #(.WIDTH(1), .DEPTH(LAT)) u_valid (
-        .clk(clk), .rst(rst), .d(in_valid), .q(out_valid)
+        .clk(clk), .rst(rst), .en(1'b1), .d(in_valid), .q(out_valid)
     );
 endmodule

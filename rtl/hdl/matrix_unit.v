@@ -4,6 +4,8 @@
 // (in_valid high); output row i is on out_p with out_valid at cycle i + 2N - 1.
 // With acc_en high (mx.mma) the accumulator row presented on in_acc in that
 // cycle is added to it (i32, wrapping): the accumulator's read-modify-write.
+// With en low the whole unit (skew, array, de-skew, valid) holds for the cycle:
+// inputs are not taken and the output row stays, so later rows slip by one.
 module matrix_unit #(
     parameter N = 4,
     parameter DATA_W = 8,
@@ -11,6 +13,7 @@ module matrix_unit #(
 ) (
     input                   clk,
     input                   rst,
+    input                   en,
     input                   w_valid,
     input  [N*DATA_W-1:0]   in_w,
     output reg              w_ready,
@@ -42,13 +45,13 @@ module matrix_unit #(
     generate
         for (k = 0; k < N; k = k + 1) begin : g_skew
             delay_line #(.WIDTH(DATA_W), .DEPTH(k)) u_skew (
-                .clk(clk), .rst(rst),
+                .clk(clk), .rst(rst), .en(en),
                 .d(in_valid ? in_a[k*DATA_W +: DATA_W] : {DATA_W{1'b0}}),
                 .q(skewed[k*DATA_W +: DATA_W])
             );
             wire [ACC_W-1:0] product;
             delay_line #(.WIDTH(ACC_W), .DEPTH(N - 1 - k)) u_deskew (
-                .clk(clk), .rst(rst),
+                .clk(clk), .rst(rst), .en(en),
                 .d(bottom[k*ACC_W +: ACC_W]),
                 .q(product)
             );
@@ -57,10 +60,10 @@ module matrix_unit #(
     endgenerate
 
     systolic_array #(.N(N), .DATA_W(DATA_W), .ACC_W(ACC_W)) u_array (
-        .clk(clk), .rst(rst), .w_load(w_valid), .in_w(in_w), .in_a(skewed), .out_p(bottom)
+        .clk(clk), .rst(rst), .en(en), .w_load(w_valid), .in_w(in_w), .in_a(skewed), .out_p(bottom)
     );
 
     delay_line #(.WIDTH(1), .DEPTH(2 * N - 1)) u_valid (
-        .clk(clk), .rst(rst), .d(in_valid), .q(out_valid)
+        .clk(clk), .rst(rst), .en(en), .d(in_valid), .q(out_valid)
     );
 endmodule

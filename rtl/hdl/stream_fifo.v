@@ -1,7 +1,9 @@
 // The matrix -> vector stream FIFO (mx.mms pushes rows, vc.lds pops them), with
 // valid/ready on both sides. When it is empty a row falls through in the cycle
 // it arrives, so a consumer waiting for the last row takes it in the cycle the
-// row is ready: the `last_row_ready + 1` end of the chain_stream timing rule.
+// row is ready: the `last_row_out + 1` end of the chain_stream timing rule. It
+// refuses a row (in_ready low) while it holds DEPTH rows, even in a cycle the
+// consumer takes one: the `taken_depth_before + 1` of `timing.stream_row_out`.
 module stream_fifo #(
     parameter WIDTH = 128,
     parameter DEPTH = 4

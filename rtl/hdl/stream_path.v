@@ -3,7 +3,10 @@
 // vector unit executing vc.lds. Output rows of the array enter the FIFO as they
 // leave the de-skew; from the cycle lds_start pulses, the vector side takes one
 // row per cycle as one beat (rows are N wide and the unit LANES wide, N = LANES)
-// until ceil(n / LANES) beats, n being the vc.lds word's element count.
+// until ceil(n / LANES) beats, n being the vc.lds word's element count. When a
+// row leaves the array while the FIFO holds DEPTH rows, the matrix unit freezes
+// (in_ready low: the presented input row is not taken) until the vector side
+// has taken one: mx.mms stalls on a full stream (`timing.stream_row_out`).
 module stream_path #(
     parameter N = 4,
     parameter LANES = 4,
@@ -17,7 +20,9 @@ module stream_path #(
     input  [N*DATA_W-1:0]        in_w,
     output                       w_ready,
     input                        in_valid,
+    output                       in_ready,
     input  [N*DATA_W-1:0]        in_a,
+    output                       out_row_valid,
     input  [`DF_WORD_BITS-1:0]   instr,
     input                        lds_start,
     output                       out_valid,
@@ -33,14 +38,17 @@ module stream_path #(
         end
     endgenerate
 
-    wire             row_valid, fifo_valid, fifo_ready;
+    wire             row_valid, row_ready, fifo_valid, fifo_ready;
     wire [N*ACC_W-1:0] row, fifo_row;
+    wire stall = row_valid && !row_ready;  // a finished row has nowhere to go: the array waits
+    assign in_ready = !stall;
+    assign out_row_valid = row_valid && row_ready;  // a row leaves the array (into or through the FIFO)
     matrix_unit #(.N(N), .DATA_W(DATA_W), .ACC_W(ACC_W)) u_matrix (
-        .clk(clk), .rst(rst), .w_valid(w_valid), .in_w(in_w), .w_ready(w_ready), .in_valid(in_valid),
+        .clk(clk), .rst(rst), .en(!stall), .w_valid(w_valid), .in_w(in_w), .w_ready(w_ready), .in_valid(in_valid),
         .in_a(in_a), .acc_en(1'b0), .in_acc({N*ACC_W{1'b0}}), .out_valid(row_valid), .out_p(row)
     );
     stream_fifo #(.WIDTH(N * ACC_W), .DEPTH(DEPTH)) u_fifo (
-        .clk(clk), .rst(rst), .in_valid(row_valid), .in_ready(), .in_data(row),
+        .clk(clk), .rst(rst), .in_valid(row_valid), .in_ready(row_ready), .in_data(row),
         .out_valid(fifo_valid), .out_ready(fifo_ready), .out_data(fifo_row)
     );
 

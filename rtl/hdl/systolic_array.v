@@ -8,6 +8,7 @@ module systolic_array #(
 ) (
     input                   clk,
     input                   rst,
+    input                   en,     // low: every PE holds (a stalled array)
     input                   w_load,
     input  [N*DATA_W-1:0]   in_w,   // weight row shifted into the bottom PE row
     input  [N*DATA_W-1:0]   in_a,   // skewed activations, element r for PE row r
@@ -25,6 +26,7 @@ module systolic_array #(
                 pe #(.DATA_W(DATA_W), .ACC_W(ACC_W)) u_pe (
                     .clk(clk),
                     .rst(rst),
+                    .en(en),
                     .w_load(w_load),
                     .w_in(w_link[(r+1)*N+c]),
                     .w_out(w_link[r*N+c]),

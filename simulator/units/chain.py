@@ -91,7 +91,7 @@ def chain_stream(m: Machine, pc: int, ins: Instruction) -> Step:
     nxt, row, lat = pc + 1, m.row(pc), ins.spec.latency
 
     def step() -> int:
-        parts, need, last = [], n, None
+        parts, need, last, completed = [], n, None, 0
         stream = m.stream
         while need:
             if not stream:
@@ -101,18 +101,20 @@ def chain_stream(m: Machine, pc: int, ins: Instruction) -> Step:
                     "(issue mx.mms before vc.lds)"
                 )
             entry = stream[0]
-            producer, data, used, cols = entry
+            producer, data, used, cols, first_row = entry
             take = min(need, data.size - used)
             parts.append(data[used : used + take])
             entry[2] = used + take
             need -= take
-            last = (producer, (used + take - 1) // cols)
+            if take:  # an mx.mms of zero rows streams nothing
+                completed += (used + take) // cols - used // cols
+                last = (producer, first_row + (used + take - 1) // cols)
             if entry[2] == data.size:
                 stream.popleft()
         value = np.concatenate(parts) if len(parts) != 1 else parts[0].copy()
         _set(m, vd, value)
         op = m.unit_op(VECTOR, pc, 0, row, STREAM, last[0] if last else None)
-        op.n, op.row, op.lat = n, last[1] if last else 0, lat
+        op.n, op.row, op.xfer, op.lat = n, last[1] if last else 0, completed, lat
         if last is None:
             op.kind, op.dur = 0, chain_op_cycles(m.cfg, lat)
         if m.transactions is not None:

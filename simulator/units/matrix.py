@@ -9,7 +9,7 @@ import numpy as np
 from isa import Instruction
 from isa.enums import Activation, DType, EpilogueFlags
 from isa.memory_map import LOCAL_ACC_BASE
-from simulator.engine import MATRIX, S_MACS_F32, S_MACS_I8
+from simulator.engine import MATRIX, PRODUCER, S_MACS_F32, S_MACS_I8
 from simulator.errors import Fault
 from simulator.semantics import matrix as sem
 from simulator.timing import drain_cycles, epilogue_config_cycles, matmul_cycles, preload_cycles
@@ -92,8 +92,10 @@ def matmul_stream(m: Machine, pc: int, ins: Instruction) -> Step:
 
     def step() -> int:
         a, w, product = _product(m, x[rs1], rows, row)
-        op = m.unit_op(MATRIX, pc, dur, row)
-        m.stream.append([op, product.reshape(-1), 0, product.shape[1]])
+        op = m.unit_op(MATRIX, pc, dur, row, PRODUCER)
+        op.n = rows
+        m.stream.append([op, product.reshape(-1), 0, product.shape[1], m.stream_rows])
+        m.stream_rows += rows
         if m.transactions is not None:
             m.record(op, pc, {"a": a.copy(), "w": w}, product)
         m.submit(op)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from isa import INSTRUCTIONS, BY_MNEMONIC, EncodingError, Instruction, decode, encode, make
+from isa import BY_MNEMONIC, INSTRUCTIONS, EncodingError, Instruction, decode, encode, make
 from isa.fields import FIELDS
 
 
@@ -29,15 +29,18 @@ def test_decode_inverts_encode_for_every_row(instruction: Instruction) -> None:
     assert 0 <= word < 1 << 64
     decoded = decode(word)
     assert decoded.spec is instruction.spec
-    normalised = tuple(v - (1 << 32) if f.kind.value == "imm32" and v >= 1 << 31 else v
-                       for f, v in zip(instruction.spec.fields, instruction.values))
+    normalised = tuple(
+        v - (1 << 32) if f.kind.value == "imm32" and v >= 1 << 31 else v
+        for f, v in zip(instruction.spec.fields, instruction.values, strict=True)
+    )
     assert decoded.values == normalised
 
 
 def test_each_row_decodes_to_itself_with_zero_operands() -> None:
     for spec in INSTRUCTIONS:
-        values = [int(spec.dtypes[0]) if f.name == "dtype" and spec.dtypes else max(f.value_range[0], 0)
-                  for f in spec.fields]
+        values = [
+            int(spec.dtypes[0]) if f.name == "dtype" and spec.dtypes else max(f.value_range[0], 0) for f in spec.fields
+        ]
         assert decode(encode(make(spec.mnemonic, *values))).spec is spec
 
 

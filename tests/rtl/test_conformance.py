@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from rtl.build import GENERATED_DIR, hdl_sources
 from rtl.conformance import config_mismatches
 from rtl.generate import RTL_UNITS
 from rtl.introspect import read_modules
-from rtl.units import UNITS
+from rtl.units import FIFO, STREAM, UNITS
 from simulator.config import PRESETS
 
 pytestmark = pytest.mark.rtl  # iverilog preprocesses for pyverilog and compiles
@@ -27,6 +28,12 @@ def modules():
 @pytest.mark.parametrize("config", sorted(PRESETS))
 def test_rtl_matches_machine_config(modules, config: str) -> None:
     assert config_mismatches(modules, PRESETS[config]) == []
+
+
+def test_the_stream_fifo_depth_comes_from_the_config(modules) -> None:
+    deep = replace(PRESETS["base"], stream_fifo_depth=5)
+    assert FIFO.params(deep)["DEPTH"] == STREAM.params(deep)["DEPTH"] == 5
+    assert config_mismatches(modules, deep) == []  # the stream path hands the config's depth to its FIFO
 
 
 def test_lane_pipeline_is_as_deep_as_the_slowest_unit_instruction(modules) -> None:
@@ -58,6 +65,19 @@ def _doctored(tmp_path: Path, name: str, old: str, new: str) -> list[Path]:
             "parameter DEPTH = 4",
             "parameter DEPTH = 4,\n    parameter SLOTS = 2",
             "not derived from the machine config",
+        ),
+        ("stream_fifo.v", "parameter DEPTH = 4", "parameter DEPTH = 5", "stream_fifo: default DEPTH=5"),
+        (
+            "stream_path.v",
+            "stream_fifo #(.WIDTH(N * ACC_W), .DEPTH(DEPTH))",
+            "stream_fifo #(.WIDTH(N * ACC_W), .DEPTH(N + 1))",
+            "stream_path.u_fifo (stream_fifo): DEPTH=17, config base has 16",
+        ),
+        (
+            "matrix_unit.v",
+            "systolic_array #(.N(N),",
+            "systolic_array #(.N(4),",
+            "stream_path.u_matrix.u_array (systolic_array): N=4, config base has 16",
         ),
         (
             "epilogue.v",

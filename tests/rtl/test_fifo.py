@@ -2,7 +2,7 @@
 
 Its oracle is the traffic itself: rows leave in the order they were accepted,
 an empty FIFO passes a row on in the cycle it arrives (a consumer finishes at
-`last_row_ready + 1`, the chain_stream timing rule), and it refuses rows
+`last_row_out + 1`, the chain_stream timing rule), and it refuses rows
 exactly when DEPTH rows wait.
 """
 
@@ -72,7 +72,7 @@ def test_stream_fifo_orders_and_bounds_rows(config: str) -> None:
         push_cycles, pop_cycles = np.flatnonzero(push), np.flatnonzero(pop)
         assert len(pop_cycles) == len(push_cycles)
         assert (pop_cycles >= push_cycles).all()
-        # a row arriving at an empty FIFO with a ready consumer is taken that cycle: done at last_row_ready + 1
+        # a row arriving at an empty FIFO with a ready consumer is taken that cycle: done at last_row_out + 1
         through = np.flatnonzero(push & pop & (occupancy == 0))
         passed_through += through.size
         np.testing.assert_array_equal(through + 1, [chain_stream_finish(cfg, 0, 0, int(t), 0) for t in through])

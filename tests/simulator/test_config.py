@@ -21,11 +21,22 @@ def test_presets_have_the_documented_arrays() -> None:
         ("clock_mhz", -1.0, "clock_mhz must be a positive number"),
         ("acc_bytes", 1000, "acc_bytes (1000) must divide"),
         ("queue_depth", True, "queue_depth must be an integer"),
+        ("stream_fifo_depth", 0, "stream_fifo_depth must be >= 1"),
+        ("stream_fifo_depth", 2.0, "stream_fifo_depth must be an integer"),
     ],
 )
 def test_bad_values_name_the_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         replace(PRESETS["base"], **{field: value})
+
+
+def test_every_preset_streams_one_array_of_rows_and_toml_can_change_it(tmp_path) -> None:
+    assert all(cfg.stream_fifo_depth == cfg.array_size for cfg in PRESETS.values())
+    path = tmp_path / "deep.toml"
+    path.write_text('preset = "tiny"\nstream_fifo_depth = 9\n')
+    deep = load_config(path)
+    assert deep.stream_fifo_depth == 9 and deep.array_size == 4
+    assert deep.config_hash() != replace(deep, stream_fifo_depth=4).config_hash()
 
 
 def test_energy_values_are_validated() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ from sim_helpers import local, machine, run_asm, unit_slices
 from isa.enums import Unit
 from isa.memory_map import LOCAL_ACC_BASE as ACC
 from simulator import PRESETS, SimulatorTrap
+from simulator.counters import aggregate, snapshot
 from simulator.semantics.scalar import bits_from_f32
+from simulator.timing import matmul_cycles
 
 CFG = PRESETS["tiny"]  # N = 4, L = 4, DRAM: latency 20, 8 B/cycle, 16 B bursts
 N = CFG.array_size
@@ -20,6 +23,10 @@ RNG = np.random.default_rng(3)
 
 def i8(*shape: int) -> np.ndarray:
     return RNG.integers(-128, 128, shape, dtype=np.int8)
+
+
+def simulate_counters(m):
+    return aggregate(m, snapshot(m), 0, len(m.count), m.halt_cycle)
 
 
 def durations(m, unit: int) -> dict[str, int]:
@@ -76,6 +83,89 @@ halt
     assert lds_start == mms_start  # the consumer starts with the stream ...
     assert lds_end == max(lds_start + 32 // CFG.vector_lanes, last_row_ready + 1) + 1  # ... and ends after its last row
     assert lds_end <= mms_end + 1  # overlapped: not after a full second pass
+
+
+def _overflow_program(rows: int) -> str:
+    """mx.mms of `rows` rows while the vector unit is busy with a 64-beat copy in another bank."""
+    return f"""li x1, 0
+li x2, 64
+li x4, 8192
+mx.preload x2, 4, 4, i8
+v.copy x4, x4, 256, i32
+mx.mms x1, {rows}
+vc.lds v1, {rows * 4}
+li x3, 9216
+vc.st x3, v1
+halt
+"""
+
+
+@pytest.mark.parametrize("depth", [1, 4, 6])
+def test_a_full_stream_fifo_stalls_the_array(depth: int) -> None:
+    """Rows pile up while vc.lds waits; once `depth` rows wait, row i leaves only after row i - depth is taken.
+
+    vc.lds starts at s long after the first rows are ready, then takes one row per cycle (row q at s + q), so
+    row i >= depth leaves at s + i - depth + 1 and mx.mms ends the cycle after its last row leaves.
+    """
+    rows, cfg = 16, replace(CFG, stream_fifo_depth=depth)
+    a, w = i8(rows, 4), i8(4, 4)
+    m = machine(_overflow_program(rows), config=cfg, local={0: a, 64: w})
+    assert np.array_equal(local(m, 9216, rows * 4, np.int32).reshape(rows, 4), a.astype(np.int64) @ w)
+    ((_, mms_start, mms_end),) = [s for s in unit_slices(m, Unit.matrix) if m.instructions[s[0]].mnemonic == "mx.mms"]
+    ((_, lds_start, lds_end),) = [s for s in unit_slices(m, Unit.vector) if m.instructions[s[0]].mnemonic == "vc.lds"]
+    assert lds_start > mms_start + depth + 2 * N  # the first `depth` rows wait in the FIFO
+    assert mms_end == lds_start + rows - depth + 1
+    assert lds_end == lds_start + rows + 1  # one row per beat, latency 1
+    counters = simulate_counters(m)
+    assert counters.matrix_stall_stream_full == mms_end - mms_start - matmul_cycles(cfg, rows) > 0
+    assert counters.vector_stall_stream_full == 0 and counters.scalar_stall_stream_full == 0
+
+
+def test_a_deep_enough_fifo_never_stalls() -> None:
+    rows = 16
+    m = machine(_overflow_program(rows), config=replace(CFG, stream_fifo_depth=rows), local={0: i8(rows, 4)})
+    ((_, mms_start, mms_end),) = [s for s in unit_slices(m, Unit.matrix) if m.instructions[s[0]].mnemonic == "mx.mms"]
+    assert mms_end - mms_start == matmul_cycles(CFG, rows)
+    assert simulate_counters(m).matrix_stall_stream_full == 0
+
+
+@pytest.mark.parametrize(
+    ("rows", "between", "deadlock"),
+    [
+        (8, "v.copy x1, x1, 4, i8", True),  # waits for the bank mx.mms holds, vc.lds waits behind it
+        (4, "v.copy x1, x1, 4, i8", False),  # the rows fit the FIFO: mx.mms finishes, then the copy, then vc.lds
+        (8, "v.copy x4, x4, 4, i8", False),  # another bank: no wait on the matrix unit
+    ],
+)
+def test_a_consumer_stuck_behind_the_full_stream_is_a_deadlock(rows: int, between: str, deadlock: bool) -> None:
+    src = f"li x1, 0\nli x2, 64\nli x4, 8192\nmx.preload x2, 4, 4, i8\nmx.mms x1, {rows}\n{between}\n"
+    src += f"vc.lds v1, {rows * 4}\nhalt\n"
+    if deadlock:
+        with pytest.raises(SimulatorTrap, match="deadlock: .*mx.mms at pc 4 waits for room in the stream FIFO"):
+            machine(src)
+    else:
+        machine(src)
+
+
+@pytest.mark.parametrize("rows", [0, CFG.stream_fifo_depth, CFG.stream_fifo_depth + 1])
+def test_rows_nobody_takes_fit_the_fifo_or_never_let_halt_finish(rows: int) -> None:
+    src = f"li x2, 64\nmx.preload x2, 4, 4, i8\nmx.mms x0, {rows}\nhalt\n"
+    if rows > CFG.stream_fifo_depth:
+        with pytest.raises(SimulatorTrap, match="deadlock: the units can never go idle"):
+            machine(src)
+    else:
+        m = machine(src)
+        assert durations(m, Unit.matrix)["mx.mms"] == matmul_cycles(CFG, rows)
+
+
+def test_an_empty_stream_before_a_real_one_changes_nothing() -> None:
+    a, w = i8(2, 4), i8(4, 4)
+    head = "li x1, 0\nli x2, 64\nmx.preload x2, 4, 4, i8\n"
+    plain = machine(head + "mx.mms x1, 2\nvc.lds v1, 8\nhalt\n", local={0: a, 64: w})
+    empty_first = machine(head + "mx.mms x1, 0\nmx.mms x1, 2\nvc.lds v1, 8\nhalt\n", local={0: a, 64: w})
+    assert np.array_equal(plain.v[1], (a.astype(np.int64) @ w).ravel())
+    assert np.array_equal(empty_first.v[1], plain.v[1])
+    assert durations(empty_first, Unit.vector)["vc.lds"] == durations(plain, Unit.vector)["vc.lds"]
 
 
 def test_stream_underflow_traps() -> None:

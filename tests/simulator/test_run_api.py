@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from sim_helpers import run_asm
+from sim_helpers import GEMM, run_asm
 
 from dynfuse.cli import main
 from isa import DynfuseError
@@ -15,38 +15,6 @@ from simulator import PRESETS, simulate
 from simulator.counters import COUNTER_DOCS, counters_markdown
 from simulator.timing import matmul_cycles, preload_cycles, vector_cycles
 
-GEMM = """.kernel k
-.input a: i8[8, 4] @ A
-.input w: i8[4, 4] @ W
-.output c: i32[8, 4] @ C
-li x1, 0
-li x2, A
-li x3, 4
-dma.ld x1, x2, x3, 8, 4, i8
-li x4, 64
-li x5, W
-dma.ld x4, x5, x3, 4, 4, i8
-sync.push ld, mx
-sync.pop ld, mx
-mx.preload x4, 4, 4, i8
-li x6, 0x1000000
-mx.mm x6, x1, 8
-sync.push mx, vx
-sync.pop mx, vx
-li x9, 128
-v.relu x9, x6, 32, i32
-sync.push vx, st
-sync.pop vx, st
-li x7, C
-li x8, 16
-dma.st x7, x9, x8, 8, 4, i32
-halt
-.endkernel
-.data
-A: .zero 32
-W: .zero 16
-C: .zero 128
-"""
 RNG = np.random.default_rng(5)
 A, W = RNG.integers(-128, 128, (8, 4), dtype=np.int8), RNG.integers(-128, 128, (4, 4), dtype=np.int8)
 

@@ -29,7 +29,6 @@ F32_UNARY = {
     OpType.Erf: "v_erf",
     OpType.Exp: "v_exp",
     OpType.Sqrt: "v_sqrt",
-    OpType.Identity: "v_copy",
 }
 BINARY = {OpType.Add: "add", OpType.Sub: "sub", OpType.Mul: "mul", OpType.Div: "div"}
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -151,7 +150,7 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
     budget = largest_fitting(1 << 15, lambda e: probe.fits([e * per_elem + 64 * 8]))
     steps = []
     for block in blocks(shape, budget):
-        arena = TileArena(cx.config, len(steps) % 2)
+        arena = TileArena(cx.config, len(steps))
         parts = [block.of(v) for v in in_views]
         n = parts[0].size if parts else block.of(out_view).size
         raw = [arena.tile(p.size * p.dtype.size) for p in parts]

@@ -65,12 +65,34 @@ def lower_matmul(cx: LowerContext, node: Node) -> list[list[Step]]:
         bias = bias.broadcast_to((m, n))
     a_full = av.broadcast_to((*batch, m, av.shape[-1]))
     b_full = bv.broadcast_to((*batch, bv.shape[-2], n))
-    steps: list[Step] = []
-    for index in product(*(range(d) for d in batch)):
-        a_part = Operand(a_full.index(index), a.quantize_scale)
-        g = Gemm(a_part, Operand(b_full.index(index), b.quantize_scale), out.index(index), bias, requant(cx, node))
-        steps.extend(gemm_steps(cx.config, g, len(steps)))
-    return [steps]
+    row_stride = _row_stride(a_full)
+    if batch and all(st == 0 for st in b_full.strides[: len(batch)]) and row_stride is not None:
+        # one weight matrix for every batch index: fold the batch into the rows of a single GEMM
+        rows = int(np.prod(batch)) * m
+        a_full = replace(a_full, shape=(rows, a_full.shape[-1]), strides=(row_stride, a_full.strides[-1]))
+        b_full = b_full.index((0,) * len(batch))
+        out = out.reshape_dense((rows, n))
+        batch = ()
+    gemms = [
+        Gemm(
+            Operand(a_full.index(index), a.quantize_scale),
+            Operand(b_full.index(index), b.quantize_scale),
+            out.index(index),
+            bias,
+            requant(cx, node),
+        )
+        for index in product(*(range(d) for d in batch))
+    ]
+    return [gemm_steps(cx.config, gemms)]
+
+
+def _row_stride(view: View) -> int | None:
+    """The row stride if every dim but the last forms one evenly strided run of rows (size-1 dims ignored),
+    else None."""
+    dims = [(d, st) for d, st in zip(view.shape[:-1], view.strides[:-1], strict=True) if d != 1]
+    if any(dims[i][1] != dims[i + 1][1] * dims[i + 1][0] for i in range(len(dims) - 1)):
+        return None
+    return dims[-1][1] if dims else view.shape[-1] * view.dtype.size
 
 
 LOWERINGS = {OpType.MatMul: lower_matmul, OpType.Gemm: lower_matmul}

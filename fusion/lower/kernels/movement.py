@@ -13,7 +13,7 @@ from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import UnsupportedOpError
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
-from fusion.lower.views import View, blocks, merge_dims
+from fusion.lower.views import View, blocks, merge_dims, transfers
 from isa.enums import DType, Unit
 
 Copy = tuple[View, View, float | None]  # source, destination, dequantize scale (None: same dtype)
@@ -29,9 +29,9 @@ def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Ste
             raise UnsupportedOpError("copy", "DMA", "negative strides (reversed slices) are not supported")
         if src.size == 0:
             continue
-        src, dst = merge_dims((src, dst))
+        src, dst = merge_dims(_dma_order(src, dst))
         for block in blocks(src.shape, budget):
-            arena = TileArena(cx.config, (start + len(steps)) % 2)
+            arena = TileArena(cx.config, start + len(steps))
             part = block.of(src)
             raw = arena.tile(part.size * src.dtype.size)
             compute = []
@@ -45,6 +45,15 @@ def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Ste
                 compute = [(Unit.vector, deq)]
             steps.append(Step([(part, raw)], compute, [(out, block.of(dst))]))
     return steps
+
+
+def _dma_order(src: View, dst: View) -> tuple[View, View]:
+    """Both views under one common permutation (the tile layout is free): the destination's order, or the
+    source's memory order, whichever needs fewer DMA transfers (a transpose reads or writes one column per
+    transfer, so walking the longer side contiguously halves the count when the shapes are lopsided)."""
+    memory_order = sorted(range(len(src.shape)), key=lambda i: -src.strides[i])
+    options = [(src, dst), (src.permute(memory_order), dst.permute(memory_order))]
+    return min(options, key=lambda pair: len(transfers(pair[0])) + len(transfers(pair[1])))
 
 
 def _copy(cx: LowerContext, src_value: str, src: View, dst: View) -> Copy:
@@ -117,7 +126,16 @@ def gather_copies(cx: LowerContext, node: Node) -> list[Copy]:
     return copies
 
 
+def reshape_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    """Reshape / Identity of a constant (an activation is a DRAM alias instead, with no kernel)."""
+    x = node.inputs[0]
+    out = cx.view(node.outputs[0])
+    return [_copy(cx, x, cx.view(x).reshape_dense(out.shape), out)]
+
+
 COPIES = {
+    OpType.Reshape: reshape_copies,
+    OpType.Identity: reshape_copies,
     OpType.Transpose: transpose_copies,
     OpType.Slice: slice_copies,
     OpType.Concat: concat_copies,

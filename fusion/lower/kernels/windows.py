@@ -16,11 +16,13 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
+import numpy as np
+
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, storage_dtype
-from fusion.lower.errors import MemoryPlanError
 from fusion.lower.emitter import Emitter, Step
+from fusion.lower.errors import MemoryPlanError
 from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
 from fusion.lower.kernels.movement import copy_steps
@@ -89,7 +91,7 @@ def _fill_steps(cx: LowerContext, target: View, value: float, start: int = 0) ->
     """One tile filled with `value`, stored over every block of `target`."""
     probe = TileArena(cx.config, 0)
     budget = min(target.size, largest_fitting(1 << 15, lambda e: probe.fits([e * target.dtype.size])))
-    arena = TileArena(cx.config, start % 2)
+    arena = TileArena(cx.config, start)
     tile = arena.tile(budget * target.dtype.size)
 
     def body(em: Emitter) -> None:
@@ -148,20 +150,21 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     col2 = col.reshape_dense((n_img, groups, cg * kk, p))
     out = cx.view(node.outputs[0]).reshape_dense((n_img, m, p))
     bias = bias_view(cx, node)
-    steps: list[Step] = []
+    gemms = []
     for img, g in product(range(n_img), range(groups)):
         bias_g = None
         if bias is not None:
             bias_g = View(bias.address + g * mg * bias.dtype.size, (mg, p), (bias.dtype.size, 0), bias.dtype)
-        gemm = Gemm(
-            Operand(a2.slice(0, g * mg, mg), a.quantize_scale),
-            Operand(col2.index((img, g)), b_scale),
-            out.index((img,)).slice(0, g * mg, mg),
-            bias_g,
-            requant(cx, node),
+        gemms.append(
+            Gemm(
+                Operand(a2.slice(0, g * mg, mg), a.quantize_scale),
+                Operand(col2.index((img, g)), b_scale),
+                out.index((img,)).slice(0, g * mg, mg),
+                bias_g,
+                requant(cx, node),
+            )
         )
-        steps.extend(gemm_steps(cx.config, gemm, len(steps)))
-    phases.append(steps)
+    phases.append(gemm_steps(cx.config, gemms))
     return phases
 
 
@@ -183,75 +186,85 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
         counts = [_window_view(ones, w, o) for o in offsets]
     out = cx.view(node.outputs[0])
     kinds = [(sources, x_dt)] + ([] if is_max else [(counts, DType.f32)])
-    body = _PoolBody(is_max, x_dt, cx.scale(node.inputs[0]) if not is_max and x_dt is DType.i8 else None)
+    body = _PoolBody(is_max, x_dt, cx.scale(node.inputs[0]) if not is_max and x_dt is DType.i8 else None, w.kernel)
     phases.append(_window_steps(cx, node, out, kinds, body))
     return phases
 
 
 @dataclass(frozen=True)
 class _PoolBody:
-    """Accumulates window tiles into the block's result tile: max, or sum and count then divide."""
+    """Accumulates window tiles into a block's result: max; or (average) window sums in the reference's order
+    (numpy sums the last kernel axis first, then folds each level outwards), a count sum, and a division."""
 
     is_max: bool
     dtype: DType
     dequantize_scale: float | None
+    kernel: tuple[int, ...]
 
     def reserved(self, n: int, out_size: int) -> list[int]:
-        """Per-block tiles (result, count sum, float copy), at fixed offsets of a buffer half."""
-        return [n * out_size] if self.is_max else [n * 4, n * 4, n * 4]
+        """Per-block tiles at fixed offsets of a buffer slot: the result (max), or one partial sum per kernel
+        axis (level 0 is the result), the count sum and a float copy."""
+        return [n * out_size] if self.is_max else [n * 4] * (len(self.kernel) + 2)
 
-    def emit(self, em: Emitter, res: list[int], tiles: list[list[int]], n: int, first: bool, last: bool) -> None:
-        acc = res[0]
+    def emit(self, em: Emitter, res: list[int], tiles: list[list[int]], n: int, picked: range) -> None:
+        b = em.b
         if self.is_max:
-            for i, t in enumerate(tiles[0]):
-                op = em.b.v_copy if first and i == 0 else None
-                if op is not None:
-                    op(*em.regs(acc, t), n, self.dtype.name)
+            for t, i in zip(tiles[0], picked, strict=True):
+                if i == 0:
+                    b.v_copy(*em.regs(res[0], t), n, self.dtype.name)
                 else:
-                    em.b.v_max(*em.regs(acc, acc, t), n, self.dtype.name)
+                    b.v_max(*em.regs(res[0], res[0], t), n, self.dtype.name)
             return
-        cnt, tmp = res[1], res[2]
-        for i, (t, ct) in enumerate(zip(tiles[0], tiles[1], strict=True)):
+        levels = len(self.kernel)
+        cnt, tmp = res[levels], res[levels + 1]
+        for t, ct, i in zip(tiles[0], tiles[1], picked, strict=True):
             src = t
             if self.dequantize_scale is not None:
                 dequantize(em, tmp, t, n, self.dequantize_scale)
                 src = tmp
-            if first and i == 0:
-                em.b.v_copy(*em.regs(acc, src), n, "f32")
-                em.b.v_copy(*em.regs(cnt, ct), n, "f32")
-            else:
-                em.b.v_add(*em.regs(acc, acc, src), n, "f32")
-                em.b.v_add(*em.regs(cnt, cnt, ct), n, "f32")
-        if last:
-            em.b.v_div(*em.regs(acc, acc, cnt), n, "f32")
+            index = list(np.unravel_index(i, self.kernel))
+            self._add(em, res[levels - 1], src, n, index[-1] == 0)
+            for level in range(levels - 1, 0, -1):  # a finished row folds into the level above
+                if index[level] != self.kernel[level] - 1:
+                    break
+                self._add(em, res[level - 1], res[level], n, index[level - 1] == 0)
+            self._add(em, cnt, ct, n, i == 0)
+        if picked[-1] == math.prod(self.kernel) - 1:
+            b.v_div(*em.regs(res[0], res[0], cnt), n, "f32")
+
+    @staticmethod
+    def _add(em: Emitter, dst: int, src: int, n: int, first: bool) -> None:
+        if first:
+            em.b.v_copy(*em.regs(dst, src), n, "f32")
+        else:
+            em.b.v_add(*em.regs(dst, dst, src), n, "f32")
 
 
 def _window_steps(
     cx: LowerContext, node: Node, out: View, kinds: list[tuple[list[View], DType]], body: _PoolBody
 ) -> list[Step]:
-    """Output blocks, each over groups of window offsets: a group's tiles rotate with the step parity, the
-    block's result tiles with the block parity (so a block's store never races the next block's compute)."""
+    """Output blocks, each over groups of window offsets: a group's tiles rotate with the step index, the
+    block's result tiles with the block index (so a block's store never races the next block's compute)."""
     count = len(kinds[0][0])
     probe = TileArena(cx.config, 0)
 
     def sizes(e: int, group: int) -> list[int]:
         return body.reserved(e, out.dtype.size) + [e * dt.size for _, dt in kinds for _ in range(group)]
 
-    group = min(count, 8)
-    budget = largest_fitting(1 << 15, lambda e: probe.fits(sizes(e, group)))
+    group, budget = min(count, 8) * 2, 0
     while budget == 0 and group > 1:
         group //= 2
-        budget = largest_fitting(1 << 15, lambda e: probe.fits(sizes(e, group)))
+        budget = largest_fitting(1 << 15, lambda e, g=group: probe.fits(sizes(e, g)))
     if budget == 0:
         raise MemoryPlanError(f"node {node.name!r}: window tiles do not fit the scratchpad")
     steps: list[Step] = []
     for b, block in enumerate(blocks(out.shape, budget)):
         n = block.of(out).size
-        res_arena = TileArena(cx.config, b % 2)
-        res = [res_arena.tile(size) for size in body.reserved(n, out.dtype.size)]
+        res_arena = TileArena(cx.config, b)
+        res = [res_arena.tile(size) for size in body.reserved(budget, out.dtype.size)]  # same offsets every block
         for g0 in range(0, count, group):
-            arena = TileArena(cx.config, len(steps) % 2)
-            for size in body.reserved(n, out.dtype.size):
+            arena = TileArena(cx.config, len(steps))
+            for size in body.reserved(budget, out.dtype.size):
                 arena.tile(size)
             picked = range(g0, min(count, g0 + group))
             tiles = [[arena.tile(n * dt.size) for _ in picked] for _, dt in kinds]
@@ -260,12 +273,11 @@ def _window_steps(
                 for (views, _), ts in zip(kinds, tiles, strict=True)
                 for i, t in zip(picked, ts, strict=True)
             ]
-            first, last = g0 == 0, g0 + group >= count
 
-            def compute(em: Emitter, res=res, tiles=tiles, n=n, first=first, last=last) -> None:
-                body.emit(em, res, tiles, n, first, last)
+            def compute(em: Emitter, res=res, tiles=tiles, n=n, picked=picked) -> None:
+                body.emit(em, res, tiles, n, picked)
 
-            stores = [(res[0], block.of(out))] if last else []
+            stores = [(res[0], block.of(out))] if picked[-1] == count - 1 else []
             steps.append(Step(loads, [(Unit.vector, compute)], stores))
     return steps
 

@@ -1,0 +1,105 @@
+"""`dynfuse fuse model.onnx`: run a model under a fusion plan policy and report the plan.
+
+dynfuse fuse model.onnx --input x=x.npy --policy dynamic --report
+dynfuse fuse model.onnx --compare none,static,dynamic --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fusion.engine.cache import KernelCache
+from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.errors import EngineError
+from fusion.engine.planner import POLICIES
+from fusion.engine.report import PolicyReport, build_report, format_comparison, format_report
+from fusion.engine.validation import ValidationPolicy
+from fusion.lower.cli import safe_name
+from fusion.lower.compiler import load_graph
+from simulator.config import PRESETS
+from simulator.inputs import parse_input_args
+
+INPUT_SEED = 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("fuse", help="run an ONNX model under a fusion plan policy and report the plan")
+    p.add_argument("model", type=Path, help="ONNX model file")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="a model input (repeatable)")
+    p.add_argument("--policy", default="dynamic", choices=POLICIES, help="plan policy (default: dynamic)")
+    p.add_argument("--compare", help="comma-separated policies to run side by side, e.g. none,static,dynamic")
+    p.add_argument("--config", default="base", help=f"machine preset ({', '.join(PRESETS)}) or a .toml file")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "int8"), help="int8: calibrated on the inputs")
+    p.add_argument("--report", action="store_true", help="print the plan: groups, strategies, cycles, cache")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--output-dir", type=Path, help="write each graph output as DIR/<output name>.npy")
+    p.add_argument("--validate", default="first:1", help="shadow validation: always, off, every:N, first:K")
+    p.add_argument("--calls", type=int, default=1, help="run the model this many times (cache hits after the first)")
+    p.add_argument("--cache-dir", type=Path, help="persistent on-disk kernel cache shared by processes")
+    p.add_argument(
+        "--allow-rounding-change",
+        action="store_true",
+        help="allow int8 fusions that skip a requantization between ops (results then differ in rounding)",
+    )
+    p.set_defaults(run=run_fuse)
+
+
+def _inputs(model: Path, specs: list[str]) -> dict[str, np.ndarray]:
+    graph = load_graph(model)
+    given = parse_input_args(specs)
+    rng = np.random.default_rng(INPUT_SEED)
+    for name in graph.inputs:
+        if name not in given:
+            given[name] = rng.standard_normal(graph.types[name].shape).astype(np.float32)
+    return given
+
+
+def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndarray]) -> tuple[PolicyReport, dict]:
+    options = EngineOptions(
+        policy=policy,
+        validation=ValidationPolicy.parse(args.validate),
+        allow_rounding_change=args.allow_rounding_change,
+    )
+    cache = KernelCache(disk_dir=args.cache_dir)
+    engine = FusionEngine(args.model, args.config, args.dtype, options, cache=cache)
+    if args.calls < 1:
+        raise EngineError(f"--calls must be >= 1, got {args.calls}")
+    result = None
+    for _ in range(args.calls):
+        result = engine.run(inputs)
+    assert result is not None
+    return build_report(engine, result), result.outputs
+
+
+def run_fuse(args: argparse.Namespace) -> int:
+    if not args.model.exists():
+        raise EngineError(f"no such model file: {args.model}")
+    inputs = _inputs(args.model, args.input)
+    policies = [p.strip() for p in args.compare.split(",")] if args.compare else [args.policy]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise EngineError(f"unknown policy {unknown[0]!r} in --compare (known: {', '.join(POLICIES)})")
+    reports, outputs = [], {}
+    for policy in policies:
+        rep, outs = _run_policy(args, policy, inputs)
+        reports.append(rep)
+        outputs = outputs or outs
+    if args.output_dir:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        for name, value in outputs.items():
+            np.save(args.output_dir / f"{safe_name(name)}.npy", value)
+    if args.json:
+        body = [r.as_dict() for r in reports]
+        print(json.dumps(body if len(body) > 1 else body[0], indent=2, default=str))
+        return 0
+    if args.report or len(reports) == 1:
+        for rep in reports:
+            print(format_report(rep))
+            print()
+    if len(reports) > 1:
+        print(format_comparison(reports))
+    return 0

@@ -1,0 +1,262 @@
+"""Elementwise and row-reduction chains in one vector pass (`vc.*`): every intermediate stays in a vector register.
+
+A tile of the group's output is produced by loading each external input once (`vc.ld`, dequantized in registers
+on the int8 path), applying the nodes' operations register to register, and storing once (`vc.st`). Softmax and
+LayerNorm over the last axis are chains too (row reductions `vc.rmax`/`vc.rsum` with per-row `.vc` broadcasts),
+so "Add -> LayerNorm" or "Mul -> Softmax" is one kernel and one DRAM round trip. Each operation follows the
+reference's order (as the unfused kernels do), so float32 results are bit-identical to the unfused path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import LowerContext, const_scalar
+from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.views import blocks
+from isa.enums import DType, Unit
+
+UNARY = {
+    OpType.Relu: "vc_relu",
+    OpType.Sigmoid: "vc_sigmoid",
+    OpType.Tanh: "vc_tanh",
+    OpType.Erf: "vc_erf",
+    OpType.Exp: "vc_exp",
+    OpType.Sqrt: "vc_sqrt",
+    OpType.Identity: "vc_copy",
+}
+BINARY = {OpType.Add: "add", OpType.Sub: "sub", OpType.Mul: "mul", OpType.Div: "div"}
+ROWS = frozenset({OpType.Softmax, OpType.LayerNorm})
+CHAIN_OPS = frozenset({*UNARY, *BINARY, OpType.Gelu, *ROWS})
+VREGS = 8
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How a node input enters the chain: a register value, a scalar (fp32 bits), or a row vector (`.vr`)."""
+
+    value: str
+    kind: str  # "tile", "row", "scalar", "chain"
+    bits: int = 0
+
+
+class Registers:
+    """v0..v7 as a free list: a value's register is released after its last use in the tile."""
+
+    def __init__(self) -> None:
+        self.free = list(range(VREGS))
+        self.of: dict[str, int] = {}
+
+    def new(self, value: str) -> int:
+        if not self.free:
+            raise CodegenError("vector chain needs more than 8 live vector registers")
+        self.of[value] = self.free.pop(0)
+        return self.of[value]
+
+    def temp(self) -> int:
+        return self.new(f"tmp{len(self.of)}")
+
+    def release(self, reg: int) -> None:
+        self.free.insert(0, reg)
+        self.of = {k: r for k, r in self.of.items() if r != reg}
+
+
+def _rank_last(cx: LowerContext, node: Node) -> bool:
+    rank = len(cx.graph.types[node.inputs[0]].shape)
+    axis = node.attr("axis")
+    return axis in (-1, rank - 1)
+
+
+def operands(
+    cx: LowerContext, nodes: Sequence[Node], seeded: frozenset = frozenset()
+) -> dict[tuple[str, int], Operand]:
+    """Classify every input of every node (`seeded`: values already in registers when the chain starts);
+    raises CodegenError for what the chain cannot express."""
+    produced = {n.outputs[0] for n in nodes} | seeded
+    out_shape = cx.graph.types[nodes[-1].outputs[0]].shape
+    table: dict[tuple[str, int], Operand] = {}
+    for node in nodes:
+        if node.op not in CHAIN_OPS or len(node.outputs) != 1:
+            raise CodegenError(f"node {node.name!r} ({node.op.value}) has no vector-chain form")
+        if node.op in ROWS and not _rank_last(cx, node):
+            raise CodegenError(f"node {node.name!r}: a chain reduces over the last axis only")
+        if cx.graph.types[node.outputs[0]].shape != out_shape:
+            raise CodegenError(f"node {node.name!r}: every node of a chain must have the output's shape")
+        if cx.dtype(node.outputs[0]) is not DType.f32:
+            raise CodegenError(f"node {node.name!r}: an int8-preserving op cannot end inside an f32 chain")
+        for pos, value in enumerate(node.inputs):
+            table[(node.name, pos)] = _classify(cx, node, pos, value, produced, out_shape)
+    return table
+
+
+def _classify(cx: LowerContext, node: Node, pos: int, value: str, produced: set, out_shape: tuple) -> Operand:
+    if value in produced:
+        return Operand(value, "chain")
+    scalar = const_scalar(cx.graph, value)
+    if scalar is not None and pos == 1 and node.op in BINARY:
+        return Operand(value, "scalar", f32_bits(scalar))
+    shape = cx.graph.types[value].shape
+    leading = next((i for i, d in enumerate(shape) if d != 1), len(shape))
+    is_row = pos == 1 and node.op in BINARY and len(out_shape) > 1 and shape[leading:] == out_shape[-1:]
+    if pos >= 1 and (node.op == OpType.LayerNorm or is_row):
+        return Operand(value, "row")
+    return Operand(value, "tile")
+
+
+def chain_steps(cx: LowerContext, nodes: Sequence[Node], start: int = 0) -> list[Step]:
+    table = operands(cx, nodes)
+    out_value = nodes[-1].outputs[0]
+    out_view = cx.view(out_value)
+    shape = out_view.shape
+    period = shape[-1] if shape else 1
+    tiles = list(dict.fromkeys(o.value for o in table.values() if o.kind == "tile"))
+    rows_in = list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
+    in_views = {v: cx.view(v).broadcast_to(shape) for v in tiles}
+    row_views = {v: cx.view(v).broadcast_to((period,)) for v in rows_in}
+    per_elem = sum(v.dtype.size for v in in_views.values()) + 4
+    probe = TileArena(cx.config, 0)
+    budget = largest_fitting(
+        cx.config.vreg_elems, lambda e: probe.fits([e * per_elem + 64 * len(in_views), *(period * 4 for _ in rows_in)])
+    )
+    if budget < period and (rows_in or any(n.op in ROWS for n in nodes)):
+        raise CodegenError(f"a row of {period} elements does not fit a vector register or the scratchpad")
+    steps = []
+    whole = period if rows_in or any(n.op in ROWS for n in nodes) else 1
+    for block in blocks(shape, max(budget, 1), whole=whole):
+        arena = TileArena(cx.config, start + len(steps))
+        parts = {v: block.of(view) for v, view in in_views.items()}
+        n = block.of(out_view).size
+        addr = {v: arena.tile(p.size * p.dtype.size) for v, p in parts.items()}
+        addr |= {v: arena.tile(period * 4) for v in row_views}
+        out_addr = arena.tile(n * 4)
+        loads = [(parts[v], addr[v]) for v in parts] + [(row_views[v], addr[v]) for v in row_views]
+
+        def compute(em: Emitter, addr=addr, out_addr=out_addr, n=n) -> None:
+            emit_chain(cx, em, nodes, table, addr, out_addr, n, period)
+
+        steps.append(Step(loads, [(Unit.vector, compute)], [(out_addr, block.of(out_view))]))
+    return steps
+
+
+def emit_chain(
+    cx: LowerContext,
+    em: Emitter,
+    nodes: Sequence[Node],
+    table: dict,
+    addr: dict,
+    out_addr: int,
+    n: int,
+    period: int,
+    regs: Registers | None = None,
+) -> None:
+    """Load the external operands at `addr`, apply the nodes register to register, store the last one."""
+    regs = regs or Registers()
+    last_use = {o.value: node.name for node in nodes for (name, _), o in table.items() if name == node.name}
+    for value in addr:  # load external operands once
+        view_len = period if table_kind(table, value) == "row" else n
+        reg = regs.new(value)
+        if cx.dtype(value) is DType.i8:
+            em.b.vc_ld(reg, em.reg(addr[value]), view_len, "i8")
+            em.b.vc_cvt(reg, reg, "f32")
+            em.b.vc_mul_vs(reg, reg, em.reg(f32_bits(cx.scale(value))))
+        else:
+            em.b.vc_ld(reg, em.reg(addr[value]), view_len, "f32")
+    for node in nodes:
+        ins = [table[(node.name, i)] for i in range(len(node.inputs))]
+        out = _emit_node(em, node, ins, regs, period)
+        for o in ins:
+            if o.kind != "scalar" and last_use.get(o.value) == node.name and o.value in regs.of:
+                regs.release(regs.of[o.value])
+        regs.of[node.outputs[0]] = out
+    em.b.vc_st(em.reg(out_addr), regs.of[nodes[-1].outputs[0]])
+
+
+def table_kind(table: dict, value: str) -> str:
+    return next(o.kind for o in table.values() if o.value == value)
+
+
+def _emit_node(em: Emitter, node: Node, ins: list[Operand], regs: Registers, period: int) -> int:
+    b = em.b
+    x = regs.of[ins[0].value]
+    if node.op in UNARY:
+        out = regs.temp()
+        getattr(b, UNARY[node.op])(out, x)
+        return out
+    if node.op in BINARY:
+        out = regs.temp()
+        name = BINARY[node.op]
+        other = ins[1]
+        if other.kind == "scalar":
+            getattr(b, f"vc_{name}_vs")(out, x, em.reg(other.bits))
+        elif other.kind == "row" or ins[0].kind == "row":
+            if ins[0].kind == "row":
+                raise CodegenError(f"node {node.name!r}: a row vector as the first operand has no chain form")
+            getattr(b, f"vc_{name}_vr")(out, x, regs.of[other.value])
+        else:
+            getattr(b, f"vc_{name}")(out, x, regs.of[other.value])
+        return out
+    if node.op == OpType.Gelu:
+        return _gelu(em, node, x, regs)
+    if node.op == OpType.Softmax:
+        return _softmax(em, x, regs, period)
+    return _layernorm(em, node, x, [regs.of[o.value] for o in ins[1:]], regs, period)
+
+
+def _gelu(em: Emitter, node: Node, x: int, regs: Registers) -> int:
+    """0.5 * x * (1 + erf(x / sqrt 2)), or the tanh form, op by op in the reference's order."""
+    b = em.b
+    t, out = regs.temp(), regs.temp()
+    if node.attr("approximate") == "tanh":
+        b.vc_mul_vs(t, x, em.reg(f32_bits(0.044715)))
+        b.vc_mul(t, t, x)
+        b.vc_mul(t, t, x)
+        b.vc_add(t, x, t)
+        b.vc_mul_vs(t, t, em.reg(f32_bits(math.sqrt(2.0 / math.pi))))
+        b.vc_tanh(t, t)
+    else:
+        b.vc_div_vs(t, x, em.reg(f32_bits(math.sqrt(2.0))))
+        b.vc_erf(t, t)
+    b.vc_add_vs(t, t, em.reg(f32_bits(1.0)))
+    b.vc_mul_vs(out, x, em.reg(f32_bits(0.5)))
+    b.vc_mul(out, out, t)
+    regs.release(t)
+    return out
+
+
+def _softmax(em: Emitter, x: int, regs: Registers, period: int) -> int:
+    b = em.b
+    m, y = regs.temp(), regs.temp()
+    b.vc_rmax(m, x, period)
+    b.vc_sub_vc(y, x, m)
+    b.vc_exp(y, y)
+    b.vc_rsum(m, y, period)
+    b.vc_div_vc(y, y, m)
+    regs.release(m)
+    return y
+
+
+def _layernorm(em: Emitter, node: Node, x: int, params: list[int], regs: Registers, period: int) -> int:
+    """mean = sum / count; x / sqrt(var + eps) * scale + bias, in the unfused kernel's order."""
+    b = em.b
+    m, c, y = regs.temp(), regs.temp(), regs.temp()
+    b.vc_rsum(m, x, period)
+    b.vc_div_vs(m, m, em.reg(f32_bits(float(period))))
+    b.vc_sub_vc(c, x, m)
+    b.vc_mul(y, c, c)
+    b.vc_rsum(m, y, period)
+    b.vc_div_vs(m, m, em.reg(f32_bits(float(period))))
+    b.vc_add_vs(m, m, em.reg(f32_bits(node.attr("epsilon"))))
+    b.vc_sqrt(m, m)
+    b.vc_div_vc(y, c, m)
+    b.vc_mul_vr(y, y, params[0])
+    if len(params) > 1:
+        b.vc_add_vr(y, y, params[1])
+    regs.release(m)
+    regs.release(c)
+    return y

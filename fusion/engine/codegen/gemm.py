@@ -1,0 +1,245 @@
+"""GEMM with a fused epilogue: C = act(A @ B + bias + residual), requantized on the way out of the accumulator.
+
+Each tile's accumulator is drained through the matrix unit's epilogue (`ep.cfg` + `mx.drain`): bias (a per-column
+row vector), residual (a tile of the output's shape), ReLU and the int8 requantization happen in the drain, so
+none of the consumers' intermediates goes to DRAM. Schedules differ by `tile_m` (activation rows per tile) and
+by `flatten` (a batched MatMul with a shared 2-D weight runs as one GEMM over all rows, loading each weight
+panel once instead of once per batch). The zero-skip variant tests every activation k-slice with `bz.tile` and
+skips its weight preload and matmul when the slice is all zero (the accumulator starts cleared), so sparse
+activations cost fewer matrix-unit cycles; it is selected at dispatch time by the data's sparsity class.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.engine.errors import CodegenError
+from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.gemm import Operand
+from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
+from fusion.lower.views import MAX_ROWS, View
+from isa.enums import Activation, DType, Unit
+from simulator.config import MachineConfig
+
+_labels = itertools.count()
+ZERO_SKIP_MAX_PANELS = 12  # 1 + 2 * panels register values per k-slice stay within the emitter's 31 registers
+
+
+@dataclass(frozen=True)
+class FusedGemm:
+    """C[M, N] = epilogue(A[M, K] @ B[K, N]); `bias` is a length-N view, `residual` a view shaped like `out`."""
+
+    a: Operand
+    b: Operand
+    out: View
+    bias: View | None = None
+    residual: View | None = None
+    relu: bool = False
+    requant: tuple[int, int] | None = None  # int8 path: (mult, shift)
+    out_scale: float = 1.0  # without requant: the drain writes f32(t) * out_scale (int8 operands: accumulator scale)
+    b_panels: View | None = None  # a constant B pre-packed panel-major (P, K, N): one contiguous DMA per panel
+
+    @property
+    def int8(self) -> bool:
+        return self.requant is not None
+
+
+def pack_panels(weights: np.ndarray, n_arr: int) -> np.ndarray:
+    """A constant K x N weight as (ceil(N / n_arr), K, n_arr) panels, zero-padded: each panel one dense block."""
+    k, n = weights.shape
+    panels = -(-n // n_arr)
+    padded = np.zeros((k, panels * n_arr), dtype=weights.dtype)
+    padded[:, :n] = weights
+    return np.ascontiguousarray(padded.reshape(k, panels, n_arr).transpose(1, 0, 2))
+
+
+def _k_slices(k: int, n: int) -> list[tuple[int, int]]:
+    return [(k0, min(n, k - k0)) for k0 in range(0, k, n)]
+
+
+def _load_operand(arena: TileArena, op: Operand, part: View, loads: list, quants: list) -> tuple[int, DType]:
+    """Load one operand tile; a float operand on the int8 path is quantized (`v.qnt`) into a second tile.
+    Returns the local address and dtype the matrix unit reads."""
+    raw = arena.tile(part.size * part.dtype.size)
+    loads.append((part, raw))
+    if op.quantize_scale is None:
+        return raw, part.dtype
+    q = arena.tile(part.size)
+    quants.append((q, raw, part.size, 1.0 / op.quantize_scale))
+    return q, DType.i8
+
+
+@dataclass(frozen=True)
+class Schedule:
+    tile_m: int = 0  # activation rows per step; 0: the largest that fits a buffer half
+    panels: int = 1  # weight-column panels (N wide) per step: A is loaded once for all of them; 0: most that fit
+    zero_skip: bool = False
+    resident_a: bool = False  # A-stationary loop order: A loaded once per buffer half, steps stream weight panels
+
+
+def _spad_bytes(g: FusedGemm, tm: int, panels: int, tn: int, k: int, n_arr: int) -> tuple[list[int], list[int]]:
+    spad: list[int] = []
+    for _, kb in _k_slices(k, n_arr):
+        spad += [tm * kb * g.a.view.dtype.size] + ([tm * kb] if g.a.quantize_scale is not None else [])
+    for _ in range(panels):
+        spad += [k * tn * g.b.view.dtype.size] + ([k * tn] if g.b.quantize_scale is not None else [])
+        spad.append(tm * tn * (1 if g.int8 else 4))
+        if g.residual is not None:
+            spad.append(tm * tn * 4)
+    if g.bias is not None:
+        spad.append(panels * tn * 4)
+    return spad, [tm * tn * 4] * panels
+
+
+def _fits(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int) -> bool:
+    k = g.a.view.shape[1]
+    tn = min(cfg.array_size, g.out.shape[1])
+    return TileArena(cfg, 0).fits(*_spad_bytes(g, tm, panels, tn, k, cfg.array_size))
+
+
+def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[int, int]:
+    """(tile rows, panels per step) for the schedule: requested values, capped by what fits a buffer half."""
+    m, k = g.a.view.shape
+    all_panels = -(-g.out.shape[1] // cfg.array_size)
+    want_panels = min(schedule.panels or all_panels, all_panels)
+    if schedule.zero_skip:  # a skipped block must find every register it uses already loaded (see _tile_step)
+        want_panels = min(want_panels, ZERO_SKIP_MAX_PANELS)
+    tm = largest_fitting(min(m, MAX_ROWS), lambda t: _fits(cfg, g, t, 1))
+    if tm == 0:
+        raise CodegenError(f"a fused GEMM with K={k} does not fit a buffer half of the scratchpad or accumulator")
+    tm = min(schedule.tile_m, tm) if schedule.tile_m else tm
+    panels = largest_fitting(want_panels, lambda p: _fits(cfg, g, tm, p))
+    return tm, max(panels, 1)
+
+
+def fused_gemm_steps(cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start: int = 0) -> list[Step]:
+    """The tiles of one fused GEMM: output-row tiles outer, groups of `panels` weight-column panels inner.
+
+    With `resident_a` (all rows in one tile) a prologue step loads A once and copies it into the other buffer
+    slots, and every later step only streams its weight panels: the loader overlaps the matrix unit throughout."""
+    m, _ = g.a.view.shape
+    n_out = g.out.shape[1]
+    tm, panels = plan_tiles(cfg, g, schedule)
+    if schedule.resident_a and tm < m:
+        raise CodegenError(f"A-stationary order needs all {m} rows in one tile (at most {tm} fit)")
+    width = panels * cfg.array_size
+    steps = []
+    if schedule.resident_a:
+        steps.append(_resident_prologue(cfg, g, m, start))
+    for i0 in range(0, m, tm):
+        for j0 in range(0, n_out, width):
+            arena = TileArena(cfg, start + len(steps))
+            cols = [(j, min(cfg.array_size, n_out - j)) for j in range(j0, min(n_out, j0 + width), cfg.array_size)]
+            step = _tile_step(cfg, arena, g, i0, min(tm, m - i0), cols, schedule.zero_skip, schedule.resident_a)
+            if schedule.resident_a:  # order the matrix unit after the prologue's copy (a vector -> matrix token)
+                step = Step(step.loads, [(Unit.vector, _nothing), *step.compute], step.stores)
+            steps.append(step)
+    return steps
+
+
+def _a_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list) -> list:
+    """Allocate (and, into `loads`/`quants`, schedule) the k-slices of A's row tile: (k0, kb, address, dtype)."""
+    out = []
+    for k0, kb in _k_slices(g.a.view.shape[1], cfg.array_size):
+        a_addr, dt = _load_operand(arena, g.a, g.a.view.slice(0, i0, rows).slice(1, k0, kb), loads, quants)
+        out.append((k0, kb, a_addr, dt))
+    return out
+
+
+def _nothing(em: Emitter) -> None:
+    return None
+
+
+def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int) -> Step:
+    """Load (and quantize) A once into this step's buffer slot, then copy it locally into the other slots."""
+    loads: list = []
+    quants: list = []
+    here = _a_tiles(cfg, TileArena(cfg, start), g, 0, m, loads, quants)
+    others = [_a_tiles(cfg, TileArena(cfg, start + d), g, 0, m, [], []) for d in range(1, DEPTH)]
+
+    def copy(em: Emitter) -> None:
+        _quantizer(quants)(em)
+        for there in others:
+            for (_, kb, src, dt), (_, _, dst, _) in zip(here, there, strict=True):
+                em.b.v_copy(*em.regs(dst, src), m * kb, dt.name)
+
+    return Step(loads, [(Unit.vector, copy)], [])
+
+
+def _quantizer(quants: list):
+    def quantize(em: Emitter) -> None:
+        for q, raw, count, inv in quants:
+            em.b.v_qnt(*em.regs(q, raw, f32_bits(inv)), count)
+
+    return quantize
+
+
+def _epilogue_mode(g: FusedGemm) -> tuple[str, Activation, str]:
+    flags = {(False, False): "none", (True, False): "bias", (False, True): "res", (True, True): "bias_res"}
+    act = Activation.relu if g.relu else Activation.none
+    return flags[(g.bias is not None, g.residual is not None)], act, "i8" if g.int8 else "f32"
+
+
+def _tile_step(
+    cfg: MachineConfig,
+    arena: TileArena,
+    g: FusedGemm,
+    i0: int,
+    rows: int,
+    panels: list,
+    zero_skip: bool,
+    resident: bool,
+) -> Step:
+    loads: list = []
+    quants: list = []
+    a_slices = _a_tiles(cfg, arena, g, i0, rows, [] if resident else loads, [] if resident else quants)
+    j_first, span = panels[0][0], panels[-1][0] + panels[-1][1] - panels[0][0]
+    bias_addr = 0
+    if g.bias is not None:
+        bias_addr = arena.tile(span * 4)
+        loads.append((g.bias.slice(0, j_first, span), bias_addr))
+    tiles = []  # per panel: (cols, weight panel address, dtype size, residual, accumulator, output)
+    for j0, cols in panels:
+        part = g.b.view.slice(1, j0, cols) if g.b_panels is None else g.b_panels.index((j0 // cfg.array_size,))
+        b_addr, b_dt = _load_operand(arena, g.b, part.slice(1, 0, cols), loads, quants)
+        res = 0
+        if g.residual is not None:
+            res = arena.tile(rows * cols * 4)
+            loads.append((g.residual.slice(0, i0, rows).slice(1, j0, cols), res))
+        out = arena.tile(rows * cols * g.out.dtype.size)
+        tiles.append((j0, cols, b_addr, b_dt.size, res, arena.acc_tile(rows * cols * 4), out))
+    flags, act, out_dt = _epilogue_mode(g)
+    mult, shift = g.requant if g.requant is not None else (f32_bits(g.out_scale), 0)
+
+    def clear(em: Emitter) -> None:  # integer zero bits are also f32 zeros
+        for _, cols, _, _, _, acc, _ in tiles:
+            em.b.v_sub(*em.regs(acc, acc, acc), rows * cols, "i32")
+
+    def matmul(em: Emitter) -> None:
+        for index, (k0, kb, a_addr, dt) in enumerate(a_slices):
+            ra = em.reg(a_addr)
+            skip = f".Lzs{next(_labels)}"
+            if zero_skip:
+                for _, cols, b_addr, es, _, acc, _ in tiles:  # every register before the branch: no skipped `li`
+                    em.regs(a_addr, b_addr + k0 * cols * es, acc)
+                ra = em.reg(a_addr)
+                em.b.bz_tile(ra, rows * kb, dt.name, skip)
+            for _, cols, b_addr, es, _, acc, _ in tiles:
+                em.b.mx_preload(em.reg(b_addr + k0 * cols * es), kb, cols, dt.name)
+                mm = em.b.mx_mm if index == 0 and not zero_skip else em.b.mx_mma
+                mm(*em.regs(acc, a_addr), rows)
+            if zero_skip:
+                em.b.label(skip)
+        for j0, cols, _, _, res, acc, out in tiles:
+            em.b.ep_cfg(*em.regs(bias_addr + (j0 - j_first) * 4, res, mult), shift, act, flags, out_dt)
+            em.b.mx_drain(*em.regs(out, acc), rows, cols)
+
+    compute: list = [(Unit.vector, _quantizer(quants))] if quants else []
+    if zero_skip:
+        compute += [(Unit.vector, clear), (Unit.scalar, lambda em: None)]
+    compute.append((Unit.matrix, matmul))
+    stores = [(out, g.out.slice(0, i0, rows).slice(1, j0, cols)) for j0, cols, _, _, _, _, out in tiles]
+    return Step(loads, compute, stores)

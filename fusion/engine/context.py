@@ -1,0 +1,31 @@
+"""What every kernel of one model shares: the graph, machine, dtype and (int8) quantization plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from fusion.graph.ir import Graph
+from fusion.quant.params import QuantParams
+from fusion.quant.plan import QuantPlan, plan_quantization
+from simulator.config import MachineConfig
+
+
+@dataclass(frozen=True, eq=False)
+class ModelContext:
+    graph: Graph
+    config: MachineConfig
+    dtype: str  # "fp32" or "int8"
+    params: QuantParams | None = None
+    allow_rounding_change: bool = False  # allow fusions that skip an int8 requantization (changes rounding)
+
+    @cached_property
+    def qplan(self) -> QuantPlan | None:
+        return None if self.params is None else plan_quantization(self.graph, self.params)
+
+    @property
+    def int8(self) -> bool:
+        return self.params is not None
+
+    def scale(self, value: str) -> float | None:
+        return None if self.qplan is None else self.qplan.scales.get(value)

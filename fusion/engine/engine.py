@@ -1,0 +1,423 @@
+"""The runtime: profile -> plan -> compile (worker pool) -> dispatch (guards, dispatch table) -> validate -> record.
+
+`FusionEngine(model, config, dtype).run(inputs)` simulates the model kernel by kernel under the chosen plan
+policy and returns the outputs with one `KernelRecord` per dispatched kernel (predicted vs measured cycles, the
+learned model's training signal). Between calls it watches the data: a drifted tensor re-plans the groups that
+read it (their dispatch-table entries and, for int8 range drift, the quantization), and the dispatch table
+switches a GEMM group between its dense and zero-skip kernels by the live operand's sparsity class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from fusion.cost.analytic import AnalyticCostModel
+from fusion.cost.interface import CostModel, KernelFeatures
+from fusion.engine.cache import KernelCache, kernel_key
+from fusion.engine.context import ModelContext
+from fusion.engine.drift import Drift, DriftThresholds, detect_drift
+from fusion.engine.errors import EngineError
+from fusion.engine.execute import run_kernel, to_real
+from fusion.engine.features import kernel_features
+from fusion.engine.guards import check_guard
+from fusion.engine.kernel import Kernel, build_kernel, expected_guard, group_subgraph
+from fusion.engine.plan import Group, GroupChoice, Plan
+from fusion.engine.planner import Evaluated, Evaluator, make_plan
+from fusion.engine.profile import TensorProfile, data_class, profile_tensor
+from fusion.engine.validation import ValidationPolicy, compare
+from fusion.graph.hashing import structural_hash
+from fusion.graph.ir import Graph
+from fusion.lower.compiler import ALIAS_OPS, check_inputs, load_graph
+from fusion.quant.calibrate import calibrate
+from fusion.quant.params import QuantParams
+from simulator.config import MachineConfig, load_config
+
+Builder = Callable[[ModelContext, Group, str], Kernel]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    policy: str = "dynamic"
+    validation: ValidationPolicy = field(default_factory=ValidationPolicy)
+    drift: DriftThresholds = field(default_factory=DriftThresholds)
+    workers: int = 2
+    allow_rounding_change: bool = False
+    checked: bool = False  # run the simulator's race checker on every kernel
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One dispatched kernel in one call."""
+
+    nodes: tuple[str, ...]
+    schedule: str
+    data_class: str
+    predicted_cycles: float
+    measured_cycles: int
+    dram_bytes: int
+    unfused_dram_bytes: int  # the same nodes' kernels, counted from their programs
+    energy_pj: float
+    cache_hit: bool
+    validated: bool
+    fallback: str  # why the unfused path ran instead ("" when the planned kernel ran)
+    features: KernelFeatures | None
+
+
+@dataclass(frozen=True)
+class ValidationEvent:
+    call: int
+    nodes: tuple[str, ...]
+    schedule: str
+    value: str
+    max_abs_diff: float
+    action: str
+
+
+@dataclass(frozen=True)
+class CallResult:
+    outputs: dict[str, np.ndarray]
+    records: tuple[KernelRecord, ...]
+    drifts: tuple[Drift, ...]
+    replanned: tuple[tuple[str, ...], ...]
+    dispatch_seconds: float  # host time spent dispatching (profiling, keys, cache, guards), simulation excluded
+
+    @property
+    def cycles(self) -> int:
+        return sum(r.measured_cycles for r in self.records)
+
+    @property
+    def dram_bytes(self) -> int:
+        return sum(r.dram_bytes for r in self.records)
+
+    @property
+    def energy_pj(self) -> float:
+        return sum(r.energy_pj for r in self.records)
+
+
+def load_model(model: Graph | onnx.ModelProto | str | Path) -> Graph:
+    return load_graph(model)
+
+
+class FusionEngine:
+    def __init__(
+        self,
+        model: Graph | onnx.ModelProto | str | Path,
+        config: MachineConfig | str = "base",
+        dtype: str = "fp32",
+        options: EngineOptions | None = None,
+        cost_model: CostModel | None = None,
+        cache: KernelCache | None = None,
+        samples: Sequence[Mapping[str, np.ndarray]] | None = None,
+        builder: Builder = build_kernel,
+    ) -> None:
+        self.graph = load_model(model)
+        self.config = load_config(config)
+        self.config_hash = self.config.config_hash()
+        self.dtype = dtype
+        self.options = options or EngineOptions()
+        self.cost_model = cost_model or AnalyticCostModel()
+        self.cache = cache or KernelCache()
+        self.builder = builder
+        self.mc: ModelContext | None = None
+        self._signatures: dict[Group, str] = {}
+        self._keys: dict[tuple[Group, str], str] = {}
+        self._unfused: dict[Group, int] = {}
+        self._features: dict[str, KernelFeatures] = {}
+        self._predictions: dict[KernelFeatures, float] = {}
+        self.plan: Plan | None = None
+        self.plan_seconds = 0.0
+        self.compile_seconds = 0.0  # JIT wall time: the plan's kernels through the cache on the worker pool
+        self.codegen_seconds = 0.0  # cold codegen + link time of those kernels (summed over kernels)
+        self.events: list[ValidationEvent] = []
+        self.blocked: set[str] = set()
+        self.profiles: dict[str, TensorProfile] = {}
+        self.calls = 0
+        self._runs: dict[str, int] = {}
+        self._oracle_values: dict[str, np.ndarray] | None = None  # live values the oracle measures kernels on
+        self._zero_fraction: dict[str, float] = {}  # live zero-tile fraction of each GEMM group's operand
+        self._evaluator: Evaluator | None = None
+        self._lock = threading.RLock()
+        if dtype == "fp32" or samples:
+            self._set_context(self._params(samples))
+
+    # --- setup ------------------------------------------------------------------------------
+
+    def _params(self, samples: Sequence[Mapping[str, np.ndarray]] | None) -> QuantParams | None:
+        if self.dtype == "fp32":
+            return None
+        if self.dtype != "int8":
+            raise EngineError(f"dtype must be fp32 or int8, got {self.dtype!r}")
+        return calibrate(self.graph, [check_inputs(self.graph, s) for s in samples or ()])
+
+    def _set_context(self, params: QuantParams | None) -> None:
+        self.mc = ModelContext(self.graph, self.config, self.dtype, params, self.options.allow_rounding_change)
+        self._signatures.clear()
+        self._keys.clear()
+        self._unfused.clear()
+        self._features.clear()
+        self.plan = None
+
+    def _signature(self, group: Group) -> str:
+        """Op signature of a group: its subgraph's structural hash plus the int8 scales of its values."""
+        if group not in self._signatures:
+            assert self.mc is not None
+            sub = group_subgraph(self.graph, group)
+            values = [*sub.inputs, *(v for n in sub.nodes for v in n.outputs)]
+            scales = tuple(self.mc.scale(v) for v in values)
+            self._signatures[group] = hashlib.sha256(repr((structural_hash(sub), scales)).encode()).hexdigest()
+        return self._signatures[group]
+
+    def make_plan(self, policy: str | None = None) -> Plan:
+        """Plan with the current profiles; the oracle measures each candidate kernel on the simulator."""
+        assert self.mc is not None
+        start = time.perf_counter()
+        ev = Evaluator(self.mc, self.cost_model, self.profiles)
+        env = self._oracle_values
+        plan = make_plan(policy or self.options.policy, ev, lambda e: self._measure(e, env))
+        self._evaluator = ev
+        self.plan_seconds = time.perf_counter() - start
+        self._compile_plan(plan)
+        return plan
+
+    def _measure(self, e: Evaluated, env: Mapping[str, np.ndarray] | None) -> float:
+        if env is None:
+            raise EngineError("the oracle measures kernels on real data: call run() with inputs")
+        assert self.mc is not None
+        return float(run_kernel(self.mc, e.kernel, env).cycles)
+
+    def _compile_plan(self, plan: Plan) -> None:
+        """JIT: every planned kernel through the cache, on a worker pool, most expensive first."""
+        start = time.perf_counter()
+        choices = sorted(plan.choices, key=lambda c: -c.predicted_cycles)
+        with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
+            kernels = list(pool.map(lambda c: self._kernel(c.group, "any")[0], choices))
+        self.compile_seconds = time.perf_counter() - start
+        self.codegen_seconds = sum(k.compile_seconds for k in kernels)
+
+    def _key(self, group: Group, sparsity: str) -> str:
+        """The cache key of a group's kernel for a data class (memoised: dispatch must stay cheap)."""
+        memo = (group, sparsity)
+        if memo not in self._keys:
+            assert self.mc is not None
+            guard = expected_guard(self.mc, group_subgraph(self.graph, group), group, sparsity)
+            self._keys[memo] = kernel_key(self._signature(group), group, guard)
+        return self._keys[memo]
+
+    def _kernel(self, group: Group, sparsity: str) -> tuple[Kernel, bool, str]:
+        key = self._key(group, sparsity)
+        ev = self._evaluator
+        fused = group.fused or group.strategy not in ("unfused", "alias")
+        build = self.builder if fused else build_kernel
+
+        def make() -> Kernel:
+            if build is build_kernel and ev is not None:
+                done = ev.evaluate(group) if group.strategy != "zero_skip" else None
+                if done is not None and not isinstance(done, str):
+                    return done.kernel
+            return build(self.mc, group, sparsity)
+
+        kernel, hit = self.cache.get_or_build(key, make)
+        return kernel, hit, key
+
+    # --- running ----------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:
+        checked_inputs = check_inputs(self.graph, inputs)
+        with self._lock:
+            if self.mc is None:
+                self._set_context(self._params([checked_inputs]))
+            drifts = self._observe({v: checked_inputs[v] for v in self.graph.inputs})
+            replanned = self._replan(drifts, checked_inputs)
+            if self.plan is None:
+                self._oracle_values = self._oracle_env(checked_inputs)
+                self.plan = self.make_plan()
+            plan, call = self.plan, self.calls
+            self.calls += 1
+        env: dict[str, np.ndarray] = dict(checked_inputs)
+        records = []
+        dispatch = 0.0
+        for choice in plan.choices:
+            record, seconds = self._dispatch(choice, env, call)
+            records.append(record)
+            dispatch += seconds
+        assert self.mc is not None
+        outputs = {v: to_real(self.mc, v, env[v]) for v in self.graph.outputs}
+        return CallResult(outputs, tuple(records), drifts, replanned, dispatch)
+
+    def _oracle_env(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Live values for the oracle's measurements: the unfused plan's run on these inputs."""
+        if self.options.policy != "oracle":
+            return None
+        assert self.mc is not None
+        env = dict(inputs)
+        for node in self.graph.nodes:
+            group = Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
+            env.update(run_kernel(self.mc, build_kernel(self.mc, group), env).outputs)
+        return env
+
+    def _observe(self, values: Mapping[str, np.ndarray]) -> tuple[Drift, ...]:
+        new = {k: profile_tensor(v, self.config.array_size) for k, v in values.items()}
+        drifts = detect_drift(self.profiles, new, self.options.drift)
+        self.profiles.update(new)
+        return drifts
+
+    def _replan(self, drifts: tuple[Drift, ...], inputs: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], ...]:
+        """Re-plan only the groups reading a drifted tensor; int8 range drift re-calibrates (new kernels)."""
+        if not drifts or self.plan is None:
+            return ()
+        drifted = {d.tensor for d in drifts}
+        if self.mc is not None and self.mc.int8 and any(d.reason.startswith("range") for d in drifts):
+            everything = tuple(c.group.nodes for c in self.plan.choices)
+            self._set_context(self._params([inputs]))  # new scales: new kernels, a new plan
+            return everything
+        return tuple(
+            c.group.nodes for c in self.plan.choices if drifted & set(group_subgraph(self.graph, c.group).inputs)
+        )
+
+    def _variant(self, choice: GroupChoice, env: Mapping[str, np.ndarray]) -> tuple[Group, str]:
+        """The dispatch table: the zero-skip twin on sparse live data when the cost model prefers it."""
+        if choice.zero_skip is None:
+            return choice.group, "any"
+        assert self.mc is not None
+        head = self.graph.node(choice.group.nodes[0]).inputs[0]
+        sparsity, fraction = data_class(env[head], self.config.array_size)
+        self._zero_fraction[head] = fraction
+        if sparsity != "sparse":
+            return choice.group, "dense"
+        twin, _, key = self._kernel(choice.zero_skip, "sparse")
+        if self._predict(self._feature_row(key, twin, choice.zero_skip)) < choice.predicted_cycles:
+            return choice.zero_skip, "sparse"
+        return choice.group, "sparse"
+
+    def _dispatch(self, choice: GroupChoice, env: dict[str, np.ndarray], call: int) -> tuple[KernelRecord, float]:
+        assert self.mc is not None
+        start = time.perf_counter()
+        group, data_class = self._variant(choice, env)
+        sparsity = "sparse" if group.strategy == "zero_skip" else "any"
+        fallback = ""
+        signature = self._signature(group)
+        if signature in self.blocked:
+            fallback = "fusion blocked for this signature after a failed validation"
+        else:
+            kernel, hit, key = self._kernel(group, sparsity)
+            decision = check_guard(kernel.guard, env, data_class if sparsity != "any" else "any", self.config_hash)
+            if not decision:
+                fallback = f"guard failed: {decision.reason}"
+        seconds = time.perf_counter() - start
+        if fallback:
+            return self._run_unfused(choice.group, env, fallback), seconds
+        run = run_kernel(self.mc, kernel, env, checked=self.options.checked)
+        with self._lock:
+            count = self._runs.get(key, 0)
+            self._runs[key] = count + 1
+        fused = group.fused or group.strategy not in ("unfused", "alias")
+        validated = fused and self.options.validation.should_validate(count)
+        outputs = run.outputs
+        if validated:
+            reference = self._unfused_outputs(group, env)
+            cmp = compare(run.outputs, reference, self._tolerance(group))
+            if not cmp.ok:
+                self.cache.evict(key)
+                with self._lock:
+                    self.blocked.add(signature)
+                    self.events.append(
+                        ValidationEvent(
+                            call, group.nodes, group.schedule, cmp.value, cmp.max_abs_diff, "evicted, blocked"
+                        )
+                    )
+                return self._run_unfused(group, env, f"validation failed (max |diff| {cmp.max_abs_diff:.3g})"), seconds
+        env.update(outputs)
+        feats = self._feature_row(key, kernel, group)
+        predicted = self._predict(feats)
+        record = KernelRecord(
+            group.nodes,
+            group.schedule,
+            data_class,
+            predicted,
+            run.cycles,
+            run.dram_read_bytes + run.dram_write_bytes,
+            self._unfused_bytes(group),
+            run.energy_pj,
+            hit,
+            validated,
+            "",
+            feats,
+        )
+        return record, seconds
+
+    def _tolerance(self, group: Group) -> ValidationPolicy:
+        """A rounding-changing int8 fusion may differ from the unfused kernels by the skipped requantization's
+        rounding: up to one step of the skipped value's scale (plus float rounding)."""
+        policy = self.options.validation
+        assert self.mc is not None
+        head = self.graph.node(group.nodes[0])
+        if not (self.mc.int8 and self.mc.allow_rounding_change and group.fused and head.name in self.mc.qplan.matrix):
+            return policy
+        step = self.mc.qplan.matrix[head.name].output_scale
+        return replace(policy, atol=max(policy.atol, step), rtol=max(policy.rtol, 1e-4))
+
+    def _predict(self, feats: KernelFeatures | None) -> float:
+        if feats is None:
+            return 0.0
+        if feats not in self._predictions:
+            self._predictions[feats] = self.cost_model.predict(feats, self.config).cycles
+        return self._predictions[feats]
+
+    def _feature_row(self, key: str, kernel: Kernel, group: Group) -> KernelFeatures | None:
+        if kernel.program is None:
+            return None
+        assert self.mc is not None
+        zf = round(self._zero_fraction.get(self.graph.node(group.nodes[0]).inputs[0], 0.0), 2)
+        cache_key = f"{key}:{zf}"
+        if cache_key not in self._features:
+            self._features[cache_key] = kernel_features(self.mc, kernel, zf)
+        return self._features[cache_key]
+
+    def _unfused_bytes(self, group: Group) -> int:
+        if group in self._unfused:
+            return self._unfused[group]
+        total = 0
+        for name in group.nodes:
+            single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
+            kernel, _, key = self._kernel(single, "any")
+            feats = self._feature_row(key, kernel, single)
+            total += 0 if feats is None else feats.dram_read_bytes + feats.dram_write_bytes
+        self._unfused[group] = total
+        return total
+
+    def _unfused_outputs(self, group: Group, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The group's nodes as separate baseline kernels on the same inputs (shadow validation)."""
+        assert self.mc is not None
+        local = dict(env)
+        for name in group.nodes:
+            single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
+            kernel, _, _ = self._kernel(single, "any")
+            local.update(run_kernel(self.mc, kernel, local).outputs)
+        sub = group_subgraph(self.graph, group)
+        return {v: local[v] for v in sub.outputs}
+
+    def _run_unfused(self, group: Group, env: dict[str, np.ndarray], reason: str) -> KernelRecord:
+        assert self.mc is not None
+        cycles = dram = 0
+        energy = 0.0
+        for name in group.nodes:
+            single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
+            kernel, _, _ = self._kernel(single, "any")
+            run = run_kernel(self.mc, kernel, env)
+            env.update(run.outputs)
+            cycles += run.cycles
+            dram += run.dram_read_bytes + run.dram_write_bytes
+            energy += run.energy_pj
+        unfused = self._unfused_bytes(group)
+        return KernelRecord(
+            group.nodes, "unfused", "any", 0.0, cycles, dram, unfused, energy, False, False, reason, None
+        )

@@ -1,0 +1,200 @@
+"""One group -> one standalone program: a `.kernel` block whose metadata is the kernel's guard.
+
+Each group is compiled as its own program over its own DRAM image (H5's memory planner places the group's
+values and constants), so kernels are cached, guarded, dispatched and validated one by one; the engine moves
+tensors between them in their storage dtype (int8 where the quantization plan says so). Unfused groups reuse
+the baseline's kernel generators (`fusion.lower`); fused ones use `fusion.engine.codegen`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from assembler.builder import ProgramBuilder
+from assembler.objfile import ObjectFile
+from fusion.engine.codegen.chain import chain_steps
+from fusion.engine.codegen.gemm import Schedule, pack_panels
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
+from fusion.engine.codegen.stream import stream_steps
+from fusion.engine.codegen.transpose import transpose_steps
+from fusion.engine.context import ModelContext
+from fusion.engine.errors import CodegenError
+from fusion.engine.plan import Group
+from fusion.engine.views import is_view
+from fusion.graph.hashing import extract_subgraph
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.compiler import (
+    LOWERINGS,
+    _alias_roots,
+    _constant_forms,
+    _data_section,
+    _intervals,
+    symbol_names,
+)
+from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key
+from fusion.lower.emitter import Emitter, Step, run_pipeline
+from fusion.lower.errors import LoweringError
+from fusion.lower.memory_plan import align, plan_arena
+from fusion.quant.params import quantize_bias
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a kernel was specialised for; checked before every dispatch."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]  # input value -> shape
+    dtypes: tuple[tuple[str, str], ...]  # input value -> numpy dtype name (storage dtype)
+    sparsity: str  # data class of the zero-skip operand ("any" for kernels that do not care)
+    config_hash: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    group: Group
+    program: ObjectFile | None  # None: an alias group (Reshape/Identity), done on the host
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    guard: Guard
+    compile_seconds: float
+    symbols: dict[str, str] | None = None  # graph value -> tensor name in the program
+
+    @property
+    def nbytes(self) -> int:
+        if self.program is None:
+            return 64
+        return 8 * len(self.program.text) + len(self.program.data) + 256
+
+
+def group_subgraph(graph: Graph, group: Group) -> Graph:
+    return extract_subgraph(graph, group.nodes, name=f"{graph.name}/{group.nodes[0]}")
+
+
+def _phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    if group.strategy == "unfused":
+        if len(nodes) != 1:
+            raise CodegenError("an unfused group holds exactly one node")
+        return LOWERINGS[nodes[0].op](cx, nodes[0])
+    if group.strategy in ("epilogue", "zero_skip"):
+        schedule = Schedule(group.tile_m, group.panels, group.strategy == "zero_skip", group.resident_a)
+        return [matrix_group_steps(cx, nodes, schedule, group.flatten, rounding_change)]
+    if group.strategy == "chain":
+        return [chain_steps(cx, nodes)]
+    if group.strategy == "stream":
+        return [stream_steps(cx, nodes)]
+    if group.strategy == "transpose_load":
+        return [transpose_steps(cx, nodes[0])]
+    raise CodegenError(f"strategy {group.strategy!r} has no generator")
+
+
+def storage_dtypes(mc: ModelContext, sub: Graph, values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    return tuple((v, "int8" if mc.scale(v) is not None else str(sub.types[v].dtype.numpy)) for v in values)
+
+
+def expected_guard(mc: ModelContext, sub: Graph, group: Group, sparsity: str) -> Guard:
+    """The guard a kernel for `group` on data of class `sparsity` carries (zero-skip kernels alone care)."""
+    return Guard(
+        tuple((v, sub.types[v].shape) for v in sub.inputs),
+        storage_dtypes(mc, sub, sub.inputs),
+        sparsity if group.strategy == "zero_skip" else "any",
+        mc.config.config_hash(),
+    )
+
+
+def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kernel:
+    """Generate, assemble and link the group's program. Raises CodegenError/LoweringError when it cannot."""
+    start = time.perf_counter()
+    sub = group_subgraph(mc.graph, group)
+    guard = expected_guard(mc, sub, group, sparsity)
+    if group.strategy == "alias":
+        node = sub.nodes[0]
+        if not is_view(sub, node):
+            raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a view")
+        return Kernel(group, None, sub.inputs, sub.outputs, guard, time.perf_counter() - start, None)
+    data, addresses = _dram_image(mc, sub)
+    cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
+    b = ProgramBuilder(data_base=0)
+    em = Emitter(b)
+    attrs = {
+        "strategy": group.strategy,
+        "schedule": group.schedule,
+        "ops": " ".join(n.op.value for n in sub.nodes),
+        "dtype": mc.dtype,
+        "sparsity": guard.sparsity,
+        "config": guard.config_hash,
+    }
+    names = symbol_names([*sub.inputs, *sub.outputs])
+    ins = [_decl(cx, names, v) for v in sub.inputs]
+    outs = [_decl(cx, names, v) for v in sub.outputs]
+    with b.kernel(_kernel_name(group), inputs=ins, outputs=outs, attrs=attrs):
+        for phase in _phases(cx, sub.nodes, group, mc.allow_rounding_change):
+            run_pipeline(em, phase)
+            b.fence()
+    b.halt()
+    if data:
+        b.data()
+        b.label("constants")
+        b.i8(np.frombuffer(data, dtype=np.uint8))
+    program = b.build()
+    return Kernel(group, program, sub.inputs, sub.outputs, guard, time.perf_counter() - start, names)
+
+
+def _dram_image(mc: ModelContext, sub: Graph) -> tuple[bytes, dict[str, int]]:
+    """The group's constants (data section) and DRAM addresses of every value, by the baseline's planner."""
+    roots = _alias_roots(sub)
+    forms = _constant_forms(sub, mc.qplan)
+    forms.update(_absorbed_biases(mc, sub))
+    forms.update(_packed_weights(mc, sub, forms))
+    data, addresses = _data_section(forms)
+    # a fused kernel reads its inputs while it writes its outputs: no two of its buffers may share bytes
+    whole = [replace(iv, start=-1, end=len(sub.nodes)) for iv in _intervals(sub, mc.qplan, roots)]
+    memory = plan_arena(whole, align(len(data) or 1), mc.config.dram_bytes)
+    addresses.update(memory.addresses)
+    for alias, root in roots.items():
+        addresses[alias] = addresses[root]
+    return data, addresses
+
+
+def _packed_weights(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A fused GEMM's constant weight, also packed panel-major (as the device reads it: int8 or float32)."""
+    head = sub.nodes[0]
+    w = packable_weight(sub, head) if head.op in EPILOGUE_HEADS else None
+    if w is None:
+        return {}
+    data = forms[const_key(w, CONST_I8 if mc.int8 else CONST_F32)]
+    return {const_key(w, PACKED): pack_panels(np.asarray(data), mc.config.array_size)}
+
+
+def _absorbed_biases(mc: ModelContext, sub: Graph) -> dict[str, np.ndarray]:
+    """int8 with rounding change: an Add's constant that a MatMul's drain absorbs, in accumulator units."""
+    if not (mc.int8 and mc.allow_rounding_change) or not sub.nodes or sub.nodes[0].op not in EPILOGUE_HEADS:
+        return {}
+    q = mc.qplan.matrix[sub.nodes[0].name]
+    return {
+        const_key(v, CONST_BIAS): quantize_bias(sub.constants[v], q.input_scale, q.weight_scale)
+        for node in sub.nodes[1:]
+        if node.op == OpType.Add
+        for v in node.inputs
+        if sub.is_constant(v)
+    }
+
+
+def _decl(cx: LowerContext, names: dict[str, str], value: str) -> tuple[str, str, tuple[int, ...], int]:
+    view = cx.view(value)
+    return names[value], view.dtype.name, view.shape, view.address
+
+
+def _kernel_name(group: Group) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in f"{group.strategy}_{group.nodes[0]}")
+
+
+def try_build(mc: ModelContext, group: Group, sparsity: str = "any") -> Kernel | str:
+    """The kernel, or the reason it cannot be generated (a legality answer from the generator itself)."""
+    try:
+        return build_kernel(mc, group, sparsity)
+    except (CodegenError, LoweringError) as err:
+        return str(err)

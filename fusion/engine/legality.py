@@ -1,0 +1,86 @@
+"""Legality predicates for fusing a group of nodes; each returns a `FusionDecision` with its reason.
+
+Legality is separate from profitability (the cost model decides that). The generators add the unit-level
+constraints they know best (working set vs scratchpad/accumulator halves, drain width, vector registers) by
+refusing with a reason, which `generator_accepts` turns into a decision as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fusion.engine.context import ModelContext
+from fusion.engine.decision import FusionDecision
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import MATRIX_OPS, OpType
+
+
+def internal_values_private(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
+    """Values produced inside the group (except the last node's) may be read only inside it: a fused kernel
+    never writes them to DRAM."""
+    inside = {n.name for n in nodes}
+    for node in nodes[:-1]:
+        for value in node.outputs:
+            if value in graph.outputs:
+                return FusionDecision.no(f"{value!r} is a graph output")
+            outside = [c.name for c in graph.consumers.get(value, ()) if c.name not in inside]
+            if outside:
+                return FusionDecision.no(f"{value!r} is also read by {outside[0]!r}")
+    return FusionDecision.yes()
+
+
+def dependencies_respected(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
+    """Each node after the first consumes the previous node's output (a producer/consumer chain)."""
+    for prev, node in zip(nodes, nodes[1:], strict=False):
+        if prev.outputs[0] not in node.inputs:
+            return FusionDecision.no(f"{node.name!r} does not consume {prev.name!r}")
+    return FusionDecision.yes()
+
+
+def no_cycle_through_outside(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
+    """No path leaves the group and re-enters it: the fused kernel could not be scheduled (XLA's check)."""
+    inside = {n.name for n in nodes}
+    frontier = [c for n in nodes for v in n.outputs for c in graph.consumers.get(v, ()) if c.name not in inside]
+    seen: set[str] = set()
+    while frontier:
+        node = frontier.pop()
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        for value in node.outputs:
+            for consumer in graph.consumers.get(value, ()):
+                if consumer.name in inside:
+                    return FusionDecision.no(f"path {nodes[0].name!r} -> {node.name!r} -> {consumer.name!r} re-enters")
+                frontier.append(consumer)
+    return FusionDecision.yes()
+
+
+def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
+    """int8: moving a float Add that follows a requantized MatMul into the drain skips that requantization
+    (the sum is rounded once instead of twice): allowed only with `allow_rounding_change`. A stream requantizes
+    in the vector chain exactly as the drain would, so it keeps the numerics."""
+    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family == "stream":
+        return FusionDecision.yes()
+    changes = [n.name for n in nodes[1:] if n.op != OpType.Relu]
+    if changes and mc.allow_rounding_change:
+        return FusionDecision.yes(f"int8: fusing {changes[0]!r} changes rounding (allowed by option)")
+    if changes:
+        return FusionDecision.no(f"int8: fusing {changes[0]!r} skips a requantization (changes rounding)")
+    return FusionDecision.yes()
+
+
+def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
+    graph = mc.graph
+    return (
+        dependencies_respected(graph, nodes)
+        & internal_values_private(graph, nodes)
+        & no_cycle_through_outside(graph, nodes)
+        & numerics_preserved(mc, nodes, family)
+    )
+
+
+def generator_accepts(built: object) -> FusionDecision:
+    """A generator's refusal (a string from `kernel.try_build`) as a decision."""
+    if isinstance(built, str):
+        return FusionDecision.no(built)
+    return FusionDecision.yes()

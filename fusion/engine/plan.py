@@ -1,0 +1,64 @@
+"""Plans as data: which nodes run together, with which kernel strategy and schedule, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STRATEGIES = ("alias", "unfused", "epilogue", "zero_skip", "chain", "transpose_load", "stream")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Nodes (graph order) compiled into one kernel. `tile_m` 0 means "largest that fits"; `flatten` runs a
+    batched MatMul over a shared weight as one GEMM."""
+
+    nodes: tuple[str, ...]
+    strategy: str
+    tile_m: int = 0
+    flatten: bool = False
+    panels: int = 1  # weight-column panels per GEMM step (0: as many as fit)
+    resident_a: bool = False  # A-stationary loop order (A loaded once, weight panels streamed)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(STRATEGIES)})")
+
+    @property
+    def schedule(self) -> str:
+        parts = [self.strategy]
+        if self.tile_m:
+            parts.append(f"tm={self.tile_m}")
+        if self.flatten:
+            parts.append("flat")
+        if self.panels != 1:
+            parts.append(f"panels={self.panels or 'max'}")
+        if self.resident_a:
+            parts.append("a-stationary")
+        return ",".join(parts)
+
+    @property
+    def fused(self) -> bool:
+        return len(self.nodes) > 1
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    """A planned group with the cost model's view of it and the reasons behind the choice."""
+
+    group: Group
+    predicted_cycles: float
+    unfused_cycles: float  # the same nodes as separate unfused kernels, predicted
+    reason: str
+    alternatives: tuple[tuple[str, float], ...] = ()  # (schedule, predicted cycles) of the other candidates
+    zero_skip: Group | None = None  # the zero-skip twin the dispatch table switches to on sparse data
+
+
+@dataclass(frozen=True)
+class Plan:
+    policy: str
+    choices: tuple[GroupChoice, ...]
+    rejected: tuple[tuple[tuple[str, ...], str], ...] = field(default=())  # (nodes, reason) of refused fusions
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        return tuple(c.group for c in self.choices)

@@ -1,0 +1,293 @@
+"""Plan policies: `none` (every node alone), `static` (TVM FuseOps-style rules, decided once without data),
+`dynamic` (cost-model-driven on the current data), `oracle` (every legal plan measured on the simulator).
+
+Plans are data; the policies are functions of (model, profiles, cost model) with no side effects other than the
+`Evaluator`'s memo of built kernels (so the engine reuses them instead of compiling twice).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from fusion.cost.interface import CostModel, KernelFeatures
+from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
+from fusion.engine.context import ModelContext
+from fusion.engine.errors import EngineError
+from fusion.engine.features import kernel_features
+from fusion.engine.kernel import Kernel, try_build
+from fusion.engine.legality import generator_accepts, structurally_legal
+from fusion.engine.plan import Group, GroupChoice, Plan
+from fusion.engine.profile import TensorProfile
+from fusion.graph.ops import OpKind
+from fusion.lower.compiler import ALIAS_OPS
+
+POLICIES = ("none", "static", "dynamic", "oracle")
+ORACLE_MAX_PLANS = 512
+NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    group: Group
+    kernel: Kernel
+    features: KernelFeatures
+    cycles: float
+    energy_pj: float
+
+
+class Evaluator:
+    """Builds candidate kernels and predicts their cost, memoised per (group, data class); thread-safe."""
+
+    def __init__(self, mc: ModelContext, cost_model: CostModel, profiles: Mapping[str, TensorProfile]) -> None:
+        self.mc, self.cost_model, self.profiles = mc, cost_model, profiles
+        self._memo: dict[tuple[Group, str], Evaluated | str] = {}
+        self._lock = threading.Lock()
+
+    def zero_fraction(self, group: Group) -> float:
+        profile = self.profiles.get(self.mc.graph.node(group.nodes[0]).inputs[0])
+        return 0.0 if profile is None else profile.zero_tile_fraction
+
+    def sparsity(self, group: Group) -> str:
+        profile = self.profiles.get(self.mc.graph.node(group.nodes[0]).inputs[0])
+        return "dense" if profile is None else profile.sparsity
+
+    def evaluate(self, group: Group) -> Evaluated | str:
+        key = (group, self.sparsity(group) if group.strategy == "zero_skip" else "any")
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        built = try_build(self.mc, group, key[1])
+        if isinstance(built, str):
+            result: Evaluated | str = built
+        else:
+            feats = kernel_features(self.mc, built, self.zero_fraction(group))
+            est = self.cost_model.predict(feats, self.mc.config)
+            result = Evaluated(group, built, feats, est.cycles, est.energy_pj)
+        with self._lock:
+            self._memo[key] = result
+        return result
+
+    def best(self, groups: list[Group]) -> tuple[Evaluated | None, list[tuple[str, float]], str]:
+        """The cheapest buildable schedule, the others' (schedule, cycles), and the last refusal reason."""
+        done, reason = [], ""
+        for group in groups:
+            ev = self.evaluate(group)
+            if isinstance(ev, str):
+                reason = ev
+            else:
+                done.append(ev)
+        if not done:
+            return None, [], reason
+        done.sort(key=lambda e: e.cycles)
+        return done[0], [(e.group.schedule, e.cycles) for e in done[1:]], reason
+
+    def unfused(self, nodes: tuple[str, ...]) -> float:
+        total = 0.0
+        for name in nodes:
+            strategy = "alias" if self.mc.graph.node(name).op in ALIAS_OPS else "unfused"
+            ev = self.evaluate(Group((name,), strategy))
+            if isinstance(ev, str):
+                raise EngineError(f"node {name!r} cannot be lowered: {ev}")
+            total += ev.cycles
+        return total
+
+
+def _choice(ev: Evaluator, best: Evaluated, alts: list, reason: str) -> GroupChoice:
+    twin = zero_skip_twin(best.group)
+    return GroupChoice(best.group, best.cycles, ev.unfused(best.group.nodes), reason, tuple(alts), twin)
+
+
+def plan_none(ev: Evaluator) -> Plan:
+    choices = []
+    for node in ev.mc.graph.nodes:
+        group = Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
+        best, _, reason = ev.best([group])
+        if best is None:
+            raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
+        choices.append(GroupChoice(group, best.cycles, best.cycles, "unfused baseline"))
+    return Plan("none", tuple(choices))
+
+
+def _static_rule(ev: Evaluator, node_name: str, longest: dict[str, Candidate]) -> Candidate | None:
+    """TVM-style: a matrix op absorbs its elementwise consumers (epilogue); elementwise chains fuse and may end
+    in one reduction; at most one complex op per group; reductions never start a group."""
+    graph = ev.mc.graph
+    cand = longest.get(node_name)
+    if cand is None or graph.node(node_name).op.kind == OpKind.REDUCTION:
+        return None
+    if cand.family == "chain":
+        kinds = [graph.node(n).op.kind for n in cand.nodes]
+        cut = next((i + 1 for i, k in enumerate(kinds) if k == OpKind.REDUCTION), len(kinds))
+        return Candidate(cand.nodes[:cut], "chain") if cut > 1 else None
+    return cand
+
+
+def plan_static(ev: Evaluator) -> Plan:
+    """Rule-based groups decided once, without data or cost model, each with the default schedule; a group the
+    rules propose but legality refuses shrinks to its longest legal prefix."""
+    mc, choices, rejected, taken = ev.mc, [], [], set()
+    longest: dict[str, Candidate] = {}
+    for c in enumerate_candidates(mc.graph):
+        if c.family != "single" and len(c.nodes) > len(longest[c.nodes[0]].nodes if c.nodes[0] in longest else ()):
+            longest[c.nodes[0]] = c
+    for node in mc.graph.nodes:
+        if node.name in taken:
+            continue
+        rule = _static_rule(ev, node.name, longest)
+        group = _static_group(mc, rule, ev, rejected) if rule else None
+        if group is None:
+            group = Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
+        best, _, reason = ev.best([group])
+        if best is None:
+            raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
+        taken.update(group.nodes)
+        choices.append(GroupChoice(group, best.cycles, ev.unfused(group.nodes), "static rule"))
+    return Plan("static", in_execution_order(mc, choices), tuple(rejected))
+
+
+def _static_group(mc: ModelContext, rule: Candidate, ev: Evaluator, rejected: list) -> Group | None:
+    """The longest legal prefix of the rule's group with the default schedule (None: no prefix is legal)."""
+    for k in range(len(rule.nodes), 1, -1):
+        part = rule.nodes[:k]
+        group = Group(part, "epilogue" if rule.family == "epilogue" else "chain")
+        nodes_of = [mc.graph.node(n) for n in part]
+        decision = structurally_legal(mc, nodes_of)
+        if decision:
+            built = ev.evaluate(group)
+            decision = generator_accepts(built if isinstance(built, str) else None)
+        if decision:
+            return group
+        rejected.append((part, decision.reason))
+    return None
+
+
+def _narrowed(ev: Evaluator, cand: Candidate) -> list[Group]:
+    """An epilogue candidate tries only the GEMM schedules that were best for its matrix node alone (the absorbed
+    consumers change the tile traffic little), which keeps planning linear in the number of schedules."""
+    groups = schedules(ev.mc, cand)
+    if cand.family != "epilogue":
+        return groups
+    head = Candidate(cand.nodes[:1], "single")
+    ranked = [e for e in (ev.evaluate(g) for g in schedules(ev.mc, head)) if not isinstance(e, str)]
+    ranked = [e for e in ranked if e.group.strategy == "epilogue"]
+    ranked.sort(key=lambda e: e.cycles)
+    keep = {(e.group.tile_m, e.group.flatten, e.group.panels, e.group.resident_a) for e in ranked[:NARROW]}
+    return [g for g in groups if (g.tile_m, g.flatten, g.panels, g.resident_a) in keep] or groups
+
+
+def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
+    """Priority fusion: candidates by predicted gain (unfused - fused cycles), largest first, taking those
+    whose gain exceeds `threshold` of the unfused time and whose nodes are still free; every remaining node
+    gets its cheapest single-node schedule."""
+    mc = ev.mc
+    scored, rejected = [], []
+    for cand in enumerate_candidates(mc.graph):
+        if cand.family == "single":
+            continue
+        decision = structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family)
+        best, alts, reason = ev.best(_narrowed(ev, cand)) if decision else (None, [], decision.reason)
+        if best is None:
+            rejected.append((cand.nodes, reason))
+            continue
+        base = ev.unfused(cand.nodes)
+        scored.append((base - best.cycles, base, best, alts))
+    scored.sort(key=lambda s: -s[0])
+    taken: set[str] = set()
+    picked: dict[str, GroupChoice] = {}
+    for gain, base, best, alts in scored:
+        if gain <= threshold * base:
+            rejected.append((best.group.nodes, f"predicted gain {gain:.0f} cycles is below the threshold"))
+            continue
+        if taken & set(best.group.nodes):
+            continue
+        taken.update(best.group.nodes)
+        picked[best.group.nodes[0]] = _choice(ev, best, alts, f"predicted gain {gain:.0f} cycles")
+    for node in mc.graph.nodes:
+        if node.name in taken:
+            continue
+        best, alts, reason = ev.best(schedules(mc, Candidate((node.name,), "single")))
+        if best is None:
+            raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
+        picked[node.name] = _choice(ev, best, alts, "cheapest single-node schedule")
+    return Plan("dynamic", in_execution_order(mc, picked.values()), tuple(rejected))
+
+
+def in_execution_order(mc: ModelContext, choices) -> tuple[GroupChoice, ...]:
+    """Groups by their last node: a group reads only values produced by earlier groups' last nodes."""
+    order = {n.name: i for i, n in enumerate(mc.graph.nodes)}
+    return tuple(sorted(choices, key=lambda c: order[c.group.nodes[-1]]))
+
+
+def oracle_options(ev: Evaluator) -> dict[str, list[Evaluated]]:
+    """Every buildable, legal group variant, by its first node."""
+    mc = ev.mc
+    options: dict[str, list[Evaluated]] = {}
+    for cand in enumerate_candidates(mc.graph):
+        if not structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family):
+            continue
+        groups = schedules(mc, cand)
+        groups += [t for g in groups if (t := zero_skip_twin(g)) is not None]
+        for group in groups:
+            built = ev.evaluate(group)
+            if not isinstance(built, str):
+                options.setdefault(cand.nodes[0], []).append(built)
+    return options
+
+
+def plan_oracle(ev: Evaluator, measure: Callable[[Evaluated], float]) -> Plan:
+    """Every legal way to partition the graph into groups, each group with its best variant by measurement
+    (every variant simulated once); group cycles add up to the plan's, so the cheapest partition is optimal.
+    Refuses graphs with more than ORACLE_MAX_PLANS partitions."""
+    mc = ev.mc
+    best: dict[tuple[str, ...], tuple[float, Evaluated]] = {}
+    for variants in oracle_options(ev).values():
+        for e in variants:
+            cycles = measure(e)
+            if e.group.nodes not in best or cycles < best[e.group.nodes][0]:
+                best[e.group.nodes] = (cycles, e)
+    by_head: dict[str, list[tuple[str, ...]]] = {}
+    for nodes in best:
+        by_head.setdefault(nodes[0], []).append(nodes)
+    names = [n.name for n in mc.graph.nodes]
+    count = 0
+
+    def search(i: int, covered: frozenset) -> tuple[float, tuple[tuple[str, ...], ...]]:
+        nonlocal count
+        while i < len(names) and names[i] in covered:
+            i += 1
+        if i == len(names):
+            count += 1
+            if count > ORACLE_MAX_PLANS:
+                raise EngineError(f"oracle: more than {ORACLE_MAX_PLANS} legal plans; use it on small graphs")
+            return 0.0, ()
+        found: tuple[float, tuple[tuple[str, ...], ...]] = (float("inf"), ())
+        for nodes in by_head.get(names[i], []):
+            if covered & set(nodes):
+                continue
+            rest, plan = search(i + 1, covered | set(nodes))
+            if best[nodes][0] + rest < found[0]:
+                found = (best[nodes][0] + rest, (nodes, *plan))
+        return found
+
+    _, chosen = search(0, frozenset())
+    choices = (
+        GroupChoice(best[n][1].group, best[n][0], ev.unfused(n), f"oracle: best of {count} plans, measured")
+        for n in chosen
+    )
+    return Plan("oracle", in_execution_order(mc, choices))
+
+
+def make_plan(policy: str, ev: Evaluator, measure: Callable[[Evaluated], float] | None = None) -> Plan:
+    if policy == "none":
+        return plan_none(ev)
+    if policy == "static":
+        return plan_static(ev)
+    if policy == "dynamic":
+        return plan_dynamic(ev)
+    if policy == "oracle":
+        if measure is None:
+            raise EngineError("the oracle policy needs a measuring function")
+        return plan_oracle(ev, measure)
+    raise EngineError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")

@@ -1,0 +1,119 @@
+"""The plan report: groups, strategy per group, predicted and measured cycles, DRAM bytes saved, cache
+statistics, validations; as text (`--report`) or JSON (`--json`), and several policies side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fusion.cost.analytic import roofline_cycles
+from fusion.engine.engine import CallResult, FusionEngine
+from fusion.graph.cost import macs
+
+
+@dataclass(frozen=True)
+class PolicyReport:
+    policy: str
+    model: str
+    dtype: str
+    config: str
+    cost_model: str
+    cycles: int
+    dram_bytes: int
+    energy_pj: float
+    roofline_cycles: float
+    plan_seconds: float
+    compile_seconds: float
+    groups: tuple[dict[str, Any], ...]
+    rejected: tuple[dict[str, Any], ...]
+    cache: dict[str, int]
+    validations: int
+    validation_events: tuple[dict[str, Any], ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
+    plan = engine.plan
+    assert plan is not None and engine.mc is not None
+    reasons = {c.group.nodes: c.reason for c in plan.choices}
+    groups = tuple(
+        {
+            "nodes": list(r.nodes),
+            "ops": [engine.graph.node(n).op.value for n in r.nodes],
+            "strategy": r.schedule,
+            "data_class": r.data_class,
+            "predicted_cycles": round(r.predicted_cycles, 1),
+            "measured_cycles": r.measured_cycles,
+            "dram_bytes": r.dram_bytes,
+            "dram_bytes_saved": r.unfused_dram_bytes - r.dram_bytes,
+            "energy_pj": round(r.energy_pj, 1),
+            "cache_hit": r.cache_hit,
+            "validated": r.validated,
+            "fallback": r.fallback,
+            "reason": reasons.get(r.nodes, ""),
+        }
+        for r in result.records
+    )
+    total_macs = sum(macs(engine.graph, n) for n in engine.graph.nodes)
+    return PolicyReport(
+        policy=plan.policy,
+        model=engine.graph.name,
+        dtype=engine.dtype,
+        config=engine.config.name,
+        cost_model=engine.cost_model.name,
+        cycles=result.cycles,
+        dram_bytes=result.dram_bytes,
+        energy_pj=round(result.energy_pj, 1),
+        roofline_cycles=round(roofline_cycles(total_macs, result.dram_bytes, engine.config), 1),
+        plan_seconds=round(engine.plan_seconds, 4),
+        compile_seconds=round(engine.compile_seconds, 4),
+        groups=groups,
+        rejected=tuple({"nodes": list(n), "reason": why} for n, why in plan.rejected),
+        cache=engine.cache.stats.as_dict(),
+        validations=sum(r.validated for r in result.records),
+        validation_events=tuple(e.__dict__ for e in engine.events),
+    )
+
+
+def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
+    lines = [
+        f"model {rep.model} ({rep.dtype}) on {rep.config}, policy {rep.policy}, cost model {rep.cost_model}",
+        f"{'group':44} {'strategy':34} {'pred':>8} {'meas':>8} {'dram B':>8} {'saved B':>8}",
+    ]
+    for g in rep.groups:
+        if g["strategy"] == "alias":
+            continue
+        name = "+".join(g["ops"]) + f" [{g['nodes'][0]}]"
+        strat = g["strategy"] + (f" ({g['data_class']})" if g["data_class"] not in ("any", "dense") else "")
+        if g["fallback"]:
+            strat = f"unfused: {g['fallback']}"
+        lines.append(
+            f"{name[:44]:44} {strat[:34]:34} {g['predicted_cycles']:8.0f} {g['measured_cycles']:8d} "
+            f"{g['dram_bytes']:8d} {g['dram_bytes_saved']:8d}"
+        )
+    lines += [
+        f"total: {rep.cycles} cycles, {rep.dram_bytes} DRAM bytes, {rep.energy_pj / 1e6:.3f} uJ; "
+        f"roofline bound {rep.roofline_cycles:.0f} cycles",
+        f"plan {rep.plan_seconds * 1e3:.1f} ms, JIT compile {rep.compile_seconds * 1e3:.1f} ms; cache {rep.cache}",
+        f"validations run: {rep.validations}; validation failures: {len(rep.validation_events)}",
+    ]
+    lines += [f"  ! {e}" for e in rep.validation_events]
+    if rep.rejected and show_rejected:
+        lines.append("fusions refused (first ones):")
+        lines += [f"  {'+'.join(r['nodes'])}: {r['reason']}" for r in rep.rejected[:show_rejected]]
+    return "\n".join(lines)
+
+
+def format_comparison(reports: Sequence[PolicyReport]) -> str:
+    base = {r.policy: r for r in reports}
+    lines = [f"{'policy':10} {'cycles':>9} {'DRAM bytes':>11} {'energy uJ':>10} {'vs none':>8} {'vs static':>9}"]
+    for r in reports:
+        vs = [
+            f"{base[p].cycles / r.cycles:7.2f}x" if p in base and r.cycles else "       -" for p in ("none", "static")
+        ]
+        lines.append(f"{r.policy:10} {r.cycles:9d} {r.dram_bytes:11d} {r.energy_pj / 1e6:10.3f} {vs[0]:>8} {vs[1]:>9}")
+    lines.append(f"roofline bound: {reports[0].roofline_cycles:.0f} cycles")
+    return "\n".join(lines)

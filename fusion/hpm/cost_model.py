@@ -1,0 +1,62 @@
+"""The HPM as a `CostModel` for the planner, and `load_cost_model`, the `--cost-model` resolver.
+
+`load_cost_model("analytic")` is the timing-rule model, `load_cost_model("hpm")` the model file named by
+$DYNFUSE_HPM_MODEL (default `hpm.model`), any other argument a model file path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fusion.cost.analytic import AnalyticCostModel
+from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
+from fusion.hpm.errors import HpmError
+from fusion.hpm.model import HpmModel, load_model
+from simulator.config import MachineConfig
+
+MODEL_ENV = "DYNFUSE_HPM_MODEL"
+DEFAULT_MODEL = "hpm.model"
+COST_MODELS = ("analytic", "hpm")
+
+
+class HpmCostModel:
+    """Predictions of a trained HpmModel, memoised per (features, machine): the planner asks about the same
+    candidate many times."""
+
+    name = "hpm"
+
+    def __init__(self, model: HpmModel) -> None:
+        self.model = model
+        self._memo: dict[tuple[KernelFeatures, MachineConfig], CostEstimate] = {}
+
+    def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate:
+        key = (features, config)
+        if key not in self._memo:
+            cycles, energy = self.model.predict_many([features], [config])
+            self._memo[key] = CostEstimate(float(cycles[0]), float(energy[0]))
+        return self._memo[key]
+
+    def predict_many(
+        self, features: Sequence[KernelFeatures], configs: Sequence[MachineConfig]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.model.predict_many(features, configs)
+
+
+def default_model_path() -> Path:
+    return Path(os.environ.get(MODEL_ENV, DEFAULT_MODEL))
+
+
+def load_cost_model(name_or_path: str | Path) -> CostModel:
+    """ "analytic", "hpm" (the default model file), or the path of a model file."""
+    text = str(name_or_path)
+    if text == "analytic":
+        return AnalyticCostModel()
+    path = default_model_path() if text == "hpm" else Path(text)
+    if not path.exists():
+        hint = f" (set ${MODEL_ENV} or train one with `dynfuse hpm train DATA -o {path}`)" if text == "hpm" else ""
+        raise HpmError(f"no HPM model file at {path}{hint}; cost models: {', '.join(COST_MODELS)} or a model path")
+    return HpmCostModel(load_model(path))

@@ -1,0 +1,204 @@
+"""Calibration groups: small graphs of one or a few nodes, the shapes of the groups a planner meets in real models
+(GEMM epilogues, attention scores, normalizations, elementwise chains, convolutions), with seeded shapes.
+
+Each recipe draws its dimensions from `rng` and returns a graph whose nodes form one group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ir import Graph
+from fusion.graph.ops import OpType
+
+DIMS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+BATCH = (1, 2, 3, 4, 8)
+UNARY = (OpType.Relu, OpType.Sigmoid, OpType.Tanh, OpType.Exp, OpType.Gelu)
+BINARY = (OpType.Add, OpType.Sub, OpType.Mul)
+
+
+def _dim(rng: np.random.Generator, hi: int = 256) -> int:
+    return int(rng.choice([d for d in DIMS if d <= hi]))
+
+
+def _act_shape(rng: np.random.Generator, hi: int = 256) -> tuple[int, ...]:
+    """An activation shape: 2-D half the time, else with one or two small leading (batch, head) dims."""
+    lead = tuple(int(rng.choice(BATCH)) for _ in range(int(rng.choice([0, 0, 1, 2]))))
+    return (*lead, _dim(rng, hi), _dim(rng, hi))
+
+
+def _w(b: GraphBuilder, rng: np.random.Generator, *shape: int) -> str:
+    return b.constant((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32))
+
+
+def _unary(b: GraphBuilder, rng: np.random.Generator, x: str) -> str:
+    op = UNARY[int(rng.integers(len(UNARY)))]
+    return b.op(op, x, approximate="none") if op == OpType.Gelu else b.op(op, x)
+
+
+def _binary(b: GraphBuilder, rng: np.random.Generator, x: str, y: str) -> str:
+    return b.op(BINARY[int(rng.integers(len(BINARY)))], x, y)
+
+
+def _finish(b: GraphBuilder, out: str) -> Graph:
+    b.output(out)
+    return b.build()
+
+
+def matmul(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("matmul")
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    return _finish(b, b.op(OpType.MatMul, b.input("x", (m, k)), _w(b, rng, k, n)))
+
+
+def gemm_bias(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("gemm_bias")
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    return _finish(b, b.op(OpType.Gemm, b.input("x", (m, k)), _w(b, rng, k, n), _w(b, rng, n)))
+
+
+def matmul_act(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("matmul_act")
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    h = b.op(OpType.MatMul, b.input("x", (m, k)), _w(b, rng, k, n))
+    return _finish(b, _unary(b, rng, h))
+
+
+def matmul_bias_act(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("matmul_bias_act")
+    lead = tuple(int(rng.choice(BATCH)) for _ in range(int(rng.choice([0, 1]))))
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    h = b.op(OpType.Add, b.op(OpType.MatMul, b.input("x", (*lead, m, k)), _w(b, rng, k, n)), _w(b, rng, n))
+    return _finish(b, _unary(b, rng, h))
+
+
+def matmul_residual(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("matmul_residual")
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    h = b.op(OpType.MatMul, b.input("x", (m, k)), _w(b, rng, k, n))
+    return _finish(b, b.op(OpType.Relu, b.op(OpType.Add, h, b.input("r", (m, n)))))
+
+
+def attention_scores(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("attention_scores")
+    s, d = _dim(rng, 128), _dim(rng, 128)
+    scores = b.op(OpType.MatMul, b.input("q", (s, d)), b.input("kt", (d, s)))
+    scaled = b.op(OpType.Mul, scores, b.constant(np.float32(1.0 / np.sqrt(d))))
+    return _finish(b, b.op(OpType.Softmax, scaled, axis=1))
+
+
+def layernorm_matmul(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("layernorm_matmul")
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    ln = b.op(OpType.LayerNorm, b.input("x", (m, k)), _w(b, rng, k), _w(b, rng, k), axis=1, epsilon=1e-5)
+    return _finish(b, b.op(OpType.MatMul, ln, _w(b, rng, k, n)))
+
+
+def unary(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("unary")
+    return _finish(b, _unary(b, rng, b.input("x", _act_shape(rng))))
+
+
+def binary(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("binary")
+    shape = _act_shape(rng)
+    kind = int(rng.integers(3))
+    other = (b.input("y", shape), _w(b, rng, shape[-1]), b.constant(np.float32([rng.standard_normal()])))[kind]
+    return _finish(b, _binary(b, rng, b.input("x", shape), other))
+
+
+def elementwise_chain(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("elementwise_chain")
+    shape = _act_shape(rng)
+    c = shape[-1]
+    h = b.input("x", shape)
+    for _ in range(int(rng.integers(2, 5))):
+        h = _unary(b, rng, h) if rng.random() < 0.5 else _binary(b, rng, h, _w(b, rng, c))
+    return _finish(b, h)
+
+
+def softmax(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("softmax")
+    shape = _act_shape(rng)
+    return _finish(b, b.op(OpType.Softmax, b.input("x", shape), axis=len(shape) - 1))
+
+
+def layernorm(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("layernorm")
+    shape = _act_shape(rng)
+    x = b.input("x", shape)
+    c = shape[-1]
+    return _finish(b, b.op(OpType.LayerNorm, x, _w(b, rng, c), _w(b, rng, c), axis=len(shape) - 1, epsilon=1e-5))
+
+
+def transpose(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("transpose")
+    shape = _act_shape(rng, 128)
+    perm = tuple(int(p) for p in rng.permutation(len(shape)))
+    perm = perm if perm != tuple(range(len(shape))) else tuple(reversed(perm))
+    return _finish(b, b.op(OpType.Transpose, b.input("x", shape), perm=perm))
+
+
+def gather(rng: np.random.Generator) -> Graph:
+    """Picking one slice of a packed tensor (e.g. q, k, v out of one projection)."""
+    b = GraphBuilder("gather")
+    shape = (int(rng.choice([2, 3, 4])), *_act_shape(rng, 128))
+    index = b.constant(np.array(int(rng.integers(shape[0])), dtype=np.int64))
+    return _finish(b, b.op(OpType.Gather, b.input("x", shape), index, axis=0))
+
+
+def batched_matmul(rng: np.random.Generator) -> Graph:
+    """Activations with batch dims times a shared weight, or times another batched activation (attention)."""
+    b = GraphBuilder("batched_matmul")
+    lead = tuple(int(rng.choice(BATCH)) for _ in range(int(rng.integers(1, 3))))
+    m, k, n = _dim(rng, 128), _dim(rng, 128), _dim(rng, 128)
+    x = b.input("x", (*lead, m, k))
+    w = b.input("y", (*lead, k, n)) if rng.random() < 0.5 else _w(b, rng, k, n)
+    return _finish(b, b.op(OpType.MatMul, x, w))
+
+
+def attention(rng: np.random.Generator) -> Graph:
+    """Scaled scores, softmax and the weighted sum over heads: the encoder's inner block."""
+    b = GraphBuilder("attention")
+    heads, s, d = int(rng.choice(BATCH)), _dim(rng, 64), _dim(rng, 64)
+    scale = b.constant(np.float32([1.0 / np.sqrt(d)]))
+    q = b.op(OpType.Mul, b.input("q", (heads, s, d)), scale)
+    scores = b.op(OpType.MatMul, q, b.input("kt", (heads, d, s)))
+    probs = b.op(OpType.Softmax, scores, axis=2)
+    return _finish(b, b.op(OpType.MatMul, probs, b.input("v", (heads, s, d))))
+
+
+def conv_relu(rng: np.random.Generator) -> Graph:
+    b = GraphBuilder("conv_relu")
+    c, o, hw = _dim(rng, 32), _dim(rng, 32), _dim(rng, 16)
+    k = int(rng.choice([1, 3]))
+    attrs = {"strides": (1, 1), "pads": (k // 2,) * 4, "dilations": (1, 1), "group": 1}
+    h = b.op(OpType.Conv, b.input("x", (1, c, hw, hw)), _w(b, rng, o, c, k, k), _w(b, rng, o), **attrs)
+    return _finish(b, b.op(OpType.Relu, h))
+
+
+RECIPES: dict[str, Callable[[np.random.Generator], Graph]] = {
+    f.__name__: f
+    for f in (
+        matmul,
+        gemm_bias,
+        matmul_act,
+        matmul_bias_act,
+        matmul_residual,
+        attention_scores,
+        layernorm_matmul,
+        unary,
+        binary,
+        elementwise_chain,
+        softmax,
+        layernorm,
+        transpose,
+        gather,
+        batched_matmul,
+        attention,
+        conv_relu,
+    )
+}

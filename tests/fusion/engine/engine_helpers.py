@@ -1,0 +1,83 @@
+"""Helpers for the fusion-engine tests: small hand-built graphs, model loading, running one group's kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fusion.engine.context import ModelContext
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import build_kernel
+from fusion.engine.plan import Group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ir import Graph
+from fusion.graph.ops import OpType
+from fusion.lower.compiler import load_graph
+from fusion.quant.calibrate import calibrate
+from fusion.reference.interpreter import evaluate
+from fusion.reference.quantized import evaluate_quantized
+from simulator.config import load_config
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def model(name: str) -> tuple[Graph, dict[str, np.ndarray]]:
+    graph = load_graph(MODELS / f"{name}.onnx")
+    data = np.load(MODELS / f"{name}.npz")
+    return graph, {graph.inputs[0]: data["input"]}
+
+
+def gemm_graph(m: int = 32, k: int = 48, n: int = 40, residual: bool = True, seed: int = 0) -> Graph:
+    """x @ W + b (+ r) -> relu, with a separate bias Add (as ONNX exporters write a Linear layer)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("gemm_epilogue")
+    x = b.input("x", (m, k))
+    h = b.op(OpType.MatMul, x, b.constant(rng.standard_normal((k, n)).astype(np.float32), "w"), name="mm")
+    h = b.op(OpType.Add, h, b.constant(rng.standard_normal(n).astype(np.float32), "bias"), name="add_bias")
+    if residual:
+        h = b.op(OpType.Add, h, b.input("r", (m, n)), name="add_res")
+    b.output(b.op(OpType.Relu, h, name="relu"))
+    return b.build()
+
+
+def linear_relu_graph(m: int = 64, k: int = 128, n: int = 64, seed: int = 0) -> Graph:
+    """Gemm (bias inside) -> Relu: the int8-exact epilogue fusion."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("linear_relu")
+    x = b.input("x", (m, k))
+    w = b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w")
+    bias = b.constant((rng.standard_normal(n) * 0.1).astype(np.float32), "bias")
+    b.output(b.op(OpType.Relu, b.op(OpType.Gemm, x, w, bias, name="fc"), name="relu"))
+    return b.build()
+
+
+def sparse_activations(shape: tuple[int, int], tile: int, zero_tiles: float, seed: int = 0) -> np.ndarray:
+    """ReLU-like activations whose column blocks (dead channel groups) are zero: about `zero_tiles` of the
+    tile x tile blocks are all zero, and 70-90% of the elements are zero for zero_tiles ~ 0.6-0.8."""
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.standard_normal(shape), 0).astype(np.float32)
+    groups = shape[1] // tile
+    dead = rng.permutation(groups)[: int(round(zero_tiles * groups))]
+    for g in dead:
+        x[:, g * tile : (g + 1) * tile] = 0
+    return x
+
+
+def context(graph: Graph, inputs: dict[str, np.ndarray], dtype: str, config: str = "base") -> ModelContext:
+    params = calibrate(graph, [inputs]) if dtype == "int8" else None
+    return ModelContext(graph, load_config(config), dtype, params)
+
+
+def reference_env(mc: ModelContext, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every value as the kernels store it (int8 where the quantization plan says so)."""
+    if mc.params is None:
+        return evaluate(mc.graph, inputs)
+    return {k: v.data for k, v in evaluate_quantized(mc.graph, inputs, mc.params).items()}
+
+
+def run_group(mc: ModelContext, group: Group, inputs: dict[str, np.ndarray], sparsity: str = "any"):
+    """Build the group's kernel and simulate it in checked (race-detecting) mode on reference inputs."""
+    env = reference_env(mc, inputs)
+    kernel = build_kernel(mc, group, sparsity)
+    return kernel, run_kernel(mc, kernel, env, checked=True), env

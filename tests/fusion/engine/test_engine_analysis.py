@@ -1,0 +1,121 @@
+"""Profiler, drift detection, fusion decisions and legality predicates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import context, gemm_graph, model, sparse_activations
+
+from fusion.engine.candidates import enumerate_candidates
+from fusion.engine.decision import FusionDecision
+from fusion.engine.drift import DriftThresholds, detect_drift
+from fusion.engine.legality import (
+    dependencies_respected,
+    internal_values_private,
+    no_cycle_through_outside,
+    numerics_preserved,
+)
+from fusion.engine.profile import profile_tensor, zero_tile_fraction
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
+
+
+def _brute_zero_tiles(x: np.ndarray, t: int) -> float:
+    rows, cols = x.shape
+    tiles = [not x[i : i + t, j : j + t].any() for i in range(0, rows, t) for j in range(0, cols, t)]
+    return sum(tiles) / len(tiles)
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (20, 30), (5, 7)])
+def test_zero_tile_fraction_matches_brute_force(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape) * (rng.random((shape[0], 1)) < 0.5) * (rng.random((1, shape[1])) < 0.6)
+    assert zero_tile_fraction(x, 4) == pytest.approx(_brute_zero_tiles(x, 4))
+
+
+def test_profile_fields_and_sparsity_class() -> None:
+    dense = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    p = profile_tensor(dense, 16)
+    assert p.shape == (64, 64) and p.dtype == "float32" and p.sparsity == "dense"
+    assert p.min == dense.min() and p.max == dense.max() and sum(p.histogram) == dense.size
+    sparse = sparse_activations((64, 128), 16, 0.75)
+    q = profile_tensor(sparse, 16)
+    assert q.sparsity == "sparse" and q.zero_tile_fraction == pytest.approx(0.75)
+    assert 0.7 <= q.zero_fraction <= 0.9
+
+
+def test_profile_samples_large_tensors_without_bias() -> None:
+    x = sparse_activations((4096, 64), 16, 0.5, seed=2)
+    assert profile_tensor(x, 16).zero_tile_fraction == pytest.approx(0.5)
+
+
+def test_drift_detects_class_shape_and_range_changes_only() -> None:
+    limits = DriftThresholds(range_ratio=2.0)
+    base = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    old = {"x": profile_tensor(base, 16)}
+    assert detect_drift(old, {"x": profile_tensor(base * 1.1, 16)}, limits) == ()
+    assert "range" in detect_drift(old, {"x": profile_tensor(base * 5, 16)}, limits)[0].reason
+    assert "shape" in detect_drift(old, {"x": profile_tensor(base[:32], 16)}, limits)[0].reason
+    sparse = base.copy()
+    sparse[:, :48] = 0
+    assert "sparsity" in detect_drift(old, {"x": profile_tensor(sparse, 16)}, limits)[0].reason
+    assert detect_drift({}, old, limits) == ()
+
+
+def test_fusion_decision_combines_with_reasons() -> None:
+    yes, no1, no2 = FusionDecision.yes(), FusionDecision.no("too big"), FusionDecision.no("cycle")
+    assert (yes & yes) and not (yes & no1) and (yes & no1).reason == "too big"
+    assert (no1 | yes) and not (no1 | no2) and (no1 | no2).reason == "too big and cycle"
+    assert (no2 & no1).reason == "cycle"
+
+
+def _diamond():
+    """a -> b -> c and a -> c: fusing (a, c) would need b in between (a cycle through outside)."""
+    b = GraphBuilder("diamond")
+    x = b.input("x", (4, 8))
+    a = b.op(OpType.Relu, x, name="a")
+    m = b.op(OpType.Exp, a, name="b")
+    b.output(b.op(OpType.Add, a, m, name="c"))
+    return b.build()
+
+
+def test_legality_predicates_on_a_diamond() -> None:
+    g = _diamond()
+    a, bnode, c = (g.node(n) for n in ("a", "b", "c"))
+    assert not no_cycle_through_outside(g, [a, c])
+    assert "re-enters" in no_cycle_through_outside(g, [a, c]).reason
+    assert not internal_values_private(g, [a, bnode])  # a is also read by c
+    assert internal_values_private(g, [bnode, c])
+    assert dependencies_respected(g, [a, bnode]) and not dependencies_respected(g, [bnode, a])
+
+
+def test_int8_rounding_changing_fusion_needs_the_option() -> None:
+    graph = gemm_graph(residual=False)
+    x = {"x": np.random.default_rng(0).standard_normal((32, 48)).astype(np.float32)}
+    mc = context(graph, x, "int8")
+    nodes = [graph.node(n) for n in ("mm", "add_bias")]
+    assert "requantization" in numerics_preserved(mc, nodes).reason
+    relaxed = type(mc)(mc.graph, mc.config, mc.dtype, mc.params, allow_rounding_change=True)
+    assert numerics_preserved(relaxed, nodes)
+    assert numerics_preserved(mc, [graph.node("mm")])
+
+
+def test_candidates_cover_epilogues_and_chains_of_the_encoder() -> None:
+    graph, _ = model("encoder_post_d64")
+    found = {(c.nodes, c.family) for c in enumerate_candidates(graph)}
+    assert (("node_MatMul_85", "node_linear_2", "node_relu"), "epilogue") in found
+    assert (("node_add", "node_layer_norm"), "chain") in found
+    assert all(len(n) == 1 for n, f in found if f == "single")
+
+
+def test_constant_slab_gather_is_a_view() -> None:
+    from fusion.engine.views import apply_view, is_view
+    from fusion.reference.interpreter import evaluate
+
+    graph, inputs = model("encoder_post_d64")
+    env = evaluate(graph, inputs)
+    gathers = [n for n in graph.nodes if n.op == OpType.Gather]
+    assert gathers and all(is_view(graph, n) for n in gathers)
+    for node in gathers:
+        np.testing.assert_array_equal(apply_view(graph, node, env[node.inputs[0]]), env[node.outputs[0]])
+    assert not is_view(graph, next(n for n in graph.nodes if n.op == OpType.Transpose))

@@ -1,0 +1,50 @@
+"""`dynfuse fuse`: report, JSON, comparison, output files and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from engine_helpers import MODELS
+
+from dynfuse.cli import main
+
+
+def _input(tmp_path: Path) -> str:
+    x = np.load(MODELS / "mlp.npz")["input"]
+    np.save(tmp_path / "x.npy", x)
+    return f"input={tmp_path / 'x.npy'}"
+
+
+def test_fuse_report_lists_groups_and_totals(tmp_path: Path, capsys) -> None:
+    code = main(["fuse", str(MODELS / "mlp.onnx"), "--input", _input(tmp_path), "--policy", "dynamic", "--report"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "policy dynamic" in out and "epilogue" in out and "roofline bound" in out and "cache" in out
+    assert "validations run" in out
+
+
+def test_fuse_json_and_output_dir(tmp_path: Path, capsys) -> None:
+    args = ["fuse", str(MODELS / "mlp.onnx"), "--input", _input(tmp_path), "--json", "--dtype", "int8"]
+    assert main([*args, "--output-dir", str(tmp_path / "out")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["policy"] == "dynamic" and report["cycles"] > 0 and report["roofline_cycles"] > 0
+    assert report["cycles"] == sum(g["measured_cycles"] for g in report["groups"])
+    assert (tmp_path / "out" / "linear_2.npy").exists()
+
+
+def test_fuse_compare_side_by_side(tmp_path: Path, capsys) -> None:
+    args = ["fuse", str(MODELS / "mlp.onnx"), "--input", _input(tmp_path), "--compare", "none,static,dynamic"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert all(p in out for p in ("none", "static", "dynamic", "vs none"))
+
+
+def test_fuse_errors_are_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["fuse", str(tmp_path / "missing.onnx")]) != 0
+    assert main(["fuse", str(MODELS / "mlp.onnx"), "--compare", "none,bogus"]) != 0
+    assert main(["fuse", str(MODELS / "mlp.onnx"), "--input", "input=/nonexistent.npy"]) != 0
+    assert main(["fuse", str(MODELS / "mlp.onnx"), "--validate", "sometimes"]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "missing.onnx" in err and "bogus" in err

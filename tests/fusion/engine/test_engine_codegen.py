@@ -1,0 +1,168 @@
+"""Each fused-kernel generator against the numpy reference, simulated in checked (race-detecting) mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import context, gemm_graph, linear_relu_graph, model, run_group, sparse_activations
+
+from fusion.engine.errors import CodegenError
+from fusion.engine.kernel import build_kernel
+from fusion.engine.plan import Group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
+
+
+def _inputs(graph, seed=1):
+    rng = np.random.default_rng(seed)
+    return {v: rng.standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs}
+
+
+@pytest.mark.parametrize("panels,resident", [(1, False), (2, False), (0, False), (1, True), (0, True)])
+def test_gemm_epilogue_bias_residual_relu_fp32(panels: int, resident: bool) -> None:
+    graph = gemm_graph()
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "fp32")
+    group = Group(("mm", "add_bias", "add_res", "relu"), "epilogue", panels=panels, resident_a=resident)
+    kernel, run, env = run_group(mc, group, inputs)
+    assert kernel.outputs == ("relu",)
+    np.testing.assert_allclose(run.outputs["relu"], env["relu"], rtol=1e-5, atol=1e-5)
+    assert {"ep.cfg", "mx.drain"} <= {i.mnemonic for i in kernel.program.instructions()}
+    # the intermediates never travel to DRAM: only x, r, w, bias are read and relu written
+    assert run.dram_write_bytes == 32 * 40 * 4
+
+
+def test_gemm_epilogue_int8_is_bit_exact() -> None:
+    graph = linear_relu_graph()
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "int8")
+    _, run, env = run_group(mc, Group(("fc", "relu"), "epilogue", panels=0), inputs)
+    assert run.outputs["relu"].dtype == np.int8
+    np.testing.assert_array_equal(run.outputs["relu"], env["relu"])
+
+
+def test_gemm_epilogue_refuses_int8_bias_add_after_requantization() -> None:
+    graph = gemm_graph(residual=False)
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "int8")
+    with pytest.raises(CodegenError, match="requantization"):
+        build_kernel(mc, Group(("mm", "add_bias"), "epilogue"))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_zero_skip_is_exact_and_skips_matrix_work_on_sparse_data(dtype: str) -> None:
+    graph = linear_relu_graph()
+    x = sparse_activations((64, 128), 16, 0.75)
+    assert 0.7 <= float(np.mean(x == 0)) <= 0.9
+    mc = context(graph, {"x": x}, dtype)
+    dense_k, dense, env = run_group(mc, Group(("fc", "relu"), "epilogue"), {"x": x})
+    skip_k, skip, _ = run_group(mc, Group(("fc", "relu"), "zero_skip"), {"x": x}, "sparse")
+    np.testing.assert_array_equal(skip.outputs["relu"], dense.outputs["relu"])
+    if dtype == "int8":
+        np.testing.assert_array_equal(skip.outputs["relu"], env["relu"])
+    assert skip_k.guard.sparsity == "sparse" and dense_k.guard.sparsity == "any"
+    assert skip.counters.matrix_busy < 0.5 * dense.counters.matrix_busy
+    assert skip.cycles < dense.cycles
+
+
+def test_zero_skip_on_dense_data_computes_everything() -> None:
+    graph = linear_relu_graph()
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "fp32")
+    _, skip, env = run_group(mc, Group(("fc", "relu"), "zero_skip"), inputs, "sparse")
+    np.testing.assert_allclose(skip.outputs["relu"], env["relu"], rtol=1e-5, atol=1e-5)
+
+
+def _chain_graph(kind: str):
+    rng = np.random.default_rng(3)
+    b = GraphBuilder(kind)
+    x = b.input("x", (6, 40))
+    if kind == "add_layernorm":
+        h = b.op(OpType.Add, x, b.input("y", (6, 40)), name="add")
+        scale, bias = (b.constant(rng.standard_normal(40).astype(np.float32)) for _ in range(2))
+        out = b.op(OpType.LayerNorm, h, scale, bias, name="ln", axis=1, epsilon=1e-5)
+    elif kind == "mul_softmax":
+        h = b.op(OpType.Mul, x, b.constant(np.float32(0.25)), name="mul")
+        out = b.op(OpType.Softmax, h, name="sm", axis=1)
+    else:
+        h = b.op(OpType.Add, x, b.constant(rng.standard_normal(40).astype(np.float32)), name="bias")
+        out = b.op(OpType.Gelu, h, name="gelu", approximate="none")
+    b.output(out)
+    return b.build()
+
+
+@pytest.mark.parametrize("kind", ["add_layernorm", "mul_softmax", "bias_gelu"])
+def test_vector_chain_matches_reference_in_one_pass(kind: str) -> None:
+    graph = _chain_graph(kind)
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "fp32")
+    nodes = tuple(n.name for n in graph.nodes)
+    kernel, run, env = run_group(mc, Group(nodes, "chain"), inputs)
+    out = graph.outputs[0]
+    np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-6)
+    mnemonics = [i.mnemonic for i in kernel.program.instructions()]
+    assert mnemonics.count("dma.st") == 1 and "vc.st" in mnemonics
+    assert not any(m.startswith("v.") for m in mnemonics)  # no memory-to-memory vector pass
+
+
+def test_chain_of_unfused_values_equals_unfused_kernels_bitwise() -> None:
+    graph = _chain_graph("bias_gelu")
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "fp32")
+    _, fused, env = run_group(mc, Group(("bias", "gelu"), "chain"), inputs)
+    _, first, _ = run_group(mc, Group(("bias",), "unfused"), inputs)
+    env2 = dict(env, **first.outputs)
+    from fusion.engine.execute import run_kernel
+
+    second = run_kernel(mc, build_kernel(mc, Group(("gelu",), "unfused")), env2)
+    np.testing.assert_array_equal(fused.outputs["gelu"], second.outputs["gelu"])
+
+
+def test_transposing_load_replaces_element_strided_transpose() -> None:
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, "fp32")
+    node = "node_Transpose_65"
+    kernel, run, env = run_group(mc, Group((node,), "transpose_load"), inputs)
+    out = graph.node(node).outputs[0]
+    np.testing.assert_array_equal(run.outputs[out], env[out])
+    assert "dma.ldt" in {i.mnemonic for i in kernel.program.instructions()}
+    _, base, _ = run_group(mc, Group((node,), "unfused"), inputs)
+    assert run.cycles < base.cycles
+
+
+def test_transposing_load_refuses_a_contiguous_last_axis() -> None:
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, "fp32")
+    with pytest.raises(CodegenError, match="transposing load"):
+        build_kernel(mc, Group(("node_transpose",), "transpose_load"))
+
+
+def test_kernel_metadata_is_the_guard() -> None:
+    graph = linear_relu_graph()
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, "int8")
+    kernel = build_kernel(mc, Group(("fc", "relu"), "zero_skip"), "sparse")
+    (meta,) = kernel.program.kernels
+    attrs = dict(meta.attrs)
+    assert attrs["sparsity"] == "sparse" and attrs["config"] == mc.config.config_hash()
+    assert attrs["strategy"] == "zero_skip" and attrs["dtype"] == "int8"
+    assert [t.shape for t in meta.inputs] == [(64, 128)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_matmul_streams_into_softmax_without_a_scratchpad_round_trip(dtype: str) -> None:
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, dtype)
+    group = Group(("node_MatMul_73", "node_Softmax_74"), "stream")
+    kernel, run, env = run_group(mc, group, inputs)
+    out = graph.node("node_Softmax_74").outputs[0]
+    if dtype == "int8":  # requantized in the chain exactly as the unfused MatMul's drain: bit-exact
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-6)
+    mnemonics = [i.mnemonic for i in kernel.program.instructions()]
+    assert "mx.mms" in mnemonics and "vc.lds" in mnemonics and "mx.mm" not in mnemonics
+    _, mm, _ = run_group(mc, Group(("node_MatMul_73",), "unfused"), inputs)
+    _, sm, _ = run_group(mc, Group(("node_Softmax_74",), "unfused"), inputs)
+    assert run.cycles < mm.cycles + sm.cycles
+    assert run.dram_write_bytes < mm.dram_write_bytes + sm.dram_write_bytes

@@ -1,0 +1,57 @@
+"""The HPM behind the CostModel protocol, `load_cost_model`, and online retraining."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusion.cost.analytic import AnalyticCostModel
+from fusion.cost.interface import CostEstimate
+from fusion.hpm.cost_model import MODEL_ENV, HpmCostModel, load_cost_model
+from fusion.hpm.errors import HpmError
+from fusion.hpm.model import TARGETS, save_model, train
+from fusion.hpm.online import OnlineHpm
+
+
+@pytest.fixture(scope="module")
+def small_model(small_dataset):
+    ds = small_dataset
+    half = ds.subset(ds.columns["seed"] % 2 == 0)
+    return train(half.features(), half.configs(), {t: half.measured(t) for t in TARGETS}, "forest", seed=0)
+
+
+def test_load_cost_model(tmp_path: Path, small_model, small_dataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(load_cost_model("analytic"), AnalyticCostModel)
+    path = save_model(small_model, tmp_path / "m.hpm")
+    model = load_cost_model(str(path))
+    assert isinstance(model, HpmCostModel) and model.name == "hpm"
+    f, c = small_dataset.features()[0], small_dataset.configs()[0]
+    est = model.predict(f, c)
+    assert isinstance(est, CostEstimate) and est.cycles > 0 and est.energy_pj > 0
+    assert est.cycles == pytest.approx(small_model.predict_many([f], [c])[0][0])
+    monkeypatch.setenv(MODEL_ENV, str(path))
+    assert isinstance(load_cost_model("hpm"), HpmCostModel)
+    monkeypatch.setenv(MODEL_ENV, str(tmp_path / "missing.hpm"))
+    with pytest.raises(HpmError, match="dynfuse hpm train"):
+        load_cost_model("hpm")
+
+
+def test_online_retrains_in_the_background_and_persists(tmp_path: Path, small_model, small_dataset) -> None:
+    ds = small_dataset
+    odd = ds.subset(ds.columns["seed"] % 2 == 1)
+    log = tmp_path / "online.jsonl"
+    online = OnlineHpm(small_model, retrain_every=len(odd), log_path=log)
+    assert online.samples() == 0
+    cycles, energy = odd.measured("cycle"), odd.measured("energy_total_pj")
+    first_model = online.model
+    for i, (f, c) in enumerate(zip(odd.features(), odd.configs(), strict=True)):
+        online.predict(f, c)  # dispatch keeps predicting while samples arrive
+        online.record(f, c, {"cycle": cycles[i], "energy_total_pj": energy[i]})
+    assert online.wait(timeout=120)
+    assert online.last_error is None and online.retrains == 1
+    assert online.model is not first_model and online.model.meta["online_samples"] == len(odd)
+    restarted = OnlineHpm(small_model, log_path=log)
+    assert restarted.samples() == len(odd)
+    with pytest.raises(HpmError, match="lack"):
+        online.record(odd.features()[0], odd.configs()[0], {"cycle": 1.0})

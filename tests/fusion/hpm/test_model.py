@@ -1,0 +1,74 @@
+"""Training and prediction on a small seeded sweep; the model file container and its refusals."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusion.hpm.errors import ModelFileError, SchemaMismatchError
+from fusion.hpm.metrics import mape
+from fusion.hpm.model import MAGIC, TARGETS, load_model, read_header, save_model, train
+from fusion.hpm.schema import FEATURE_NAMES, baselines, schema_hash, vectorize
+
+
+@pytest.fixture(scope="module")
+def model(small_dataset):
+    ds = small_dataset
+    return train(ds.features(), ds.configs(), {t: ds.measured(t) for t in TARGETS}, "gbt", seed=0)
+
+
+def test_fits_its_training_data_better_than_the_analytic_estimate(small_dataset, model) -> None:
+    ds = small_dataset
+    cycles, energy = model.predict_many(ds.features(), ds.configs())
+    base_cycles, base_energy = baselines(ds.features(), ds.configs())
+    measured = ds.measured("cycle")
+    assert mape(cycles, measured) < 0.5 * mape(base_cycles, measured)
+    assert mape(cycles, measured) < 0.05
+    assert mape(energy, ds.measured("energy_total_pj")) < 0.02
+
+
+def test_feature_vector_matches_schema(small_dataset) -> None:
+    x = vectorize(small_dataset.features()[0], small_dataset.configs()[0])
+    assert x.shape == (len(FEATURE_NAMES),) and np.all(np.isfinite(x))
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
+
+
+def test_save_load_round_trip(tmp_path: Path, small_dataset, model) -> None:
+    path = save_model(model, tmp_path / "m.hpm")
+    loaded = load_model(path)
+    before = model.predict_many(small_dataset.features(), small_dataset.configs())
+    after = loaded.predict_many(small_dataset.features(), small_dataset.configs())
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+    assert loaded.meta["algorithm"] == "gbt" and loaded.meta["samples"] == len(small_dataset)
+
+
+def _rewrite_header(path: Path, change: dict) -> None:
+    header, payload = read_header(path)
+    raw = json.dumps({**header, **change}).encode()
+    path.write_bytes(MAGIC + struct.pack("<Q", len(raw)) + raw + payload)
+
+
+def test_schema_mismatch_is_a_clear_error(tmp_path: Path, model) -> None:
+    path = save_model(model, tmp_path / "m.hpm")
+    names = [*FEATURE_NAMES[:-1], "feature_from_the_future"]
+    _rewrite_header(path, {"feature_names": names, "schema_hash": schema_hash(names)})
+    with pytest.raises(SchemaMismatchError, match="feature_from_the_future") as err:
+        load_model(path)
+    assert "retrain" in str(err.value)
+
+
+def test_corruption_and_foreign_files_are_refused(tmp_path: Path, model) -> None:
+    path = save_model(model, tmp_path / "m.hpm")
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="checksum"):
+        load_model(path)
+    (tmp_path / "x.hpm").write_bytes(b"not a model")
+    with pytest.raises(ModelFileError, match="magic"):
+        load_model(tmp_path / "x.hpm")
