@@ -17,9 +17,10 @@ install-test:
 	@missing=""; for pair in $(APT_TOOLS); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
+# The main job: dynamic fusion of a PyTorch-exported transformer encoder layer, against the unfused and
+# rule-based baselines, every number from the cycle-level simulator.
 demo: install
-	$(PYTHON) -m dynfuse asm examples/tiled_gemm.s -o /tmp/dynfuse_demo.bin
-	$(PYTHON) -m dynfuse disasm /tmp/dynfuse_demo.bin
+	$(PYTHON) -m dynfuse fuse examples/models/encoder_post_d64.onnx --dtype int8 --compare none,static,dynamic --report
 
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 test: install-test

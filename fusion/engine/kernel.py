@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,16 +30,16 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import (
     LOWERINGS,
-    _alias_roots,
-    _constant_forms,
-    _data_section,
-    _intervals,
+    constant_forms,
+    declare,
+    emit_phases,
+    finish_program,
+    plan_dram,
     symbol_names,
 )
 from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key
-from fusion.lower.emitter import Emitter, Step, run_pipeline
+from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import LoweringError
-from fusion.lower.memory_plan import align, plan_arena
 from fusion.quant.params import quantize_bias
 
 
@@ -128,34 +128,20 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
         "config": guard.config_hash,
     }
     names = symbol_names([*sub.inputs, *sub.outputs])
-    ins = [_decl(cx, names, v) for v in sub.inputs]
-    outs = [_decl(cx, names, v) for v in sub.outputs]
+    ins = [declare(cx, names, v) for v in sub.inputs]
+    outs = [declare(cx, names, v) for v in sub.outputs]
     with b.kernel(_kernel_name(group), inputs=ins, outputs=outs, attrs=attrs):
-        for phase in _phases(cx, sub.nodes, group, mc.allow_rounding_change):
-            run_pipeline(em, phase)
-            b.fence()
-    b.halt()
-    if data:
-        b.data()
-        b.label("constants")
-        b.i8(np.frombuffer(data, dtype=np.uint8))
-    program = b.build()
+        emit_phases(b, em, _phases(cx, sub.nodes, group, mc.allow_rounding_change))
+    program = finish_program(b, data)
     return Kernel(group, program, sub.inputs, sub.outputs, guard, time.perf_counter() - start, names)
 
 
 def _dram_image(mc: ModelContext, sub: Graph) -> tuple[bytes, dict[str, int]]:
     """The group's constants (data section) and DRAM addresses of every value, by the baseline's planner."""
-    roots = _alias_roots(sub)
-    forms = _constant_forms(sub, mc.qplan)
+    forms = constant_forms(sub, mc.qplan)
     forms.update(_absorbed_biases(mc, sub))
     forms.update(_packed_weights(mc, sub, forms))
-    data, addresses = _data_section(forms)
-    # a fused kernel reads its inputs while it writes its outputs: no two of its buffers may share bytes
-    whole = [replace(iv, start=-1, end=len(sub.nodes)) for iv in _intervals(sub, mc.qplan, roots)]
-    memory = plan_arena(whole, align(len(data) or 1), mc.config.dram_bytes)
-    addresses.update(memory.addresses)
-    for alias, root in roots.items():
-        addresses[alias] = addresses[root]
+    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True)
     return data, addresses
 
 
@@ -181,11 +167,6 @@ def _absorbed_biases(mc: ModelContext, sub: Graph) -> dict[str, np.ndarray]:
         for v in node.inputs
         if sub.is_constant(v)
     }
-
-
-def _decl(cx: LowerContext, names: dict[str, str], value: str) -> tuple[str, str, tuple[int, ...], int]:
-    view = cx.view(value)
-    return names[value], view.dtype.name, view.shape, view.address
 
 
 def _kernel_name(group: Group) -> str:

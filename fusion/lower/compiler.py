@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,8 @@ def load_graph(model_or_graph: Graph | onnx.ModelProto | str | Path, cleanup: bo
     return graph
 
 
-def _alias_roots(graph: Graph) -> dict[str, str]:
+def alias_roots(graph: Graph) -> dict[str, str]:
+    """Every Reshape/Identity output of an activation -> the value whose DRAM bytes it shares."""
     roots: dict[str, str] = {}
     for node in graph.nodes:
         if node.op in ALIAS_OPS and not graph.is_constant(node.inputs[0]):
@@ -74,7 +75,7 @@ def _alias_roots(graph: Graph) -> dict[str, str]:
     return roots
 
 
-def _constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray]:
+def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray]:
     """Every constant as the kernels read it: float32, or (int8 path) pre-quantized matrix operands and biases."""
     forms: dict[str, np.ndarray] = {}
     for node in graph.nodes:
@@ -145,7 +146,8 @@ def symbol_names(names: Sequence[str], reserved: Sequence[str] = ()) -> dict[str
     return out
 
 
-def _decl(cx: LowerContext, names: Mapping[str, str], value: str) -> tuple[str, str, tuple[int, ...], int]:
+def declare(cx: LowerContext, names: Mapping[str, str], value: str) -> tuple[str, str, tuple[int, ...], int]:
+    """A `.kernel` input/output declaration: (program name, dtype, shape, DRAM address)."""
     view = cx.view(value)
     return names[value], view.dtype.name, view.shape, view.address
 
@@ -241,12 +243,7 @@ def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples
     _check_supported(graph)
     params = calibrate(graph, [check_inputs(graph, s) for s in samples]) if dtype == "int8" else None
     plan = None if params is None else plan_quantization(graph, params)
-    roots = _alias_roots(graph)
-    data, addresses = _data_section(_constant_forms(graph, plan))
-    memory = plan_arena(_intervals(graph, plan, roots), align(len(data) or 1), cfg.dram_bytes)
-    addresses.update(memory.addresses)
-    for alias, root in roots.items():
-        addresses[alias] = addresses[root]
+    data, addresses, memory = plan_dram(graph, plan, cfg)
     cx = LowerContext(graph, cfg, plan, params, addresses)
     b = ProgramBuilder(data_base=0)
     em = Emitter(b)
@@ -258,6 +255,36 @@ def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples
         raise AssertionError(f"the unfused baseline must use the base ISA only, got {sorted(e.value for e in used)}")
     seconds = time.perf_counter() - start
     return CompiledModel(graph, cfg, dtype, program, memory, params, seconds, kernels, names)
+
+
+def plan_dram(
+    graph: Graph,
+    plan: QuantPlan | None,
+    cfg: MachineConfig,
+    forms: Mapping[str, np.ndarray] | None = None,
+    whole_program: bool = False,
+) -> tuple[bytes, dict[str, int], MemoryPlan]:
+    """A graph's DRAM image: the constants as the kernels read them (`forms`, default `constant_forms`; a fused
+    kernel adds e.g. packed weights) in the data section at address 0, then an address for every value and its
+    aliases. `whole_program` keeps every value live throughout (a fused kernel reads its inputs while it writes its
+    outputs, so no two of its buffers may share bytes); otherwise buffers are reused by liveness, node by node."""
+    roots = alias_roots(graph)
+    data, addresses = _data_section(constant_forms(graph, plan) if forms is None else forms)
+    intervals = _intervals(graph, plan, roots)
+    if whole_program:
+        intervals = [replace(iv, start=-1, end=len(graph.nodes)) for iv in intervals]
+    memory = plan_arena(intervals, align(len(data) or 1), cfg.dram_bytes)
+    addresses.update(memory.addresses)
+    for alias, root in roots.items():
+        addresses[alias] = addresses[root]
+    return data, addresses, memory
+
+
+def emit_phases(b: ProgramBuilder, em: Emitter, phases: Sequence[Sequence[Step]]) -> None:
+    """Each phase through the token pipeline, then a fence: its DRAM writes land before the next phase reads."""
+    for phase in phases:
+        run_pipeline(em, list(phase))
+        b.fence()
 
 
 def finish_program(b: ProgramBuilder, data: bytes) -> ObjectFile:
@@ -274,13 +301,13 @@ def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter, names: Mappi
     graph = cx.graph
     kernel_names = symbol_names([n.name for n in graph.nodes], reserved=("graph_inputs", "graph_outputs"))
     attrs_common = {"dtype": "int8" if cx.int8 else "fp32", "config": cx.config.config_hash()}
-    with b.kernel("graph_inputs", inputs=[_decl(cx, names, v) for v in graph.inputs], attrs={"op": "inputs"}):
+    with b.kernel("graph_inputs", inputs=[declare(cx, names, v) for v in graph.inputs], attrs={"op": "inputs"}):
         b.nop()
-    roots = _alias_roots(graph)
+    roots = alias_roots(graph)
     lowered = [n for n in graph.nodes if n.outputs[0] not in roots]
     for node in lowered:
-        ins = [_decl(cx, names, v) for v in dict.fromkeys(node.inputs) if not graph.is_constant(v)]
-        outs = [_decl(cx, names, v) for v in node.outputs]
+        ins = [declare(cx, names, v) for v in dict.fromkeys(node.inputs) if not graph.is_constant(v)]
+        outs = [declare(cx, names, v) for v in node.outputs]
         attrs = {
             "op": node.op.value,
             **attrs_common,
@@ -288,10 +315,8 @@ def _emit_kernels(cx: LowerContext, b: ProgramBuilder, em: Emitter, names: Mappi
             **{f"attr.{k}": str(v).replace(" ", "") for k, v in node.attrs},
         }
         with b.kernel(kernel_names[node.name], inputs=ins, outputs=outs, attrs=attrs):
-            for phase in LOWERINGS[node.op](cx, node):
-                run_pipeline(em, phase)
-                b.fence()
-    outs = [_decl(cx, names, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
+            emit_phases(b, em, LOWERINGS[node.op](cx, node))
+    outs = [declare(cx, names, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
     with b.kernel("graph_outputs", outputs=outs, attrs={"op": "outputs"}):
         b.nop()
     return tuple(kernel_names[n.name] for n in lowered)
