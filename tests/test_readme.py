@@ -40,3 +40,11 @@ def test_readme_error_example_is_what_the_assembler_prints() -> None:
     printed = str(err.value).splitlines()
     for line in shown[2:]:  # after the command and the summary line the CLI adds
         assert line in printed, line
+
+
+def test_every_readme_assembly_block_assembles_and_runs() -> None:
+    blocks = re.findall(r"```asm\n(.*?)```", README, re.S)
+    primitives = {"ep.cfg", "vc.ld", "mx.mms", "bz.tile", "dispatch", "dma.ldt"}
+    assert all(any(p in block for block in blocks) for p in primitives)
+    for block in blocks:
+        simulate(assemble(block, "README.md"), "base", checked=True)

@@ -82,6 +82,7 @@ def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
         groups.append(Group(cand.nodes, cand.family))
     if head.op in EPILOGUE_HEADS and cand.family in ("single", "epilogue"):
         groups += gemm_schedules(mc, cand.nodes)
+        groups.append(Group(cand.nodes, "swapped"))
     return groups
 
 

@@ -20,6 +20,7 @@ from fusion.engine.codegen.chain import chain_steps
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
+from fusion.engine.codegen.swapped import SWAPPED, pack_swapped, scratch_bytes, swapped_phases, swapped_shape
 from fusion.engine.codegen.transpose import transpose_steps
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
@@ -28,7 +29,7 @@ from fusion.engine.views import is_view
 from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
-from fusion.lower.compiler import (
+from fusion.lower import (
     LOWERINGS,
     constant_forms,
     declare,
@@ -37,7 +38,7 @@ from fusion.lower.compiler import (
     plan_dram,
     symbol_names,
 )
-from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key
+from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, temp_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import LoweringError
 from fusion.quant.params import quantize_bias
@@ -82,6 +83,8 @@ def _phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_chan
     if group.strategy in ("epilogue", "zero_skip"):
         schedule = Schedule(group.tile_m, group.panels, group.strategy == "zero_skip", group.resident_a)
         return [matrix_group_steps(cx, nodes, schedule, group.flatten, rounding_change)]
+    if group.strategy == "swapped":
+        return swapped_phases(cx, nodes)
     if group.strategy == "chain":
         return [chain_steps(cx, nodes)]
     if group.strategy == "stream":
@@ -115,7 +118,7 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
         if not is_view(sub, node):
             raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a view")
         return Kernel(group, None, sub.inputs, sub.outputs, guard, time.perf_counter() - start, None)
-    data, addresses = _dram_image(mc, sub)
+    data, addresses = _dram_image(mc, sub, group)
     cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
     b = ProgramBuilder(data_base=0)
     em = Emitter(b)
@@ -136,12 +139,19 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
     return Kernel(group, program, sub.inputs, sub.outputs, guard, time.perf_counter() - start, names)
 
 
-def _dram_image(mc: ModelContext, sub: Graph) -> tuple[bytes, dict[str, int]]:
-    """The group's constants (data section) and DRAM addresses of every value, by the baseline's planner."""
+def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict[str, int]]:
+    """The group's constants (data section), scratch buffers and DRAM addresses of every value, by the baseline's
+    planner."""
     forms = constant_forms(sub, mc.qplan)
     forms.update(_absorbed_biases(mc, sub))
-    forms.update(_packed_weights(mc, sub, forms))
-    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True)
+    scratch: dict[str, int] = {}
+    if group.strategy == "swapped":
+        head = sub.nodes[0]
+        forms.update(_swapped_weight(mc, sub, forms))
+        scratch[temp_key(head, 0)] = scratch_bytes(sub, mc.config, head, mc.int8)
+    elif group.strategy in ("epilogue", "zero_skip"):
+        forms.update(_packed_weights(mc, sub, forms))
+    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
     return data, addresses
 
 
@@ -153,6 +163,17 @@ def _packed_weights(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) 
         return {}
     data = forms[const_key(w, CONST_I8 if mc.int8 else CONST_F32)]
     return {const_key(w, PACKED): pack_panels(np.asarray(data), mc.config.array_size)}
+
+
+def _swapped_weight(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A swapped GEMM's constant weight as the rows the array streams (see `codegen.swapped`)."""
+    head = sub.nodes[0]
+    w = packable_weight(sub, head)
+    if w is None:
+        raise CodegenError(f"node {head.name!r}: the swapped orientation needs a constant 2-D weight")
+    chunk = swapped_shape(sub, mc.config, head, mc.int8).chunk
+    data = np.asarray(forms[const_key(w, CONST_I8 if mc.int8 else CONST_F32)])
+    return {const_key(w, SWAPPED): pack_swapped(data, chunk, mc.config.array_size)}
 
 
 def _absorbed_biases(mc: ModelContext, sub: Graph) -> dict[str, np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STRATEGIES = ("alias", "unfused", "epilogue", "zero_skip", "chain", "transpose_load", "stream")
+STRATEGIES = ("alias", "unfused", "epilogue", "zero_skip", "swapped", "chain", "transpose_load", "stream")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from itertools import permutations
 
 import numpy as np
 
-from fusion.cost.analytic import UnitTimes, energy_pj, unit_times
+from fusion.cost.analytic import energy_pj, unit_times
 from fusion.cost.interface import KernelFeatures
 from fusion.graph.ops import OpType
 from simulator.config import MachineConfig
@@ -58,7 +58,9 @@ NUMERIC = (
     "log_roofline_cycles",
     "log_latency_cycles",
     "log_estimate_cycles",
-    "log_analytic_cycles",
+    "log_transfer_cycles",
+    "log_load_bursts",
+    "log_store_bursts",
     "log_steps",
     "log_step_chain",
     "log_step_max",
@@ -99,17 +101,8 @@ def _log(x: float) -> float:
     return math.log1p(max(x, 0.0))
 
 
-def overlap_cycles(f: KernelFeatures, cfg: MachineConfig, units: UnitTimes) -> float:
-    """The analytic unit times combined as the machine overlaps them: load and store are separate in-order
-    units that share only the DRAM channel's transfer time (their access latencies overlap), so the kernel
-    takes its busiest unit or the channel, plus the pipeline fill. On calibration data this halves the spread
-    of measured / estimated cycles compared with charging loads and stores back to back."""
-    channel = (f.dram_read_bytes + f.dram_write_bytes) / cfg.dram_bytes_per_cycle
-    return max(units.load, units.store, channel, units.matrix, units.vector, units.issue) + units.fill
-
-
 def estimate_cycles(f: KernelFeatures, cfg: MachineConfig) -> float:
-    return max(overlap_cycles(f, cfg, unit_times(f, cfg)), 1.0)
+    return max(unit_times(f, cfg).cycles, 1.0)
 
 
 def estimate_energy(f: KernelFeatures, cfg: MachineConfig) -> float:
@@ -120,8 +113,8 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     """The feature vector in FEATURE_NAMES order."""
     n, lanes, bw = cfg.array_size, cfg.vector_lanes, cfg.dram_bytes_per_cycle
     units = unit_times(f, cfg)
-    est = max(overlap_cycles(f, cfg, units), 1.0)
-    steps = max(f.dma_stores, 1)  # a pipeline step ends with its store
+    est = max(units.cycles, 1.0)
+    steps = max(f.steps, 1)
     dims = [d for s in f.shapes for d in s] or [1]
     in_elems = sum(math.prod(s) for s in f.shapes[:-1])  # a group's inputs, then its (one) output
     out_elems = math.prod(f.shapes[-1]) if f.shapes else 0
@@ -158,7 +151,9 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "log_roofline_cycles": _log(max(f.macs / (n * n), (f.dram_read_bytes + f.dram_write_bytes) / bw)),
         "log_latency_cycles": _log(dmas * cfg.dram_latency),
         "log_estimate_cycles": math.log(est),
-        "log_analytic_cycles": _log(units.cycles),
+        "log_transfer_cycles": _log(units.transfer),
+        "log_load_bursts": _log(f.load_bursts),
+        "log_store_bursts": _log(f.store_bursts),
         "log_steps": _log(steps),
         "log_step_chain": _log((units.load + units.matrix + units.vector + units.store) / steps),
         "log_step_max": _log(max(units.load, units.matrix, units.vector, units.store) / steps),

@@ -263,16 +263,19 @@ def plan_dram(
     cfg: MachineConfig,
     forms: Mapping[str, np.ndarray] | None = None,
     whole_program: bool = False,
+    scratch: Mapping[str, int] | None = None,
 ) -> tuple[bytes, dict[str, int], MemoryPlan]:
     """A graph's DRAM image: the constants as the kernels read them (`forms`, default `constant_forms`; a fused
     kernel adds e.g. packed weights) in the data section at address 0, then an address for every value and its
     aliases. `whole_program` keeps every value live throughout (a fused kernel reads its inputs while it writes its
-    outputs, so no two of its buffers may share bytes); otherwise buffers are reused by liveness, node by node."""
+    outputs, so no two of its buffers may share bytes); otherwise buffers are reused by liveness, node by node.
+    `scratch` (key -> bytes) adds DRAM buffers a generator needs for the whole program."""
     roots = alias_roots(graph)
     data, addresses = _data_section(constant_forms(graph, plan) if forms is None else forms)
     intervals = _intervals(graph, plan, roots)
     if whole_program:
         intervals = [replace(iv, start=-1, end=len(graph.nodes)) for iv in intervals]
+    intervals += [Interval(key, n, -1, len(graph.nodes)) for key, n in (scratch or {}).items()]
     memory = plan_arena(intervals, align(len(data) or 1), cfg.dram_bytes)
     addresses.update(memory.addresses)
     for alias, root in roots.items():

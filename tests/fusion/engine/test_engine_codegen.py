@@ -166,3 +166,46 @@ def test_matmul_streams_into_softmax_without_a_scratchpad_round_trip(dtype: str)
     _, sm, _ = run_group(mc, Group(("node_Softmax_74",), "unfused"), inputs)
     assert run.cycles < mm.cycles + sm.cycles
     assert run.dram_write_bytes < mm.dram_write_bytes + sm.dram_write_bytes
+
+
+def _short_wide(m: int, k: int, n: int, relu: bool, batch: int = 0) -> GraphBuilder:
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("short_wide")
+    x = b.input("x", (batch, m, k) if batch else (m, k))
+    h = b.op(OpType.MatMul, x, b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w"))
+    b.output(b.op(OpType.Relu, h, name="relu") if relu else h)
+    return b.build()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("shape", [(16, 64, 192, False, 0), (5, 40, 70, True, 0), (8, 128, 64, False, 2)])
+def test_swapped_gemm_matches_reference_with_fewer_matrix_cycles(dtype: str, shape: tuple) -> None:
+    m, k, n, relu, batch = shape
+    graph = _short_wide(m, k, n, relu, batch)
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, dtype)
+    nodes = tuple(node.name for node in graph.nodes)
+    kernel, run, env = run_group(mc, Group(nodes, "swapped"), inputs)
+    out = graph.outputs[0]
+    if dtype == "int8":
+        assert run.outputs[out].dtype == np.int8
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-5)
+    mnemonics = [i.mnemonic for i in kernel.program.instructions()]
+    # a preload per k-slice of A^T (and per chunk of output columns), not per weight tile
+    assert mnemonics.count("mx.preload") < -(-k // 16) * -(-n // 16)
+    if batch == 0 and dtype == "int8":  # the activation rows no longer refill the array once per weight tile
+        _, plain, _ = run_group(mc, Group(nodes, "epilogue", panels=0), inputs)
+        assert run.counters.matrix_busy < plain.counters.matrix_busy
+
+
+def test_swapped_gemm_refuses_what_the_drain_cannot_apply() -> None:
+    graph = gemm_graph(m=8, residual=False)
+    mc = context(graph, _inputs(graph), "fp32")
+    with pytest.raises(CodegenError, match="bias"):
+        build_kernel(mc, Group(("mm", "add_bias"), "swapped"))
+    tall = _short_wide(32, 16, 16, False)
+    mc = context(tall, _inputs(tall), "fp32")
+    with pytest.raises(CodegenError, match="stationary"):
+        build_kernel(mc, Group((tall.nodes[0].name,), "swapped"))
