@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=Path("/tmp/hpm_bench"), help="sweep directory (resumed)")
     p.add_argument("--configs", default="base,tiny")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--algos", default="gbt,forest", help="first one is used end to end")
+    p.add_argument("--algos", default="forest,gbt", help="first one is used end to end")
     p.add_argument("--e2e-config", default="base")
     p.add_argument("--dtypes", default="fp32,int8")
     args = p.parse_args()

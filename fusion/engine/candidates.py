@@ -27,7 +27,7 @@ PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
 @dataclass(frozen=True)
 class Candidate:
     nodes: tuple[str, ...]
-    family: str  # "single", "epilogue", "chain", "stream"
+    family: str  # "single", "epilogue", "chain", "stream", "swapped" (a Transpose absorbed by a swapped GEMM), "conv"
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -48,6 +48,28 @@ def _follow(graph: Graph, node: Node, allowed: frozenset, limit: int) -> list[No
     return run
 
 
+def _feeds_activation(transpose: Node, mm: Node) -> bool:
+    """A Transpose of leading axes only, read as a GEMM's activation: the swapped GEMM can absorb it."""
+    perm = tuple(transpose.attr("perm"))
+    return mm.op in EPILOGUE_HEADS and mm.inputs[0] == transpose.outputs[0] and perm[-1] == len(perm) - 1
+
+
+def _row_move_tails(graph: Graph, head: Node) -> list[tuple[str, ...]]:
+    """A GEMM (+ Relu) followed by a leading-axis Transpose, possibly through a Reshape keeping the last axis:
+    layout moves of whole output rows that a swapped GEMM stores directly."""
+    run = _follow(graph, head, frozenset({OpType.Relu, OpType.Reshape, OpType.Transpose}), 4)
+    found = []
+    for k in range(2, len(run) + 1):
+        last, body = run[k - 1], run[: k - 1]
+        ops = [n.op for n in body]
+        if last.op != OpType.Transpose or tuple(last.attr("perm"))[-1] != len(last.attr("perm")) - 1:
+            continue
+        if OpType.Transpose in ops[1:] or ops[1:].count(OpType.Reshape) > 1 or OpType.Reshape in ops[1:-1]:
+            continue
+        found.append(tuple(n.name for n in run[:k]))
+    return found
+
+
 def enumerate_candidates(graph: Graph) -> list[Candidate]:
     out: list[Candidate] = [Candidate((n.name,), "single") for n in graph.nodes]
     for node in graph.nodes:
@@ -57,6 +79,14 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op == OpType.MatMul:
             run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "stream") for k in range(2, len(run) + 1)]
+        if node.op == OpType.Transpose and (mm := sole_consumer(graph, node)) and _feeds_activation(node, mm):
+            run = [node, *_follow(graph, mm, frozenset({OpType.Relu}), 2)]
+            out += [Candidate(tuple(n.name for n in run[:k]), "swapped") for k in range(2, len(run) + 1)]
+        if node.op in EPILOGUE_HEADS:
+            out += [Candidate(nodes, "swapped") for nodes in _row_move_tails(graph, node)]
+        if node.op == OpType.Conv:
+            run = _follow(graph, node, ABSORBABLE, MAX_CHAIN)
+            out += [Candidate(tuple(n.name for n in run[:k]), "conv") for k in range(2, len(run) + 1)]
         if node.op in CHAIN_OPS:
             run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "chain") for k in range(2, len(run) + 1)]
@@ -78,8 +108,12 @@ def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
             groups.append(Group(cand.nodes, "chain"))
         if head.op == OpType.Transpose:
             groups.append(Group(cand.nodes, "transpose_load"))
-    if cand.family in ("chain", "stream"):
+        if head.op == OpType.Conv:
+            groups.append(Group(cand.nodes, "implicit_gemm"))
+    if cand.family in ("chain", "stream", "swapped"):
         groups.append(Group(cand.nodes, cand.family))
+    if cand.family == "conv":
+        groups.append(Group(cand.nodes, "implicit_gemm"))
     if head.op in EPILOGUE_HEADS and cand.family in ("single", "epilogue"):
         groups += gemm_schedules(mc, cand.nodes)
         groups.append(Group(cand.nodes, "swapped"))

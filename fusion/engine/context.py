@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import Graph
 from fusion.quant.params import QuantParams
 from fusion.quant.plan import QuantPlan, plan_quantization
@@ -29,3 +30,20 @@ class ModelContext:
 
     def scale(self, value: str) -> float | None:
         return None if self.qplan is None else self.qplan.scales.get(value)
+
+    @cached_property
+    def config_hash(self) -> str:
+        """The machine config's hash (a guard field), computed once: planning builds many kernels."""
+        return self.config.config_hash()
+
+    @cached_property
+    def _subgraphs(self) -> dict[tuple[str, ...], Graph]:
+        return {}
+
+    def subgraph(self, nodes: tuple[str, ...]) -> Graph:
+        """The nodes as a standalone graph (memoised: codegen, guards and features all need it)."""
+        sub = self._subgraphs.get(nodes)
+        if sub is None:
+            sub = extract_subgraph(self.graph, nodes, name=f"{self.graph.name}/{nodes[0]}")
+            sub = self._subgraphs.setdefault(nodes, sub)
+        return sub

@@ -10,7 +10,7 @@ from collections import Counter
 
 from fusion.cost.interface import KernelFeatures
 from fusion.engine.context import ModelContext
-from fusion.engine.kernel import Kernel, group_subgraph
+from fusion.engine.kernel import Kernel
 from fusion.graph.cost import macs as node_macs
 from fusion.graph.cost import vector_ops
 from isa import INSTRUCTIONS, InstructionSpec
@@ -51,7 +51,7 @@ def _steps(counts: Counter[str]) -> int:
 
 
 def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float = 0.0) -> KernelFeatures:
-    sub = group_subgraph(mc.graph, kernel.group)
+    sub = mc.subgraph(kernel.group.nodes)
     counts: Counter[str] = Counter()
     tile = {"m": 0, "n": 0, "k": 0}
     regs: dict[int, int] = {}  # register values set by `li` (the generators load every constant that way)

@@ -17,10 +17,19 @@ import numpy as np
 from assembler.builder import ProgramBuilder
 from assembler.objfile import ObjectFile
 from fusion.engine.codegen.chain import chain_steps
+from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
+from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
-from fusion.engine.codegen.swapped import SWAPPED, pack_swapped, scratch_bytes, swapped_phases, swapped_shape
+from fusion.engine.codegen.swapped import (
+    SWAPPED,
+    matrix_head,
+    pack_swapped,
+    scratch_bytes,
+    swapped_phases,
+    swapped_shape,
+)
 from fusion.engine.codegen.transpose import transpose_steps
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
@@ -38,7 +47,7 @@ from fusion.lower import (
     plan_dram,
     symbol_names,
 )
-from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, temp_key
+from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import LoweringError
 from fusion.quant.params import quantize_bias
@@ -85,6 +94,8 @@ def _phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_chan
         return [matrix_group_steps(cx, nodes, schedule, group.flatten, rounding_change)]
     if group.strategy == "swapped":
         return swapped_phases(cx, nodes)
+    if group.strategy == "implicit_gemm":
+        return conv_phases(cx, nodes)
     if group.strategy == "chain":
         return [chain_steps(cx, nodes)]
     if group.strategy == "stream":
@@ -104,14 +115,14 @@ def expected_guard(mc: ModelContext, sub: Graph, group: Group, sparsity: str) ->
         tuple((v, sub.types[v].shape) for v in sub.inputs),
         storage_dtypes(mc, sub, sub.inputs),
         sparsity if group.strategy == "zero_skip" else "any",
-        mc.config.config_hash(),
+        mc.config_hash,
     )
 
 
 def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kernel:
     """Generate, assemble and link the group's program. Raises CodegenError/LoweringError when it cannot."""
     start = time.perf_counter()
-    sub = group_subgraph(mc.graph, group)
+    sub = mc.subgraph(group.nodes)
     guard = expected_guard(mc, sub, group, sparsity)
     if group.strategy == "alias":
         node = sub.nodes[0]
@@ -146,9 +157,13 @@ def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict
     forms.update(_absorbed_biases(mc, sub))
     scratch: dict[str, int] = {}
     if group.strategy == "swapped":
-        head = sub.nodes[0]
+        head = matrix_head(sub.nodes)
         forms.update(_swapped_weight(mc, sub, forms))
         scratch[temp_key(head, 0)] = scratch_bytes(sub, mc.config, head, mc.int8)
+    elif group.strategy == "implicit_gemm":
+        conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
+        forms[const_key(conv.inputs[1], TAPS)] = pack_taps(forms[const_key(conv.inputs[1], _weight_form(mc))])
+        scratch[temp_key(conv, 2)] = conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))
     elif group.strategy in ("epilogue", "zero_skip"):
         forms.update(_packed_weights(mc, sub, forms))
     data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
@@ -165,9 +180,14 @@ def _packed_weights(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) 
     return {const_key(w, PACKED): pack_panels(np.asarray(data), mc.config.array_size)}
 
 
+def _weight_form(mc: ModelContext) -> str:
+    """How a matrix node's constant weight is stored for the device: int8 (quantized) or float32."""
+    return CONST_I8 if mc.int8 else CONST_F32
+
+
 def _swapped_weight(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A swapped GEMM's constant weight as the rows the array streams (see `codegen.swapped`)."""
-    head = sub.nodes[0]
+    head = matrix_head(sub.nodes)
     w = packable_weight(sub, head)
     if w is None:
         raise CodegenError(f"node {head.name!r}: the swapped orientation needs a constant 2-D weight")

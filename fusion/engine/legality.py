@@ -55,13 +55,16 @@ def no_cycle_through_outside(graph: Graph, nodes: Sequence[Node]) -> FusionDecis
     return FusionDecision.yes()
 
 
+VALUE_PRESERVING = frozenset({OpType.Relu, OpType.Reshape, OpType.Transpose})  # commute with requantization
+
+
 def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
     """int8: moving a float Add that follows a requantized MatMul into the drain skips that requantization
     (the sum is rounded once instead of twice): allowed only with `allow_rounding_change`. A stream requantizes
     in the vector chain exactly as the drain would, so it keeps the numerics."""
     if not mc.int8 or nodes[0].op not in MATRIX_OPS or family == "stream":
         return FusionDecision.yes()
-    changes = [n.name for n in nodes[1:] if n.op != OpType.Relu]
+    changes = [n.name for n in nodes[1:] if n.op not in VALUE_PRESERVING]
     if changes and mc.allow_rounding_change:
         return FusionDecision.yes(f"int8: fusing {changes[0]!r} changes rounding (allowed by option)")
     if changes:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STRATEGIES = ("alias", "unfused", "epilogue", "zero_skip", "swapped", "chain", "transpose_load", "stream")
+STRATEGIES = (
+    "alias",
+    "unfused",
+    "epilogue",
+    "zero_skip",
+    "swapped",
+    "implicit_gemm",
+    "chain",
+    "transpose_load",
+    "stream",
+)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fusion.cost.interface import CostModel, KernelFeatures
+from fusion.engine.bounds import matrix_bound
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
@@ -25,6 +26,8 @@ from fusion.lower.compiler import ALIAS_OPS
 
 POLICIES = ("none", "static", "dynamic", "oracle")
 ORACLE_MAX_PLANS = 512
+STATIC_FAMILIES = frozenset({"epilogue", "conv", "stream", "chain"})  # what TVM-style rules fuse (no layout absorption)
+STATIC_STRATEGY = {"epilogue": "epilogue", "conv": "implicit_gemm"}
 NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 
 
@@ -69,18 +72,28 @@ class Evaluator:
             self._memo[key] = result
         return result
 
-    def best(self, groups: list[Group]) -> tuple[Evaluated | None, list[tuple[str, float]], str]:
-        """The cheapest buildable schedule, the others' (schedule, cycles), and the last refusal reason."""
-        done, reason = [], ""
-        for group in groups:
+    def ranked(self, groups: list[Group], keep: int = 1) -> tuple[list[Evaluated], str]:
+        """The `keep` cheapest buildable schedules, cheapest first, and the last refusal reason. Groups are built
+        in the order of their matrix-unit lower bound (`bounds.matrix_bound`); once a bound reaches the
+        `keep`-th best prediction, the rest are dominated and never generated."""
+        done: list[Evaluated] = []
+        reason = ""
+        for bound, _, group in sorted((matrix_bound(self.mc, g), i, g) for i, g in enumerate(groups)):
+            if len(done) >= keep and bound >= done[keep - 1].cycles:
+                break
             ev = self.evaluate(group)
             if isinstance(ev, str):
                 reason = ev
             else:
                 done.append(ev)
+                done.sort(key=lambda e: e.cycles)
+        return done, reason
+
+    def best(self, groups: list[Group]) -> tuple[Evaluated | None, list[tuple[str, float]], str]:
+        """The cheapest buildable schedule, the other built ones' (schedule, cycles), and the last refusal."""
+        done, reason = self.ranked(groups)
         if not done:
             return None, [], reason
-        done.sort(key=lambda e: e.cycles)
         return done[0], [(e.group.schedule, e.cycles) for e in done[1:]], reason
 
     def unfused(self, nodes: tuple[str, ...]) -> float:
@@ -130,7 +143,9 @@ def plan_static(ev: Evaluator) -> Plan:
     mc, choices, rejected, taken = ev.mc, [], [], set()
     longest: dict[str, Candidate] = {}
     for c in enumerate_candidates(mc.graph):
-        if c.family != "single" and len(c.nodes) > len(longest[c.nodes[0]].nodes if c.nodes[0] in longest else ()):
+        if c.family in STATIC_FAMILIES and len(c.nodes) > len(
+            longest[c.nodes[0]].nodes if c.nodes[0] in longest else ()
+        ):
             longest[c.nodes[0]] = c
     for node in mc.graph.nodes:
         if node.name in taken:
@@ -151,7 +166,7 @@ def _static_group(mc: ModelContext, rule: Candidate, ev: Evaluator, rejected: li
     """The longest legal prefix of the rule's group with the default schedule (None: no prefix is legal)."""
     for k in range(len(rule.nodes), 1, -1):
         part = rule.nodes[:k]
-        group = Group(part, "epilogue" if rule.family == "epilogue" else "chain")
+        group = Group(part, STATIC_STRATEGY.get(rule.family, "chain"))
         nodes_of = [mc.graph.node(n) for n in part]
         decision = structurally_legal(mc, nodes_of)
         if decision:
@@ -170,19 +185,22 @@ def _narrowed(ev: Evaluator, cand: Candidate) -> list[Group]:
     if cand.family != "epilogue":
         return groups
     head = Candidate(cand.nodes[:1], "single")
-    ranked = [e for e in (ev.evaluate(g) for g in schedules(ev.mc, head)) if not isinstance(e, str)]
-    ranked = [e for e in ranked if e.group.strategy == "epilogue"]
-    ranked.sort(key=lambda e: e.cycles)
+    alone = [g for g in schedules(ev.mc, head) if g.strategy == "epilogue"]
+    ranked, _ = ev.ranked(alone, NARROW)
     keep = {(e.group.tile_m, e.group.flatten, e.group.panels, e.group.resident_a) for e in ranked[:NARROW]}
-    return [g for g in groups if (g.tile_m, g.flatten, g.panels, g.resident_a) in keep] or groups
+    kept = [g for g in groups if g.strategy != "epilogue" or (g.tile_m, g.flatten, g.panels, g.resident_a) in keep]
+    return kept or groups
 
 
 def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
-    """Priority fusion: candidates by predicted gain (unfused - fused cycles), largest first, taking those
-    whose gain exceeds `threshold` of the unfused time and whose nodes are still free; every remaining node
-    gets its cheapest single-node schedule."""
+    """Priority fusion: candidates by predicted gain (the nodes' cheapest single-node schedules - fused cycles),
+    largest first, taking those whose gain exceeds `threshold` of the separate time and whose nodes are still
+    free; every remaining node gets its cheapest single-node schedule."""
     mc = ev.mc
     scored, rejected = [], []
+    alone: dict[str, tuple[Evaluated | None, list, str]] = {
+        n.name: ev.best(schedules(mc, Candidate((n.name,), "single"))) for n in mc.graph.nodes
+    }
     for cand in enumerate_candidates(mc.graph):
         if cand.family == "single":
             continue
@@ -191,7 +209,7 @@ def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
         if best is None:
             rejected.append((cand.nodes, reason))
             continue
-        base = ev.unfused(cand.nodes)
+        base = sum(alone[n][0].cycles if alone[n][0] else float("inf") for n in cand.nodes)
         scored.append((base - best.cycles, base, best, alts))
     scored.sort(key=lambda s: -s[0])
     taken: set[str] = set()
@@ -207,7 +225,7 @@ def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
     for node in mc.graph.nodes:
         if node.name in taken:
             continue
-        best, alts, reason = ev.best(schedules(mc, Candidate((node.name,), "single")))
+        best, alts, reason = alone[node.name]
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
         picked[node.name] = _choice(ev, best, alts, "cheapest single-node schedule")

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("train", help="fit the model on a dataset's training split and save it")
     tr.add_argument("data", type=Path, help="dataset directory or .npz file")
     tr.add_argument("-o", "--output", type=Path, default=Path(DEFAULT_MODEL), help="model file to write")
-    tr.add_argument("--algo", choices=ALGORITHMS, default="gbt", help="gradient-boosted trees, forest or MLP")
+    tr.add_argument("--algo", choices=ALGORITHMS, default=ALGORITHMS[0], help="forest, gradient-boosted trees or MLP")
     tr.add_argument("--all", action="store_true", help="train on every row (no held-out split)")
     tr.add_argument("--seed", type=int, default=0)
     tr.set_defaults(run=run_train)

@@ -21,6 +21,7 @@ from simulator.config import MachineConfig
 MODEL_ENV = "DYNFUSE_HPM_MODEL"
 DEFAULT_MODEL = "hpm.model"
 COST_MODELS = ("analytic", "hpm")
+MEMO_ENTRIES = 65_536  # a long-running engine sees new shapes; the memo restarts rather than grows without end
 
 
 class HpmCostModel:
@@ -36,6 +37,8 @@ class HpmCostModel:
     def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate:
         key = (features, config)
         if key not in self._memo:
+            if len(self._memo) >= MEMO_ENTRIES:
+                self._memo.clear()
             cycles, energy = self.model.predict_many([features], [config])
             self._memo[key] = CostEstimate(float(cycles[0]), float(energy[0]))
         return self._memo[key]

@@ -1,5 +1,6 @@
-"""Online learning: the engine appends the measured counters of kernels it dispatches; the model is retrained
-in a background thread every `retrain_every` new samples, and swapped in when ready, so dispatch never waits.
+"""Online learning: the measured counters of kernels the engine dispatches are appended (`observe(result.records,
+config)` after each `FusionEngine.run`, or `record` per kernel); the model is retrained in a background thread
+every `retrain_every` new samples and swapped in when ready, so dispatch never waits.
 
 With `log_path`, every recorded sample is also appended to a JSON-lines file (fsync'ed, torn tail dropped),
 and the samples already in it are loaded on start, so what the engine learned survives a restart.
@@ -8,8 +9,9 @@ and the samples already in it are loaded on start, so what the engine learned su
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +80,16 @@ class OnlineHpm:
         if self._log is not None:
             row = {**feature_row(features), "config_json": config_to_json(config)}
             self._log.append({"online": True, "row": row, "measured": {t: float(counters[t]) for t in TARGETS}})
+
+    def observe(self, records: Iterable[Any], config: MachineConfig) -> int:
+        """Record every simulated kernel of an engine call (`CallResult.records`: features, measured cycles and
+        energy); host-side alias kernels carry no features and are skipped. Returns how many were recorded."""
+        count = 0
+        for r in records:
+            if r.features is not None and r.measured_cycles > 0:
+                self.record(r.features, config, {"cycle": r.measured_cycles, "energy_total_pj": r.energy_pj})
+                count += 1
+        return count
 
     def _append(self, features: KernelFeatures, config: MachineConfig, record: Mapping) -> None:
         self._features.append(features)

@@ -10,6 +10,7 @@ busy/stall, DRAM bytes and energy. Rows of one candidate share a `group` key, so
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -45,6 +46,7 @@ DTYPES = ("fp32", "int8")
 MAX_ROOFLINE_CYCLES = 20_000  # keeps one group's simulations around a second
 MAX_SCHEDULES = 6  # per candidate: enough to rank, few enough to sweep many shapes
 MAX_DRAWS = 64
+SWEEP_NAME = "sweep.json"  # the parameters a directory's seeds were drawn with
 
 
 @dataclass(frozen=True)
@@ -120,19 +122,23 @@ def measure_group(seed: int, bases: Sequence[str], heldout_share: float) -> dict
         params = calibrate(spec.graph, [inputs]) if spec.dtype == "int8" else None
         mc = ModelContext(spec.graph, spec.config, spec.dtype, params)
         env = evaluate(spec.graph, inputs)
-        rows = []
+        rows, failed = [], []
         for key, group in candidate_groups(mc, np.random.default_rng([seed, 2])):
             head_input = spec.graph.node(group.nodes[0]).inputs[0]
             profile = profile_tensor(env[head_input], spec.config.array_size)
             kernel = try_build(mc, group, profile.sparsity)
             if isinstance(kernel, str) or kernel.program is None:
                 continue
+            try:
+                counters = run_kernel(mc, kernel, storage_env(mc, kernel, env)).counters.as_dict()
+            except DynfuseError as err:  # one bad kernel (e.g. a generator's deadlock) costs only itself
+                failed.append({"group": key, "schedule": group.schedule, "error": f"{type(err).__name__}: {err}"})
+                continue
             features = kernel_features(mc, kernel, profile.zero_tile_fraction)
-            counters = run_kernel(mc, kernel, storage_env(mc, kernel, env)).counters.as_dict()
             rows.append(_row(spec, len(rows), key, group, features, counters))
     except DynfuseError as err:
         return {"seed": seed, "error": f"{type(err).__name__}: {err}"}
-    return {"seed": seed, "rows": rows}
+    return {"seed": seed, "rows": rows, **({"failed": failed} if failed else {})}
 
 
 def _row(spec: GroupSpec, index: int, key: str, group: Group, features: Any, counters: dict) -> dict[str, Any]:
@@ -173,6 +179,7 @@ def run_sweep(
         load_config(name)  # an unknown preset is an error before any work starts
     if samples < 1:
         raise HpmError(f"--samples must be at least 1, got {samples}")
+    _check_same_sweep(Path(out_dir), {"configs": list(bases), "heldout_share": heldout_share})
     log = SampleLog(Path(out_dir) / LOG_NAME)
     done = log.seeds()
     pending = [s for s in range(seed, seed + samples) if s not in done]
@@ -184,6 +191,18 @@ def run_sweep(
     path = write_dataset(Path(out_dir) / DATASET_NAME, rows, meta)
     failed = sum(1 for r in records if "error" in r)
     return SweepResult(path, len(records), len(rows), failed, len(pending))
+
+
+def _check_same_sweep(out_dir: Path, params: dict[str, Any]) -> None:
+    """A directory resumes only the sweep it holds: seeds mean something else with other machines or shares."""
+    path = out_dir / SWEEP_NAME
+    if path.exists():
+        held = json.loads(path.read_text())
+        if held != params:
+            raise HpmError(f"{out_dir} holds a sweep with {held}, not {params}: resume it with those or use another -o")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(params, sort_keys=True))
 
 
 def _measure(

@@ -81,6 +81,19 @@ class Emitter:
 Emit = Callable[[Emitter], None]
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """A compute segment that takes the previous segment's results through the matrix -> vector stream FIFO as
+    they are produced (`vc.lds` after `mx.mms`): it does not wait for the previous unit to finish (the FIFO
+    orders the data), only for the step's loads; the previous unit's completion is handed to the step's last
+    unit instead, so the buffer credit still covers every access of the step."""
+
+    emit: Emit
+
+    def __call__(self, em: Emitter) -> None:
+        self.emit(em)
+
+
 @dataclass
 class Step:
     """One tile's work: DRAM views loaded to local addresses, compute segments (unit, emit), stores."""
@@ -133,24 +146,52 @@ def _head(em: Emitter, plans: list, s: int, depth: int) -> Callable[[], None]:
         segs[0][1](em)
         if len(segs) > 1 and segs[1][0] is not Unit.load:
             em.push(Unit.load, segs[1][0])
+        for i in _streamed(segs):  # its own hand-over from the loads (it skips the previous unit's)
+            em.push(Unit.load, segs[i][0])
 
     return emit
 
 
+def _streamed(segs: list) -> list[int]:
+    """Indices of Streamed segments that skip their hand-over: after a compute unit other than their own, and
+    before a different last unit that can take the producer's completion instead."""
+    last = segs[-1][0]
+    return [
+        i
+        for i in range(1, len(segs) - 1)
+        if isinstance(segs[i][1], Streamed)
+        and segs[i - 1][0] not in (Unit.load, segs[i][0], last)
+        and segs[i][0] != last
+    ]
+
+
 def _rest(em: Emitter, plans: list, s: int, depth: int) -> None:
     segs, prev, pushed = plans[s], None, False
-    if segs[0][0] is Unit.load:  # emitted by _head, which also pushed the hand-over token
-        segs, prev, pushed = segs[1:], Unit.load, True
+    streamed = set(_streamed(segs))
+    loaded = segs[0][0] is Unit.load
+    last = segs[-1][0]
+    deferred: list[Unit] = []  # producers whose completion the last unit waits for (see Streamed)
+    first = 1 if loaded else 0
+    if loaded:  # emitted by _head, which also pushed the hand-over tokens
+        prev, pushed = Unit.load, True
     else:
         _credit_pop(em, plans, s, depth)
-    for unit, emit in segs:
-        if prev is not None and prev != unit:
+    for i in range(first, len(segs)):
+        unit, emit = segs[i]
+        if i in streamed:
+            em.push(prev, last)
+            deferred.append(prev)
+            if loaded:
+                em.pop(Unit.load, unit)
+        elif prev is not None and prev != unit:
             if not pushed:
                 em.push(prev, unit)
             em.pop(prev, unit)
+        if i == len(segs) - 1:
+            for producer in deferred:
+                em.pop(producer, last)
         pushed = False
         emit(em)
         prev = unit
-    last = plans[s][-1][0]
     if s + depth < len(plans) and plans[s + depth][0][0] != last:
         em.push(last, plans[s + depth][0][0])

@@ -56,7 +56,8 @@ def pack_panels(weights: np.ndarray, n_arr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, n_arr).transpose(1, 0, 2))
 
 
-def _k_slices(k: int, n: int) -> list[tuple[int, int]]:
+def k_slices(k: int, n: int) -> list[tuple[int, int]]:
+    """(start, length) of the array-wide slices of a length-k axis (the last one may be short)."""
     return [(k0, min(n, k - k0)) for k0 in range(0, k, n)]
 
 
@@ -82,7 +83,7 @@ class Schedule:
 
 def _spad_bytes(g: FusedGemm, tm: int, panels: int, tn: int, k: int, n_arr: int) -> tuple[list[int], list[int]]:
     spad: list[int] = []
-    for _, kb in _k_slices(k, n_arr):
+    for _, kb in k_slices(k, n_arr):
         spad += [tm * kb * g.a.view.dtype.size] + ([tm * kb] if g.a.quantize_scale is not None else [])
     for _ in range(panels):
         spad += [k * tn * g.b.view.dtype.size] + ([k * tn] if g.b.quantize_scale is not None else [])
@@ -143,7 +144,7 @@ def fused_gemm_steps(cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start
 def _a_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list) -> list:
     """Allocate (and, into `loads`/`quants`, schedule) the k-slices of A's row tile: (k0, kb, address, dtype)."""
     out = []
-    for k0, kb in _k_slices(g.a.view.shape[1], cfg.array_size):
+    for k0, kb in k_slices(g.a.view.shape[1], cfg.array_size):
         a_addr, dt = _load_operand(arena, g.a, g.a.view.slice(0, i0, rows).slice(1, k0, kb), loads, quants)
         out.append((k0, kb, a_addr, dt))
     return out

@@ -48,10 +48,10 @@ def is_column_vector(graph: Graph, value: str, n: int) -> bool:
     return graph.is_constant(value) and math.prod(shape) == n and (not shape or shape[-1] == n)
 
 
-def epilogue_ops(graph: Graph, nodes: Sequence[Node]) -> EpilogueOps:
+def epilogue_ops(graph: Graph, nodes: Sequence[Node], heads: frozenset[OpType] = EPILOGUE_HEADS) -> EpilogueOps:
     """Classify the absorbed consumers; raises CodegenError naming the first that the drain cannot apply."""
     head = nodes[0]
-    if head.op not in EPILOGUE_HEADS:
+    if head.op not in heads:
         raise CodegenError(f"node {head.name!r} ({head.op.value}) cannot head a GEMM epilogue")
     out_shape = graph.types[head.outputs[0]].shape
     bias = head.inputs[2] if len(head.inputs) > 2 else None
@@ -85,7 +85,7 @@ def _lift(view: View, rank: int) -> View:
     return replace(view, shape=(1,) * pad + view.shape, strides=(0,) * pad + view.strides)
 
 
-def _is_dense(view: View) -> bool:
+def is_dense(view: View) -> bool:
     return view == dense(view.address, view.shape, view.dtype)
 
 
@@ -121,7 +121,7 @@ def matrix_group_steps(
     packed = _packed_weight(cx, head)
     out_scale = q.accumulator_scale if skips_requant and q is not None else 1.0
     if flatten:
-        if not can_flatten(cx, nodes) or not _is_dense(av) or (res is not None and not _is_dense(res)):
+        if not can_flatten(cx, nodes) or not is_dense(av) or (res is not None and not is_dense(res)):
             raise CodegenError(f"node {head.name!r}: only a dense batched A times a 2-D weight can be flattened")
         rows = math.prod(batch) * m
         g = FusedGemm(

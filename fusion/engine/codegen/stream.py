@@ -18,7 +18,7 @@ from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
-from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.emitter import Emitter, Step, Streamed, f32_bits
 from fusion.lower.kernels.matrix import matrix_operand, requant
 from fusion.lower.local_alloc import TileArena
 from isa.enums import Unit
@@ -77,6 +77,6 @@ def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
             emit_chain(cx, em, rest, table, addr, out_addr, m * n, n, regs)
 
         compute = [(Unit.vector, _quantizer(quants))] if quants else []
-        compute += [(Unit.matrix, matrix), (Unit.vector, vector)]
+        compute += [(Unit.matrix, matrix), (Unit.vector, Streamed(vector))]  # the chain takes rows as they leave
         steps.append(Step(loads, compute, [(out_addr, out.index(index))]))
     return steps

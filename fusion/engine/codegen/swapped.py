@@ -9,23 +9,31 @@ is a constant, packed at compile time as the rows the array streams (`pack_swapp
 columns). The accumulator then holds C^T; phase 1 drains it (int8 requantize, ReLU) to a DRAM scratch buffer,
 phase 2 brings it back transposed (`dma.ldt`) and stores C. Only epilogues that act per element or per tensor
 (requantize, ReLU) survive the swap: a per-column bias would be per-row here, which the drain cannot apply.
+
+A Transpose that only reorders the activation's leading axes (the last axis stays) and feeds the GEMM is absorbed:
+the GEMM's rows are independent, so A is read in the Transpose's input order and phase 2 stores each output row
+where the Transpose would have put it (a strided store), with no transposed copy of A in DRAM. Likewise on the
+way out: a Reshape keeping the last axis and a leading-axis Transpose after the GEMM only move whole output rows,
+so phase 2 stores the rows at their final places.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, epilogue_ops, packable_weight
+from fusion.engine.codegen.gemm import k_slices
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, epilogue_ops, is_dense, packable_weight
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key, temp_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.matrix import matrix_operand, requant
-from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
@@ -39,10 +47,6 @@ class SwappedShape:
     k: int
     n_out: int  # output columns (streamed as rows)
     chunk: int  # output columns per pipeline step
-
-
-def _k_slices(k: int, n: int) -> list[tuple[int, int]]:
-    return [(k0, min(n, k - k0)) for k0 in range(0, k, n)]
 
 
 def swapped_shape(graph: Graph, cfg: MachineConfig, head: Node, int8: bool) -> SwappedShape:
@@ -76,7 +80,7 @@ def pack_swapped(weights: np.ndarray, chunk: int, n_arr: int) -> np.ndarray:
     columns as rows (kb elements each). Flat, so one chunk is one contiguous DMA."""
     k, n = weights.shape
     parts = [
-        weights[k0 : k0 + kb, c0 : c0 + chunk].T.ravel() for c0 in range(0, n, chunk) for k0, kb in _k_slices(k, n_arr)
+        weights[k0 : k0 + kb, c0 : c0 + chunk].T.ravel() for c0 in range(0, n, chunk) for k0, kb in k_slices(k, n_arr)
     ]
     return np.ascontiguousarray(np.concatenate(parts))
 
@@ -87,43 +91,109 @@ def scratch_bytes(graph: Graph, cfg: MachineConfig, head: Node, int8: bool) -> i
     return shape.n_out * shape.m * (1 if int8 else 4)
 
 
+def row_permutation(graph: Graph, nodes: Sequence[Node]) -> tuple[int, ...] | None:
+    """The leading-axis permutation of an absorbed Transpose heading the group (None: no Transpose); CodegenError
+    when the Transpose moves the last axis or does not feed the GEMM's activation."""
+    first = nodes[0]
+    if first.op != OpType.Transpose:
+        return None
+    perm = tuple(first.attr("perm"))
+    if len(nodes) < 2 or nodes[1].inputs[0] != first.outputs[0] or perm[-1] != len(perm) - 1:
+        raise CodegenError(f"node {first.name!r}: only a Transpose of leading axes feeding the activation is absorbed")
+    return perm
+
+
+def matrix_head(nodes: Sequence[Node]) -> Node:
+    """The group's MatMul/Gemm (after an absorbed Transpose, if any)."""
+    return nodes[1] if nodes[0].op == OpType.Transpose and len(nodes) > 1 else nodes[0]
+
+
+def _row_moves(graph: Graph, nodes: Sequence[Node]) -> tuple[list[Node], tuple[int, ...] | None]:
+    """Split off trailing layout nodes (a Reshape keeping the last axis, then a leading-axis Transpose): the
+    epilogue nodes and the Transpose's permutation (None when the group ends with its epilogue)."""
+    last = nodes[-1]
+    if last.op != OpType.Transpose:
+        return list(nodes), None
+    perm = tuple(last.attr("perm"))
+    body = list(nodes[:-1])
+    chained = all(b.outputs[0] in a.inputs[:1] for a, b in zip(nodes[1:], nodes[:-1], strict=False))
+    if not chained:
+        raise CodegenError(f"node {last.name!r}: the group is not a chain of producers and consumers")
+    if body and body[-1].op == OpType.Reshape:
+        shape_in, shape_out = (graph.types[v].shape for v in (body[-1].inputs[0], body[-1].outputs[0]))
+        if shape_in[-1:] != shape_out[-1:]:
+            raise CodegenError(f"node {body[-1].name!r}: a Reshape that splits rows cannot be absorbed")
+        body.pop()
+    if perm[-1] != len(perm) - 1:
+        raise CodegenError(f"node {last.name!r}: only a Transpose of leading axes is absorbed after the GEMM")
+    return body, perm
+
+
 def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
-    graph, head, cfg = cx.graph, nodes[0], cx.config
+    graph, cfg = cx.graph, cx.config
+    perm = row_permutation(graph, nodes)
+    source = nodes[0].inputs[0]
+    if perm is not None:
+        nodes = nodes[1:]
+    head = nodes[0]
+    out = cx.view(nodes[-1].outputs[0])
+    nodes, out_perm = _row_moves(graph, nodes)
+    if perm is not None and out_perm is not None:
+        raise CodegenError(f"node {head.name!r}: absorbs a Transpose before or after it, not both")
     ops = epilogue_ops(graph, nodes)
     if ops.bias is not None or ops.residual is not None:
         raise CodegenError(f"node {head.name!r}: a per-column bias or residual cannot be drained in swapped order")
     shape = swapped_shape(graph, cfg, head, cx.int8)
     q = cx.matrix(head) if cx.int8 else None
     a = matrix_operand(cx, head, head.inputs[0], q.input_scale if q else None)
-    a_view = a.view.reshape_dense((shape.m, shape.k)) if _is_dense(a.view) else None
-    if a_view is None:
+    out_rows = out.reshape_dense((shape.m, shape.n_out))
+    if out_perm is not None:  # the GEMM's rows in order, at the places the Transpose moves them to
+        out_rows = out.permute((*np.argsort(out_perm[:-1]).tolist(), len(out_perm) - 1))
+    if perm is not None:  # read the Transpose's input; store each row where the Transpose would have put it
+        if cx.dtype(source) != a.view.dtype or cx.scale(source) != cx.scale(head.inputs[0]):
+            raise CodegenError(f"node {head.name!r}: the absorbed Transpose changes the activation's storage")
+        a = replace(a, view=cx.view(source))
+        out_rows = out.permute((*np.argsort(perm[:-1]).tolist(), len(perm) - 1))
+    if not is_dense(a.view):
         raise CodegenError(f"node {head.name!r}: the swapped orientation needs a dense activation")
-    out = cx.view(nodes[-1].outputs[0])
+    a_view = a.view.reshape_dense((shape.m, shape.k))
     out_dt = out.dtype
     w_dt = DType.i8 if cx.int8 else DType.f32
     packed = cx.addresses[const_key(packable_weight(graph, head), SWAPPED)]
     scratch = dense(cx.addresses[temp_key(head, 0)], (shape.n_out, shape.m), out_dt)
     mult, shift = requant(cx, head) or (f32_bits(1.0), 0)
     act = Activation.relu if ops.relu else Activation.none
-    slices = _k_slices(shape.k, cfg.array_size)
+    slices = k_slices(shape.k, cfg.array_size)
+    chunks = range(0, shape.n_out, shape.chunk)
+    arenas = [TileArena(cfg, s) for s in range(len(chunks))]
+    # A^T at the same place in every slot: step 0 loads (and quantizes) it once, then copies it to the slots the
+    # later steps use, so A is read from DRAM once however many chunks the output columns take
+    a_tiles = [(t.tile(shape.m * shape.k * a_view.dtype.size), t.tile(shape.m * shape.k)) for t in arenas]
+    if a.quantize_scale is None:
+        a_tiles = [(raw, raw) for raw, _ in a_tiles]
     steps = []
-    for c0 in range(0, shape.n_out, shape.chunk):
+    for step, c0 in enumerate(chunks):
         rows = min(shape.chunk, shape.n_out - c0)
-        arena = TileArena(cfg, len(steps))
-        a_raw = arena.tile(shape.m * shape.k * a_view.dtype.size)
-        a_t = arena.tile(shape.m * shape.k) if a.quantize_scale is not None else a_raw
+        arena = arenas[step]
+        a_raw, a_t = a_tiles[step]
         w = arena.tile(rows * shape.k * w_dt.size)
         acc = arena.acc_tile(rows * shape.m * 4)
         res = arena.tile(rows * shape.m * out_dt.size)
         w_part = dense(packed + c0 * shape.k * w_dt.size, (rows * shape.k,), w_dt)
 
-        def load(em: Emitter, a_raw=a_raw, w=w, w_part=w_part) -> None:
-            local, dram, stride = em.regs(a_raw, a_view.address, a_view.strides[0])
-            em.b.dma_ldt(local, dram, stride, shape.m, shape.k, a_view.dtype.name)
+        def load(em: Emitter, a_raw=a_raw, w=w, w_part=w_part, first=step == 0) -> None:
+            if first:
+                local, dram, stride = em.regs(a_raw, a_view.address, a_view.strides[0])
+                em.b.dma_ldt(local, dram, stride, shape.m, shape.k, a_view.dtype.name)
             em.dma_load(w_part, w)
 
-        def quantize(em: Emitter, a_t=a_t, a_raw=a_raw) -> None:
-            em.b.v_qnt(*em.regs(a_t, a_raw, f32_bits(1.0 / a.quantize_scale)), shape.m * shape.k)
+        def prepare(em: Emitter, a_t=a_t, a_raw=a_raw, first=step == 0) -> None:
+            if not first:  # in vector order after step 0's copies (a vector -> matrix token follows)
+                return
+            if a.quantize_scale is not None:
+                em.b.v_qnt(*em.regs(a_t, a_raw, f32_bits(1.0 / a.quantize_scale)), shape.m * shape.k)
+            for _, there in a_tiles[1:DEPTH]:
+                em.b.v_copy(*em.regs(there, a_t), shape.m * shape.k, w_dt.name)
 
         def matmul(em: Emitter, a_t=a_t, w=w, acc=acc, res=res, rows=rows) -> None:
             for index, (k0, kb) in enumerate(slices):
@@ -134,15 +204,16 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
             em.b.mx_drain(*em.regs(res, acc), rows, shape.m)
 
         compute = [(Unit.load, load)]
-        if a.quantize_scale is not None:
-            compute.append((Unit.vector, quantize))
+        if a.quantize_scale is not None or len(chunks) > 1:
+            compute.append((Unit.vector, prepare))
         compute.append((Unit.matrix, matmul))
         steps.append(Step([], compute, [(res, scratch.slice(0, c0, rows))]))
-    return [steps, _transpose_back(cfg, scratch, out.reshape_dense((shape.m, shape.n_out)))]
+    return [steps, _transpose_back(cfg, scratch, out_rows)]
 
 
 def _transpose_back(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:
-    """C^T (n_out x m, dense in DRAM) -> C (m x n_out): transposing loads of column chunks, plain stores."""
+    """C^T (n_out x m, dense in DRAM) -> C (m rows of n_out, `out` lists them in C's row order, possibly strided):
+    transposing loads of column chunks, plain stores."""
     n_out, m = scratch.shape
     es = scratch.dtype.size
     probe = TileArena(cfg, 0)
@@ -157,9 +228,5 @@ def _transpose_back(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:
             local, dram, stride = em.regs(tile, part.address, part.strides[0])
             em.b.dma_ldt(local, dram, stride, cols, m, part.dtype.name)
 
-        steps.append(Step([], [(Unit.load, load)], [(tile, out.slice(1, c0, cols))]))
+        steps.append(Step([], [(Unit.load, load)], [(tile, out.slice(len(out.shape) - 1, c0, cols))]))
     return steps
-
-
-def _is_dense(view: View) -> bool:
-    return view == dense(view.address, view.shape, view.dtype)

@@ -1,16 +1,20 @@
 """Tiled GEMM on the systolic array: C[M, N] = A[M, K] @ B[K, N] (+ bias), int8 or fp32.
 
-A step computes one tm x tn output tile: the loader brings the k-slices of A (tm x tk, one DMA each) and
-B's K x tn panel (one DMA; its k-slices are consecutive dense blocks); on the int8 path float operands are
-quantized (v.qnt) first; the matrix unit runs mx.preload + mx.mm/mma over k into an accumulator tile; the
-vector unit adds the bias and (int8) requantizes to an int8 tile; the store unit writes the tile. tm is the
-largest row count whose tiles fit one buffer slot.
+An output tile (tm x tn) is computed over one or more K chunks (kc columns of A, kc rows of B), one pipeline
+step per chunk: the loader brings the chunk's k-slices of A (tm x n, one DMA each) and B's kc x tn panel
+(one DMA; its k-slices are consecutive dense blocks); on the int8 path float operands are quantized (v.qnt)
+first; the matrix unit runs mx.preload + mx.mm/mma over the k-slices into the tile's accumulator (mx.mm only
+on the tile's first slice, so the chunks add up); after the last chunk the vector unit adds the bias and
+(int8) requantizes to an int8 tile, and the store unit writes the tile. K is split (see `choose_tiling`)
+only when too few rows fit beside the whole of it; a chunk and its row block always fit one buffer slot, so any
+K works. The matrix unit accumulates the k-slices in the same order either way: splitting changes no result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import product
 
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import MemoryPlanError
@@ -52,18 +56,30 @@ class Gemm:
         return "row" if self.bias.strides[1] == 0 else "full"
 
 
+@dataclass(frozen=True)
+class Tiling:
+    """Output tiles of `rows` x `cols` (cols at most the array size), K in chunks of `chunk` (a multiple of
+    the array size unless it is all of K)."""
+
+    rows: int
+    cols: int
+    chunk: int
+
+
 def _operand_bytes(op: Operand, elems: int) -> list[int]:
     sizes = [elems * op.view.dtype.size]
     return sizes + [elems] if op.quantize_scale is not None else sizes
 
 
 def _k_slices(k: int, n: int) -> list[tuple[int, int]]:
-    return [(k0, min(n, k - k0)) for k0 in range(0, k, n)]
+    """The array-wide k-slices (start, length) of [0, k)."""
+    return [(s, min(n, k - s)) for s in range(0, k, n)]
 
 
-def _spad_sizes(g: Gemm, tm: int, tn: int, k: int, n: int) -> tuple[list[int], list[int]]:
-    spad: list[int] = _operand_bytes(g.b, k * tn)  # one B panel, its k-slices stacked
-    for _, kb in _k_slices(k, n):
+def _sizes(g: Gemm, tm: int, tn: int, kc: int, n: int) -> tuple[list[int], list[int]]:
+    """Scratchpad and accumulator bytes of one step's tiles (bias and int8 result counted on every step)."""
+    spad: list[int] = _operand_bytes(g.b, kc * tn)  # one B panel, its k-slices stacked
+    for _, kb in _k_slices(kc, n):
         spad += _operand_bytes(g.a, tm * kb)
     mode = g.bias_mode
     if mode != "none":
@@ -73,18 +89,29 @@ def _spad_sizes(g: Gemm, tm: int, tn: int, k: int, n: int) -> tuple[list[int], l
     return spad, [tm * tn * 4]
 
 
-def choose_rows(cfg: MachineConfig, g: Gemm) -> int:
+def choose_tiling(cfg: MachineConfig, g: Gemm) -> Tiling:
+    """The whole K in one step if at least min(M, array size) rows fit beside it (the matrix unit's fill is
+    amortised and A stays resident); else split K: the most rows that fit beside one k-slice (the matrix
+    instructions and B's reloads fall with the rows), then the longest chunk that fits beside them."""
     m, k = g.a.view.shape
     n_arr = cfg.array_size
     tn = min(n_arr, g.out.shape[1])
     probe = TileArena(cfg, 0)
-    tm = largest_fitting(min(m, MAX_ROWS), lambda t: probe.fits(*_spad_sizes(g, t, tn, k, n_arr)))
+
+    def rows_for(kc: int) -> int:
+        return largest_fitting(min(m, MAX_ROWS), lambda t: probe.fits(*_sizes(g, t, tn, kc, n_arr)))
+
+    tm = rows_for(k)
+    if tm >= min(m, n_arr):
+        return Tiling(tm, tn, k)
+    tm = rows_for(n_arr)
     if tm == 0:
         raise MemoryPlanError(
-            f"a GEMM with K={k} does not fit: one output row needs more than a buffer slot of the scratchpad "
-            f"({probe.spad.size} bytes) or accumulator ({probe.acc.size} bytes)"
+            f"a GEMM with K={k} does not fit: one output row of one {n_arr}-wide k-slice needs more than a "
+            f"buffer slot of the scratchpad ({probe.spad.size} bytes) or accumulator ({probe.acc.size} bytes)"
         )
-    return tm
+    slices = largest_fitting(-(-k // n_arr), lambda c: probe.fits(*_sizes(g, tm, tn, c * n_arr, n_arr)))
+    return Tiling(tm, tn, min(k, slices * n_arr))
 
 
 @dataclass(frozen=True)
@@ -111,41 +138,59 @@ def _fill(op: Operand, tiles: _Tiles, parts: list[View], loads: list, quants: li
             quants.append((ready, raw, part.size, 1.0 / op.quantize_scale))
 
 
+@dataclass
+class _Progress:
+    """Counters running across the GEMMs of one pipeline: steps, resident blocks, output tiles."""
+
+    steps: list[Step]
+    blocks: int = 0
+    tiles: int = 0
+
+
 def gemm_steps(cfg: MachineConfig, gemms: Sequence[Gemm]) -> list[Step]:
-    """The tiles of a sequence of GEMMs (e.g. a batch), as one pipeline.
+    """The tiles of a sequence of same-shaped GEMMs (e.g. a batch), as one pipeline.
 
-    One operand stays resident while the other streams: A's row block (loaded and quantized once per block,
-    reused for every column tile), or B's column panel when there is a single column tile and several row
-    blocks. Resident tiles sit at the start of the buffer slot of their block's index; streamed tiles follow
-    them in the slot of the step's index, so the pipeline's credits cover both (blocks, across GEMMs too,
-    rotate through the slots, so a resident region is rewritten DEPTH blocks, hence DEPTH steps, later).
+    Whole-K tiles: one operand stays resident while the other streams: A's row block (loaded and quantized
+    once per block, reused for every column tile), or B's column panel when there is a single column tile and
+    several row blocks. Resident tiles sit at the start of the buffer slot of their block's index; streamed
+    tiles follow them in the slot of the step's index, so the pipeline's credits cover both (blocks, across
+    GEMMs too, rotate through the slots, so a resident region is rewritten DEPTH blocks, hence DEPTH steps,
+    later). Split-K tiles stream both operands chunk by chunk. A tile's accumulator sits in the accumulator
+    slot of the tile's index: the next tile in that slot starts DEPTH tiles, hence at least DEPTH steps, after
+    this tile's last step L, so its first mx.mm follows (matrix unit program order) the matmuls of step
+    L + DEPTH, which follow the credit L's store passed on: the reuse is ordered after L's epilogue and store.
     """
-    steps: list[Step] = []
-    blocks_done = 0
+    progress = _Progress([])
     for g in gemms:
-        blocks_done = _gemm(cfg, g, steps, blocks_done)
-    return steps
+        tiling = choose_tiling(cfg, g)
+        if tiling.chunk == g.a.view.shape[1]:
+            _whole_k(cfg, g, tiling, progress)
+        else:
+            _split_k(cfg, g, tiling, progress)
+    return progress.steps
 
 
-def _gemm(cfg: MachineConfig, g: Gemm, steps: list[Step], blocks_done: int) -> int:
+def _blocks(size: int, step: int) -> list[tuple[int, int]]:
+    return [(i0, min(step, size - i0)) for i0 in range(0, size, step)]
+
+
+def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -> None:
     m, k = g.a.view.shape
-    n_out = g.out.shape[1]
-    n_arr = cfg.array_size
-    tm = choose_rows(cfg, g)
-    ks = _k_slices(k, n_arr)
-    row_blocks = [(i0, min(tm, m - i0)) for i0 in range(0, m, tm)]
-    col_blocks = [(j0, min(n_arr, n_out - j0)) for j0 in range(0, n_out, n_arr)]
+    tm, tn = tiling.rows, tiling.cols
+    ks = _k_slices(k, cfg.array_size)
+    row_blocks = _blocks(m, tm)
+    col_blocks = _blocks(g.out.shape[1], tn)
     a_resident = not (len(col_blocks) == 1 and len(row_blocks) > 1)
     outer, inner = (row_blocks, col_blocks) if a_resident else (col_blocks, row_blocks)
     a_elems = [tm * kb for _, kb in ks]  # A: one tile per k-slice (a column block of A's rows)
-    b_elems = [k * n_arr]  # B: the k x cols panel in one DMA; its k-slices are consecutive dense blocks
+    b_elems = [k * tn]  # B: the k x cols panel in one DMA; its k-slices are consecutive dense blocks
     resident_op, streamed_op = (g.a, g.b) if a_resident else (g.b, g.a)
     resident_elems, streamed_elems = (a_elems, b_elems) if a_resident else (b_elems, a_elems)
-    for b_index, ob in enumerate(outer, blocks_done):
+    for b_index, ob in enumerate(outer, progress.blocks):
         resident = _alloc(TileArena(cfg, b_index), resident_op, resident_elems)
         for first, ib in enumerate(inner):
             (i0, rows), (j0, cols) = (ob, ib) if a_resident else (ib, ob)
-            arena = TileArena(cfg, len(steps))
+            arena = TileArena(cfg, len(progress.steps))
             _alloc(arena, resident_op, resident_elems)  # skip the resident region of this slot
             streamed = _alloc(arena, streamed_op, streamed_elems)
             a_parts = [g.a.view.slice(0, i0, rows).slice(1, k0, kb) for k0, kb in ks]
@@ -156,33 +201,70 @@ def _gemm(cfg: MachineConfig, g: Gemm, steps: list[Step], blocks_done: int) -> i
                 _fill(resident_op, resident, a_parts if a_resident else b_parts, loads, quants)
             _fill(streamed_op, streamed, b_parts if a_resident else a_parts, loads, quants)
             a_tiles, b_tiles = (resident, streamed) if a_resident else (streamed, resident)
-            steps.append(_tile_step(arena, g, (i0, rows, j0, cols), ks, a_tiles, b_tiles, loads, quants))
-    return blocks_done + len(outer)
+            acc = TileArena(cfg, progress.tiles).acc_tile(rows * cols * 4)
+            chunk = _Chunk(ks, a_tiles, b_tiles, first=True, last=True)
+            progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
+            progress.tiles += 1
+    progress.blocks += len(outer)
 
 
-def _tile_step(
+def _split_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -> None:
+    """Every output tile as a run of K-chunk steps, both operands streamed (nothing resident)."""
+    m, k = g.a.view.shape
+    chunks = _blocks(k, tiling.chunk)
+    for (i0, rows), (j0, cols) in product(_blocks(m, tiling.rows), _blocks(g.out.shape[1], tiling.cols)):
+        acc = TileArena(cfg, progress.tiles).acc_tile(rows * cols * 4)
+        for index, (c0, cw) in enumerate(chunks):
+            ks = _k_slices(cw, cfg.array_size)
+            arena = TileArena(cfg, len(progress.steps))
+            b_tiles = _alloc(arena, g.b, [cw * cols])
+            a_tiles = _alloc(arena, g.a, [rows * kb for _, kb in ks])
+            loads: list = []
+            quants: list = []
+            a_rows = g.a.view.slice(0, i0, rows)
+            _fill(g.b, b_tiles, [g.b.view.slice(0, c0, cw).slice(1, j0, cols)], loads, quants)
+            _fill(g.a, a_tiles, [a_rows.slice(1, c0 + k0, kb) for k0, kb in ks], loads, quants)
+            chunk = _Chunk(ks, a_tiles, b_tiles, first=index == 0, last=index == len(chunks) - 1)
+            progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
+        progress.tiles += 1
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One step's share of a tile's K: its k-slices (offsets within B's panel), where A's slices and B's
+    panel sit, and whether it opens (mx.mm) or closes (epilogue, store) the tile."""
+
+    slices: list[tuple[int, int]]
+    a: _Tiles
+    b: _Tiles
+    first: bool
+    last: bool
+
+
+def _chunk_step(
     arena: TileArena,
+    acc: int,
     g: Gemm,
     tile: tuple[int, int, int, int],
-    ks: list[tuple[int, int]],
-    a_tiles: _Tiles,
-    b_tiles: _Tiles,
+    chunk: _Chunk,
     loads: list,
     quants: list,
 ) -> Step:
     i0, rows, j0, cols = tile
-    dt = a_tiles.dtype
-    slices = [(a, b_tiles.ready[0] + k0 * cols * dt.size, kb) for a, (k0, kb) in zip(a_tiles.ready, ks, strict=True)]
-    acc = arena.acc_tile(rows * cols * 4)
+    dt = chunk.a.dtype
+    slices = [
+        (a, chunk.b.ready[0] + k0 * cols * dt.size, kb) for a, (k0, kb) in zip(chunk.a.ready, chunk.slices, strict=True)
+    ]
     acc_dt = DType.i32 if g.int8 else DType.f32
-    mode = g.bias_mode
+    mode = g.bias_mode if chunk.last else "none"
     bias_addr = 0
-    if g.bias is not None:
+    if mode != "none":
         part = g.bias.slice(0, i0, rows).slice(1, j0, cols)
         part = {"col": part.index((0,)), "row": part.permute((1, 0)).index((0,)), "full": part}[mode]
         bias_addr = arena.tile(part.size * 4)
         loads.append((part, bias_addr))
-    out_addr = arena.tile(rows * cols) if g.int8 else acc
+    requant = g.requant if chunk.last else None
+    out_addr = arena.tile(rows * cols) if requant is not None else acc
     n = rows * cols
 
     def quantize(em: Emitter) -> None:
@@ -192,7 +274,7 @@ def _tile_step(
     def matmul(em: Emitter) -> None:
         for index, (a_addr, b_addr, kb) in enumerate(slices):
             em.b.mx_preload(em.reg(b_addr), kb, cols, dt.name)
-            mm = em.b.mx_mm if index == 0 else em.b.mx_mma
+            mm = em.b.mx_mm if index == 0 and chunk.first else em.b.mx_mma
             mm(*em.regs(acc, a_addr), rows)
 
     def epilogue(em: Emitter) -> None:
@@ -202,12 +284,13 @@ def _tile_step(
             em.b.v_add_vc(*em.regs(acc, acc, bias_addr), n, cols, acc_dt.name)
         elif mode == "full":
             em.b.v_add(*em.regs(acc, acc, bias_addr), n, acc_dt.name)
-        if g.requant is not None:
-            mult, shift = g.requant
+        if requant is not None:
+            mult, shift = requant
             em.b.v_rqnt(*em.regs(out_addr, acc, mult), shift, n)
 
     compute = [(Unit.vector, quantize)] if quants else []
     compute.append((Unit.matrix, matmul))
-    if mode != "none" or g.int8:
+    if mode != "none" or requant is not None:
         compute.append((Unit.vector, epilogue))
-    return Step(loads, compute, [(out_addr, g.out.slice(0, i0, rows).slice(1, j0, cols))])
+    stores = [(out_addr, g.out.slice(0, i0, rows).slice(1, j0, cols))] if chunk.last else []
+    return Step(loads, compute, stores)

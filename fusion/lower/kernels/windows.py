@@ -101,7 +101,7 @@ def _fill_steps(cx: LowerContext, target: View, value: float, start: int = 0) ->
     return [Step([], [(Unit.vector, body)], stores)]
 
 
-def _padded(cx: LowerContext, node: Node, w: Window, value: float) -> tuple[View, list[list[Step]]]:
+def padded_input(cx: LowerContext, node: Node, w: Window, value: float) -> tuple[View, list[list[Step]]]:
     """The padded input view and the phases that build it (none without padding)."""
     x = cx.view(node.inputs[0])
     if not w.needs_pad:
@@ -123,7 +123,7 @@ def _window_view(padded: View, w: Window, offset: tuple[int, ...]) -> View:
 
 def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     w = window_of(cx.graph, node)
-    padded, phases = _padded(cx, node, w, 0.0)
+    padded, phases = padded_input(cx, node, w, 0.0)
     n_img, c = w.in_shape[:2]
     kk, p = math.prod(w.kernel), math.prod(w.out_spatial)
     sp = padded.strides[2:]
@@ -173,7 +173,7 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
     x_dt = cx.dtype(node.inputs[0])
     is_max = node.op == OpType.MaxPool
     pad_value = (-128.0 if x_dt is DType.i8 else -math.inf) if is_max else 0.0
-    padded, phases = _padded(cx, node, w, pad_value)
+    padded, phases = padded_input(cx, node, w, pad_value)
     offsets = list(product(*(range(k) for k in w.kernel)))
     sources = [_window_view(padded, w, o) for o in offsets]
     if not is_max:

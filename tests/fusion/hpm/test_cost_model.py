@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fusion.cost.analytic import AnalyticCostModel
 from fusion.cost.interface import CostEstimate
+from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.validation import ValidationPolicy
 from fusion.hpm.cost_model import MODEL_ENV, HpmCostModel, load_cost_model
 from fusion.hpm.errors import HpmError
 from fusion.hpm.model import TARGETS, save_model, train
@@ -55,3 +58,20 @@ def test_online_retrains_in_the_background_and_persists(tmp_path: Path, small_mo
     assert restarted.samples() == len(odd)
     with pytest.raises(HpmError, match="lack"):
         online.record(odd.features()[0], odd.configs()[0], {"cycle": 1.0})
+
+
+def test_engine_plans_with_the_hpm_and_feeds_it_online(small_model) -> None:
+    """The fusion engine runs a bundled model with the HPM as its cost model; the dispatched kernels' measured
+    counters flow back into the online model and trigger a background retrain."""
+    models = Path(__file__).resolve().parents[1] / "models"
+    online = OnlineHpm(small_model, retrain_every=2)
+    engine = FusionEngine(
+        models / "mlp.onnx", "base", "fp32", EngineOptions(validation=ValidationPolicy("off")), cost_model=online
+    )
+    x = np.load(models / "mlp.npz")["input"]
+    result = engine.run({engine.graph.inputs[0]: x})
+    assert result.cycles > 0
+    assert all(r.predicted_cycles > 0 for r in result.records if r.features is not None)
+    recorded = online.observe(result.records, engine.config)
+    assert recorded >= 2 and online.samples() == recorded
+    assert online.wait(timeout=120) and online.retrains >= 1 and online.last_error is None

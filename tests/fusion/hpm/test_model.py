@@ -11,8 +11,8 @@ import pytest
 
 from fusion.hpm.errors import ModelFileError, SchemaMismatchError
 from fusion.hpm.metrics import mape
-from fusion.hpm.model import MAGIC, TARGETS, load_model, read_header, save_model, train
-from fusion.hpm.schema import FEATURE_NAMES, baselines, schema_hash, vectorize
+from fusion.hpm.model import MAGIC, TARGETS, _predict, load_model, read_header, save_model, train
+from fusion.hpm.schema import FEATURE_NAMES, baselines, matrix_of, schema_hash, vectorize
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,11 @@ def test_corruption_and_foreign_files_are_refused(tmp_path: Path, model) -> None
     (tmp_path / "x.hpm").write_bytes(b"not a model")
     with pytest.raises(ModelFileError, match="magic"):
         load_model(tmp_path / "x.hpm")
+
+
+def test_forest_fast_path_equals_sklearn(small_dataset) -> None:
+    ds = small_dataset
+    forest = train(ds.features(), ds.configs(), {t: ds.measured(t) for t in TARGETS}, "forest", seed=0)
+    x = matrix_of(ds.features()[:5], ds.configs()[:5])
+    for est in forest.estimators.values():
+        np.testing.assert_allclose(_predict(est, x), est.predict(x), rtol=1e-9)

@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fusion.hpm.dataset import SampleLog, load_dataset
+from fusion.hpm.errors import HpmError
 from fusion.hpm.sweep import measure_group, run_sweep
 
 BASES = ("base", "tiny")
@@ -52,3 +54,10 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     for record in before[:3]:
         assert measure_group(record["seed"], ["base", "tiny"], 0.1) == record, "a resumed sweep equals a fresh one"
     assert len(load_dataset(out)) == sum(len(r.get("rows", [])) for r in records)
+
+
+def test_a_directory_resumes_only_its_own_sweep(tmp_path: Path) -> None:
+    run_sweep(tmp_path, ["base"], 2, jobs=1, progress=False)
+    with pytest.raises(HpmError, match="holds a sweep"):
+        run_sweep(tmp_path, ["tiny"], 2, jobs=1, progress=False)
+    assert run_sweep(tmp_path, ["base"], 3, jobs=1, progress=False).measured_now == 1
