@@ -28,7 +28,11 @@ EXIT_USER_ERROR = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynfuse", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dynfuse",
+        description="An ML accelerator with an operator-fusion ISA: assemble, simulate, co-simulate with RTL, "
+        "compile ONNX models and fuse them dynamically.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -41,6 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--calls", type=int, default=1, help="run the model this many times (cache hits after the first)")
     p.add_argument("--cache-dir", type=Path, help="persistent on-disk kernel cache shared by processes")
     p.add_argument(
+        "--cost-model",
+        default="analytic",
+        help="cost model ranking candidates: analytic, hpm ($DYNFUSE_HPM_MODEL or hpm.model) or a model file",
+    )
+    p.add_argument(
         "--allow-rounding-change",
         action="store_true",
         help="allow int8 fusions that skip a requantization between ops (results then differ in rounding)",
@@ -64,8 +69,11 @@ def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndar
         validation=ValidationPolicy.parse(args.validate),
         allow_rounding_change=args.allow_rounding_change,
     )
+    from fusion.hpm.cost_model import load_cost_model  # the CLI is the edge that may pick the learned model
+
     cache = KernelCache(disk_dir=args.cache_dir)
-    engine = FusionEngine(args.model, args.config, args.dtype, options, cache=cache)
+    cost_model = load_cost_model(args.cost_model)
+    engine = FusionEngine(args.model, args.config, args.dtype, options, cost_model=cost_model, cache=cache)
     if args.calls < 1:
         raise EngineError(f"--calls must be >= 1, got {args.calls}")
     result = None

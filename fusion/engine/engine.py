@@ -2,9 +2,10 @@
 
 `FusionEngine(model, config, dtype).run(inputs)` simulates the model kernel by kernel under the chosen plan
 policy and returns the outputs with one `KernelRecord` per dispatched kernel (predicted vs measured cycles, the
-learned model's training signal). Between calls it watches the data: a drifted tensor re-plans the groups that
-read it (their dispatch-table entries and, for int8 range drift, the quantization), and the dispatch table
-switches a GEMM group between its dense and zero-skip kernels by the live operand's sparsity class.
+learned model's training signal). Between calls it watches the data: a drifted graph input makes the `dynamic`
+policy plan again on the new profiles (zero-skip variants priced at the live zero-tile fraction; int8 range drift
+re-calibrates first), and per call the dispatch table switches a GEMM group between its dense and zero-skip
+kernels by the live operand's sparsity class and zero-tile fraction.
 """
 
 from __future__ import annotations
@@ -271,32 +272,46 @@ class FusionEngine:
         return drifts
 
     def _replan(self, drifts: tuple[Drift, ...], inputs: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], ...]:
-        """Re-plan only the groups reading a drifted tensor; int8 range drift re-calibrates (new kernels)."""
+        """Re-plan on drift: int8 range drift re-calibrates (new scales: new kernels, a new plan); otherwise the
+        `dynamic` policy plans again on the new profiles (the groups reading a drifted tensor see new zero-tile
+        fractions and candidates, e.g. zero-skip variants; unchanged kernels are cache hits). Returns the groups
+        reading a drifted tensor, under the new plan."""
         if not drifts or self.plan is None:
             return ()
         drifted = {d.tensor for d in drifts}
         if self.mc is not None and self.mc.int8 and any(d.reason.startswith("range") for d in drifts):
             everything = tuple(c.group.nodes for c in self.plan.choices)
-            self._set_context(self._params([inputs]))  # new scales: new kernels, a new plan
+            self._set_context(self._params([inputs]))
             return everything
+        if self.options.policy == "dynamic":
+            self.plan = self.make_plan()
         return tuple(
             c.group.nodes for c in self.plan.choices if drifted & set(group_subgraph(self.graph, c.group).inputs)
         )
 
     def _variant(self, choice: GroupChoice, env: Mapping[str, np.ndarray]) -> tuple[Group, str]:
-        """The dispatch table: the zero-skip twin on sparse live data when the cost model prefers it."""
+        """The dispatch table: by the GEMM operand's live data class, the zero-skip kernel on sparse data when
+        the cost model (at the live zero-tile fraction) prefers it, else the dense kernel."""
         if choice.zero_skip is None:
             return choice.group, "any"
         assert self.mc is not None
         head = self.graph.node(choice.group.nodes[0]).inputs[0]
         sparsity, fraction = data_class(env[head], self.config.array_size)
         self._zero_fraction[head] = fraction
+        dense = choice.dense or choice.group
         if sparsity != "sparse":
-            return choice.group, "dense"
+            return dense, "dense"
+        if dense is choice.zero_skip:
+            return dense, "sparse"
         twin, _, key = self._kernel(choice.zero_skip, "sparse")
-        if self._predict(self._feature_row(key, twin, choice.zero_skip)) < choice.predicted_cycles:
+        dense_cycles = choice.predicted_cycles if choice.group is dense else self._predicted(dense)
+        if self._predict(self._feature_row(key, twin, choice.zero_skip)) < dense_cycles:
             return choice.zero_skip, "sparse"
-        return choice.group, "sparse"
+        return dense, "sparse"
+
+    def _predicted(self, group: Group) -> float:
+        kernel, _, key = self._kernel(group, "any")
+        return self._predict(self._feature_row(key, kernel, group))
 
     def _dispatch(self, choice: GroupChoice, env: dict[str, np.ndarray], call: int) -> tuple[KernelRecord, float]:
         assert self.mc is not None

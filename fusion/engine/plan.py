@@ -60,7 +60,8 @@ class GroupChoice:
     unfused_cycles: float  # the same nodes as separate unfused kernels, predicted
     reason: str
     alternatives: tuple[tuple[str, float], ...] = ()  # (schedule, predicted cycles) of the other candidates
-    zero_skip: Group | None = None  # the zero-skip twin the dispatch table switches to on sparse data
+    zero_skip: Group | None = None  # the zero-skip kernel the dispatch table switches to on sparse data
+    dense: Group | None = None  # for a group planned zero-skip: the kernel the table switches to on dense data
 
 
 @dataclass(frozen=True)

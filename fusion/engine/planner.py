@@ -7,9 +7,12 @@ Plans are data; the policies are functions of (model, profiles, cost model) with
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from fusion.cost.interface import CostModel, KernelFeatures
 from fusion.engine.bounds import matrix_bound
@@ -17,10 +20,10 @@ from fusion.engine.candidates import Candidate, enumerate_candidates, schedules,
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.features import kernel_features
-from fusion.engine.kernel import Kernel, try_build
+from fusion.engine.kernel import Kernel, storage_dtypes, try_build
 from fusion.engine.legality import generator_accepts, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Plan
-from fusion.engine.profile import TensorProfile
+from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
 from fusion.graph.ops import OpKind
 from fusion.lower.compiler import ALIAS_OPS
 
@@ -29,6 +32,12 @@ ORACLE_MAX_PLANS = 512
 STATIC_FAMILIES = frozenset({"epilogue", "conv", "stream", "chain"})  # what TVM-style rules fuse (no layout absorption)
 STATIC_STRATEGY = {"epilogue": "epilogue", "conv": "implicit_gemm"}
 NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
+# The dynamic planner minimises predicted cycles + DRAM_WEIGHT x the DRAM channel time of the kernel's traffic.
+# A kernel's cycles see the channel only while it runs, but its bytes also cost energy (325 pJ each: ~70 fp32 MACs)
+# and, once kernels overlap, a neighbour's bandwidth: a schedule moving more bytes (a swapped GEMM's C^T round
+# trip, an epilogue reloading A per panel) must win more than twice their channel time. 1.5 and 2 give the same
+# plans on the bundled models (fp32 d128: the swapped GEMMs' extra bytes no longer exceed static's); 0 is cycles.
+DRAM_WEIGHT = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,55 +47,89 @@ class Evaluated:
     features: KernelFeatures
     cycles: float
     energy_pj: float
+    score: float  # what the dynamic planner minimises: cycles plus priced DRAM channel time (see Evaluator)
 
 
 class Evaluator:
-    """Builds candidate kernels and predicts their cost, memoised per (group, data class); thread-safe."""
+    """Builds candidate kernels and predicts their cost, memoised per (group, priced zero-tile fraction);
+    thread-safe. One evaluator per plan: the profiles it prices zero-skip kernels with are fixed."""
 
-    def __init__(self, mc: ModelContext, cost_model: CostModel, profiles: Mapping[str, TensorProfile]) -> None:
-        self.mc, self.cost_model, self.profiles = mc, cost_model, profiles
-        self._memo: dict[tuple[Group, str], Evaluated | str] = {}
+    def __init__(
+        self,
+        mc: ModelContext,
+        cost_model: CostModel,
+        profiles: Mapping[str, TensorProfile],
+        dram_weight: float = DRAM_WEIGHT,
+    ) -> None:
+        self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
+        self._memo: dict[tuple[Group, float], Evaluated | str] = {}
         self._lock = threading.Lock()
 
     def zero_fraction(self, group: Group) -> float:
+        """The live zero-tile fraction of the group's GEMM operand (0 when it is not profiled)."""
         profile = self.profiles.get(self.mc.graph.node(group.nodes[0]).inputs[0])
         return 0.0 if profile is None else profile.zero_tile_fraction
 
-    def sparsity(self, group: Group) -> str:
-        profile = self.profiles.get(self.mc.graph.node(group.nodes[0]).inputs[0])
-        return "dense" if profile is None else profile.sparsity
+    def sparse(self, group: Group) -> bool:
+        return self.zero_fraction(group) >= SPARSE_TILE_FRACTION
 
-    def evaluate(self, group: Group) -> Evaluated | str:
-        key = (group, self.sparsity(group) if group.strategy == "zero_skip" else "any")
+    def evaluate(self, group: Group, zero_fraction: float | None = None) -> Evaluated | str:
+        """Build and price a group; a zero-skip kernel is priced at `zero_fraction` (default: the live one) and
+        built for the sparse data class (the only class its guard admits)."""
+        fraction = self.zero_fraction(group) if zero_fraction is None else zero_fraction
+        skip = group.strategy == "zero_skip"
+        key = (group, fraction if skip else 0.0)
         with self._lock:
             if key in self._memo:
                 return self._memo[key]
-        built = try_build(self.mc, group, key[1])
+        built = try_build(self.mc, group, "sparse" if skip else "any")
         if isinstance(built, str):
             result: Evaluated | str = built
         else:
-            feats = kernel_features(self.mc, built, self.zero_fraction(group))
+            feats = kernel_features(self.mc, built, key[1])
             est = self.cost_model.predict(feats, self.mc.config)
-            result = Evaluated(group, built, feats, est.cycles, est.energy_pj)
+            channel = (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
+            result = Evaluated(group, built, feats, est.cycles, est.energy_pj, est.cycles + self.dram_weight * channel)
         with self._lock:
             self._memo[key] = result
         return result
 
+    def priced(self, groups: list[Group]) -> list[Evaluated]:
+        """The groups already built and priced (dense variants), without building any."""
+        with self._lock:
+            found = (self._memo.get((g, 0.0)) for g in groups)
+            return [e for e in found if isinstance(e, Evaluated)]
+
+    def with_twins(self, groups: list[Group]) -> list[Group]:
+        """The groups plus, when their GEMM operand is sparse now, their zero-skip twins (priced live)."""
+        return groups + [t for g in groups if (t := zero_skip_twin(g)) is not None and self.sparse(g)]
+
+    def bound(self, group: Group) -> float:
+        """A lower bound on the group's score: the matrix bound plus the priced channel time of the traffic every
+        GEMM schedule has (each input read once, each output written once, in storage dtypes)."""
+        cycles = matrix_bound(self.mc, group)
+        if not cycles:
+            return 0.0
+        sub = self.mc.subgraph(group.nodes)
+        values = (*sub.inputs, *sub.outputs)
+        sizes = (math.prod(sub.types[v].shape) * np.dtype(d).itemsize for v, d in storage_dtypes(self.mc, sub, values))
+        return cycles + self.dram_weight * sum(sizes) / self.mc.config.dram_bytes_per_cycle
+
     def ranked(self, groups: list[Group], keep: int = 1) -> tuple[list[Evaluated], str]:
-        """The `keep` cheapest buildable schedules, cheapest first, and the last refusal reason. Groups are built
-        in the order of their matrix-unit lower bound (`bounds.matrix_bound`); once a bound reaches the
-        `keep`-th best prediction, the rest are dominated and never generated."""
+        """The `keep` best buildable schedules by score, best first, and the last refusal reason. Groups are built
+        in the order of their lower bound (`bound`); once a bound reaches the `keep`-th best score, the rest are
+        dominated and never generated."""
         done: list[Evaluated] = []
         reason = ""
-        for bound, _, group in sorted((matrix_bound(self.mc, g), i, g) for i, g in enumerate(groups)):
-            if len(done) >= keep and bound >= done[keep - 1].cycles:
+        for bound, _, group in sorted((self.bound(g), i, g) for i, g in enumerate(groups)):
+            if len(done) >= keep and bound >= done[keep - 1].score:
                 break
             ev = self.evaluate(group)
             if isinstance(ev, str):
                 reason = ev
             else:
                 done.append(ev)
-                done.sort(key=lambda e: e.cycles)
+                done.sort(key=lambda e: e.score)
         return done, reason
 
     def best(self, groups: list[Group]) -> tuple[Evaluated | None, list[tuple[str, float]], str]:
@@ -107,9 +150,29 @@ class Evaluator:
         return total
 
 
-def _choice(ev: Evaluator, best: Evaluated, alts: list, reason: str) -> GroupChoice:
-    twin = zero_skip_twin(best.group)
-    return GroupChoice(best.group, best.cycles, ev.unfused(best.group.nodes), reason, tuple(alts), twin)
+def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Group | None, Group | None]:
+    """The dispatch table of a planned group: (zero-skip kernel for sparse calls, dense kernel for dense calls).
+
+    A group planned dense gets the zero-skip twin of its nodes' best GEMM schedule that planning already priced
+    (else the one with the lowest matrix bound), whatever the planned schedule is (an unfused GEMM too): no
+    kernel is built for it until a call's data is sparse, and the table prices it at that call's zero-tile
+    fraction. A group planned zero-skip keeps its nodes' cheapest dense schedule for calls whose data is dense."""
+    dense = [g for g in _narrowed(ev, cand) if g.strategy != "zero_skip"]
+    if best.strategy == "zero_skip":
+        ranked, _ = ev.ranked(dense)
+        return best, ranked[0].group if ranked else None
+    gemm = [g for g in dense if g.strategy == "epilogue"]
+    priced = ev.priced(gemm)
+    if priced:
+        return zero_skip_twin(min(priced, key=lambda e: e.score).group), None
+    if gemm:
+        return zero_skip_twin(min(gemm, key=lambda g: matrix_bound(ev.mc, g))), None
+    return None, None
+
+
+def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason: str) -> GroupChoice:
+    twin, dense = _dispatch_variants(ev, cand, best.group)
+    return GroupChoice(best.group, best.cycles, ev.unfused(best.group.nodes), reason, tuple(alts), twin, dense)
 
 
 def plan_none(ev: Evaluator) -> Plan:
@@ -180,55 +243,57 @@ def _static_group(mc: ModelContext, rule: Candidate, ev: Evaluator, rejected: li
 
 def _narrowed(ev: Evaluator, cand: Candidate) -> list[Group]:
     """An epilogue candidate tries only the GEMM schedules that were best for its matrix node alone (the absorbed
-    consumers change the tile traffic little), which keeps planning linear in the number of schedules."""
+    consumers change the tile traffic little), which keeps planning linear in the number of schedules; the
+    caller adds their zero-skip twins on sparse data."""
     groups = schedules(ev.mc, cand)
     if cand.family != "epilogue":
         return groups
     head = Candidate(cand.nodes[:1], "single")
-    alone = [g for g in schedules(ev.mc, head) if g.strategy == "epilogue"]
-    ranked, _ = ev.ranked(alone, NARROW)
+    alone = ev.with_twins([g for g in schedules(ev.mc, head) if g.strategy == "epilogue"])
+    ranked, _ = ev.ranked(alone, NARROW)  # on sparse data the zero-skip twins rank the schedules
     keep = {(e.group.tile_m, e.group.flatten, e.group.panels, e.group.resident_a) for e in ranked[:NARROW]}
     kept = [g for g in groups if g.strategy != "epilogue" or (g.tile_m, g.flatten, g.panels, g.resident_a) in keep]
     return kept or groups
 
 
 def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
-    """Priority fusion: candidates by predicted gain (the nodes' cheapest single-node schedules - fused cycles),
-    largest first, taking those whose gain exceeds `threshold` of the separate time and whose nodes are still
-    free; every remaining node gets its cheapest single-node schedule."""
+    """Priority fusion: candidates by predicted gain in score (the nodes' best single-node schedules - fused),
+    largest first, taking those whose gain exceeds `threshold` of the separate score and whose nodes are still
+    free; every remaining node gets its best single-node schedule. GEMM-led candidates include their zero-skip
+    variants when the operand's live profile is sparse."""
     mc = ev.mc
     scored, rejected = [], []
     alone: dict[str, tuple[Evaluated | None, list, str]] = {
-        n.name: ev.best(schedules(mc, Candidate((n.name,), "single"))) for n in mc.graph.nodes
+        n.name: ev.best(ev.with_twins(schedules(mc, Candidate((n.name,), "single")))) for n in mc.graph.nodes
     }
     for cand in enumerate_candidates(mc.graph):
         if cand.family == "single":
             continue
         decision = structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family)
-        best, alts, reason = ev.best(_narrowed(ev, cand)) if decision else (None, [], decision.reason)
+        best, alts, reason = ev.best(ev.with_twins(_narrowed(ev, cand))) if decision else (None, [], decision.reason)
         if best is None:
             rejected.append((cand.nodes, reason))
             continue
-        base = sum(alone[n][0].cycles if alone[n][0] else float("inf") for n in cand.nodes)
-        scored.append((base - best.cycles, base, best, alts))
+        base = sum(alone[n][0].score if alone[n][0] else float("inf") for n in cand.nodes)
+        scored.append((base - best.score, base, best, alts, cand))
     scored.sort(key=lambda s: -s[0])
     taken: set[str] = set()
     picked: dict[str, GroupChoice] = {}
-    for gain, base, best, alts in scored:
+    for gain, base, best, alts, cand in scored:
         if gain <= threshold * base:
-            rejected.append((best.group.nodes, f"predicted gain {gain:.0f} cycles is below the threshold"))
+            rejected.append((best.group.nodes, f"predicted gain {gain:.0f} (score) is below the threshold"))
             continue
         if taken & set(best.group.nodes):
             continue
         taken.update(best.group.nodes)
-        picked[best.group.nodes[0]] = _choice(ev, best, alts, f"predicted gain {gain:.0f} cycles")
+        picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"predicted gain {gain:.0f} (score)")
     for node in mc.graph.nodes:
         if node.name in taken:
             continue
         best, alts, reason = alone[node.name]
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
-        picked[node.name] = _choice(ev, best, alts, "cheapest single-node schedule")
+        picked[node.name] = _choice(ev, Candidate((node.name,), "single"), best, alts, "cheapest single-node schedule")
     return Plan("dynamic", in_execution_order(mc, picked.values()), tuple(rejected))
 
 

@@ -20,12 +20,13 @@ import numpy as np
 
 from fusion.cost.analytic import energy_pj, unit_times
 from fusion.cost.interface import KernelFeatures
+from fusion.engine.plan import STRATEGIES as ENGINE_STRATEGIES
 from fusion.graph.ops import OpType
 from simulator.config import MachineConfig
 
-SCHEMA_VERSION = 1
-STRATEGIES = ("unfused", "epilogue", "chain", "zero_skip", "stream", "transpose_load")
-LOOP_ORDERS = ("", *("".join(p) for p in permutations("mnk")))
+SCHEMA_VERSION = 2
+STRATEGIES = tuple(s for s in ENGINE_STRATEGIES if s != "alias")  # alias groups run on the host: no kernel
+LOOP_ORDERS = ("", "mn", "nm", *("".join(p) for p in permutations("mnk")))
 OPS = tuple(op.value for op in OpType)
 
 NUMERIC = (

@@ -111,16 +111,26 @@ def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[in
     tm = largest_fitting(min(m, MAX_ROWS), lambda t: _fits(cfg, g, t, 1))
     if tm == 0:
         raise CodegenError(f"a fused GEMM with K={k} does not fit a buffer half of the scratchpad or accumulator")
-    tm = min(schedule.tile_m, tm) if schedule.tile_m else tm
+    if schedule.tile_m:
+        tm = min(schedule.tile_m, tm)
+    elif want_panels > 1:  # "largest that fits" beside the requested panels, so A is reused across all of them
+        tm = largest_fitting(tm, lambda t: _fits(cfg, g, t, want_panels)) or tm
     panels = largest_fitting(want_panels, lambda p: _fits(cfg, g, tm, p))
     return tm, max(panels, 1)
 
 
-def fused_gemm_steps(cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start: int = 0) -> list[Step]:
-    """The tiles of one fused GEMM: output-row tiles outer, groups of `panels` weight-column panels inner.
+def fused_gemm_steps(
+    cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start: int = 0, block: int = 0
+) -> list[Step]:
+    """The tiles of one fused GEMM: output-row blocks outer, groups of `panels` weight-column panels inner.
 
-    With `resident_a` (all rows in one tile) a prologue step loads A once and copies it into the other buffer
-    slots, and every later step only streams its weight panels: the loader overlaps the matrix unit throughout."""
+    A row block's A tiles are loaded (and quantized) once, by its first step, into the buffer slot of the block's
+    index `block + i` (blocks rotate through the slots); every step's own slot keeps a full block's region free
+    (the last block may be shorter) and holds the streamed weight panels and outputs after it, as in the baseline
+    GEMM (`fusion.lower.kernels.gemm`): block
+    b + DEPTH starts at least DEPTH steps after block b's last, so its load waits on a later store. With
+    `resident_a` (all rows in one tile) a prologue step loads A once and copies it into the other buffer slots,
+    and every later step only streams its weight panels."""
     m, _ = g.a.view.shape
     n_out = g.out.shape[1]
     tm, panels = plan_tiles(cfg, g, schedule)
@@ -130,15 +140,29 @@ def fused_gemm_steps(cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start
     steps = []
     if schedule.resident_a:
         steps.append(_resident_prologue(cfg, g, m, start))
-    for i0 in range(0, m, tm):
+    for index, i0 in enumerate(range(0, m, tm)):
+        rows = min(tm, m - i0)
+        a_loads: list = []
+        a_quants: list = []
+        if not schedule.resident_a:
+            a_block = _a_tiles(cfg, TileArena(cfg, block + index), g, i0, rows, a_loads, a_quants)
         for j0 in range(0, n_out, width):
             arena = TileArena(cfg, start + len(steps))
+            a_here = _a_tiles(cfg, arena, g, 0, tm, [], [])  # this slot's A copy (A-stationary) or a full-block gap
+            a_slices = a_here if schedule.resident_a else a_block
             cols = [(j, min(cfg.array_size, n_out - j)) for j in range(j0, min(n_out, j0 + width), cfg.array_size)]
-            step = _tile_step(cfg, arena, g, i0, min(tm, m - i0), cols, schedule.zero_skip, schedule.resident_a)
+            step = _tile_step(cfg, arena, g, (i0, rows), cols, schedule.zero_skip, a_slices, a_loads, a_quants)
+            a_loads, a_quants = [], []  # the block's later steps reuse its A
             if schedule.resident_a:  # order the matrix unit after the prologue's copy (a vector -> matrix token)
                 step = Step(step.loads, [(Unit.vector, _nothing), *step.compute], step.stores)
             steps.append(step)
     return steps
+
+
+def row_blocks(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> int:
+    """How many row blocks `fused_gemm_steps` uses (the next GEMM of a batch starts its blocks after them)."""
+    tm, _ = plan_tiles(cfg, g, schedule)
+    return -(-g.a.view.shape[0] // tm)
 
 
 def _a_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list) -> list:
@@ -188,15 +212,18 @@ def _tile_step(
     cfg: MachineConfig,
     arena: TileArena,
     g: FusedGemm,
-    i0: int,
-    rows: int,
+    block: tuple[int, int],
     panels: list,
     zero_skip: bool,
-    resident: bool,
+    a_slices: list,
+    a_loads: list,
+    a_quants: list,
 ) -> Step:
-    loads: list = []
-    quants: list = []
-    a_slices = _a_tiles(cfg, arena, g, i0, rows, [] if resident else loads, [] if resident else quants)
+    """One step: the row block's (first row, rows) A k-slices (loaded by this step when `a_loads` is not empty)
+    times `panels`."""
+    i0, rows = block
+    loads: list = list(a_loads)
+    quants: list = list(a_quants)
     j_first, span = panels[0][0], panels[-1][0] + panels[-1][1] - panels[0][0]
     bias_addr = 0
     if g.bias is not None:

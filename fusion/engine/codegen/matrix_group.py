@@ -16,7 +16,7 @@ from itertools import product
 
 import numpy as np
 
-from fusion.engine.codegen.gemm import FusedGemm, Schedule, fused_gemm_steps
+from fusion.engine.codegen.gemm import FusedGemm, Schedule, fused_gemm_steps, row_blocks
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
@@ -140,6 +140,7 @@ def matrix_group_steps(
         raise CodegenError("A-stationary order needs one GEMM (a batched MatMul runs one GEMM per batch)")
     a_full, b_full = av.broadcast_to((*batch, m, av.shape[-1])), bv.broadcast_to((*batch, bv.shape[-2], n))
     steps: list[Step] = []
+    blocks = 0
     for index in product(*(range(d) for d in batch)):
         g = FusedGemm(
             Operand(a_full.index(index), a.quantize_scale),
@@ -152,7 +153,8 @@ def matrix_group_steps(
             out_scale,
             packed,
         )
-        steps.extend(fused_gemm_steps(cx.config, g, schedule, len(steps)))
+        steps.extend(fused_gemm_steps(cx.config, g, schedule, len(steps), blocks))
+        blocks += row_blocks(cx.config, g, schedule)
     return steps
 
 

@@ -29,7 +29,7 @@ def _reference(engine: FusionEngine, inputs):
     return run(engine.graph, inputs)
 
 
-@pytest.mark.parametrize("name", ["mlp", "encoder_post_d64", "resnet_block"])
+@pytest.mark.parametrize("name", ["mlp", "encoder_post_d64", "encoder_pre_d64", "encoder_post_d128", "resnet_block"])
 @pytest.mark.parametrize("dtype", ["int8", "fp32"])
 def test_dynamic_is_correct_and_beats_none_and_matches_or_beats_static(name: str, dtype: str) -> None:
     graph, inputs = model(name)

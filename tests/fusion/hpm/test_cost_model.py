@@ -75,3 +75,16 @@ def test_engine_plans_with_the_hpm_and_feeds_it_online(small_model) -> None:
     recorded = online.observe(result.records, engine.config)
     assert recorded >= 2 and online.samples() == recorded
     assert online.wait(timeout=120) and online.retrains >= 1 and online.last_error is None
+
+
+def test_fuse_cli_plans_with_the_learned_model(tmp_path: Path, small_model, capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from dynfuse.cli import main
+
+    model = Path(__file__).resolve().parents[1] / "models" / "mlp.onnx"
+    path = save_model(small_model, tmp_path / "m.hpm")
+    assert main(["fuse", str(model), "--cost-model", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cost_model"] == "hpm"
+    assert main(["fuse", str(model), "--cost-model", str(tmp_path / "none.hpm")]) == 1
+    assert "no HPM model file" in capsys.readouterr().err
