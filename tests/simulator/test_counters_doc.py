@@ -11,6 +11,6 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "counters.md"
 
 def test_counters_doc_is_up_to_date() -> None:
     assert DOC.read_text() == counters_markdown(), (
-        "docs/counters.md is stale: python -c \"from simulator.counters import counters_markdown as m; "
+        'docs/counters.md is stale: python -c "from simulator.counters import counters_markdown as m; '
         "print(m(), end='')\" > docs/counters.md"
     )
