@@ -2,10 +2,11 @@
 
 `FusionEngine(model, config, dtype).run(inputs)` simulates the model kernel by kernel under the chosen plan
 policy and returns the outputs with one `KernelRecord` per dispatched kernel (predicted vs measured cycles, the
-learned model's training signal). Between calls it watches the data: a drifted graph input makes the `dynamic`
-policy plan again on the new profiles (zero-skip variants priced at the live zero-tile fraction; int8 range drift
-re-calibrates first), and per call the dispatch table switches a GEMM group between its dense and zero-skip
-kernels by the live operand's sparsity class and zero-tile fraction.
+learned model's training signal, also fed to an online-learning cost model's `record`). Between calls it watches
+the data: a drifted graph input makes the `dynamic` policy re-plan the groups reading it on the new profiles
+(zero-skip variants priced at the live zero-tile fraction; int8 range drift re-calibrates and re-plans all), and
+per call the dispatch table switches a GEMM group between its dense and zero-skip kernels by the live operand's
+sparsity class and zero-tile fraction.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -27,12 +29,12 @@ from fusion.engine.cache import KernelCache, kernel_key
 from fusion.engine.context import ModelContext
 from fusion.engine.drift import Drift, DriftThresholds, detect_drift
 from fusion.engine.errors import EngineError
-from fusion.engine.execute import run_kernel, to_real
+from fusion.engine.execute import KernelRun, run_kernel, to_real
 from fusion.engine.features import kernel_features
 from fusion.engine.guards import check_guard
 from fusion.engine.kernel import Kernel, build_kernel, expected_guard, group_subgraph
 from fusion.engine.plan import Group, GroupChoice, Plan
-from fusion.engine.planner import Evaluated, Evaluator, make_plan
+from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.validation import ValidationPolicy, compare
 from fusion.graph.hashing import structural_hash
@@ -71,6 +73,7 @@ class KernelRecord:
     validated: bool
     fallback: str  # why the unfused path ran instead ("" when the planned kernel ran)
     features: KernelFeatures | None
+    learned: bool = False  # already passed to the cost model's `record` (an online-learning model)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class FusionEngine:
         self._predictions: dict[KernelFeatures, float] = {}
         self.plan: Plan | None = None
         self.plan_seconds = 0.0
+        self.plan_evaluations: Counter[tuple[str, ...]] = Counter()
         self.compile_seconds = 0.0  # JIT wall time: the plan's kernels through the cache on the worker pool
         self.codegen_seconds = 0.0  # cold codegen + link time of those kernels (summed over kernels)
         self.events: list[ValidationEvent] = []
@@ -146,6 +150,10 @@ class FusionEngine:
         self._oracle_values: dict[str, np.ndarray] | None = None  # live values the oracle measures kernels on
         self._zero_fraction: dict[str, float] = {}  # live zero-tile fraction of each GEMM group's operand
         self._evaluator: Evaluator | None = None
+        # An online-learning cost model (duck-typed, e.g. `OnlineHpm`): fed every simulated kernel's counters.
+        self._learner: Callable[[KernelFeatures, MachineConfig, Mapping[str, float]], None] | None = getattr(
+            self.cost_model, "record", None
+        )
         self._lock = threading.RLock()
         if dtype == "fp32" or samples:
             self._set_context(self._params(samples))
@@ -180,11 +188,32 @@ class FusionEngine:
     def make_plan(self, policy: str | None = None) -> Plan:
         """Plan with the current profiles; the oracle measures each candidate kernel on the simulator."""
         assert self.mc is not None
+        env = self._oracle_values
+        return self._planned(lambda ev: make_plan(policy or self.options.policy, ev, lambda e: self._measure(e, env)))
+
+    def replan_region(self, region: frozenset[str]) -> Plan:
+        """Local re-planning: the `dynamic` planner on the current profiles restricted to `region` (a union of
+        the current plan's groups); every other group keeps its `GroupChoice` (the same object: nothing of it is
+        built or priced again)."""
+        assert self.mc is not None and self.plan is not None
+        mc, old = self.mc, self.plan
+
+        def plan(ev: Evaluator) -> Plan:
+            fresh = plan_dynamic(ev, nodes=region)
+            kept = [c for c in old.choices if region.isdisjoint(c.group.nodes)]
+            rejected = (*(r for r in old.rejected if region.isdisjoint(r[0])), *fresh.rejected)
+            return Plan(old.policy, in_execution_order(mc, [*kept, *fresh.choices]), rejected)
+
+        return self._planned(plan)
+
+    def _planned(self, policy: Callable[[Evaluator], Plan]) -> Plan:
+        """Run a planning function with a fresh evaluator (the current profiles), then compile the plan."""
+        assert self.mc is not None
         start = time.perf_counter()
         ev = Evaluator(self.mc, self.cost_model, self.profiles)
-        env = self._oracle_values
-        plan = make_plan(policy or self.options.policy, ev, lambda e: self._measure(e, env))
+        plan = policy(ev)
         self._evaluator = ev
+        self.plan_evaluations = Counter(ev.evaluations)  # the planning work, by group nodes (before compiling)
         self.plan_seconds = time.perf_counter() - start
         self._compile_plan(plan)
         return plan
@@ -272,10 +301,12 @@ class FusionEngine:
         return drifts
 
     def _replan(self, drifts: tuple[Drift, ...], inputs: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], ...]:
-        """Re-plan on drift: int8 range drift re-calibrates (new scales: new kernels, a new plan); otherwise the
-        `dynamic` policy plans again on the new profiles (the groups reading a drifted tensor see new zero-tile
-        fractions and candidates, e.g. zero-skip variants; unchanged kernels are cache hits). Returns the groups
-        reading a drifted tensor, under the new plan."""
+        """Re-plan on drift. int8 range drift re-calibrates: new scales change every kernel downstream of the
+        input (its value's scale and each derived one), so the whole plan is made again. Otherwise the `dynamic`
+        policy re-plans locally (`replan_region`): only the groups reading a drifted tensor (the only profiles the
+        planner reads are the graph inputs', so no other group's candidates or prices changed) are planned again,
+        on the new profiles (new zero-tile fractions, zero-skip variants); every other group keeps its choice.
+        Returns the re-planned groups (all of them after a re-calibration)."""
         if not drifts or self.plan is None:
             return ()
         drifted = {d.tensor for d in drifts}
@@ -283,11 +314,12 @@ class FusionEngine:
             everything = tuple(c.group.nodes for c in self.plan.choices)
             self._set_context(self._params([inputs]))
             return everything
-        if self.options.policy == "dynamic":
-            self.plan = self.make_plan()
-        return tuple(
-            c.group.nodes for c in self.plan.choices if drifted & set(group_subgraph(self.graph, c.group).inputs)
-        )
+        affected = [c for c in self.plan.choices if drifted & set(group_subgraph(self.graph, c.group).inputs)]
+        if self.options.policy != "dynamic" or not affected:
+            return tuple(c.group.nodes for c in affected)
+        region = frozenset(n for c in affected for n in c.group.nodes)
+        self.plan = self.replan_region(region)
+        return tuple(c.group.nodes for c in self.plan.choices if region.issuperset(c.group.nodes))
 
     def _variant(self, choice: GroupChoice, env: Mapping[str, np.ndarray]) -> tuple[Group, str]:
         """The dispatch table: by the GEMM operand's live data class, the zero-skip kernel on sparse data when
@@ -353,6 +385,7 @@ class FusionEngine:
         env.update(outputs)
         feats = self._feature_row(key, kernel, group)
         predicted = self._predict(feats)
+        learned = self._learn(feats, run)
         record = KernelRecord(
             group.nodes,
             group.schedule,
@@ -366,8 +399,23 @@ class FusionEngine:
             validated,
             "",
             feats,
+            learned,
         )
         return record, seconds
+
+    def _learn(self, feats: KernelFeatures | None, run: KernelRun) -> bool:
+        """Feed a simulated kernel's measured counters to an online-learning cost model (a list append: its
+        retraining runs on its own thread, dispatch never waits). True when the kernel was recorded."""
+        if self._learner is None or feats is None or run.cycles <= 0:
+            return False
+        counters = {
+            "cycle": float(run.cycles),
+            "energy_total_pj": run.energy_pj,
+            "dram_read_bytes": float(run.dram_read_bytes),
+            "dram_write_bytes": float(run.dram_write_bytes),
+        }
+        self._learner(feats, self.config, counters)
+        return True
 
     def _tolerance(self, group: Group) -> ValidationPolicy:
         """A rounding-changing int8 fusion may differ from the unfused kernels by the skipped requantization's
@@ -381,8 +429,11 @@ class FusionEngine:
         return replace(policy, atol=max(policy.atol, step), rtol=max(policy.rtol, 1e-4))
 
     def _predict(self, feats: KernelFeatures | None) -> float:
+        """Memoised prediction; a learning model is asked every time (it swaps in retrained models)."""
         if feats is None:
             return 0.0
+        if self._learner is not None:
+            return self.cost_model.predict(feats, self.config).cycles
         if feats not in self._predictions:
             self._predictions[feats] = self.cost_model.predict(feats, self.config).cycles
         return self._predictions[feats]
@@ -426,9 +477,10 @@ class FusionEngine:
         energy = 0.0
         for name in group.nodes:
             single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
-            kernel, _, _ = self._kernel(single, "any")
+            kernel, _, key = self._kernel(single, "any")
             run = run_kernel(self.mc, kernel, env)
             env.update(run.outputs)
+            self._learn(self._feature_row(key, kernel, single), run)
             cycles += run.cycles
             dram += run.dram_read_bytes + run.dram_write_bytes
             energy += run.energy_pj

@@ -11,6 +11,7 @@ from collections import Counter
 from fusion.cost.interface import KernelFeatures
 from fusion.engine.context import ModelContext
 from fusion.engine.kernel import Kernel
+from fusion.engine.plan import Group
 from fusion.graph.cost import macs as node_macs
 from fusion.graph.cost import vector_ops
 from isa import INSTRUCTIONS, InstructionSpec
@@ -48,6 +49,18 @@ def _steps(counts: Counter[str]) -> int:
         if counts[busy]:
             return counts[f"pops_{int(unit)}"]
     return 0
+
+
+def loop_order(group: Group, has_matmul: bool) -> str:
+    """The GEMM loop order (outer to inner) the schedule runs, so cost models can tell the orders apart: "mn"
+    streams A's row tiles under each preloaded weight tile (the default), "nm" keeps A resident (A-stationary:
+    loaded once, weight panels streamed), "knm" is the swapped orientation (each k-slice of A^T preloaded once,
+    the weight's columns streamed through it as rows); "" without a matmul."""
+    if not has_matmul:
+        return ""
+    if group.strategy == "swapped":
+        return "knm"
+    return "nm" if group.resident_a else "mn"
 
 
 def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float = 0.0) -> KernelFeatures:
@@ -102,7 +115,7 @@ def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float 
         tile_m=tile["m"],
         tile_n=tile["n"],
         tile_k=tile["k"],
-        loop_order="mn" if counts["matmuls"] else "",
+        loop_order=loop_order(kernel.group, bool(counts["matmuls"])),
         zero_tile_fraction=zero_tile_fraction,
         instructions=counts["instructions"],
         dma_loads=counts["dma_loads"],

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,7 @@ class Evaluator:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
         self._memo: dict[tuple[Group, float], Evaluated | str] = {}
         self._lock = threading.Lock()
+        self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
 
     def zero_fraction(self, group: Group) -> float:
         """The live zero-tile fraction of the group's GEMM operand (0 when it is not profiled)."""
@@ -80,6 +82,7 @@ class Evaluator:
         skip = group.strategy == "zero_skip"
         key = (group, fraction if skip else 0.0)
         with self._lock:
+            self.evaluations[group.nodes] += 1
             if key in self._memo:
                 return self._memo[key]
         built = try_build(self.mc, group, "sparse" if skip else "any")
@@ -256,18 +259,22 @@ def _narrowed(ev: Evaluator, cand: Candidate) -> list[Group]:
     return kept or groups
 
 
-def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
+def plan_dynamic(ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] | None = None) -> Plan:
     """Priority fusion: candidates by predicted gain in score (the nodes' best single-node schedules - fused),
     largest first, taking those whose gain exceeds `threshold` of the separate score and whose nodes are still
     free; every remaining node gets its best single-node schedule. GEMM-led candidates include their zero-skip
-    variants when the operand's live profile is sparse."""
+    variants when the operand's live profile is sparse. With `nodes`, only those nodes are planned (candidates
+    inside them; no other node is built or priced) and the plan holds their groups only: local re-planning."""
     mc = ev.mc
+    region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
     scored, rejected = [], []
     alone: dict[str, tuple[Evaluated | None, list, str]] = {
-        n.name: ev.best(ev.with_twins(schedules(mc, Candidate((n.name,), "single")))) for n in mc.graph.nodes
+        n.name: ev.best(ev.with_twins(schedules(mc, Candidate((n.name,), "single"))))
+        for n in mc.graph.nodes
+        if n.name in region
     }
     for cand in enumerate_candidates(mc.graph):
-        if cand.family == "single":
+        if cand.family == "single" or not region.issuperset(cand.nodes):
             continue
         decision = structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family)
         best, alts, reason = ev.best(ev.with_twins(_narrowed(ev, cand))) if decision else (None, [], decision.reason)
@@ -288,7 +295,7 @@ def plan_dynamic(ev: Evaluator, threshold: float = 0.02) -> Plan:
         taken.update(best.group.nodes)
         picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"predicted gain {gain:.0f} (score)")
     for node in mc.graph.nodes:
-        if node.name in taken:
+        if node.name in taken or node.name not in region:
             continue
         best, alts, reason = alone[node.name]
         if best is None:

@@ -1,6 +1,7 @@
-"""Online learning: the measured counters of kernels the engine dispatches are appended (`observe(result.records,
-config)` after each `FusionEngine.run`, or `record` per kernel); the model is retrained in a background thread
-every `retrain_every` new samples and swapped in when ready, so dispatch never waits.
+"""Online learning: the measured counters of kernels the engine dispatches are appended (`FusionEngine` calls
+`record` for every kernel it simulates when its cost model has one; `observe(result.records, config)` feeds the
+records of a call made with another cost model); the model is retrained in a background thread every
+`retrain_every` new samples and swapped in when ready, so dispatch never waits.
 
 With `log_path`, every recorded sample is also appended to a JSON-lines file (fsync'ed, torn tail dropped),
 and the samples already in it are loaded on start, so what the engine learned survives a restart.
@@ -83,11 +84,13 @@ class OnlineHpm:
 
     def observe(self, records: Iterable[Any], config: MachineConfig) -> int:
         """Record every simulated kernel of an engine call (`CallResult.records`: features, measured cycles and
-        energy); host-side alias kernels carry no features and are skipped. Returns how many were recorded."""
+        energy); host-side alias kernels carry no features and are skipped, and records the engine already fed to
+        `record` (`learned`) are not appended twice. Returns how many of the call's kernels the model now holds."""
         count = 0
         for r in records:
             if r.features is not None and r.measured_cycles > 0:
-                self.record(r.features, config, {"cycle": r.measured_cycles, "energy_total_pj": r.energy_pj})
+                if not getattr(r, "learned", False):
+                    self.record(r.features, config, {"cycle": r.measured_cycles, "energy_total_pj": r.energy_pj})
                 count += 1
         return count
 

@@ -88,3 +88,52 @@ def test_fuse_cli_plans_with_the_learned_model(tmp_path: Path, small_model, caps
     assert json.loads(capsys.readouterr().out)["cost_model"] == "hpm"
     assert main(["fuse", str(model), "--cost-model", str(tmp_path / "none.hpm")]) == 1
     assert "no HPM model file" in capsys.readouterr().err
+
+
+def test_engine_dispatch_feeds_the_online_model_without_waiting_for_retraining(
+    tmp_path: Path, small_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every kernel the engine simulates is recorded by dispatch itself (with its measured cycles); the retrain
+    the samples trigger runs on its own thread: with the trainer held, run() still returns (twice), and once it
+    is released the retrained model is swapped in and the engine predicts with it."""
+    import threading
+
+    from fusion.hpm import online as online_module
+    from fusion.hpm.dataset import SampleLog
+
+    started, release = threading.Event(), threading.Event()
+    real_train = online_module.train
+
+    def held_train(*args, **kwargs):
+        started.set()
+        assert release.wait(60)
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(online_module, "train", held_train)
+    models = Path(__file__).resolve().parents[1] / "models"
+    log = tmp_path / "online.jsonl"
+    online = OnlineHpm(small_model, retrain_every=3, log_path=log)
+    engine = FusionEngine(
+        models / "mlp.onnx", "base", "fp32", EngineOptions(validation=ValidationPolicy("off")), cost_model=online
+    )
+    inputs = {engine.graph.inputs[0]: np.load(models / "mlp.npz")["input"]}
+    first = engine.run(inputs)
+    simulated = [r for r in first.records if r.features is not None and r.measured_cycles > 0]
+    assert len(simulated) >= 3 and all(r.learned == (r in simulated) for r in first.records)
+    assert online.samples() == len(simulated)
+    logged = [rec["measured"]["cycle"] for rec in SampleLog(log).records()]
+    assert logged == [float(r.measured_cycles) for r in simulated]
+    assert started.wait(30) and online.retrains == 0  # training began and is held: run() did not wait for it
+    engine.run(inputs)
+    assert online.samples() == 2 * len(simulated) and online.retrains == 0
+    assert online.observe(first.records, engine.config) == len(simulated)  # already recorded: not appended again
+    assert online.samples() == 2 * len(simulated)
+    release.set()
+    assert online.wait(timeout=120) and online.retrains >= 1 and online.last_error is None
+    assert online.model is not small_model
+    online.retrain_every = 10**6  # no further swap while the third call predicts
+    third = engine.run(inputs)
+    for r in third.records:
+        if r.features is not None:
+            assert r.predicted_cycles == pytest.approx(online.predict(r.features, engine.config).cycles)
+    assert online.wait(timeout=120)
