@@ -32,8 +32,8 @@ RESULTS = Path(__file__).parent / "results" / "fusion.md"
 WARM_CALLS = 21
 
 
-def _engine(graph, policy: str, dtype: str, config: str, samples) -> FusionEngine:
-    options = EngineOptions(policy=policy, validation=ValidationPolicy("off"))
+def _engine(graph, policy: str, dtype: str, config: str, samples, pipeline: bool = True) -> FusionEngine:
+    options = EngineOptions(policy=policy, validation=ValidationPolicy("off"), pipeline=pipeline)
     return FusionEngine(graph, config, dtype, options, samples=samples)
 
 
@@ -56,6 +56,8 @@ def measure_model(name: str, dtype: str, config: str) -> dict:
             row["dispatch_us"] = 1e6 * float(np.median(per_kernel))
             total_macs = sum(macs(graph, n) for n in graph.nodes)
             row["roofline"] = roofline_cycles(total_macs, result.dram_bytes, engine.config)
+            row["pairs"] = len(engine.plan.pipelined)
+            row["unpaired"] = _engine(graph, policy, dtype, config, [inputs], pipeline=False).run(inputs).cycles
     return row
 
 
@@ -104,6 +106,7 @@ def main() -> None:
         "none cyc",
         "static cyc",
         "dynamic cyc",
+        "unpipelined / pairs",
         "oracle cyc",
         "dyn/none",
         "dyn/static",
@@ -127,6 +130,7 @@ def main() -> None:
             str(none.cycles),
             str(static.cycles),
             str(dyn.cycles),
+            f"{r['unpaired']} / {r['pairs']}",
             str(oracle.cycles) if oracle else "-",
             f"{none.cycles / dyn.cycles:.2f}x",
             f"{static.cycles / dyn.cycles:.2f}x",
@@ -161,7 +165,9 @@ def main() -> None:
         "the compile of the chosen kernels through the cache (wall time on the worker pool; planning already built "
         "them), `codegen ms` the cold codegen + link time of exactly those kernels (summed), `dispatch us/kernel` "
         "the median host time of a cache-hit dispatch (data-class check, cache lookup, guard), simulation "
-        "excluded. Roofline: max(MACs / N^2, DRAM bytes / bytes per cycle) of the dynamic plan.\n\n"
+        "excluded. Roofline: max(MACs / N^2, DRAM bytes / bytes per cycle) of the dynamic plan. `unpipelined / "
+        "pairs`: the dynamic plan's cycles without pipelined pairs (`EngineOptions(pipeline=False)`: every group its "
+        "own program ending in a fence) / the number of complementary pairs it runs as one program.\n\n"
         + "\n".join(lines)
         + "\n\n"
         + "\n".join(sp_lines)

@@ -45,7 +45,12 @@ class CacheStats:
 
 def kernel_key(signature: str, group: Group, guard: Guard) -> str:
     """sha256 of everything a kernel is specialised for."""
-    parts = (signature, guard.shapes, guard.dtypes, group.schedule, guard.sparsity, guard.config_hash, CACHE_VERSION)
+    return schedule_key(signature, group.schedule, guard)
+
+
+def schedule_key(signature: str, schedule: str, guard: Guard) -> str:
+    """`kernel_key` by schedule string (a pipelined pair's schedule names both groups' schedules)."""
+    parts = (signature, guard.shapes, guard.dtypes, schedule, guard.sparsity, guard.config_hash, CACHE_VERSION)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -168,6 +173,7 @@ class KernelCache:
 def encode_kernel(kernel: Kernel) -> bytes:
     meta = {
         "group": asdict(kernel.group),
+        "pipelined_with": None if kernel.pipelined_with is None else asdict(kernel.pipelined_with),
         "inputs": list(kernel.inputs),
         "outputs": list(kernel.outputs),
         "guard": asdict(kernel.guard),
@@ -196,8 +202,7 @@ def decode_entry(blob: bytes) -> Kernel | None:
             return None
         body = payload[4 + size :]
         program = from_bytes(body, "<kernel cache>") if body else None
-        g, gd = meta["group"], meta["guard"]
-        group = Group(tuple(g["nodes"]), g["strategy"], g["tile_m"], g["flatten"], g["panels"], g["resident_a"])
+        gd, pair = meta["guard"], meta.get("pipelined_with")
         guard = Guard(
             tuple((k, tuple(v)) for k, v in gd["shapes"]),
             tuple((k, v) for k, v in gd["dtypes"]),
@@ -205,13 +210,18 @@ def decode_entry(blob: bytes) -> Kernel | None:
             gd["config_hash"],
         )
         return Kernel(
-            group,
+            _group(meta["group"]),
             program,
             tuple(meta["inputs"]),
             tuple(meta["outputs"]),
             guard,
             meta["compile_seconds"],
             meta["symbols"],
+            None if pair is None else _group(pair),
         )
     except (BinaryFormatError, ValueError, KeyError, TypeError, json.JSONDecodeError):
         return None
+
+
+def _group(g: dict) -> Group:
+    return Group(tuple(g["nodes"]), g["strategy"], g["tile_m"], g["flatten"], g["panels"], g["resident_a"])

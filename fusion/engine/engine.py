@@ -25,7 +25,7 @@ import onnx
 
 from fusion.cost.analytic import AnalyticCostModel
 from fusion.cost.interface import CostModel, KernelFeatures
-from fusion.engine.cache import KernelCache, kernel_key
+from fusion.engine.cache import KernelCache, kernel_key, schedule_key
 from fusion.engine.context import ModelContext
 from fusion.engine.drift import Drift, DriftThresholds, detect_drift
 from fusion.engine.errors import EngineError
@@ -33,7 +33,9 @@ from fusion.engine.execute import KernelRun, run_kernel, to_real
 from fusion.engine.features import kernel_features
 from fusion.engine.guards import check_guard
 from fusion.engine.kernel import Kernel, build_kernel, expected_guard, group_subgraph
-from fusion.engine.plan import Group, GroupChoice, Plan
+from fusion.engine.pairing import plan_pipelines
+from fusion.engine.pipelined import build_pipelined, pair_schedule
+from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan
 from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.validation import ValidationPolicy, compare
@@ -55,6 +57,7 @@ class EngineOptions:
     workers: int = 2
     allow_rounding_change: bool = False
     checked: bool = False  # run the simulator's race checker on every kernel
+    pipeline: bool = True  # dynamic: run complementary consecutive groups as one pipelined program
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class KernelRecord:
     fallback: str  # why the unfused path ran instead ("" when the planned kernel ran)
     features: KernelFeatures | None
     learned: bool = False  # already passed to the cost model's `record` (an online-learning model)
+    pipelined_with: tuple[str, ...] = ()  # a pipelined pair's record: the consumer's nodes (also in `nodes`)
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,7 @@ class FusionEngine:
         self.mc: ModelContext | None = None
         self._signatures: dict[Group, str] = {}
         self._keys: dict[tuple[Group, str], str] = {}
+        self._pair_keys: dict[tuple[Group, Group], str] = {}  # pipelined pairs' cache keys (dispatch stays cheap)
         self._unfused: dict[Group, int] = {}
         self._features: dict[str, KernelFeatures] = {}
         self._predictions: dict[KernelFeatures, float] = {}
@@ -171,6 +176,7 @@ class FusionEngine:
         self.mc = ModelContext(self.graph, self.config, self.dtype, params, self.options.allow_rounding_change)
         self._signatures.clear()
         self._keys.clear()
+        self._pair_keys.clear()
         self._unfused.clear()
         self._features.clear()
         self.plan = None
@@ -202,16 +208,20 @@ class FusionEngine:
             fresh = plan_dynamic(ev, nodes=region)
             kept = [c for c in old.choices if region.isdisjoint(c.group.nodes)]
             rejected = (*(r for r in old.rejected if region.isdisjoint(r[0])), *fresh.rejected)
-            return Plan(old.policy, in_execution_order(mc, [*kept, *fresh.choices]), rejected)
+            new = Plan(old.policy, in_execution_order(mc, [*kept, *fresh.choices]), rejected)
+            return plan_pipelines(ev, new, region, old.pipelined) if self.options.pipeline else new
 
-        return self._planned(plan)
+        return self._planned(plan, pipelines=False)
 
-    def _planned(self, policy: Callable[[Evaluator], Plan]) -> Plan:
-        """Run a planning function with a fresh evaluator (the current profiles), then compile the plan."""
+    def _planned(self, policy: Callable[[Evaluator], Plan], pipelines: bool = True) -> Plan:
+        """Run a planning function with a fresh evaluator (the current profiles), then (dynamic) pick the pipelined
+        pairs (`pipelines`: the function did not) and compile the plan."""
         assert self.mc is not None
         start = time.perf_counter()
         ev = Evaluator(self.mc, self.cost_model, self.profiles)
         plan = policy(ev)
+        if plan.policy == "dynamic" and self.options.pipeline and pipelines:
+            plan = plan_pipelines(ev, plan)
         self._evaluator = ev
         self.plan_evaluations = Counter(ev.evaluations)  # the planning work, by group nodes (before compiling)
         self.plan_seconds = time.perf_counter() - start
@@ -230,6 +240,7 @@ class FusionEngine:
         choices = sorted(plan.choices, key=lambda c: -c.predicted_cycles)
         with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
             kernels = list(pool.map(lambda c: self._kernel(c.group, "any")[0], choices))
+            kernels += list(pool.map(lambda p: self._pair_kernel(p)[0], plan.pipelined))
         self.compile_seconds = time.perf_counter() - start
         self.codegen_seconds = sum(k.compile_seconds for k in kernels)
 
@@ -258,6 +269,25 @@ class FusionEngine:
         kernel, hit = self.cache.get_or_build(key, make)
         return kernel, hit, key
 
+    def _pair_kernel(self, pair: PipelinedPair) -> tuple[Kernel, bool, str]:
+        """A pipelined pair's program through the cache: its key is the union's signature, guard and both
+        schedules."""
+        assert self.mc is not None
+        producer, consumer = pair.producer, pair.consumer
+        key = self._pair_keys.get((producer, consumer))
+        if key is None:
+            union = self._union(pair)
+            guard = expected_guard(self.mc, group_subgraph(self.graph, union), producer, "any")
+            key = schedule_key(self._signature(union), pair_schedule(producer, consumer), guard)
+            self._pair_keys[(producer, consumer)] = key
+        kernel, hit = self.cache.get_or_build(key, lambda: build_pipelined(self.mc, producer, consumer))
+        return kernel, hit, key
+
+    def _union(self, pair: PipelinedPair) -> Group:
+        """The pair's nodes in graph order, as a group (its signature and shadow validation)."""
+        nodes = set(pair.producer.nodes) | set(pair.consumer.nodes)
+        return Group(tuple(n.name for n in self.graph.nodes if n.name in nodes), "unfused")
+
     # --- running ----------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:
@@ -275,9 +305,16 @@ class FusionEngine:
         env: dict[str, np.ndarray] = dict(checked_inputs)
         records = []
         dispatch = 0.0
-        for choice in plan.choices:
-            record, seconds = self._dispatch(choice, env, call)
-            records.append(record)
+        choices = list(plan.choices)
+        while choices:
+            choice = choices.pop(0)
+            pair = plan.pair_from(choice.group)
+            if pair is not None and choices and choices[0].group == pair.consumer:
+                done, seconds = self._dispatch_pair(pair, choice, choices.pop(0), env, call)
+            else:
+                done, seconds = self._dispatch(choice, env, call)
+                done = [done]
+            records.extend(done)
             dispatch += seconds
         assert self.mc is not None
         outputs = {v: to_real(self.mc, v, env[v]) for v in self.graph.outputs}
@@ -402,6 +439,64 @@ class FusionEngine:
             learned,
         )
         return record, seconds
+
+    def _dispatch_pair(
+        self, pair: PipelinedPair, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray], call: int
+    ) -> tuple[list[KernelRecord], float]:
+        """A pipelined pair as one kernel, under the same guard and shadow validation as a group; the two groups
+        are dispatched apart when the dispatch table picks another variant for either, the guard fails, the pair
+        is blocked, or its validation fails (then it is evicted and blocked)."""
+        assert self.mc is not None
+        start = time.perf_counter()
+        union = self._union(pair)
+        signature = f"{self._signature(union)}|pipelined"  # blocking the pair blocks no fused group of its nodes
+        planned = self._variant(first, env)[0] == first.group  # (the planner pairs no consumer with a table)
+        kernel, hit, key = self._pair_kernel(pair)
+        if not planned or signature in self.blocked or not check_guard(kernel.guard, env, "any", self.config_hash):
+            return self._apart(first, second, env, call, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        run = run_kernel(self.mc, kernel, env, checked=self.options.checked)
+        with self._lock:
+            count = self._runs.get(key, 0)
+            self._runs[key] = count + 1
+        validated = self.options.validation.should_validate(count)
+        if validated:
+            tolerance = max((self._tolerance(c.group) for c in (first, second)), key=lambda p: (p.atol, p.rtol))
+            cmp = compare(run.outputs, self._unfused_outputs(union, env), tolerance)
+            if not cmp.ok:
+                self.cache.evict(key)
+                with self._lock:
+                    self.blocked.add(signature)
+                    schedule = pair_schedule(pair.producer, pair.consumer)
+                    self.events.append(
+                        ValidationEvent(call, union.nodes, schedule, cmp.value, cmp.max_abs_diff, "evicted, blocked")
+                    )
+                return self._apart(first, second, env, call, seconds)
+        env.update(run.outputs)
+        predicted = sum(self._predicted(c.group) for c in (first, second))
+        record = KernelRecord(
+            (*pair.producer.nodes, *pair.consumer.nodes),
+            pair_schedule(pair.producer, pair.consumer),
+            "any",
+            predicted,
+            run.cycles,
+            run.dram_read_bytes + run.dram_write_bytes,
+            self._unfused_bytes(first.group) + self._unfused_bytes(second.group),
+            run.energy_pj,
+            hit,
+            validated,
+            "",
+            None,
+            pipelined_with=pair.consumer.nodes,
+        )
+        return [record], seconds
+
+    def _apart(
+        self, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray], call: int, seconds: float
+    ) -> tuple[list[KernelRecord], float]:
+        a, more = self._dispatch(first, env, call)
+        b, most = self._dispatch(second, env, call)
+        return [a, b], seconds + more + most
 
     def _learn(self, feats: KernelFeatures | None, run: KernelRun) -> bool:
         """Feed a simulated kernel's measured counters to an online-learning cost model (a list append: its

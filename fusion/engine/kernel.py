@@ -72,6 +72,11 @@ class Kernel:
     guard: Guard
     compile_seconds: float
     symbols: dict[str, str] | None = None  # graph value -> tensor name in the program
+    pipelined_with: Group | None = None  # a pipelined pair (`fusion.engine.pipelined`): `group` produces, this consumes
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        return (self.group,) if self.pipelined_with is None else (self.group, self.pipelined_with)
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +89,7 @@ def group_subgraph(graph: Graph, group: Group) -> Graph:
     return extract_subgraph(graph, group.nodes, name=f"{graph.name}/{group.nodes[0]}")
 
 
-def _phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+def group_phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     if group.strategy == "unfused":
         if len(nodes) != 1:
             raise CodegenError("an unfused group holds exactly one node")
@@ -145,7 +150,7 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
     ins = [declare(cx, names, v) for v in sub.inputs]
     outs = [declare(cx, names, v) for v in sub.outputs]
     with b.kernel(_kernel_name(group), inputs=ins, outputs=outs, attrs=attrs):
-        emit_phases(b, em, _phases(cx, sub.nodes, group, mc.allow_rounding_change))
+        emit_phases(b, em, group_phases(cx, sub.nodes, group, mc.allow_rounding_change))
     program = finish_program(b, data)
     return Kernel(group, program, sub.inputs, sub.outputs, guard, time.perf_counter() - start, names)
 
@@ -153,6 +158,14 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
 def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict[str, int]]:
     """The group's constants (data section), scratch buffers and DRAM addresses of every value, by the baseline's
     planner."""
+    forms, scratch = dram_forms(mc, sub, group)
+    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
+    return data, addresses
+
+
+def dram_forms(mc: ModelContext, sub: Graph, group: Group) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The constants as the group's generator reads them (packed weights included) and its DRAM scratch buffers
+    (key -> bytes): what a program holding the group needs in its DRAM image."""
     forms = constant_forms(sub, mc.qplan)
     forms.update(_absorbed_biases(mc, sub))
     scratch: dict[str, int] = {}
@@ -166,8 +179,7 @@ def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict
         scratch[temp_key(conv, 2)] = conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))
     elif group.strategy in ("epilogue", "zero_skip"):
         forms.update(_packed_weights(mc, sub, forms))
-    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
-    return data, addresses
+    return forms, scratch
 
 
 def _packed_weights(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -65,10 +65,27 @@ class GroupChoice:
 
 
 @dataclass(frozen=True)
+class PipelinedPair:
+    """Two consecutive planned groups run as one program (`fusion.engine.pipelined`): the consumer's independent
+    loads overlap the producer's compute. Cycles measured on the simulator when the planner chose the pair."""
+
+    producer: Group
+    consumer: Group
+    bounds: tuple[str, str]  # "memory" / "compute" of producer and consumer (the cost model's unit times)
+    separate_cycles: int  # the two kernels, each ending in a fence
+    pipelined_cycles: int
+
+
+@dataclass(frozen=True)
 class Plan:
     policy: str
     choices: tuple[GroupChoice, ...]
     rejected: tuple[tuple[tuple[str, ...], str], ...] = field(default=())  # (nodes, reason) of refused fusions
+    pipelined: tuple[PipelinedPair, ...] = field(default=())  # consecutive groups run as one program
+
+    def pair_from(self, producer: Group) -> PipelinedPair | None:
+        """The pipelined pair a group produces for, if any."""
+        return next((p for p in self.pipelined if p.producer == producer), None)
 
     @property
     def groups(self) -> tuple[Group, ...]:

@@ -26,6 +26,7 @@ class PolicyReport:
     plan_seconds: float
     compile_seconds: float
     groups: tuple[dict[str, Any], ...]
+    pipelined: tuple[dict[str, Any], ...]
     rejected: tuple[dict[str, Any], ...]
     cache: dict[str, int]
     validations: int
@@ -54,6 +55,7 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
             "validated": r.validated,
             "fallback": r.fallback,
             "reason": reasons.get(r.nodes, ""),
+            "pipelined_with": list(r.pipelined_with),
         }
         for r in result.records
     )
@@ -71,6 +73,16 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
         plan_seconds=round(engine.plan_seconds, 4),
         compile_seconds=round(engine.compile_seconds, 4),
         groups=groups,
+        pipelined=tuple(
+            {
+                "producer": list(p.producer.nodes),
+                "consumer": list(p.consumer.nodes),
+                "bounds": list(p.bounds),
+                "separate_cycles": p.separate_cycles,
+                "pipelined_cycles": p.pipelined_cycles,
+            }
+            for p in plan.pipelined
+        ),
         rejected=tuple({"nodes": list(n), "reason": why} for n, why in plan.rejected),
         cache=engine.cache.stats.as_dict(),
         validations=sum(r.validated for r in result.records),
@@ -81,7 +93,7 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
 def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
     lines = [
         f"model {rep.model} ({rep.dtype}) on {rep.config}, policy {rep.policy}, cost model {rep.cost_model}",
-        f"{'group':44} {'strategy':34} {'pred':>8} {'meas':>8} {'dram B':>8} {'saved B':>8}",
+        f"{'group':44} {'strategy':34} {'pred':>8} {'meas':>8} {'dram B':>8} {'saved B':>8}  pipelined with",
     ]
     for g in rep.groups:
         if g["strategy"] == "alias":
@@ -92,7 +104,7 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
             strat = f"unfused: {g['fallback']}"
         lines.append(
             f"{name[:44]:44} {strat[:34]:34} {g['predicted_cycles']:8.0f} {g['measured_cycles']:8d} "
-            f"{g['dram_bytes']:8d} {g['dram_bytes_saved']:8d}"
+            f"{g['dram_bytes']:8d} {g['dram_bytes_saved']:8d}  {'+'.join(g['pipelined_with'])}"
         )
     lines += [
         f"total: {rep.cycles} cycles, {rep.dram_bytes} DRAM bytes, {rep.energy_pj / 1e6:.3f} uJ; "
@@ -101,6 +113,11 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
         f"validations run: {rep.validations}; validation failures: {len(rep.validation_events)}",
     ]
     lines += [f"  ! {e}" for e in rep.validation_events]
+    lines += [
+        f"pipelined: {'+'.join(p['producer'])} ({p['bounds'][0]}) -> {'+'.join(p['consumer'])} ({p['bounds'][1]}): "
+        f"{p['separate_cycles']} -> {p['pipelined_cycles']} cycles"
+        for p in rep.pipelined
+    ]
     if rep.rejected and show_rejected:
         lines.append("fusions refused (first ones):")
         lines += [f"  {'+'.join(r['nodes'])}: {r['reason']}" for r in rep.rejected[:show_rejected]]

@@ -8,6 +8,9 @@ the step three back, so loading, computing and storing overlap instead of altern
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from fusion.lower.errors import MemoryPlanError
@@ -22,6 +25,19 @@ def _up(x: int, a: int) -> int:
 
 
 DEPTH = 3
+_ROTATION: ContextVar[int] = ContextVar("slot_rotation", default=0)
+
+
+@contextmanager
+def slot_rotation(offset: int) -> Iterator[None]:
+    """Within the block, step (or block) `index` uses slot (index + offset) % DEPTH. A generator emitted right
+    after another program's `offset` steps then starts in the slot the other's next step would use, so its first
+    steps' tiles do not share bytes with the other's last steps (`fusion.engine.pipelined`)."""
+    token = _ROTATION.set(offset)
+    try:
+        yield
+    finally:
+        _ROTATION.reset(token)
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,7 @@ class Slot:
 def slot(total: int, banks: int, index: int, base: int = 0) -> Slot:
     bank = total // banks
     size = (banks // DEPTH) * bank if banks >= DEPTH else total // DEPTH // ALIGN * ALIGN
-    return Slot(base + (index % DEPTH) * size, size)
+    return Slot(base + ((index + _ROTATION.get()) % DEPTH) * size, size)
 
 
 class TileArena:

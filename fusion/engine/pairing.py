@@ -1,0 +1,109 @@
+"""The planner's complementarity pass: which consecutive groups of a plan run as one pipelined program.
+
+A memory-bound group next to a compute-bound one is the pair whose overlap can pay: the consumer's DMAs run
+while the producer's matrix or vector unit works (or the other way round), where two memory-bound kernels would
+only queue on the same DMA units. Bound = the cost model's per-unit busy time (`unit_times`): memory when the
+busiest DMA unit (or the channel) outworks the matrix and vector units. Each such adjacent pair (the producer's
+output flowing into the consumer) is built with `build_pipelined` and measured on the
+simulator in checked mode (a race refuses the pair) on zero inputs: kernel timing does not depend on the values
+(zero-skip kernels, which test data at issue, are never pipelined), so planning needs no live data. The pair is
+taken when its cycles beat the two kernels' measured cycles; a group joins at most one pair (the disjoint pairs
+saving the most cycles in total). At dispatch the pair
+runs only when the dispatch table keeps the producer's planned kernel (a switch to a zero-skip variant runs them
+apart); a consumer with a dispatch table is not paired (its operand is the producer's output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
+
+import numpy as np
+
+from fusion.cost.analytic import unit_times
+from fusion.cost.interface import KernelFeatures
+from fusion.engine.context import ModelContext
+from fusion.engine.errors import CodegenError
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import Kernel
+from fusion.engine.pipelined import build_pipelined
+from fusion.engine.plan import GroupChoice, PipelinedPair, Plan
+from fusion.engine.planner import Evaluated, Evaluator
+from fusion.lower.errors import LoweringError
+from simulator.config import MachineConfig
+from simulator.errors import SimulatorTrap
+
+
+def bound(features: KernelFeatures, cfg: MachineConfig) -> str:
+    """'memory' when a DMA unit or the DRAM channel is the kernel's busiest unit, else 'compute'."""
+    t = unit_times(features, cfg)
+    return "memory" if max(t.load, t.store, t.transfer) >= max(t.matrix, t.vector) else "compute"
+
+
+def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False) -> int:
+    """A kernel's cycles on zero inputs of its guard's shapes and storage dtypes."""
+    shapes, dtypes = dict(kernel.guard.shapes), dict(kernel.guard.dtypes)
+    env = {v: np.zeros(shapes[v], dtype=dtypes[v]) for v in kernel.inputs}
+    return run_kernel(mc, kernel, env, checked=checked).cycles
+
+
+def plan_pipelines(ev: Evaluator, plan: Plan, region: Collection[str] | None = None, kept: Sequence = ()) -> Plan:
+    """The plan with its pipelined pairs (see the module docstring). Local re-planning passes the re-planned
+    `region`: only pairs inside it are considered (no kept group is priced again) and the `kept` pairs outside it
+    stay."""
+    mc, choices = ev.mc, plan.choices
+    inside = (lambda c: True) if region is None else (lambda c: set(c.group.nodes) <= set(region))
+    measured: dict[int, int] = {}
+
+    def alone(i: int, e: Evaluated) -> int:  # memoised by plan position
+        if i not in measured:
+            measured[i] = timing_cycles(mc, e.kernel)
+        return measured[i]
+
+    found = {
+        i: pair
+        for i in range(len(choices) - 1)
+        if inside(choices[i]) and inside(choices[i + 1])
+        if (pair := _consider(ev, choices[i], choices[i + 1], partial(alone, i), partial(alone, i + 1)))
+    }
+    outside = tuple(p for p in kept if region is not None and region.isdisjoint((*p.producer.nodes, *p.consumer.nodes)))
+    return Plan(plan.policy, plan.choices, plan.rejected, outside + best_pairs(found, len(choices)))
+
+
+def best_pairs(found: dict[int, PipelinedPair], n: int) -> tuple[PipelinedPair, ...]:
+    """The disjoint adjacent pairs (pair i joins groups i and i + 1) saving the most cycles in total."""
+    best: list[tuple[int, tuple[PipelinedPair, ...]]] = [(0, ())] * (n + 2)
+    for i in range(n - 1, -1, -1):
+        best[i] = best[i + 1]
+        if i in found:
+            p = found[i]
+            gain = best[i + 2][0] + p.separate_cycles - p.pipelined_cycles
+            if gain > best[i][0]:
+                best[i] = (gain, (p, *best[i + 2][1]))
+    return best[0][1]
+
+
+def _consider(
+    ev: Evaluator,
+    a: GroupChoice,
+    b: GroupChoice,
+    cycles_a: Callable[[Evaluated], int],
+    cycles_b: Callable[[Evaluated], int],
+) -> PipelinedPair | None:
+    if "alias" in (a.group.strategy, b.group.strategy) or b.zero_skip is not None:
+        return None  # a consumer's dispatch table reads the producer's output: unknown before the pair runs
+    ea, eb = ev.evaluate(a.group), ev.evaluate(b.group)
+    if isinstance(ea, str) or isinstance(eb, str):
+        return None
+    kinds = (bound(ea.features, ev.mc.config), bound(eb.features, ev.mc.config))
+    if kinds[0] == kinds[1]:
+        return None
+    try:
+        kernel = build_pipelined(ev.mc, a.group, b.group)
+        together = timing_cycles(ev.mc, kernel, checked=True)
+    except (CodegenError, LoweringError, SimulatorTrap):
+        return None
+    apart = cycles_a(ea) + cycles_b(eb)
+    if together >= apart:
+        return None
+    return PipelinedPair(a.group, b.group, kinds, apart, together)

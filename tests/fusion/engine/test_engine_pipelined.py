@@ -1,0 +1,165 @@
+"""Pipelined pairs: a producer group and its consumer as one program (no fence between), the consumer's
+independent loads issued while the producer computes, ordered against its DRAM writes by sync tokens."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from engine_helpers import model, reference_env
+
+from fusion.engine.cache import KernelCache
+from fusion.engine.context import ModelContext
+from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.errors import CodegenError
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import build_kernel
+from fusion.engine.pipelined import build_pipelined
+from fusion.engine.plan import Group
+from fusion.engine.report import build_report, format_report
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ir import Graph
+from fusion.graph.ops import OpType
+from fusion.quant.calibrate import calibrate
+from simulator.config import load_config
+from simulator.errors import SimulatorTrap
+
+LN = Group(("ln",), "chain")
+GEMM = Group(("fc", "relu"), "epilogue")
+
+
+def ln_gemm_graph(m: int = 16, d: int = 64, n: int = 256, seed: int = 0) -> Graph:
+    """A vector-bound LayerNorm feeding a weight-heavy Linear (as a transformer's FFN input)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("ln_gemm")
+    x = b.input("x", (m, d))
+    scale = b.constant((rng.standard_normal(d) * 0.2 + 1).astype(np.float32), "gamma")
+    shift = b.constant((rng.standard_normal(d) * 0.1).astype(np.float32), "beta")
+    h = b.op(OpType.LayerNorm, x, scale, shift, name="ln", axis=1, epsilon=1e-5)
+    w = b.constant((rng.standard_normal((d, n)) / np.sqrt(d)).astype(np.float32), "w")
+    bias = b.constant((rng.standard_normal(n) * 0.1).astype(np.float32), "bias")
+    b.output(b.op(OpType.Relu, b.op(OpType.Gemm, h, w, bias, name="fc"), name="relu"))
+    return b.build()
+
+
+def _context(dtype: str) -> tuple[ModelContext, dict[str, np.ndarray]]:
+    graph = ln_gemm_graph()
+    x = {"x": np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)}
+    params = calibrate(graph, [x]) if dtype == "int8" else None
+    return ModelContext(graph, load_config("base"), dtype, params), x
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp32"])
+def test_pair_beats_two_kernels_with_equal_outputs(dtype: str) -> None:
+    mc, x = _context(dtype)
+    env = reference_env(mc, x)
+    ln, gemm = run_kernel(mc, build_kernel(mc, LN), env), run_kernel(mc, build_kernel(mc, GEMM), env)
+    pair = build_pipelined(mc, LN, GEMM)
+    run = run_kernel(mc, pair, env, checked=True)  # checked: no unsynchronised access anywhere
+    assert run.cycles < ln.cycles + gemm.cycles - 100  # at least one DMA latency hidden
+    assert pair.groups == (LN, GEMM) and set(pair.outputs) == {"relu"}
+    out = run.outputs["relu"]
+    if dtype == "int8":  # bit-exact vs fusion.reference.quantized
+        np.testing.assert_array_equal(out, env["relu"])
+    else:
+        np.testing.assert_allclose(out, env["relu"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out, gemm.outputs["relu"])  # and the same as the separate kernels
+
+
+def test_removing_the_dram_ordering_token_is_a_race() -> None:
+    mc, x = _context("int8")
+    unordered = build_pipelined(mc, LN, GEMM, order_dram=False)
+    with pytest.raises(SimulatorTrap, match="race"):
+        run_kernel(mc, unordered, reference_env(mc, x), checked=True)
+
+
+def test_pairs_without_a_flow_or_with_a_view_are_refused() -> None:
+    mc, _ = _context("int8")
+    with pytest.raises(CodegenError, match="flows"):
+        build_pipelined(mc, GEMM, LN)
+    with pytest.raises(CodegenError, match="not pipelined"):
+        build_pipelined(mc, LN, Group(("fc", "relu"), "zero_skip"))
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "least"),
+    [("encoder_post_d64", "int8", 4), ("encoder_pre_d64", "fp32", 4), ("resnet_block", "int8", 1)],
+)
+def test_bundled_model_pairs_are_race_free_and_exact(name: str, dtype: str, least: int) -> None:
+    """Every adjacent producer -> consumer pair of a bundled model's dynamic plan that can be pipelined runs
+    race-free, with the reference's values (int8 bit-exact), and never slower than its two kernels."""
+    graph, x = model(name)
+    engine = FusionEngine(graph, "base", dtype)
+    engine.run(x)
+    mc = engine.mc
+    env = reference_env(mc, x)
+    groups = [g for g in engine.plan.groups if g.strategy != "alias"]
+    pairs = 0
+    for a, b in zip(groups, groups[1:], strict=False):
+        try:
+            pair = build_pipelined(mc, a, b)
+        except CodegenError:
+            continue
+        run = run_kernel(mc, pair, env, checked=True)
+        apart = run_kernel(mc, build_kernel(mc, a), env).cycles + run_kernel(mc, build_kernel(mc, b), env).cycles
+        assert run.cycles <= apart
+        for v, data in run.outputs.items():
+            if dtype == "int8":
+                np.testing.assert_array_equal(data, env[v])
+            else:
+                np.testing.assert_allclose(data, env[v], rtol=1e-4, atol=1e-4)
+        pairs += 1
+    assert pairs >= least
+
+
+def test_planner_pairs_complementary_groups_and_the_engine_runs_them() -> None:
+    graph, x = model("encoder_post_d64")
+    apart = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False)).run(x)
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(checked=True))
+    first, second = engine.run(x), engine.run(x)
+    pairs = engine.plan.pipelined
+    assert pairs and all(set(p.bounds) == {"memory", "compute"} for p in pairs)
+    assert all(p.pipelined_cycles < p.separate_cycles for p in pairs)
+    # timing does not depend on the values: the plan-time measurement on zeros is what the live run takes
+    assert first.cycles == apart.cycles - sum(p.separate_cycles - p.pipelined_cycles for p in pairs)
+    for v, data in first.outputs.items():
+        np.testing.assert_array_equal(data, apart.outputs[v])
+    runs = [r for r in first.records if r.pipelined_with]
+    assert len(runs) == len(pairs) and all(r.validated and not r.fallback for r in runs)
+    assert all(r.cache_hit for r in second.records if r.pipelined_with)  # the pair is a cached kernel
+    rep = build_report(engine, first)
+    assert "pipelined with" in format_report(rep) and len(rep.as_dict()["pipelined"]) == len(pairs)
+
+
+def test_pair_kernel_round_trips_through_the_disk_cache(tmp_path) -> None:
+    mc, x = _context("int8")
+    pair = build_pipelined(mc, LN, GEMM)
+    KernelCache(disk_dir=tmp_path).get_or_build("k" * 64, lambda: pair)
+    cache = KernelCache(disk_dir=tmp_path)
+    again, _ = cache.get_or_build("k" * 64, lambda: pytest.fail("rebuilt"))
+    assert cache.stats.disk_hits == 1 and again.groups == (LN, GEMM) and again.program.text == pair.program.text
+    env = reference_env(mc, x)
+    np.testing.assert_array_equal(run_kernel(mc, again, env).outputs["relu"], env["relu"])
+
+
+def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkeypatch) -> None:
+    import fusion.engine.engine as engine_module
+
+    def faulty(mc, kernel, env, checked=False):  # a pair whose first output is off by one step
+        run = run_kernel(mc, kernel, env, checked)
+        if kernel.pipelined_with is None:
+            return run
+        (v, data), *_ = run.outputs.items()
+        return replace(run, outputs={**run.outputs, v: data + np.ones_like(data)})
+
+    graph, x = model("encoder_post_d64")
+    monkeypatch.setattr(engine_module, "run_kernel", faulty)
+    engine = FusionEngine(graph, "base", "int8")
+    result = engine.run(x)
+    assert engine.plan.pipelined and len(engine.events) == len(engine.plan.pipelined)
+    assert not any(r.pipelined_with for r in result.records)  # every pair ran apart after its failed validation
+    want = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False)).run(x).outputs
+    for v, data in result.outputs.items():
+        np.testing.assert_array_equal(data, want[v])
+    assert not any(r.pipelined_with for r in engine.run(x).records)  # blocked from then on
