@@ -2,7 +2,9 @@
 
 Besides raw sizes and instruction counts, the vector holds the machine-normalised quantities the timing rules
 are made of: the analytic model's per-unit busy times (`fusion.cost.analytic`, itself built on
-`simulator.timing`), MACs per array cycle, bytes per DRAM cycle, DMA latency per transfer. The learned targets
+`simulator.timing`), MACs per array cycle, bytes per DRAM cycle, DMA latency per transfer, tile sizes per array
+row, and each unit's distance from the estimate in log cycles (how near it is to being the bottleneck: what
+decides between near-tied schedules, and unlike raw sizes it carries over to an unseen machine). The learned targets
 are log(measured / analytic), so the trees correct the analytic model, and a machine never seen in training is
 still predicted through quantities that scale with it. The schema (names in order) is hashed; a model trained
 on another schema is refused at load time.
@@ -24,10 +26,11 @@ from fusion.engine.plan import STRATEGIES as ENGINE_STRATEGIES
 from fusion.graph.ops import OpType
 from simulator.config import MachineConfig
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STRATEGIES = tuple(s for s in ENGINE_STRATEGIES if s != "alias")  # alias groups run on the host: no kernel
 LOOP_ORDERS = ("", "mn", "nm", *("".join(p) for p in permutations("mnk")))
 OPS = tuple(op.value for op in OpType)
+UNITS = ("load", "store", "matrix", "vector", "issue", "transfer")  # `UnitTimes` fields with a busy time
 
 NUMERIC = (
     "array_size",
@@ -84,6 +87,10 @@ NUMERIC = (
     "log_max_dim",
     "log_min_dim",
     "row_bytes_over_burst",
+    "tile_m_per_array",
+    "tile_n_per_array",
+    "tile_k_per_array",
+    *(f"{unit}_gap" for unit in UNITS),
 )
 FEATURE_NAMES: tuple[str, ...] = (
     *NUMERIC,
@@ -177,6 +184,10 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "log_max_dim": _log(max(dims)),
         "log_min_dim": _log(min(dims)),
         "row_bytes_over_burst": last * elem_bytes / cfg.burst_bytes,
+        "tile_m_per_array": f.tile_m / n,
+        "tile_n_per_array": f.tile_n / n,
+        "tile_k_per_array": f.tile_k / n,
+        **{f"{unit}_gap": math.log(est) - _log(getattr(units, unit)) for unit in UNITS},
     }
     values = [float(numeric[k]) for k in NUMERIC]
     values += [float(f.ops.count(op)) for op in OPS]

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fusion.cost.analytic import unit_times
 from fusion.hpm.errors import ModelFileError, SchemaMismatchError
 from fusion.hpm.metrics import mape
 from fusion.hpm.model import MAGIC, TARGETS, _predict, load_model, read_header, save_model, train
-from fusion.hpm.schema import FEATURE_NAMES, baselines, matrix_of, schema_hash, vectorize
+from fusion.hpm.schema import FEATURE_NAMES, UNITS, baselines, matrix_of, schema_hash, vectorize
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,19 @@ def test_feature_vector_matches_schema(small_dataset) -> None:
     x = vectorize(small_dataset.features()[0], small_dataset.configs()[0])
     assert x.shape == (len(FEATURE_NAMES),) and np.all(np.isfinite(x))
     assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
+
+
+def test_machine_relative_features_locate_the_bottleneck(small_dataset) -> None:
+    for f, cfg in list(zip(small_dataset.features(), small_dataset.configs(), strict=True))[:60]:
+        x = dict(zip(FEATURE_NAMES, vectorize(f, cfg), strict=True))
+        assert x["tile_n_per_array"] * cfg.array_size == pytest.approx(f.tile_n)
+        assert x["tile_k_per_array"] * cfg.array_size == pytest.approx(f.tile_k)
+        units = unit_times(f, cfg)
+        busy = {u: getattr(units, u) for u in UNITS}
+        gaps = {u: x[f"{u}_gap"] for u in UNITS}
+        # the estimate is never below its busiest unit, and that unit is the one nearest to it
+        assert min(gaps.values()) >= -math.log1p(1 / max(units.cycles, 1.0)) - 1e-12
+        assert busy[min(gaps, key=gaps.__getitem__)] == max(busy.values())
 
 
 def test_save_load_round_trip(tmp_path: Path, small_dataset, model) -> None:
