@@ -24,9 +24,13 @@ def parse_input_args(specs: Iterable[str]) -> dict[str, np.ndarray]:
         if not sep or not name or not path:
             raise DynfuseError(f"--input expects NAME=FILE.npy, got {spec!r}")
         try:
-            inputs[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise DynfuseError(f"--input {name}: {path} is not a readable .npy array ({err})") from None
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise DynfuseError(f"--input {name}: {path} is not a readable .npy array ({err or 'empty file'})") from None
+        if not isinstance(array, np.ndarray):
+            array.close()
+            raise DynfuseError(f"--input {name}: {path} is an .npz archive; pass one array as a .npy file")
+        inputs[name] = array
     return inputs
 
 

@@ -1,8 +1,10 @@
 """Fusion candidates: producer/consumer chains of nodes, each with the kernel schedules worth trying.
 
 Starting points are (a) a matrix node with the elementwise consumers its drain can absorb, (b) maximal runs of
-elementwise/row-reduction nodes that a vector chain can execute. Every prefix of (a) and every sub-run of (b) is
-a candidate; schedules vary tile rows, batch flattening and the zero-skip variant.
+elementwise/row-reduction nodes that a vector chain can execute, (c) a matrix node with a constant weight (after a
+leading-axis Transpose it absorbs) followed by such a run or by whole-row layout moves, for the swapped
+orientation. Every prefix of (a) and (c) and every sub-run of (b) is a candidate; schedules vary tile rows, batch
+flattening and the zero-skip variant.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
 @dataclass(frozen=True)
 class Candidate:
     nodes: tuple[str, ...]
-    family: str  # "single", "epilogue", "chain", "stream", "swapped" (a Transpose absorbed by a swapped GEMM), "conv"
+    family: str  # "single", "epilogue", "chain", "stream", "swapped" (see (c) above), "conv"
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -80,10 +82,12 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "stream") for k in range(2, len(run) + 1)]
         if node.op == OpType.Transpose and (mm := sole_consumer(graph, node)) and _feeds_activation(node, mm):
-            run = [node, *_follow(graph, mm, frozenset({OpType.Relu}), 2)]
+            run = [node, *_follow(graph, mm, CHAIN_OPS, MAX_CHAIN)]
             out += [Candidate(tuple(n.name for n in run[:k]), "swapped") for k in range(2, len(run) + 1)]
         if node.op in EPILOGUE_HEADS:
             out += [Candidate(nodes, "swapped") for nodes in _row_move_tails(graph, node)]
+            run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)  # the epilogue as a chain after the transposing load
+            out += [Candidate(tuple(n.name for n in run[:k]), "swapped") for k in range(2, len(run) + 1)]
         if node.op == OpType.Conv:
             run = _follow(graph, node, ABSORBABLE, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "conv") for k in range(2, len(run) + 1)]

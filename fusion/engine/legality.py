@@ -61,8 +61,9 @@ VALUE_PRESERVING = frozenset({OpType.Relu, OpType.Reshape, OpType.Transpose})  #
 def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
     """int8: moving a float Add that follows a requantized MatMul into the drain skips that requantization
     (the sum is rounded once instead of twice): allowed only with `allow_rounding_change`. A stream requantizes
-    in the vector chain exactly as the drain would, so it keeps the numerics."""
-    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family == "stream":
+    in the vector chain exactly as the drain would, and a swapped GEMM drains only value-preserving ops (the rest
+    runs as a vector chain on the requantized output), so both keep the numerics."""
+    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped"):
         return FusionDecision.yes()
     changes = [n.name for n in nodes[1:] if n.op not in VALUE_PRESERVING]
     if changes and mc.allow_rounding_change:

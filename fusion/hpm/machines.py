@@ -3,6 +3,9 @@
 Variants scale a preset's array size, vector lanes, DRAM bandwidth and scratchpad size (each stays a valid
 `MachineConfig`: `dataclasses.replace` re-runs its checks). The held-out machine takes values on none of those
 grids, so predicting it well means the model learned the machine parameters, not a lookup of known machines.
+The grids hold values that are not powers of two (array 6 and 20, lanes 12, 20 and 28): with power-of-two
+machines alone, the mostly power-of-two tensor dims always filled the array's rows and the vector lanes exactly,
+so no training sample showed what a partly filled last tile or vector beat costs.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import numpy as np
 
 from simulator.config import KIB, MachineConfig, config_from_dict, load_config
 
-ARRAY_SIZES = (4, 8, 16, 32)
-LANES = (4, 8, 16, 32)
-BANDWIDTHS = (8, 16, 32, 64)
+ARRAY_SIZES = (4, 6, 8, 16, 20, 32)
+LANES = (4, 8, 12, 16, 20, 28, 32)
+BANDWIDTHS = (8, 12, 16, 32, 48, 64)
 SPAD_SCALES = (0.5, 1.0, 2.0)
 HELDOUT_NAME = "heldout"
 MIN_SPAD = 32 * KIB  # below this a 256-deep GEMM row does not fit half the scratchpad
@@ -41,6 +44,16 @@ def variant(base: MachineConfig, rng: np.random.Generator) -> MachineConfig:
         acc_bytes=_acc_bytes(base, n),
         vreg_elems=max(base.vreg_elems, 1024),
     )
+
+
+def grids() -> dict[str, list[float]]:
+    """The variant grids: part of what a sweep directory's seeds mean (a resumed sweep must draw from the same)."""
+    return {
+        "array_sizes": list(ARRAY_SIZES),
+        "lanes": list(LANES),
+        "bandwidths": list(BANDWIDTHS),
+        "spad_scales": list(SPAD_SCALES),
+    }
 
 
 def heldout_config() -> MachineConfig:

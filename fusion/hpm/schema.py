@@ -20,13 +20,13 @@ from itertools import permutations
 
 import numpy as np
 
-from fusion.cost.analytic import energy_pj, unit_times
+from fusion.cost.analytic import UnitTimes, energy_pj, unit_times
 from fusion.cost.interface import KernelFeatures
 from fusion.engine.plan import STRATEGIES as ENGINE_STRATEGIES
 from fusion.graph.ops import OpType
 from simulator.config import MachineConfig
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STRATEGIES = tuple(s for s in ENGINE_STRATEGIES if s != "alias")  # alias groups run on the host: no kernel
 LOOP_ORDERS = ("", "mn", "nm", *("".join(p) for p in permutations("mnk")))
 OPS = tuple(op.value for op in OpType)
@@ -91,6 +91,11 @@ NUMERIC = (
     "tile_n_per_array",
     "tile_k_per_array",
     *(f"{unit}_gap" for unit in UNITS),
+    "lane_fill_pass",
+    "lane_fill_row",
+    "array_fill_n",
+    "array_fill_k",
+    "pipe_gap",
 )
 FEATURE_NAMES: tuple[str, ...] = (
     *NUMERIC,
@@ -117,6 +122,20 @@ def estimate_energy(f: KernelFeatures, cfg: MachineConfig) -> float:
     return max(energy_pj(f, cfg), 1.0)
 
 
+def fill(size: float, width: int) -> float:
+    """Share of `ceil(size / width)` beats of `width` that `size` elements use: 1.0 when the last beat is full,
+    lower the more of it is padding (a 16-element row on 24 lanes uses 2/3 of its one beat)."""
+    return size / (math.ceil(size / width) * width) if size > 0 else 1.0
+
+
+def serial_pipeline(units: UnitTimes) -> float:
+    """Steps through one shared DRAM channel whose accesses do not overlap (each DMA holds it for its latency
+    and transfer): a step's loads and stores, then its compute, the steps overlapping only at the busiest stage."""
+    steps = max(units.steps, 1)
+    stages = ((units.load + units.store) / steps, units.matrix / steps, units.vector / steps)
+    return sum(stages) + (steps - 1) * max(stages) + units.fill
+
+
 def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     """The feature vector in FEATURE_NAMES order."""
     n, lanes, bw = cfg.array_size, cfg.vector_lanes, cfg.dram_bytes_per_cycle
@@ -127,6 +146,7 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     in_elems = sum(math.prod(s) for s in f.shapes[:-1])  # a group's inputs, then its (one) output
     out_elems = math.prod(f.shapes[-1]) if f.shapes else 0
     last = f.shapes[0][-1] if f.shapes and f.shapes[0] else 1
+    out_row = f.shapes[-1][-1] if f.shapes and f.shapes[-1] else 1
     elem_bytes = 4 if f.dtype == "fp32" else 1
     dmas = f.dma_loads + f.dma_stores
     numeric = {
@@ -188,6 +208,11 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "tile_n_per_array": f.tile_n / n,
         "tile_k_per_array": f.tile_k / n,
         **{f"{unit}_gap": math.log(est) - _log(getattr(units, unit)) for unit in UNITS},
+        "lane_fill_pass": fill(f.vector_pass_elems / f.vector_instrs, lanes) if f.vector_instrs else 1.0,
+        "lane_fill_row": fill(out_row, lanes),
+        "array_fill_n": fill(out_row, n),
+        "array_fill_k": fill(last, n),
+        "pipe_gap": math.log(est) - _log(serial_pipeline(units)),
     }
     values = [float(numeric[k]) for k in NUMERIC]
     values += [float(f.ops.count(op)) for op in OPS]

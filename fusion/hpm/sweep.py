@@ -32,7 +32,7 @@ from fusion.graph.cost import group_cost
 from fusion.graph.ir import Graph
 from fusion.hpm.dataset import DATASET_NAME, LOG_NAME, MEASURED_PREFIX, SampleLog, feature_row, rows_of, write_dataset
 from fusion.hpm.errors import HpmError
-from fusion.hpm.machines import HELDOUT_NAME, config_to_json, heldout_config, variant
+from fusion.hpm.machines import HELDOUT_NAME, config_to_json, grids, heldout_config, variant
 from fusion.hpm.recipes import RECIPES
 from fusion.hpm.sparsity import SPARSITY_LEVELS, sparse_input
 from fusion.quant.calibrate import calibrate
@@ -179,7 +179,7 @@ def run_sweep(
         load_config(name)  # an unknown preset is an error before any work starts
     if samples < 1:
         raise HpmError(f"--samples must be at least 1, got {samples}")
-    _check_same_sweep(Path(out_dir), {"configs": list(bases), "heldout_share": heldout_share})
+    _check_same_sweep(Path(out_dir), {"configs": list(bases), "heldout_share": heldout_share, "grids": grids()})
     log = SampleLog(Path(out_dir) / LOG_NAME)
     done = log.seeds()
     pending = [s for s in range(seed, seed + samples) if s not in done]
@@ -194,7 +194,7 @@ def run_sweep(
 
 
 def _check_same_sweep(out_dir: Path, params: dict[str, Any]) -> None:
-    """A directory resumes only the sweep it holds: seeds mean something else with other machines or shares."""
+    """A directory resumes only the sweep it holds: seeds mean something else with other machines, grids or shares."""
     path = out_dir / SWEEP_NAME
     if path.exists():
         held = json.loads(path.read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sim_helpers import GEMM
@@ -58,3 +60,26 @@ def test_sim_random_inputs_fill_what_input_does_not_give(tmp_path, capsys) -> No
 def test_parse_input_args_rejects_bad_specs(spec: str, message: str) -> None:
     with pytest.raises(DynfuseError, match=message):
         parse_input_args([spec])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "not a readable .npy array"),  # empty file (np.load raises EOFError)
+        (b"\x93NUMPY\x01\x00", "not a readable .npy array"),  # truncated header
+        (b"garbage", "not a readable .npy array"),
+        (None, r"\.npz archive"),
+    ],
+)
+def test_parse_input_args_rejects_unreadable_files(tmp_path, capsys, content: bytes | None, message: str) -> None:
+    path = tmp_path / "x.npy"
+    if content is None:
+        np.savez(tmp_path / "x.npz", a=np.ones(3))
+        path = tmp_path / "x.npz"
+    else:
+        path.write_bytes(content)
+    with pytest.raises(DynfuseError, match=message):
+        parse_input_args([f"x={path}"])
+    model = Path(__file__).parents[1] / "fusion" / "models" / "mlp.onnx"
+    assert main(["fuse", str(model), "--input", f"input={path}"]) == 1  # no traceback
+    assert "Traceback" not in capsys.readouterr().err

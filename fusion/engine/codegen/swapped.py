@@ -7,8 +7,12 @@ of its matrix time filling and draining the array once per weight tile. Swapped,
 `mx.mm` of `n_out` rows per k-slice instead of one preload and one 16-row `mx.mm` per weight tile. The weight
 is a constant, packed at compile time as the rows the array streams (`pack_swapped`, one DMA per chunk of output
 columns). The accumulator then holds C^T; phase 1 drains it (int8 requantize, ReLU) to a DRAM scratch buffer,
-phase 2 brings it back transposed (`dma.ldt`) and stores C. Only epilogues that act per element or per tensor
-(requantize, ReLU) survive the swap: a per-column bias would be per-row here, which the drain cannot apply.
+phase 2 brings it back transposed (`dma.ldt`) and stores C. The drain applies only what acts per element or per
+tensor (requantize, ReLU): a per-column bias would be per-row in C^T. Any other epilogue a vector chain can run
+(bias, residual, ReLU, GELU, LayerNorm, Softmax: `codegen.chain`) runs in phase 2 instead, on the C tiles the
+transposing load brings back, before they are stored: phase 1 then drains the MatMul's own output exactly as the
+unfused kernel would (int8: requantized to its scale), so the chain sees the same values and the numerics of the
+unfused nodes are kept, int8 included.
 
 A Transpose that only reorders the activation's leading axes (the last axis stays) and feeds the GEMM is absorbed:
 the GEMM's rows are independent, so A is read in the Transpose's input order and phase 2 stores each output row
@@ -20,13 +24,14 @@ so phase 2 stores the rows at their final places.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fusion.engine.codegen.chain import ROWS, emit_chain, operands
 from fusion.engine.codegen.gemm import k_slices
-from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, epilogue_ops, is_dense, packable_weight
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, EpilogueOps, epilogue_ops, is_dense, packable_weight
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
@@ -140,27 +145,28 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     nodes, out_perm = _row_moves(graph, nodes)
     if perm is not None and out_perm is not None:
         raise CodegenError(f"node {head.name!r}: absorbs a Transpose before or after it, not both")
-    ops = epilogue_ops(graph, nodes)
-    if ops.bias is not None or ops.residual is not None:
-        raise CodegenError(f"node {head.name!r}: a per-column bias or residual cannot be drained in swapped order")
+    if len(head.inputs) > 2:
+        raise CodegenError(f"node {head.name!r}: a Gemm's own per-column bias cannot be drained in swapped order")
+    ops, chain = _epilogue_split(cx, nodes)
     shape = swapped_shape(graph, cfg, head, cx.int8)
     q = cx.matrix(head) if cx.int8 else None
     a = matrix_operand(cx, head, head.inputs[0], q.input_scale if q else None)
-    out_rows = out.reshape_dense((shape.m, shape.n_out))
-    if out_perm is not None:  # the GEMM's rows in order, at the places the Transpose moves them to
-        out_rows = out.permute((*np.argsort(out_perm[:-1]).tolist(), len(out_perm) - 1))
     if perm is not None:  # read the Transpose's input; store each row where the Transpose would have put it
         if cx.dtype(source) != a.view.dtype or cx.scale(source) != cx.scale(head.inputs[0]):
             raise CodegenError(f"node {head.name!r}: the absorbed Transpose changes the activation's storage")
         a = replace(a, view=cx.view(source))
-        out_rows = out.permute((*np.argsort(perm[:-1]).tolist(), len(perm) - 1))
+    # C's rows in the order the kernel computes them: the output (a trailing Transpose moves whole rows) and, for
+    # a phase-2 chain, its operands (in C's layout, which a leading Transpose reorders too)
+    out_rows = _row_order(perm if perm is not None else out_perm)(out)
+    value_rows = _row_order(perm)
     if not is_dense(a.view):
         raise CodegenError(f"node {head.name!r}: the swapped orientation needs a dense activation")
     a_view = a.view.reshape_dense((shape.m, shape.k))
     out_dt = out.dtype
     w_dt = DType.i8 if cx.int8 else DType.f32
     packed = cx.addresses[const_key(packable_weight(graph, head), SWAPPED)]
-    scratch = dense(cx.addresses[temp_key(head, 0)], (shape.n_out, shape.m), out_dt)
+    c_dt = cx.dtype(head.outputs[0]) if chain else out_dt  # what phase 1 drains: C, or C with its drained epilogue
+    scratch = dense(cx.addresses[temp_key(head, 0)], (shape.n_out, shape.m), c_dt)
     mult, shift = requant(cx, head) or (f32_bits(1.0), 0)
     act = Activation.relu if ops.relu else Activation.none
     slices = k_slices(shape.k, cfg.array_size)
@@ -178,7 +184,7 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         a_raw, a_t = a_tiles[step]
         w = arena.tile(rows * shape.k * w_dt.size)
         acc = arena.acc_tile(rows * shape.m * 4)
-        res = arena.tile(rows * shape.m * out_dt.size)
+        res = arena.tile(rows * shape.m * c_dt.size)
         w_part = dense(packed + c0 * shape.k * w_dt.size, (rows * shape.k,), w_dt)
 
         def load(em: Emitter, a_raw=a_raw, w=w, w_part=w_part, first=step == 0) -> None:
@@ -208,7 +214,108 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
             compute.append((Unit.vector, prepare))
         compute.append((Unit.matrix, matmul))
         steps.append(Step([], compute, [(res, scratch.slice(0, c0, rows))]))
+    if chain:
+        return [steps, _chain_back(cx, scratch, chain, head.outputs[0], value_rows, out_rows)]
     return [steps, _transpose_back(cfg, scratch, out_rows)]
+
+
+def _epilogue_split(cx: LowerContext, nodes: Sequence[Node]) -> tuple[EpilogueOps, list[Node]]:
+    """What the drain applies, and the nodes a vector chain applies in phase 2 instead (all of the epilogue as
+    soon as one node is beyond the drain: a chain keeps the unfused order of operations)."""
+    try:
+        ops = epilogue_ops(cx.graph, nodes)
+    except CodegenError as err:
+        drain_refusal = str(err)
+    else:
+        if ops.bias is None and ops.residual is None:
+            return ops, []
+        drain_refusal = ""
+    chain = list(nodes[1:])
+    try:
+        operands(cx, chain, frozenset({nodes[0].outputs[0]}))
+    except CodegenError as err:
+        raise CodegenError(f"{drain_refusal or err}; as a vector chain: {err}") from None
+    return EpilogueOps(None, None, False), chain
+
+
+def _row_order(perm: tuple[int, ...] | None) -> Callable[[View], View]:
+    """A view of a C-shaped value with its leading axes put back in the order the GEMM computes C's rows (the last
+    axis, C's columns, stays): the inverse of a leading-axis Transpose the group absorbs."""
+    if perm is None:
+        return lambda view: view
+    order = (*np.argsort(perm[:-1]).tolist(), len(perm) - 1)
+    return lambda view: view.permute(order)
+
+
+def _rows_cols(view: View, m: int, r0: int, rows: int, c0: int, cols: int) -> View:
+    """Rows [r0, r0 + rows) and columns [c0, c0 + cols) of a C-shaped view in kernel row order."""
+    if rows == m:
+        return view.slice(len(view.shape) - 1, c0, cols)
+    if not is_dense(view):
+        raise CodegenError("a block of C's rows needs a dense view (reordered rows are stored all at once)")
+    return view.reshape_dense((m, view.shape[-1])).slice(0, r0, rows).slice(1, c0, cols)
+
+
+def _chain_back(
+    cx: LowerContext,
+    scratch: View,
+    chain: Sequence[Node],
+    c_value: str,
+    value_rows: Callable[[View], View],
+    out: View,
+) -> list[Step]:
+    """Phase 2 with a vector-chain epilogue: blocks of C come back through transposing loads of C^T, the chain
+    runs on them with its other operands (per-column rows, C-shaped tiles), and the result is stored. A chain with
+    a row reduction (LayerNorm, Softmax) takes whole rows; otherwise blocks span all rows and split the columns."""
+    n_out, m = scratch.shape
+    table = operands(cx, chain, frozenset({c_value}))
+    tiles = list(dict.fromkeys(o.value for o in table.values() if o.kind == "tile"))
+    rows_in = list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
+    c_shape = cx.graph.types[c_value].shape
+    tile_views = {v: value_rows(cx.view(v).broadcast_to(c_shape)) for v in tiles}
+    row_views = {v: cx.view(v).broadcast_to((n_out,)) for v in rows_in}
+    whole_rows = any(n.op in ROWS for n in chain)
+    per_elem = scratch.dtype.size + sum(v.dtype.size for v in tile_views.values()) + 4
+    probe = TileArena(cx.config, 0)
+
+    def fits(rows: int, cols: int) -> bool:
+        sizes = [rows * cols * per_elem + 64 * (len(tile_views) + 2), *(cols * 4 for _ in rows_in)]
+        return rows * cols <= cx.config.vreg_elems and cols <= MAX_ROWS and rows <= MAX_COLS and probe.fits(sizes)
+
+    if whole_rows:
+        cols, rows = n_out, largest_fitting(m, lambda r: fits(r, n_out))
+    else:
+        rows, cols = m, largest_fitting(n_out, lambda c: fits(m, c))
+    if rows == 0 or cols == 0:
+        raise CodegenError(f"a {m} x {n_out} block of C does not fit a vector register or the scratchpad")
+    steps = []
+    for r0 in range(0, m, rows):
+        rb = min(rows, m - r0)
+        for c0 in range(0, n_out, cols):
+            cb = min(cols, n_out - c0)
+            arena = TileArena(cx.config, len(steps))
+            addr = {c_value: arena.tile(rb * cb * scratch.dtype.size)}
+            parts = {v: _rows_cols(view, m, r0, rb, c0, cb) for v, view in tile_views.items()}
+            addr |= {v: arena.tile(rb * cb * p.dtype.size) for v, p in parts.items()}
+            rows_part = {v: view.slice(0, c0, cb) for v, view in row_views.items()}
+            addr |= {v: arena.tile(cb * 4) for v in rows_part}
+            out_addr = arena.tile(rb * cb * 4)
+            part = scratch.slice(0, c0, cb).slice(1, r0, rb)
+
+            others = tuple((view, addr[v]) for v, view in (*parts.items(), *rows_part.items()))
+
+            def load(em: Emitter, part=part, local=addr[c_value], rb=rb, cb=cb, others=others) -> None:
+                for view, at in others:
+                    em.dma_load(view, at)
+                at, dram, stride = em.regs(local, part.address, part.strides[0])
+                em.b.dma_ldt(at, dram, stride, cb, rb, part.dtype.name)
+
+            def compute(em: Emitter, a=addr, out_addr=out_addr, n=rb * cb, period=cb) -> None:
+                emit_chain(cx, em, chain, table, a, out_addr, n, period)
+
+            store = _rows_cols(out, m, r0, rb, c0, cb)
+            steps.append(Step([], [(Unit.load, load), (Unit.vector, compute)], [(out_addr, store)]))
+    return steps
 
 
 def _transpose_back(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:

@@ -228,15 +228,79 @@ def test_swapped_gemm_matches_reference_with_fewer_matrix_cycles(dtype: str, sha
         assert run.counters.matrix_busy < plain.counters.matrix_busy
 
 
-def test_swapped_gemm_refuses_what_the_drain_cannot_apply() -> None:
-    graph = gemm_graph(m=8, residual=False)
+def test_swapped_gemm_refuses_what_neither_drain_nor_chain_can_apply() -> None:
+    b = GraphBuilder("bad_epilogues")
+    x = b.input("x", (8, 32))
+    w = b.constant(np.ones((32, 24), np.float32), "w")
+    b.output(b.op(OpType.Gemm, x, w, b.constant(np.ones(24, np.float32), "c"), name="gemm"))
+    b.output(b.op(OpType.Softmax, b.op(OpType.MatMul, x, w, name="mm"), axis=0, name="sm"))
+    graph = b.build()
     mc = context(graph, _inputs(graph), "fp32")
-    with pytest.raises(CodegenError, match="bias"):
-        build_kernel(mc, Group(("mm", "add_bias"), "swapped"))
+    with pytest.raises(CodegenError, match="own per-column bias"):
+        build_kernel(mc, Group(("gemm",), "swapped"))
+    with pytest.raises(CodegenError, match="as a vector chain: .*last axis"):
+        build_kernel(mc, Group(("mm", "sm"), "swapped"))
     tall = _short_wide(32, 16, 16, False)
     mc = context(tall, _inputs(tall), "fp32")
     with pytest.raises(CodegenError, match="stationary"):
         build_kernel(mc, Group((tall.nodes[0].name,), "swapped"))
+
+
+def _linear_block(m: int, k: int, n: int, tail: str, batch: int = 0, lead_transpose: bool = False) -> Graph:
+    """[Transpose ->] x @ W -> + bias -> (+ residual -> LayerNorm | Relu -> Gelu): a Linear layer's epilogues."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("linear_block")
+    rows = (batch, m) if batch else (m,)
+    x = b.input("x", (*rows[::-1], k) if lead_transpose else (*rows, k))
+    if lead_transpose:
+        x = b.op(OpType.Transpose, x, perm=(1, 0, 2), name="t")
+    w = b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w")
+    h = b.op(OpType.MatMul, x, w, name="mm")
+    h = b.op(OpType.Add, h, b.constant(rng.standard_normal(n).astype(np.float32), "bias"), name="add_bias")
+    if tail == "layernorm":
+        h = b.op(OpType.Add, b.input("r", (*rows, n)), h, name="add_res")
+        gamma = b.constant((1 + 0.1 * rng.standard_normal(n)).astype(np.float32), "gamma")
+        h = b.op(OpType.LayerNorm, h, gamma, b.constant(np.zeros(n, np.float32), "beta"), axis=len(rows), epsilon=1e-5)
+    else:
+        h = b.op(OpType.Gelu, b.op(OpType.Relu, h, name="relu"), approximate="none", name="gelu")
+    b.output(h)
+    return b.build()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (16, 64, 64, "layernorm", 0, False),  # whole rows: one block
+        (8, 64, 512, "layernorm", 2, False),  # 16 rows x 512 exceed a vector register: blocks of whole rows
+        (16, 96, 512, "gelu", 0, False),  # elementwise: blocks of all rows and some columns
+        (8, 64, 48, "layernorm", 2, True),  # a leading-axis Transpose absorbed: rows and residual reordered
+    ],
+)
+def test_swapped_gemm_runs_a_chain_epilogue_after_the_transposing_load(dtype: str, shape: tuple) -> None:
+    """Bias, residual, LayerNorm, ReLU, GELU: what the drain cannot apply per row of C^T runs as a vector chain on
+    the C tiles phase 2 loads back; the numerics are the unfused nodes' (int8 bit-exact), and the intermediates
+    never reach DRAM."""
+    m, k, n, tail, batch, lead = shape
+    graph = _linear_block(m, k, n, tail, batch, lead)
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, dtype)
+    nodes = tuple(node.name for node in graph.nodes)
+    kernel, run, env = run_group(mc, Group(nodes, "swapped"), inputs)
+    out = graph.outputs[0]
+    if dtype == "int8":
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-4, atol=1e-4)
+    mnemonics = {i.mnemonic for i in kernel.program.instructions()}
+    assert {"dma.ldt", "vc.ld", "vc.st"} <= mnemonics
+    rows = m * max(batch, 1)
+    out_bytes = rows * n * 4
+    c_bytes = rows * n * (1 if dtype == "int8" else 4)
+    assert run.dram_write_bytes == c_bytes + out_bytes  # C^T once, the result once: no intermediate
+    separate = [Group((node,), "unfused") for node in nodes]
+    written = sum(run_group(mc, g, inputs)[1].dram_write_bytes for g in separate)
+    assert run.dram_write_bytes < written
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])

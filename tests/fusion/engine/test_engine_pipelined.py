@@ -114,7 +114,7 @@ def test_bundled_model_pairs_are_race_free_and_exact(name: str, dtype: str, leas
 
 
 def test_planner_pairs_complementary_groups_and_the_engine_runs_them() -> None:
-    graph, x = model("encoder_post_d64")
+    graph, x = model("resnet_block")  # its conv -> residual Add pair (the encoders' GEMMs fuse their chains)
     apart = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False)).run(x)
     engine = FusionEngine(graph, "base", "int8", EngineOptions(checked=True))
     first, second = engine.run(x), engine.run(x)
@@ -153,7 +153,7 @@ def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkey
         (v, data), *_ = run.outputs.items()
         return replace(run, outputs={**run.outputs, v: data + np.ones_like(data)})
 
-    graph, x = model("encoder_post_d64")
+    graph, x = model("resnet_block")
     monkeypatch.setattr(engine_module, "run_kernel", faulty)
     engine = FusionEngine(graph, "base", "int8")
     result = engine.run(x)
