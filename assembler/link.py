@@ -7,6 +7,7 @@ problems are collected; if there are any, one `AssemblyError` lists them all.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import re
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from assembler.program import (
     SetSection,
     Zero,
 )
-from isa import DType, Kind, encode
+from isa import BY_MNEMONIC, DType, Kind, encode
 from isa.encoding import Instruction
 
 NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
@@ -291,8 +292,16 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
             continue
         spec, cols = item.spec, item.cols
         values = []
+        plain = _plain_operands(spec.mnemonic)
         try:
             for i, (fld, arg) in enumerate(zip(spec.fields, item.args, strict=True)):
+                accepts = plain[i]  # the object API's common case first, without the general resolution
+                if type(accepts) is tuple and type(arg) is int and accepts[0] <= arg <= accepts[1]:
+                    values.append(arg)
+                    continue
+                if type(accepts) is dict and type(arg) is str and arg in accepts:
+                    values.append(accepts[arg])
+                    continue
                 col = cols[i] if cols else 0
                 value = field_value(spec, fld, arg, col, pc, lookup)
                 if fld.kind in TARGET_KINDS and not 0 <= pc + value <= text_len:
@@ -304,6 +313,25 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
             continue
         words.append(encode(Instruction(spec, tuple(values))))
     return words
+
+
+@functools.cache
+def _plain_operands(mnemonic: str) -> tuple[tuple[int, int] | dict[str, int] | None, ...]:
+    """Per operand, what a plain builder argument may be taken as without `field_value`: an int within the
+    field's range (registers, absolute immediates), or an enum name (str -> value; a dtype one the instruction
+    allows); None where the value needs the general path (pc-relative targets)."""
+    spec = BY_MNEMONIC[mnemonic]
+    plain: list[tuple[int, int] | dict[str, int] | None] = []
+    for fld in spec.fields:
+        if fld.kind in TARGET_KINDS:
+            plain.append(None)
+        elif fld.name == "dtype" and spec.dtypes:
+            plain.append({d.name: int(d) for d in spec.dtypes})
+        elif fld.kind in ENUM_NAMES:
+            plain.append(ENUM_NAMES[fld.kind])
+        else:
+            plain.append(fld.value_range)
+    return tuple(plain)
 
 
 def _fill_data(state: _Linker, placed: list[tuple[Item, int]], size: int) -> bytearray:

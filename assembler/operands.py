@@ -189,19 +189,21 @@ def _register(spec: InstructionSpec, field: Field, arg: object, col: int) -> int
 
 
 def _enum(field: Field, arg: object, col: int) -> int:
-    cls = ENUM_KINDS[field.kind]
     names = ENUM_NAMES[field.kind]
-    what = _ENUM_WHAT[field.kind]
-    allowed = ", ".join(ENUM_TEXT[field.kind].values())
     kind = type(arg)
     if kind is Name or isinstance(arg, str):
         name = arg.name if kind is Name else arg
         if name in names:
             return names[name]
-        hint = " ".join(filter(None, [nearest(name, names), f"{field.name} is one of: {allowed}"]))
-        raise Problem(f"unknown {what} {name!r} for {field.name}", hint, col)
-    if isinstance(arg, cls):
+        hint = " ".join(filter(None, [nearest(name, names), f"{field.name} is one of: {_allowed(field)}"]))
+        raise Problem(f"unknown {_ENUM_WHAT[field.kind]} {name!r} for {field.name}", hint, col)
+    if isinstance(arg, ENUM_KINDS[field.kind]):
         return int(arg)
     if isinstance(arg, numbers.Integral) and not isinstance(arg, enum.Enum | bool):
         return int(arg)
-    raise Problem(f"expected a {what} name for {field.name}", f"{field.name} is one of: {allowed}", col)
+    what = _ENUM_WHAT[field.kind]
+    raise Problem(f"expected a {what} name for {field.name}", f"{field.name} is one of: {_allowed(field)}", col)
+
+
+def _allowed(field: Field) -> str:
+    return ", ".join(ENUM_TEXT[field.kind].values())

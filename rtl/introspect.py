@@ -112,8 +112,14 @@ def _int_literal(text: str) -> int:
 
 
 @cache
+def _tables() -> tempfile.TemporaryDirectory:
+    """Where pyverilog writes its parser tables: one directory per process, removed when the process exits."""
+    return tempfile.TemporaryDirectory(prefix="dynfuse-pyverilog-")
+
+
+@cache
 def _parser() -> VerilogParser:
-    return VerilogParser(outputdir=tempfile.mkdtemp(prefix="dynfuse-pyverilog-"), debug=False)
+    return VerilogParser(outputdir=_tables().name, debug=False)
 
 
 def _preprocess(path: Path) -> str:

@@ -20,6 +20,10 @@ class ModelContext:
     params: QuantParams | None = None
     allow_rounding_change: bool = False  # allow fusions that skip an int8 requantization (changes rounding)
 
+    def __reduce__(self) -> tuple:
+        """Pickles as its fields; the memoised plan and subgraphs are rebuilt where it lands (a compile worker)."""
+        return (ModelContext, (self.graph, self.config, self.dtype, self.params, self.allow_rounding_change))
+
     @cached_property
     def qplan(self) -> QuantPlan | None:
         return None if self.params is None else plan_quantization(self.graph, self.params)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan
 from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.validation import ValidationPolicy, compare
+from fusion.engine.workers import CompilePool, default_workers
 from fusion.graph.hashing import structural_hash
 from fusion.graph.ir import Graph
 from fusion.lower.compiler import ALIAS_OPS, check_inputs, load_graph
@@ -54,7 +56,7 @@ class EngineOptions:
     policy: str = "dynamic"
     validation: ValidationPolicy = field(default_factory=ValidationPolicy)
     drift: DriftThresholds = field(default_factory=DriftThresholds)
-    workers: int = 2
+    workers: int = field(default_factory=default_workers)  # compile processes (1: build in this process)
     allow_rounding_change: bool = False
     checked: bool = False  # run the simulator's race checker on every kernel
     pipeline: bool = True  # dynamic: run complementary consecutive groups as one pipelined program
@@ -155,6 +157,7 @@ class FusionEngine:
         self._oracle_values: dict[str, np.ndarray] | None = None  # live values the oracle measures kernels on
         self._zero_fraction: dict[str, float] = {}  # live zero-tile fraction of each GEMM group's operand
         self._evaluator: Evaluator | None = None
+        self._pool: CompilePool | None = None  # compile workers of the current model context
         # An online-learning cost model (duck-typed, e.g. `OnlineHpm`): fed every simulated kernel's counters.
         self._learner: Callable[[KernelFeatures, MachineConfig, Mapping[str, float]], None] | None = getattr(
             self.cost_model, "record", None
@@ -173,6 +176,7 @@ class FusionEngine:
         return calibrate(self.graph, [check_inputs(self.graph, s) for s in samples or ()])
 
     def _set_context(self, params: QuantParams | None) -> None:
+        self.close()
         self.mc = ModelContext(self.graph, self.config, self.dtype, params, self.options.allow_rounding_change)
         self._signatures.clear()
         self._keys.clear()
@@ -180,6 +184,21 @@ class FusionEngine:
         self._unfused.clear()
         self._features.clear()
         self.plan = None
+
+    def close(self) -> None:
+        """Stop the compile workers (a later plan starts new ones); also done when the engine is collected."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _compile_pool(self) -> CompilePool | None:
+        """The current context's worker processes, started on first use (from the calling thread, before any
+        planning thread exists)."""
+        assert self.mc is not None
+        if self._pool is None and self.options.workers > 1:
+            self._pool = CompilePool(self.mc, self.options.workers)
+            weakref.finalize(self, self._pool.close)
+        return self._pool
 
     def _signature(self, group: Group) -> str:
         """Op signature of a group: its subgraph's structural hash plus the int8 scales of its values."""
@@ -218,7 +237,7 @@ class FusionEngine:
         pairs (`pipelines`: the function did not) and compile the plan."""
         assert self.mc is not None
         start = time.perf_counter()
-        ev = Evaluator(self.mc, self.cost_model, self.profiles)
+        ev = Evaluator(self.mc, self.cost_model, self.profiles, pool=self._compile_pool())
         plan = policy(ev)
         if plan.policy == "dynamic" and self.options.pipeline and pipelines:
             plan = plan_pipelines(ev, plan)

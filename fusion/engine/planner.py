@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -20,11 +22,11 @@ from fusion.engine.bounds import matrix_bound
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
-from fusion.engine.features import kernel_features
-from fusion.engine.kernel import Kernel, storage_dtypes, try_build
+from fusion.engine.kernel import Kernel, storage_dtypes
 from fusion.engine.legality import generator_accepts, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Plan
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
+from fusion.engine.workers import CompilePool, build_and_count
 from fusion.graph.ops import OpKind
 from fusion.lower.compiler import ALIAS_OPS
 
@@ -39,6 +41,8 @@ NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 # trip, an epilogue reloading A per panel) must win more than twice their channel time. 1.5 and 2 give the same
 # plans on the bundled models (fp32 d128: the swapped GEMMs' extra bytes no longer exceed static's); 0 is cycles.
 DRAM_WEIGHT = 2.0
+THREADS_PER_WORKER = 2  # planning threads per compile worker: one waits for a kernel while another prices
+T, R = TypeVar("T"), TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,11 @@ class Evaluated:
 
 class Evaluator:
     """Builds candidate kernels and predicts their cost, memoised per (group, priced zero-tile fraction);
-    thread-safe. One evaluator per plan: the profiles it prices zero-skip kernels with are fixed."""
+    thread-safe. One evaluator per plan: the profiles it prices zero-skip kernels with are fixed.
+
+    With a `CompilePool`, kernels are built in its worker processes, and `map` runs independent planning
+    questions (one per node, one per candidate) on threads that wait for them: each question still builds what
+    a serial planner would (the same bounds prune the same schedules), so plans do not depend on the pool."""
 
     def __init__(
         self,
@@ -61,11 +69,20 @@ class Evaluator:
         cost_model: CostModel,
         profiles: Mapping[str, TensorProfile],
         dram_weight: float = DRAM_WEIGHT,
+        pool: CompilePool | None = None,
     ) -> None:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
-        self._memo: dict[tuple[Group, float], Evaluated | str] = {}
+        self.pool = pool
+        self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """fn over items, concurrently when kernels build in a pool (results in the items' order)."""
+        if self.pool is None:
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(max_workers=THREADS_PER_WORKER * self.pool.workers) as threads:
+            return list(threads.map(fn, items))
 
     def zero_fraction(self, group: Group) -> float:
         """The live zero-tile fraction of the group's GEMM operand (0 when it is not profiled)."""
@@ -83,25 +100,33 @@ class Evaluator:
         key = (group, fraction if skip else 0.0)
         with self._lock:
             self.evaluations[group.nodes] += 1
-            if key in self._memo:
-                return self._memo[key]
-        built = try_build(self.mc, group, "sparse" if skip else "any")
-        if isinstance(built, str):
-            result: Evaluated | str = built
-        else:
-            feats = kernel_features(self.mc, built, key[1])
-            est = self.cost_model.predict(feats, self.mc.config)
-            channel = (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
-            result = Evaluated(group, built, feats, est.cycles, est.energy_pj, est.cycles + self.dram_weight * channel)
-        with self._lock:
-            self._memo[key] = result
-        return result
+            entry = self._memo.get(key)
+            owner = entry is None
+            if owner:
+                entry = self._memo[key] = Future()
+        if owner:  # this call builds it; concurrent callers of the same key wait for its result
+            try:
+                sparsity = "sparse" if skip else "any"
+                if self.pool is None:
+                    built, feats = build_and_count(self.mc, group, sparsity, key[1])
+                else:
+                    built, feats = self.pool.submit(group, sparsity, key[1]).result()
+                entry.set_result(built if feats is None else self._priced(group, built, feats))
+            except BaseException as err:
+                entry.set_exception(err)
+                raise
+        return entry.result()
+
+    def _priced(self, group: Group, kernel: Kernel, feats: KernelFeatures) -> Evaluated:
+        est = self.cost_model.predict(feats, self.mc.config)
+        channel = (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
+        return Evaluated(group, kernel, feats, est.cycles, est.energy_pj, est.cycles + self.dram_weight * channel)
 
     def priced(self, groups: list[Group]) -> list[Evaluated]:
         """The groups already built and priced (dense variants), without building any."""
         with self._lock:
-            found = (self._memo.get((g, 0.0)) for g in groups)
-            return [e for e in found if isinstance(e, Evaluated)]
+            found = [self._memo.get((g, 0.0)) for g in groups]
+        return [e.result() for e in found if e is not None and e.done() and isinstance(e.result(), Evaluated)]
 
     def with_twins(self, groups: list[Group]) -> list[Group]:
         """The groups plus, when their GEMM operand is sparse now, their zero-skip twins (priced live)."""
@@ -180,9 +205,10 @@ def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason:
 
 def plan_none(ev: Evaluator) -> Plan:
     choices = []
-    for node in ev.mc.graph.nodes:
-        group = Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
-        best, _, reason = ev.best([group])
+    groups = [Group((n.name,), "alias" if n.op in ALIAS_OPS else "unfused") for n in ev.mc.graph.nodes]
+    for node, group, (best, _, reason) in zip(
+        ev.mc.graph.nodes, groups, ev.map(lambda g: ev.best([g]), groups), strict=True
+    ):
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
         choices.append(GroupChoice(group, best.cycles, best.cycles, "unfused baseline"))
@@ -268,16 +294,16 @@ def plan_dynamic(ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] 
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
     scored, rejected = [], []
-    alone: dict[str, tuple[Evaluated | None, list, str]] = {
-        n.name: ev.best(ev.with_twins(schedules(mc, Candidate((n.name,), "single"))))
-        for n in mc.graph.nodes
-        if n.name in region
-    }
-    for cand in enumerate_candidates(mc.graph):
-        if cand.family == "single" or not region.issuperset(cand.nodes):
-            continue
+    names = [n.name for n in mc.graph.nodes if n.name in region]
+    singles = ev.map(lambda name: ev.best(ev.with_twins(schedules(mc, Candidate((name,), "single")))), names)
+    alone: dict[str, tuple[Evaluated | None, list, str]] = dict(zip(names, singles, strict=True))
+    cands = [c for c in enumerate_candidates(mc.graph) if c.family != "single" and region.issuperset(c.nodes)]
+
+    def fused(cand: Candidate) -> tuple[Evaluated | None, list, str]:
         decision = structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family)
-        best, alts, reason = ev.best(ev.with_twins(_narrowed(ev, cand))) if decision else (None, [], decision.reason)
+        return ev.best(ev.with_twins(_narrowed(ev, cand))) if decision else (None, [], decision.reason)
+
+    for cand, (best, alts, reason) in zip(cands, ev.map(fused, cands), strict=True):
         if best is None:
             rejected.append((cand.nodes, reason))
             continue
@@ -319,8 +345,7 @@ def oracle_options(ev: Evaluator) -> dict[str, list[Evaluated]]:
             continue
         groups = schedules(mc, cand)
         groups += [t for g in groups if (t := zero_skip_twin(g)) is not None]
-        for group in groups:
-            built = ev.evaluate(group)
+        for built in ev.map(ev.evaluate, groups):
             if not isinstance(built, str):
                 options.setdefault(cand.nodes[0], []).append(built)
     return options

@@ -140,6 +140,12 @@ class Graph:
         object.__setattr__(self, "constants", MappingProxyType({k: _readonly(v) for k, v in self.constants.items()}))
         self._validate()
 
+    def __reduce__(self) -> tuple:
+        """Pickles as its fields (the read-only mapping views and cached indexes are rebuilt): graphs travel to
+        the engine's compile workers."""
+        fields = (self.name, self.inputs, self.outputs, self.nodes, dict(self.types), dict(self.constants))
+        return (Graph, fields)
+
     def _validate(self) -> None:
         defined: set[str] = set()
         for name in (*self.inputs, *self.constants):

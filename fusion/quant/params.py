@@ -74,6 +74,9 @@ class QuantParams:
             raise QuantizationError(f"scales must be positive and finite: {bad}")
         object.__setattr__(self, "scales", MappingProxyType(dict(self.scales)))
 
+    def __reduce__(self) -> tuple:
+        return (QuantParams, (dict(self.scales),))
+
     def scale(self, value: str) -> float:
         if value not in self.scales:
             raise QuantizationError(f"value {value!r} has no calibrated scale; calibrate the graph it belongs to")
