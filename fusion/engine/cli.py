@@ -18,6 +18,7 @@ from fusion.engine.errors import EngineError
 from fusion.engine.planner import POLICIES
 from fusion.engine.report import PolicyReport, build_report, format_comparison, format_report
 from fusion.engine.validation import ValidationPolicy
+from fusion.engine.workers import default_workers
 from fusion.lower.cli import safe_name
 from fusion.lower.compiler import load_graph
 from simulator.config import PRESETS
@@ -50,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow int8 fusions that skip a requantization between ops (results then differ in rounding)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="processes generating candidate kernels while planning (default: the cores, from 4 up; 1: none)",
+    )
     p.set_defaults(run=run_fuse)
 
 
@@ -64,10 +71,13 @@ def _inputs(model: Path, specs: list[str]) -> dict[str, np.ndarray]:
 
 
 def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndarray]) -> tuple[PolicyReport, dict]:
+    if args.workers < 1:
+        raise EngineError(f"--workers must be >= 1, got {args.workers}")
     options = EngineOptions(
         policy=policy,
         validation=ValidationPolicy.parse(args.validate),
         allow_rounding_change=args.allow_rounding_change,
+        workers=args.workers,
     )
     from fusion.hpm.cost_model import load_cost_model  # the CLI is the edge that may pick the learned model
 

@@ -46,5 +46,6 @@ def test_fuse_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert main(["fuse", str(MODELS / "mlp.onnx"), "--compare", "none,bogus"]) != 0
     assert main(["fuse", str(MODELS / "mlp.onnx"), "--input", "input=/nonexistent.npy"]) != 0
     assert main(["fuse", str(MODELS / "mlp.onnx"), "--validate", "sometimes"]) != 0
+    assert main(["fuse", str(MODELS / "mlp.onnx"), "--workers", "0"]) != 0
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "missing.onnx" in err and "bogus" in err
+    assert "Traceback" not in err and "missing.onnx" in err and "bogus" in err and "--workers must be >= 1" in err
