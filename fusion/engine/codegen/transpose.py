@@ -26,10 +26,13 @@ from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View
-from isa.enums import Unit
+from isa import BY_MNEMONIC
+from isa.enums import DType, Unit
 from isa.fields import FIELDS
+from simulator import timing
 
 MAX_VECTOR_ELEMS = (1 << FIELDS["n"].width) - 1  # elements one vector instruction covers
+COPY_LATENCY = BY_MNEMONIC["v.copy"].latency
 
 
 def transposed_source(cx: LowerContext, node: Node) -> View:
@@ -46,14 +49,25 @@ def transposed_source(cx: LowerContext, node: Node) -> View:
 
 
 def transpose_steps(cx: LowerContext, node: Node) -> list[Step]:
-    if node.op == OpType.Transpose and tuple(node.attr("perm"))[-1] == len(node.attr("perm")) - 1:
+    if node.op != OpType.Transpose:
+        raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Transpose")
+    if tuple(node.attr("perm"))[-1] == len(node.attr("perm")) - 1:
         return row_permute_steps(cx, node)
-    src = transposed_source(cx, node)
+    try:
+        src = transposed_source(cx, node)
+    except CodegenError:  # no per-block form: the whole-tensor one, if it applies
+        whole = _whole_steps(cx, node, None)
+        if whole is None:
+            raise
+        return whole
     out = cx.view(node.outputs[0])
     i_len, j_len = src.shape[-2], src.shape[-1]
     block = i_len * j_len
     lead = math.prod(src.shape[:-2])
     es = src.dtype.size
+    whole = _whole_steps(cx, node, lead)
+    if whole is not None:
+        return whole
     probe = TileArena(cx.config, 0)
     per_step = largest_fitting(min(lead, MAX_ROWS), lambda b: probe.fits([b * block * es]))
     if per_step == 0:
@@ -73,6 +87,56 @@ def transpose_steps(cx: LowerContext, node: Node) -> list[Step]:
 
         steps.append(Step([], [(Unit.load, load)], [(tile, flat_out.slice(0, l0, count))]))
     return steps
+
+
+def _whole_steps(cx: LowerContext, node: Node, lead: int | None) -> list[Step] | None:
+    """An element transpose as ONE transposing load of the whole input and, when needed, a row permutation.
+
+    With a = the input axis that becomes the output's last, the input seen as a P x Q matrix (P = the product of
+    axes 0..a, Q = of the rest) transposes in one `dma.ldt` into Q x P, a tensor with axes (a+1, .., n-1, 0, .., a):
+    its last axis is already the output's, so what is left moves whole rows of shape[a] elements (`row_runs`,
+    `v.copy` on the vector unit), or nothing (perm (1, 2, 0), a rotation: the load is the transpose). Two DMAs
+    instead of one per J x I block. None when it does not apply, does not fit, or its row copies cost more
+    vector cycles than the `lead` per-block loads' access latencies (`simulator.timing`; None: no per-block form)."""
+    x, out = cx.view(node.inputs[0]), cx.view(node.outputs[0])
+    perm = tuple(node.attr("perm"))
+    n, a = len(perm), perm[-1]
+    p, q = math.prod(x.shape[: a + 1]), math.prod(x.shape[a + 1 :])
+    size = x.size * x.dtype.size
+    fits = TileArena(cx.config, 0).fits([size, size])
+    if not (is_dense(x) and is_dense(out) and fits and p <= MAX_ROWS and q <= MAX_COLS):
+        return None
+    t_axes = (*range(a + 1, n), *range(a + 1))
+    rest = tuple(t_axes.index(axis) for axis in perm)
+    runs = row_runs(tuple(x.shape[axis] for axis in t_axes), rest)
+    width = x.shape[a]
+    copies = 0 if len(runs) == 1 else sum(timing.vector_cycles(cx.config, c * width, COPY_LATENCY) for *_, c in runs)
+    if lead is not None and copies >= lead * cx.config.dram_latency:
+        return None
+    arena = TileArena(cx.config, 0)
+    tile_t = arena.tile(size)
+    tile_out = arena.tile(size) if copies else tile_t
+
+    def load(em: Emitter) -> None:
+        local, dram, stride = em.regs(tile_t, x.address, q * x.dtype.size)
+        em.b.dma_ldt(local, dram, stride, p, q, x.dtype.name)
+
+    def permute(em: Emitter) -> None:
+        copy_runs(em, runs, tile_out, tile_t, width, x.dtype)
+
+    compute = [(Unit.load, load), *([(Unit.vector, permute)] if copies else [])]
+    return [Step([], compute, [(tile_out, out.reshape_dense((out.size,)))])]
+
+
+def copy_runs(em: Emitter, runs: list[tuple[int, int, int]], to: int, frm: int, width: int, dtype: DType) -> None:
+    """`v.copy` of each run of rows (`row_runs`) from the tile at `frm` to the tile at `to`, in pieces one vector
+    instruction covers."""
+    row_bytes = width * dtype.size
+    chunk = max(1, MAX_VECTOR_ELEMS // width)
+    for o, i, count in runs:
+        for k in range(0, count, chunk):
+            rows = min(chunk, count - k)
+            em.b.v_copy(*em.regs(to + (o + k) * row_bytes, frm + (i + k) * row_bytes), rows * width, dtype.name)
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -106,15 +170,9 @@ def row_permute_steps(cx: LowerContext, node: Node) -> list[Step]:
     runs = row_runs(src.shape, tuple(node.attr("perm")))
     arena = TileArena(cx.config, 0)
     tile_in, tile_out = arena.tile(size), arena.tile(size)
-    row_bytes = width * es
-    chunk = max(1, MAX_VECTOR_ELEMS // width)  # rows per copy: `n` is a 16-bit field
 
     def permute(em: Emitter) -> None:
-        for o, i, count in runs:
-            for k in range(0, count, chunk):
-                rows = min(chunk, count - k)
-                to, frm = em.regs(tile_out + (o + k) * row_bytes, tile_in + (i + k) * row_bytes)
-                em.b.v_copy(to, frm, rows * width, src.dtype.name)
+        copy_runs(em, runs, tile_out, tile_in, width, src.dtype)
 
     flat_in, flat_out = src.reshape_dense((src.size,)), out.reshape_dense((out.size,))
     return [Step([(flat_in, tile_in)], [(Unit.vector, permute)], [(tile_out, flat_out)])]
