@@ -38,7 +38,8 @@ from isa.memory_map import LOCAL_ACC_BASE
 from simulator.config import MachineConfig
 
 NOT_PIPELINED = frozenset({"alias", "zero_skip"})  # host views; zero-skip tests read memory at issue time
-ALL_SLOTS = frozenset(range(DEPTH + 1))  # index DEPTH: local bytes outside the slots, shared with everything
+SPARE = DEPTH + 1  # the scratchpad banks no slot uses (`TileArena.spare`): a GEMM's A read by all of its steps
+ALL_SLOTS = frozenset(range(SPARE + 1))  # index DEPTH: other local bytes outside the slots, shared with everything
 
 
 def build_pipelined(mc: ModelContext, producer: Group, consumer: Group, order_dram: bool = True) -> Kernel:
@@ -150,6 +151,8 @@ def join_phases(
 def _tokens_needed(p_slots: list[frozenset[int]], mine: frozenset[int], window: list[int]) -> int:
     """How many window tokens (cumulative, in store order) a consumer step must have popped before its loads: up
     to the last producer step sharing a slot with it (0 when none does)."""
+    if SPARE in mine and any(SPARE in s for s in p_slots):
+        return len(window)  # the producer's spare-bank tile is read by all of its steps, not only the one loading it
     shared = [t for t, s in enumerate(p_slots) if s & mine or DEPTH in s or DEPTH in mine]
     if not shared:
         return 0
@@ -163,7 +166,10 @@ def _slots(cfg: MachineConfig, step: Step) -> frozenset[int]:
         return ALL_SLOTS
     spad = slot(cfg.spad_bytes, cfg.spad_banks, 0).size
     acc = slot(cfg.acc_bytes, cfg.acc_banks, 0, LOCAL_ACC_BASE).size
-    found = {min(DEPTH, a // spad if a < LOCAL_ACC_BASE else (a - LOCAL_ACC_BASE) // acc) for a in addrs}
+    found = {
+        (SPARE if a // spad >= DEPTH else a // spad) if a < LOCAL_ACC_BASE else min(DEPTH, (a - LOCAL_ACC_BASE) // acc)
+        for a in addrs
+    }
     return ALL_SLOTS if DEPTH in found else frozenset(found)
 
 

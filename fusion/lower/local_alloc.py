@@ -63,6 +63,19 @@ class TileArena:
         self._spad_used = 0
         self._acc_used = 0
 
+    @classmethod
+    def spare(cls, cfg: MachineConfig) -> TileArena | None:
+        """The scratchpad banks no slot uses (4 banks, 3 slots: the last bank), as one arena: a tile every step
+        reads (a GEMM's A for all its weight panels) placed there is never in a bank that a later step's DMA
+        fills. None when the slots take every byte. No accumulator space."""
+        used = DEPTH * slot(cfg.spad_bytes, cfg.spad_banks, 0).size
+        if used >= cfg.spad_bytes:
+            return None
+        arena = cls(cfg, 0)
+        arena.spad = Slot(used, cfg.spad_bytes - used)
+        arena.acc = Slot(LOCAL_ACC_BASE, 0)
+        return arena
+
     def fits(self, spad_sizes: list[int], acc_sizes: list[int] = ()) -> bool:
         """Whether these tiles (bytes) fit one slot each, alignment included."""
         return (

@@ -120,7 +120,7 @@ def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[in
 
 
 def fused_gemm_steps(
-    cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start: int = 0, block: int = 0
+    cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start: int = 0, block: int = 0, alone: bool = False
 ) -> list[Step]:
     """The tiles of one fused GEMM: output-row blocks outer, groups of `panels` weight-column panels inner.
 
@@ -130,7 +130,9 @@ def fused_gemm_steps(
     GEMM (`fusion.lower.kernels.gemm`): block
     b + DEPTH starts at least DEPTH steps after block b's last, so its load waits on a later store. With
     `resident_a` (all rows in one tile) a prologue step loads A once and copies it into the other buffer slots,
-    and every later step only streams its weight panels."""
+    and every later step only streams its weight panels. A program's only GEMM (`alone`) with a single row block
+    keeps its A in the spare scratchpad banks instead (`TileArena.spare`; A-stationary: no copies), so no later
+    step's weight DMA lands in the bank the matrix unit reads A from (a bank conflict stalls one of them)."""
     m, _ = g.a.view.shape
     n_out = g.out.shape[1]
     tm, panels = plan_tiles(cfg, g, schedule)
@@ -138,18 +140,21 @@ def fused_gemm_steps(
         raise CodegenError(f"A-stationary order needs all {m} rows in one tile (at most {tm} fit)")
     width = panels * cfg.array_size
     steps = []
+    resident = None  # A-stationary: A's k-slices in the spare banks, shared by every step (None: a copy per slot)
     if schedule.resident_a:
-        steps.append(_resident_prologue(cfg, g, m, start))
+        resident = _spare_a(cfg, g, m, alone)
+        steps.append(_resident_prologue(cfg, g, m, start, resident))
     for index, i0 in enumerate(range(0, m, tm)):
         rows = min(tm, m - i0)
         a_loads: list = []
         a_quants: list = []
         if not schedule.resident_a:
-            a_block = _a_tiles(cfg, TileArena(cfg, block + index), g, i0, rows, a_loads, a_quants)
+            spare = TileArena.spare(cfg) if alone and rows == m and _a_fits(cfg, g, rows) else None
+            a_block = _a_tiles(cfg, spare or TileArena(cfg, block + index), g, i0, rows, a_loads, a_quants)
         for j0 in range(0, n_out, width):
             arena = TileArena(cfg, start + len(steps))
             a_here = _a_tiles(cfg, arena, g, 0, tm, [], [])  # this slot's A copy (A-stationary) or a full-block gap
-            a_slices = a_here if schedule.resident_a else a_block
+            a_slices = (resident or a_here) if schedule.resident_a else a_block
             cols = [(j, min(cfg.array_size, n_out - j)) for j in range(j0, min(n_out, j0 + width), cfg.array_size)]
             step = _tile_step(cfg, arena, g, (i0, rows), cols, schedule.zero_skip, a_slices, a_loads, a_quants)
             a_loads, a_quants = [], []  # the block's later steps reuse its A
@@ -174,14 +179,36 @@ def _a_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: 
     return out
 
 
+def _a_fits(cfg: MachineConfig, g: FusedGemm, rows: int) -> bool:
+    """Whether one row block's A (all k-slices, raw and quantized) fits the spare banks."""
+    spare = TileArena.spare(cfg)
+    if spare is None:
+        return False
+    k = g.a.view.shape[1]
+    sizes = [rows * kb * g.a.view.dtype.size for _, kb in k_slices(k, cfg.array_size)]
+    if g.a.quantize_scale is not None:
+        sizes += [rows * kb for _, kb in k_slices(k, cfg.array_size)]
+    return spare.fits(sizes)
+
+
 def _nothing(em: Emitter) -> None:
     return None
 
 
-def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int) -> Step:
-    """Load (and quantize) A once into this step's buffer slot, then copy it locally into the other slots."""
+def _spare_a(cfg: MachineConfig, g: FusedGemm, m: int, alone: bool) -> list | None:
+    """A's k-slices allocated in the spare banks, when the GEMM is its program's only one and A fits there."""
+    spare = TileArena.spare(cfg) if alone and _a_fits(cfg, g, m) else None
+    return None if spare is None else _a_tiles(cfg, spare, g, 0, m, [], [])
+
+
+def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int, spare: list | None) -> Step:
+    """Load (and quantize) A once: into the spare banks (`spare`: its tiles there), or into this step's buffer
+    slot and then copied locally into the other slots."""
     loads: list = []
     quants: list = []
+    if spare is not None:
+        _a_tiles(cfg, TileArena.spare(cfg), g, 0, m, loads, quants)  # the same addresses as `spare`
+        return Step(loads, [(Unit.vector, _quantizer(quants))], [])
     here = _a_tiles(cfg, TileArena(cfg, start), g, 0, m, loads, quants)
     others = [_a_tiles(cfg, TileArena(cfg, start + d), g, 0, m, [], []) for d in range(1, DEPTH)]
 

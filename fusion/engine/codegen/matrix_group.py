@@ -135,7 +135,7 @@ def matrix_group_steps(
             out_scale,
             packed,
         )
-        return fused_gemm_steps(cx.config, g, schedule)
+        return fused_gemm_steps(cx.config, g, schedule, alone=True)
     if schedule.resident_a and math.prod(batch) > 1:
         raise CodegenError("A-stationary order needs one GEMM (a batched MatMul runs one GEMM per batch)")
     a_full, b_full = av.broadcast_to((*batch, m, av.shape[-1])), bv.broadcast_to((*batch, bv.shape[-2], n))
@@ -153,7 +153,8 @@ def matrix_group_steps(
             out_scale,
             packed,
         )
-        steps.extend(fused_gemm_steps(cx.config, g, schedule, len(steps), blocks))
+        alone = math.prod(batch) == 1
+        steps.extend(fused_gemm_steps(cx.config, g, schedule, len(steps), blocks, alone))
         blocks += row_blocks(cx.config, g, schedule)
     return steps
 
