@@ -32,6 +32,7 @@ import numpy as np
 from fusion.engine.codegen.chain import ROWS, emit_chain, operands
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, EpilogueOps, epilogue_ops, is_dense, packable_weight
+from fusion.engine.codegen.transpose import copy_runs, scattered_rows
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
@@ -275,7 +276,8 @@ def _chain_back(
     tile_views = {v: value_rows(cx.view(v).broadcast_to(c_shape)) for v in tiles}
     row_views = {v: cx.view(v).broadcast_to((n_out,)) for v in rows_in}
     whole_rows = any(n.op in ROWS for n in chain)
-    per_elem = scratch.dtype.size + sum(v.dtype.size for v in tile_views.values()) + 4
+    scatter = scattered_rows(out, cx.config)  # rows placed by an absorbed Transpose: a second tile to permute into
+    per_elem = scratch.dtype.size + sum(v.dtype.size for v in tile_views.values()) + (8 if scatter else 4)
     probe = TileArena(cx.config, 0)
 
     def fits(rows: int, cols: int) -> bool:
@@ -313,8 +315,19 @@ def _chain_back(
             def compute(em: Emitter, a=addr, out_addr=out_addr, n=rb * cb, period=cb) -> None:
                 emit_chain(cx, em, chain, table, a, out_addr, n, period)
 
-            store = _rows_cols(out, m, r0, rb, c0, cb)
-            steps.append(Step([], [(Unit.load, load), (Unit.vector, compute)], [(out_addr, store)]))
+            scattered = scatter if rb == m and cb == n_out else None
+            if scattered is None:
+                store = _rows_cols(out, m, r0, rb, c0, cb)
+                steps.append(Step([], [(Unit.load, load), (Unit.vector, compute)], [(out_addr, store)]))
+                continue
+            flat, runs = scattered  # whole rows in kernel order: put in the output's order locally, one store
+            placed = arena.tile(rb * cb * 4)
+
+            def compute_placed(em: Emitter, compute=compute, out_addr=out_addr, placed=placed, runs=runs) -> None:
+                compute(em)
+                copy_runs(em, runs, placed, out_addr, n_out, DType.f32)
+
+            steps.append(Step([], [(Unit.load, load), (Unit.vector, compute_placed)], [(placed, flat)]))
     return steps
 
 
@@ -325,15 +338,26 @@ def _transpose_back(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:
     es = scratch.dtype.size
     probe = TileArena(cfg, 0)
     chunk = largest_fitting(n_out, lambda c: probe.fits([c * m * es]))
+    scattered = scattered_rows(out, cfg) if chunk == n_out and probe.fits([n_out * m * es] * 2) else None
     steps = []
     for c0 in range(0, n_out, chunk):
         cols = min(chunk, n_out - c0)
-        tile = TileArena(cfg, len(steps)).tile(cols * m * es)
+        arena = TileArena(cfg, len(steps))
+        tile = arena.tile(cols * m * es)
         part = scratch.slice(0, c0, cols)
 
         def load(em: Emitter, tile=tile, part=part, cols=cols) -> None:
             local, dram, stride = em.regs(tile, part.address, part.strides[0])
             em.b.dma_ldt(local, dram, stride, cols, m, part.dtype.name)
 
-        steps.append(Step([], [(Unit.load, load)], [(tile, out.slice(len(out.shape) - 1, c0, cols))]))
+        if scattered is None:
+            steps.append(Step([], [(Unit.load, load)], [(tile, out.slice(len(out.shape) - 1, c0, cols))]))
+            continue
+        flat, runs = scattered  # rows stored where a trailing Transpose puts them: permuted locally, one store
+        placed = arena.tile(cols * m * es)
+
+        def permute(em: Emitter, tile=tile, placed=placed, runs=runs) -> None:
+            copy_runs(em, runs, placed, tile, n_out, scratch.dtype)
+
+        steps.append(Step([], [(Unit.load, load), (Unit.vector, permute)], [(placed, flat)]))
     return steps

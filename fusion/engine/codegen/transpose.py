@@ -25,11 +25,12 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.local_alloc import TileArena, largest_fitting
-from fusion.lower.views import MAX_COLS, MAX_ROWS, View
+from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense, transfers
 from isa import BY_MNEMONIC
 from isa.enums import DType, Unit
 from isa.fields import FIELDS
 from simulator import timing
+from simulator.config import MachineConfig
 
 MAX_VECTOR_ELEMS = (1 << FIELDS["n"].width) - 1  # elements one vector instruction covers
 COPY_LATENCY = BY_MNEMONIC["v.copy"].latency
@@ -152,6 +153,39 @@ def row_runs(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[tuple[int, i
     starts = np.concatenate(([0], breaks))
     counts = np.diff(np.concatenate((starts, [len(rows)])))
     return [(int(o), int(rows[o]), int(c)) for o, c in zip(starts, counts, strict=True)]
+
+
+def scattered_rows(view: View, cfg: MachineConfig) -> tuple[View, list[tuple[int, int, int]]] | None:
+    """A view listing whole rows of a dense tensor in another order (a Transpose of leading axes seen from the
+    writer): the dense tensor as a flat view and the runs (dense row, listed row, count) that put the listed rows
+    in place (`copy_runs`), so a tile in listed order is stored with ONE DMA after a local permutation instead of
+    one strided DMA per leading index. None when the rows are already in order, are not such a permutation, or
+    the row copies cost more vector cycles than the strided store's extra access latencies (`simulator.timing`)."""
+    es = view.dtype.size
+    width = view.shape[-1]
+    if view.strides[-1] != es or is_dense(view):
+        return None
+    lead_shape, lead_strides = view.shape[:-1], view.strides[:-1]
+    offsets = np.zeros(lead_shape, dtype=np.int64)
+    for axis, stride in enumerate(lead_strides):
+        shape = [1] * len(lead_shape)
+        shape[axis] = lead_shape[axis]
+        offsets = offsets + np.arange(lead_shape[axis]).reshape(shape) * stride
+    flat = offsets.ravel()
+    row_bytes = width * es
+    if flat.min() != 0 or np.any(flat % row_bytes):
+        return None
+    rows = flat // row_bytes
+    if not np.array_equal(np.sort(rows), np.arange(len(rows))):
+        return None
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    counts = np.diff(np.concatenate((starts, [len(rows)])))
+    runs = [(int(rows[k]), int(k), int(c)) for k, c in zip(starts, counts, strict=True)]
+    copies = sum(timing.vector_cycles(cfg, c * width, COPY_LATENCY) for *_, c in runs)
+    if copies >= (len(transfers(view)) - 1) * cfg.dram_latency:
+        return None
+    return dense(view.address, (len(rows) * width,), view.dtype), runs
 
 
 def row_permute_steps(cx: LowerContext, node: Node) -> list[Step]:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from engine_helpers import context, gemm_graph, linear_relu_graph, model, run_group, sparse_activations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusion.engine.codegen.transpose import row_runs
+from fusion.engine.codegen.transpose import row_runs, scattered_rows
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ir import Graph
 from fusion.graph.ops import OpType
-from isa.enums import Unit
+from fusion.lower.views import dense
+from isa.enums import DType, Unit
+from simulator.config import load_config
 
 
 def _inputs(graph, seed=1):
@@ -213,6 +217,30 @@ def test_every_transpose_through_transpose_load_equals_numpy(shape: list[int], r
     mc = context(graph, inputs, dtype)
     _, run, env = run_group(mc, Group(("t",), "transpose_load"), inputs)
     np.testing.assert_array_equal(run.outputs["t"], env["t"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=2, max_size=4), st.integers(1, 8), st.randoms(use_true_random=False))
+def test_scattered_rows_put_listed_rows_in_place(lead: list[int], width: int, rnd) -> None:
+    """A writer's view listing a dense tensor's rows in a Transpose's order: the runs put a tile of listed rows
+    into the dense order (numpy oracle); a view already in order needs no runs."""
+    perm = list(range(len(lead)))
+    rnd.shuffle(perm)
+    x = np.arange(int(np.prod(lead)) * width).reshape(*lead, width)
+    view = dense(0, x.shape, DType.f32).permute((*perm, len(lead)))
+    slow_dram = replace(load_config("base"), dram_latency=10_000)  # the local permutation always pays
+    found = scattered_rows(view, slow_dram)
+    listed = x.transpose((*perm, len(lead))).reshape(-1, width)
+    if np.array_equal(listed, x.reshape(-1, width)):  # the identity, or a permutation of size-1 axes only
+        assert found is None
+        return
+    assert found is not None
+    flat, runs = found
+    placed = np.empty_like(listed)
+    for d, k, count in runs:
+        placed[d : d + count] = listed[k : k + count]
+    np.testing.assert_array_equal(placed, x.reshape(-1, width))
+    assert flat.shape == (x.size,) and flat.address == 0
 
 
 def test_row_transpose_refuses_what_does_not_fit_a_slot() -> None:
