@@ -38,6 +38,14 @@ def run_kernel(mc: ModelContext, kernel: Kernel, env: Mapping[str, np.ndarray], 
     )
 
 
+def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False) -> int:
+    """A kernel's cycles on zero inputs of its guard's shapes and storage dtypes: its timing, for any kernel
+    whose control flow does not test data (every kernel but the zero-skip ones)."""
+    shapes, dtypes = dict(kernel.guard.shapes), dict(kernel.guard.dtypes)
+    env = {v: np.zeros(shapes[v], dtype=dtypes[v]) for v in kernel.inputs}
+    return run_kernel(mc, kernel, env, checked=checked).cycles
+
+
 def to_storage(mc: ModelContext, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Graph inputs as the kernels read them (float32)."""
     return {v: np.ascontiguousarray(inputs[v], dtype=np.float32) for v in mc.graph.inputs}

@@ -18,14 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
 
-import numpy as np
-
 from fusion.cost.analytic import unit_times
 from fusion.cost.interface import KernelFeatures
-from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
-from fusion.engine.execute import run_kernel
-from fusion.engine.kernel import Kernel
+from fusion.engine.execute import timing_cycles
 from fusion.engine.pipelined import build_pipelined
 from fusion.engine.plan import GroupChoice, PipelinedPair, Plan
 from fusion.engine.planner import Evaluated, Evaluator
@@ -38,13 +34,6 @@ def bound(features: KernelFeatures, cfg: MachineConfig) -> str:
     """'memory' when a DMA unit or the DRAM channel is the kernel's busiest unit, else 'compute'."""
     t = unit_times(features, cfg)
     return "memory" if max(t.load, t.store, t.transfer) >= max(t.matrix, t.vector) else "compute"
-
-
-def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False) -> int:
-    """A kernel's cycles on zero inputs of its guard's shapes and storage dtypes."""
-    shapes, dtypes = dict(kernel.guard.shapes), dict(kernel.guard.dtypes)
-    env = {v: np.zeros(shapes[v], dtype=dtypes[v]) for v in kernel.inputs}
-    return run_kernel(mc, kernel, env, checked=checked).cycles
 
 
 def plan_pipelines(ev: Evaluator, plan: Plan, region: Collection[str] | None = None, kept: Sequence = ()) -> Plan:

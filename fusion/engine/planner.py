@@ -22,6 +22,7 @@ from fusion.engine.bounds import matrix_bound
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
+from fusion.engine.execute import timing_cycles
 from fusion.engine.kernel import Kernel, storage_dtypes
 from fusion.engine.legality import generator_accepts, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Plan
@@ -41,6 +42,8 @@ NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 # trip, an epilogue reloading A per panel) must win more than twice their channel time. 1.5 and 2 give the same
 # plans on the bundled models (fp32 d128: the swapped GEMMs' extra bytes no longer exceed static's); 0 is cycles.
 DRAM_WEIGHT = 2.0
+TIE_MARGIN = 0.02  # scores this close are a tie for the cost model (the analytic model misses bank conflicts and
+# full issue queues): `Evaluator.tie_break` measures them
 THREADS_PER_WORKER = 2  # planning threads per compile worker: one waits for a kernel while another prices
 T, R = TypeVar("T"), TypeVar("R")
 
@@ -74,6 +77,7 @@ class Evaluator:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
         self.pool = pool
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
+        self._measured: dict[Group, float] = {}  # tie-break measurements (see `tie_break`)
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
 
@@ -167,6 +171,26 @@ class Evaluator:
             return None, [], reason
         return done[0], [(e.group.schedule, e.cycles) for e in done[1:]], reason
 
+    def tie_break(self, done: list[Evaluated]) -> Evaluated:
+        """The best of `done` (best score first): where the cost model cannot separate schedules of the same nodes
+        (scores within TIE_MARGIN of the best), they are simulated once on zero inputs (timing does not depend on
+        the values, so zero-skip kernels are left out) and the lowest measured score wins."""
+        tied = [e for e in done if e.score <= done[0].score * (1 + TIE_MARGIN) and e.group.strategy != "zero_skip"]
+        if len(tied) < 2 or tied[0] is not done[0]:
+            return done[0]
+        return min(tied, key=self.measured_score)
+
+    def measured_score(self, e: Evaluated) -> float:
+        """The simulated cycles of a built kernel plus its priced DRAM channel time (memoised)."""
+        with self._lock:
+            found = self._measured.get(e.group)
+        if found is None:
+            channel = (e.features.dram_read_bytes + e.features.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
+            found = timing_cycles(self.mc, e.kernel) + self.dram_weight * channel
+            with self._lock:
+                self._measured[e.group] = found
+        return found
+
     def unfused(self, nodes: tuple[str, ...]) -> float:
         total = 0.0
         for name in nodes:
@@ -199,6 +223,13 @@ def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Gro
 
 
 def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason: str) -> GroupChoice:
+    """A picked group as planned: its schedule after the tie-break (`Evaluator.tie_break`) and its dispatch table."""
+    done, _ = ev.ranked(ev.with_twins(_narrowed(ev, cand)))
+    chosen = ev.tie_break(done) if done and done[0] is best else best
+    if chosen is not best:
+        alts = [(e.group.schedule, e.cycles) for e in done if e is not chosen]
+        reason += f"; measured tie-break over {best.group.schedule}"
+        best = chosen
     twin, dense = _dispatch_variants(ev, cand, best.group)
     return GroupChoice(best.group, best.cycles, ev.unfused(best.group.nodes), reason, tuple(alts), twin, dense)
 
