@@ -29,7 +29,7 @@ from fusion.lower.compiler import load_graph
 MODELS = Path(__file__).resolve().parents[1] / "tests" / "fusion" / "models"
 NAMES = ("mlp", "encoder_post_d64", "encoder_pre_d64", "encoder_post_d128", "resnet_block")
 ORACLE = ("mlp",)
-RESULTS = Path(__file__).parent / "results" / "fusion.md"
+RESULTS = Path(__file__).parent / "results"
 WARM_CALLS = 21
 PLAN_REPEATS = 3
 POOL_WORKERS = max(2, len(os.sched_getaffinity(0)))  # the compile pool, measured even where it is not the default
@@ -177,7 +177,8 @@ def main() -> None:
     console.print(table)
     console.print(sp)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    RESULTS.write_text(
+    results = RESULTS / ("fusion.md" if args.dtype == "int8" else f"fusion_{args.dtype}.md")
+    results.write_text(
         "# Fusion engine benchmark\n\n"
         f"`python bench/bench_fusion.py --dtype {args.dtype} --config {args.config}` on {machine}; "
         f"{time.perf_counter() - start:.0f} s. Cycles are simulated (sum over the plan's kernels); `plan ms` is the "
@@ -195,7 +196,7 @@ def main() -> None:
         + "\n".join(sp_lines)
         + "\n"
     )
-    console.print(f"wrote {RESULTS}")
+    console.print(f"wrote {results}")
 
 
 if __name__ == "__main__":
