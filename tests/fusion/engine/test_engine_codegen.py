@@ -287,6 +287,20 @@ def test_matmul_streams_into_softmax_without_a_scratchpad_round_trip(dtype: str)
     assert run.dram_write_bytes < mm.dram_write_bytes + sm.dram_write_bytes
 
 
+def _whole_graph_swapped(graph: Graph, dtype: str, tol: float):
+    """The whole graph as one swapped group, simulated in checked mode; its output equals the reference (int8
+    bit-exact, fp32 within `tol`). Returns (context, kernel, run)."""
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(tuple(node.name for node in graph.nodes), "swapped"), inputs)
+    out = graph.outputs[0]
+    if dtype == "int8":
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=tol, atol=tol)
+    return mc, kernel, run
+
+
 def _short_wide(m: int, k: int, n: int, relu: bool, batch: int = 0) -> GraphBuilder:
     rng = np.random.default_rng(3)
     b = GraphBuilder("short_wide")
@@ -301,16 +315,11 @@ def _short_wide(m: int, k: int, n: int, relu: bool, batch: int = 0) -> GraphBuil
 def test_swapped_gemm_matches_reference_with_fewer_matrix_cycles(dtype: str, shape: tuple) -> None:
     m, k, n, relu, batch = shape
     graph = _short_wide(m, k, n, relu, batch)
-    inputs = _inputs(graph)
-    mc = context(graph, inputs, dtype)
+    mc, kernel, run = _whole_graph_swapped(graph, dtype, 1e-5)
     nodes = tuple(node.name for node in graph.nodes)
-    kernel, run, env = run_group(mc, Group(nodes, "swapped"), inputs)
-    out = graph.outputs[0]
+    inputs = _inputs(graph)
     if dtype == "int8":
-        assert run.outputs[out].dtype == np.int8
-        np.testing.assert_array_equal(run.outputs[out], env[out])
-    else:
-        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-5)
+        assert run.outputs[graph.outputs[0]].dtype == np.int8
     mnemonics = [i.mnemonic for i in kernel.program.instructions()]
     # a preload per k-slice of A^T (and per chunk of output columns), not per weight tile
     assert mnemonics.count("mx.preload") < -(-k // 16) * -(-n // 16)
@@ -374,15 +383,9 @@ def test_swapped_gemm_runs_a_chain_epilogue_after_the_transposing_load(dtype: st
     never reach DRAM."""
     m, k, n, tail, batch, lead = shape
     graph = _linear_block(m, k, n, tail, batch, lead)
-    inputs = _inputs(graph)
-    mc = context(graph, inputs, dtype)
+    mc, kernel, run = _whole_graph_swapped(graph, dtype, 1e-4)
     nodes = tuple(node.name for node in graph.nodes)
-    kernel, run, env = run_group(mc, Group(nodes, "swapped"), inputs)
-    out = graph.outputs[0]
-    if dtype == "int8":
-        np.testing.assert_array_equal(run.outputs[out], env[out])
-    else:
-        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-4, atol=1e-4)
+    inputs = _inputs(graph)
     mnemonics = {i.mnemonic for i in kernel.program.instructions()}
     assert {"dma.ldt", "vc.ld", "vc.st"} <= mnemonics
     rows = m * max(batch, 1)
