@@ -1,15 +1,18 @@
 """Layout transforms without the baseline's strided DMAs: the `transpose_load` strategy of a Transpose node.
 
-Element transposes: when a Transpose's output rows run down a column of its input (the output's last axis is
-strided in the input while its second-to-last is contiguous), the baseline moves one element per DMA row. The
-transposing load (`dma.ldt`) reads each J x I input block with contiguous I-element rows and transposes it in
-flight into the dense I x J output block, so a whole block costs one DMA instead of I*J single-element rows.
+Element transposes (the output's last axis is another input axis): the baseline moves one element per DMA row.
+The transposing load (`dma.ldt`) reads rows of contiguous elements and transposes them in flight: ONE load of
+the whole input seen as a matrix leaves at most whole rows to reorder (`_whole_steps`), or, when reordering them
+would cost more than it saves, one load per J x I block.
 
 Row transposes: a Transpose that keeps the last axis (an attention head split or merge) moves whole rows, but
 the baseline still needs one strided DMA per leading index, each paying the access latency on the in-order DMA
 unit (8 x ~116 cycles for a 4 KiB head split). Here the input comes in with one contiguous load, the vector unit
 copies each run of rows that stay adjacent to its place in the output order (`v.copy`, local to local, a couple
-of cycles per row), and one contiguous store writes the output: two DMAs whatever the permutation.
+of cycles per row), and one contiguous store writes the output: two DMAs whatever the permutation. The same
+local row permutation lets a writer store rows that an absorbed Transpose scatters with one DMA
+(`scattered_rows`, used by the swapped GEMM). Which variant runs is decided with the timing rules
+(`simulator.timing`): vector-copy cycles against the DMA access latencies they save.
 """
 
 from __future__ import annotations
@@ -50,13 +53,13 @@ def transposed_source(cx: LowerContext, node: Node) -> View:
 
 
 def transpose_steps(cx: LowerContext, node: Node) -> list[Step]:
-    if node.op != OpType.Transpose:
-        raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Transpose")
-    if tuple(node.attr("perm"))[-1] == len(node.attr("perm")) - 1:
+    if node.op == OpType.Transpose and tuple(node.attr("perm"))[-1] == len(node.attr("perm")) - 1:
         return row_permute_steps(cx, node)
     try:
         src = transposed_source(cx, node)
     except CodegenError:  # no per-block form: the whole-tensor one, if it applies
+        if node.op != OpType.Transpose:
+            raise
         whole = _whole_steps(cx, node, None)
         if whole is None:
             raise
