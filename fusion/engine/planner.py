@@ -325,8 +325,13 @@ def plan_dynamic(ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] 
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
     scored, rejected = [], []
-    names = [n.name for n in mc.graph.nodes if n.name in region]
-    singles = ev.map(lambda name: ev.best(ev.with_twins(schedules(mc, Candidate((name,), "single")))), names)
+    options = {
+        n.name: ev.with_twins(schedules(mc, Candidate((n.name,), "single"))) for n in mc.graph.nodes if n.name in region
+    }
+    # the most expensive nodes first (by their schedules' lower bounds), so on a compile pool the longest searches
+    # start first; each node's answer does not depend on the order
+    names = sorted(options, key=lambda n: -max(map(ev.bound, options[n]), default=0.0))
+    singles = ev.map(lambda name: ev.best(options[name]), names)
     alone: dict[str, tuple[Evaluated | None, list, str]] = dict(zip(names, singles, strict=True))
     cands = [c for c in enumerate_candidates(mc.graph) if c.family != "single" and region.issuperset(c.nodes)]
 
