@@ -176,7 +176,10 @@ def main() -> None:
     console = Console()
     console.print(table)
     console.print(sp)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f} at the end (timings are wall time on a shared machine)"
+    )
     results = RESULTS / ("fusion.md" if args.dtype == "int8" else f"fusion_{args.dtype}.md")
     results.write_text(
         "# Fusion engine benchmark\n\n"
