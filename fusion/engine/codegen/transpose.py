@@ -18,6 +18,8 @@ local row permutation lets a writer store rows that an absorbed Transpose scatte
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -50,6 +52,60 @@ def transposed_source(cx: LowerContext, node: Node) -> View:
     if src.shape[-1] > MAX_ROWS or src.shape[-2] > MAX_COLS:
         raise CodegenError(f"node {node.name!r}: a {src.shape[-1]} x {src.shape[-2]} block exceeds one DMA")
     return src
+
+
+@dataclass(frozen=True)
+class LocalTranspose:
+    """A Transpose's output assembled densely in local memory from its dense input: ONE DMA into a staging tile
+    (a contiguous `dma.ld`, or for an element transpose a whole-tensor `dma.ldt` of the input seen as
+    `ldt` = (rows, cols)), then the `v.copy` runs (`row_runs`) that put rows of `width` elements in output order
+    (none: the staging tile already is the output)."""
+
+    source: View
+    ldt: tuple[int, int] | None
+    runs: tuple[tuple[int, int, int], ...]
+    width: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.size * self.source.dtype.size
+
+    def copy_cycles(self, cfg: MachineConfig) -> int:
+        return sum(timing.vector_cycles(cfg, c * self.width, COPY_LATENCY) for *_, c in self.runs)
+
+    def load(self, em: Emitter, staging: int) -> None:
+        x = self.source
+        if self.ldt is None:
+            em.dma_load(x.reshape_dense((x.size,)), staging)
+            return
+        rows, cols = self.ldt
+        local, dram, stride = em.regs(staging, x.address, cols * x.dtype.size)
+        em.b.dma_ldt(local, dram, stride, rows, cols, x.dtype.name)
+
+    def permute(self, em: Emitter, out: int, staging: int) -> None:
+        copy_runs(em, list(self.runs), out, staging, self.width, self.source.dtype)
+
+
+def local_transpose(cx: LowerContext, node: Node) -> LocalTranspose | None:
+    """How to assemble the Transpose's output locally (see `LocalTranspose`); None when its input or output is
+    not dense, one DMA cannot carry the input or one vector copy a row."""
+    x, out = cx.view(node.inputs[0]), cx.view(node.outputs[0])
+    perm = tuple(node.attr("perm"))
+    if not (is_dense(x) and is_dense(out)) or x.dtype != out.dtype:
+        return None
+    n, a = len(perm), perm[-1]
+    if a == n - 1:  # rows move whole: a contiguous load, rows reordered
+        runs = row_runs(x.shape, perm)
+        in_place = len(runs) == 1 and runs[0][:2] == (0, 0)
+        return LocalTranspose(x, None, () if in_place else tuple(runs), x.shape[-1])
+    if x.shape[a] > MAX_VECTOR_ELEMS:
+        return None
+    p, q = math.prod(x.shape[: a + 1]), math.prod(x.shape[a + 1 :])
+    if p > MAX_ROWS or q > MAX_COLS:
+        return None
+    t_axes = (*range(a + 1, n), *range(a + 1))
+    runs = row_runs(tuple(x.shape[axis] for axis in t_axes), tuple(t_axes.index(axis) for axis in perm))
+    return LocalTranspose(x, (p, q), () if len(runs) == 1 else tuple(runs), x.shape[a])
 
 
 def transpose_steps(cx: LowerContext, node: Node) -> list[Step]:
@@ -102,34 +158,24 @@ def _whole_steps(cx: LowerContext, node: Node, lead: int | None) -> list[Step] |
     `v.copy` on the vector unit), or nothing (perm (1, 2, 0), a rotation: the load is the transpose). Two DMAs
     instead of one per J x I block. None when it does not apply, does not fit, or its row copies cost more
     vector cycles than the `lead` per-block loads' access latencies (`simulator.timing`; None: no per-block form)."""
-    x, out = cx.view(node.inputs[0]), cx.view(node.outputs[0])
-    perm = tuple(node.attr("perm"))
-    n, a = len(perm), perm[-1]
-    p, q = math.prod(x.shape[: a + 1]), math.prod(x.shape[a + 1 :])
-    size = x.size * x.dtype.size
-    fits = TileArena(cx.config, 0).fits([size, size])
-    if not (is_dense(x) and is_dense(out) and fits and p <= MAX_ROWS and q <= MAX_COLS):
+    lt = local_transpose(cx, node)
+    if lt is None or not TileArena(cx.config, 0).fits([lt.nbytes, lt.nbytes]):
         return None
-    t_axes = (*range(a + 1, n), *range(a + 1))
-    rest = tuple(t_axes.index(axis) for axis in perm)
-    runs = row_runs(tuple(x.shape[axis] for axis in t_axes), rest)
-    width = x.shape[a]
-    copies = 0 if len(runs) == 1 else sum(timing.vector_cycles(cx.config, c * width, COPY_LATENCY) for *_, c in runs)
-    if lead is not None and copies >= lead * cx.config.dram_latency:
+    if lead is not None and lt.copy_cycles(cx.config) >= lead * cx.config.dram_latency:
         return None
+    return [_local_step(cx, node, lt)]
+
+
+def _local_step(cx: LowerContext, node: Node, lt: LocalTranspose) -> Step:
+    """One step: the Transpose's output assembled locally (`LocalTranspose`), then one contiguous store."""
     arena = TileArena(cx.config, 0)
-    tile_t = arena.tile(size)
-    tile_out = arena.tile(size) if copies else tile_t
-
-    def load(em: Emitter) -> None:
-        local, dram, stride = em.regs(tile_t, x.address, q * x.dtype.size)
-        em.b.dma_ldt(local, dram, stride, p, q, x.dtype.name)
-
-    def permute(em: Emitter) -> None:
-        copy_runs(em, runs, tile_out, tile_t, width, x.dtype)
-
-    compute = [(Unit.load, load), *([(Unit.vector, permute)] if copies else [])]
-    return [Step([], compute, [(tile_out, out.reshape_dense((out.size,)))])]
+    staging = arena.tile(lt.nbytes)
+    ordered = arena.tile(lt.nbytes) if lt.runs else staging
+    out = cx.view(node.outputs[0])
+    compute = [(Unit.load, partial(lt.load, staging=staging))]
+    if lt.runs:
+        compute.append((Unit.vector, partial(lt.permute, out=ordered, staging=staging)))
+    return Step([], compute, [(ordered, out.reshape_dense((out.size,)))])
 
 
 def copy_runs(em: Emitter, runs: list[tuple[int, int, int]], to: int, frm: int, width: int, dtype: DType) -> None:
@@ -193,23 +239,11 @@ def scattered_rows(view: View, cfg: MachineConfig) -> tuple[View, list[tuple[int
 
 def row_permute_steps(cx: LowerContext, node: Node) -> list[Step]:
     """One step: contiguous load, `v.copy` per run of adjacent rows, contiguous store (see the module docstring)."""
-    src, out = cx.view(node.inputs[0]), cx.view(node.outputs[0])
-    if src.dtype != out.dtype:
-        raise CodegenError(f"node {node.name!r}: a row permutation keeps the storage dtype")
-    if not (is_dense(src) and is_dense(out)):
-        raise CodegenError(f"node {node.name!r}: a row permutation reads and writes dense tensors")
-    width, es = src.shape[-1], src.dtype.size
-    if width > MAX_VECTOR_ELEMS:
-        raise CodegenError(f"node {node.name!r}: rows of {width} elements exceed one vector copy")
-    size = src.size * es
-    if not TileArena(cx.config, 0).fits([size, size]):
-        raise CodegenError(f"node {node.name!r}: {size}-byte input and output tiles do not fit a buffer slot")
-    runs = row_runs(src.shape, tuple(node.attr("perm")))
-    arena = TileArena(cx.config, 0)
-    tile_in, tile_out = arena.tile(size), arena.tile(size)
-
-    def permute(em: Emitter) -> None:
-        copy_runs(em, runs, tile_out, tile_in, width, src.dtype)
-
-    flat_in, flat_out = src.reshape_dense((src.size,)), out.reshape_dense((out.size,))
-    return [Step([(flat_in, tile_in)], [(Unit.vector, permute)], [(tile_out, flat_out)])]
+    if cx.graph.types[node.inputs[0]].shape[-1] > MAX_VECTOR_ELEMS:
+        raise CodegenError(f"node {node.name!r}: rows of more than {MAX_VECTOR_ELEMS} elements exceed one vector copy")
+    lt = local_transpose(cx, node)
+    if lt is None:
+        raise CodegenError(f"node {node.name!r}: a row permutation reads and writes dense tensors of one dtype")
+    if not TileArena(cx.config, 0).fits([lt.nbytes, lt.nbytes]):
+        raise CodegenError(f"node {node.name!r}: {lt.nbytes}-byte input and output tiles do not fit a buffer slot")
+    return [_local_step(cx, node, lt)]
