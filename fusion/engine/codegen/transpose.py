@@ -94,12 +94,12 @@ def local_transpose(cx: LowerContext, node: Node) -> LocalTranspose | None:
     if not (is_dense(x) and is_dense(out)) or x.dtype != out.dtype:
         return None
     n, a = len(perm), perm[-1]
+    if x.shape[a] > MAX_VECTOR_ELEMS:
+        return None
     if a == n - 1:  # rows move whole: a contiguous load, rows reordered
         runs = row_runs(x.shape, perm)
         in_place = len(runs) == 1 and runs[0][:2] == (0, 0)
         return LocalTranspose(x, None, () if in_place else tuple(runs), x.shape[-1])
-    if x.shape[a] > MAX_VECTOR_ELEMS:
-        return None
     p, q = math.prod(x.shape[: a + 1]), math.prod(x.shape[a + 1 :])
     if p > MAX_ROWS or q > MAX_COLS:
         return None
@@ -239,11 +239,11 @@ def scattered_rows(view: View, cfg: MachineConfig) -> tuple[View, list[tuple[int
 
 def row_permute_steps(cx: LowerContext, node: Node) -> list[Step]:
     """One step: contiguous load, `v.copy` per run of adjacent rows, contiguous store (see the module docstring)."""
-    if cx.graph.types[node.inputs[0]].shape[-1] > MAX_VECTOR_ELEMS:
-        raise CodegenError(f"node {node.name!r}: rows of more than {MAX_VECTOR_ELEMS} elements exceed one vector copy")
     lt = local_transpose(cx, node)
     if lt is None:
-        raise CodegenError(f"node {node.name!r}: a row permutation reads and writes dense tensors of one dtype")
+        raise CodegenError(
+            f"node {node.name!r}: a row permutation needs dense tensors of one dtype and rows one vector copy covers"
+        )
     if not TileArena(cx.config, 0).fits([lt.nbytes, lt.nbytes]):
         raise CodegenError(f"node {node.name!r}: {lt.nbytes}-byte input and output tiles do not fit a buffer slot")
     return [_local_step(cx, node, lt)]
