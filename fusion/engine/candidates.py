@@ -3,8 +3,9 @@
 Starting points are (a) a matrix node with the elementwise consumers its drain can absorb, (b) maximal runs of
 elementwise/row-reduction nodes that a vector chain can execute, (c) a matrix node with a constant weight (after a
 leading-axis Transpose it absorbs) followed by such a run or by whole-row layout moves, for the swapped
-orientation. Every prefix of (a) and (c) and every sub-run of (b) is a candidate; schedules vary tile rows, batch
-flattening and the zero-skip variant.
+orientation, (d) a Transpose (and the Reshapes after it) feeding such a run, as one chain reading the transposed
+tensor from local memory. Every prefix of (a), (c) and (d) and every sub-run of (b) is a candidate; schedules
+vary tile rows, batch flattening and the zero-skip variant.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
 @dataclass(frozen=True)
 class Candidate:
     nodes: tuple[str, ...]
-    family: str  # "single", "epilogue", "chain", "stream", "swapped" (see (c) above), "conv"
+    family: str  # "single", "epilogue", "chain", "stream", "swapped" (see (c) above), "conv", "layout_chain" ((d))
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -94,7 +95,21 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op in CHAIN_OPS:
             run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "chain") for k in range(2, len(run) + 1)]
+        if node.op == OpType.Transpose:
+            out += _layout_chains(graph, node)
     return out
+
+
+def _layout_chains(graph: Graph, transpose: Node) -> list[Candidate]:
+    """A Transpose, the Reshapes after it, then a run of chain nodes: one vector chain fed through the layout
+    transform (`codegen.layout_chain`), every prefix with at least one chain node."""
+    layout = _follow(graph, transpose, frozenset({OpType.Reshape}), MAX_CHAIN)
+    head = sole_consumer(graph, layout[-1])
+    if head is None or head.op not in CHAIN_OPS:
+        return []
+    run = _follow(graph, head, CHAIN_OPS, MAX_CHAIN)
+    names = tuple(n.name for n in (*layout, *run))
+    return [Candidate(names[: len(layout) + k], "layout_chain") for k in range(1, len(run) + 1)]
 
 
 def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
@@ -116,6 +131,8 @@ def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
             groups.append(Group(cand.nodes, "implicit_gemm"))
     if cand.family in ("chain", "stream", "swapped"):
         groups.append(Group(cand.nodes, cand.family))
+    if cand.family == "layout_chain":
+        groups.append(Group(cand.nodes, "chain"))
     if cand.family == "conv":
         groups.append(Group(cand.nodes, "implicit_gemm"))
     if head.op in EPILOGUE_HEADS and cand.family in ("single", "epilogue"):

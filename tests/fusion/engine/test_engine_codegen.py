@@ -499,3 +499,63 @@ def test_implicit_gemm_refuses_int8_residual_and_strided_conv() -> None:
     strided = b.build()
     with pytest.raises(CodegenError, match="stride-1"):
         build_kernel(context(strided, _inputs(strided), "fp32"), Group(("conv",), "implicit_gemm"))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        ("node_transpose_2", "node_view_4", "node_Mul_69"),  # head split, a view, the query scaling
+        ("node_Transpose_65", "node_Reshape_67", "node_Mul_72"),  # K^T (a whole-tensor transposing load), scaling
+    ],
+)
+def test_layout_chain_reads_the_transposed_tensor_from_local_memory(dtype: str, nodes: tuple) -> None:
+    """Transpose -> Reshape -> Mul as one kernel: the transposed tensor never reaches DRAM (one load, one store),
+    values as the three unfused kernels give them (int8 bit-exact), in fewer cycles."""
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(nodes, "chain"), inputs)
+    out = graph.node(nodes[-1]).outputs[0]
+    if dtype == "int8":
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-6, atol=1e-6)
+    mnemonics = [i.mnemonic for i in kernel.program.instructions()]
+    assert mnemonics.count("dma.ld") + mnemonics.count("dma.ldt") == 1 and mnemonics.count("dma.st") == 1
+    assert kernel.inputs == (graph.node(nodes[0]).inputs[0],)
+    apart = [run_group(mc, Group((n,), "unfused" if n != nodes[1] else "alias"), inputs)[1] for n in nodes]
+    assert run.cycles < sum(r.cycles for r in apart)
+    assert run.dram_read_bytes + run.dram_write_bytes < sum(r.dram_read_bytes + r.dram_write_bytes for r in apart)
+
+
+def test_layout_chain_refuses_a_reshape_that_moves_the_last_axis() -> None:
+    b = GraphBuilder("bad_layout")
+    t = b.op(OpType.Transpose, b.input("x", (4, 8, 16)), perm=(1, 0, 2), name="t")
+    r = b.op(OpType.Reshape, t, shape=(8, 64), name="r")
+    b.output(b.op(OpType.Relu, r, name="relu"))
+    graph = b.build()
+    mc = context(graph, _inputs(graph), "fp32")
+    with pytest.raises(CodegenError, match="keeping the last axis"):
+        build_kernel(mc, Group(("t", "r", "relu"), "chain"))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("perm", [(1, 0, 2), (2, 0, 1), (0, 2, 1)])
+def test_layout_chain_with_row_tile_and_reduction_operands(dtype: str, perm: tuple) -> None:
+    """Row transposes and element transposes feeding bias (a row), residual (a tile) and Softmax (a row
+    reduction): the chain runs on the locally assembled tensor in output order."""
+    rng = np.random.default_rng(9)
+    b = GraphBuilder("layout_chain")
+    x = b.input("x", (4, 6, 8))
+    t = b.op(OpType.Transpose, x, perm=perm, name="t")
+    shape = tuple((4, 6, 8)[p] for p in perm)
+    h = b.op(OpType.Add, t, b.constant(rng.standard_normal(shape[-1]).astype(np.float32), "bias"), name="add")
+    h = b.op(OpType.Add, h, b.input("r", shape), name="res")
+    b.output(b.op(OpType.Softmax, h, axis=2, name="sm"))
+    graph = b.build()
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(("t", "add", "res", "sm"), "chain"), inputs)
+    np.testing.assert_allclose(run.outputs["sm"], env["sm"], rtol=1e-5, atol=1e-6)
+    if dtype == "int8":
+        np.testing.assert_array_equal(run.outputs["sm"], env["sm"])

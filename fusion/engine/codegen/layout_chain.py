@@ -1,0 +1,81 @@
+"""A vector chain fed through a layout transform: Transpose (-> Reshapes) -> elementwise/row ops, one kernel.
+
+The attention's head split is a Transpose, a Reshape (a view) and a scaling Mul: three kernels' worth of DRAM
+round trips and access latencies for one pass over a few KiB. Here the Transpose's output is assembled in local
+memory (`transpose.LocalTranspose`: one DMA of the input, `v.copy` runs), the Reshapes are nothing (they keep the
+element order), and the chain (`chain.emit_chain`) reads it from there, so the transposed tensor never reaches
+DRAM: one load, the chain, one store. The whole tensor is one block (it must fit a vector register).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fusion.engine.codegen.chain import emit_chain, operands
+from fusion.engine.codegen.matrix_group import is_dense
+from fusion.engine.codegen.transpose import local_transpose
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import LowerContext
+from fusion.lower.emitter import Emitter, Step
+from fusion.lower.local_alloc import TileArena
+from isa.enums import Unit
+
+
+def layout_prefix(nodes: Sequence[Node]) -> int:
+    """How many leading nodes form the layout transform: a Transpose, then Reshapes keeping the last axis."""
+    if not nodes or nodes[0].op != OpType.Transpose:
+        return 0
+    k = 1
+    while k < len(nodes) and nodes[k].op == OpType.Reshape:
+        k += 1
+    return k
+
+
+def layout_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
+    k = layout_prefix(nodes)
+    layout, chain = list(nodes[:k]), list(nodes[k:])
+    if k == 0 or not chain:
+        raise CodegenError("a layout chain is a Transpose, optional Reshapes, then at least one chain node")
+    for prev, node in zip(layout, layout[1:], strict=False):
+        shapes = [cx.graph.types[v].shape for v in (node.inputs[0], node.outputs[0])]
+        if node.inputs[0] != prev.outputs[0] or shapes[0][-1:] != shapes[1][-1:]:
+            raise CodegenError(f"node {node.name!r}: only Reshapes keeping the last axis follow the Transpose")
+    lt = local_transpose(cx, layout[0])
+    if lt is None:
+        raise CodegenError(f"node {layout[0].name!r}: its output cannot be assembled locally")
+    value = layout[-1].outputs[0]
+    if value not in chain[0].inputs:
+        raise CodegenError(f"node {chain[0].name!r} does not read the layout transform's output")
+    table = operands(cx, chain, frozenset({value}))
+    out = cx.view(chain[-1].outputs[0])
+    shape = out.shape
+    period = shape[-1] if shape else 1
+    tiles = [o.value for o in table.values() if o.kind == "tile"]
+    rows = [o.value for o in table.values() if o.kind == "row"]
+    views = {v: cx.view(v).broadcast_to(shape) for v in dict.fromkeys(tiles)}
+    views |= {v: cx.view(v).broadcast_to((period,)) for v in dict.fromkeys(rows)}
+    if not all(is_dense(view) for view in views.values()):
+        raise CodegenError("a layout chain's other operands must be dense (one block, loaded whole)")
+    n = out.size
+    sizes = [lt.nbytes, lt.nbytes, n * 4, *(view.size * view.dtype.size for view in views.values())]
+    if n > cx.config.vreg_elems or not TileArena(cx.config, 0).fits(sizes):
+        raise CodegenError(f"a {n}-element layout chain does not fit a vector register or a buffer slot")
+    arena = TileArena(cx.config, 0)
+    staging = arena.tile(lt.nbytes)
+    ordered = arena.tile(lt.nbytes) if lt.runs else staging
+    addr = {value: ordered} | {v: arena.tile(view.size * view.dtype.size) for v, view in views.items()}
+    out_addr = arena.tile(n * 4)
+
+    def load(em: Emitter) -> None:
+        lt.load(em, staging)
+        for v, view in views.items():
+            em.dma_load(view, addr[v])
+
+    def compute(em: Emitter) -> None:
+        if lt.runs:
+            lt.permute(em, ordered, staging)
+        emit_chain(cx, em, chain, table, addr, out_addr, n, period)
+
+    return [Step([], [(Unit.load, load), (Unit.vector, compute)], [(out_addr, out.reshape_dense((n,)))])]
