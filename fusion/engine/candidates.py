@@ -4,8 +4,8 @@ Starting points are (a) a matrix node with the elementwise consumers its drain c
 elementwise/row-reduction nodes that a vector chain can execute, (c) a matrix node with a constant weight (after a
 leading-axis Transpose it absorbs) followed by such a run or by whole-row layout moves, for the swapped
 orientation, (d) a Transpose (and the Reshapes after it) feeding such a run, as one chain reading the transposed
-tensor from local memory. Every prefix of (a), (c) and (d) and every sub-run of (b) is a candidate; schedules
-vary tile rows, batch flattening and the zero-skip variant.
+tensor from local memory, or feeding a MatMul that reads it in place. Every prefix of (a), (c) and (d) and
+every sub-run of (b) is a candidate; schedules vary tile rows, batch flattening and the zero-skip variant.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
 @dataclass(frozen=True)
 class Candidate:
     nodes: tuple[str, ...]
-    family: str  # "single", "epilogue", "chain", "stream", "swapped" (see (c) above), "conv", "layout_chain" ((d))
+    family: str  # "single", "epilogue", "chain", "stream", "swapped" ((c)), "conv", "layout_chain"/"layout_load" ((d))
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -101,15 +101,21 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
 
 
 def _layout_chains(graph: Graph, transpose: Node) -> list[Candidate]:
-    """A Transpose, the Reshapes after it, then a run of chain nodes: one vector chain fed through the layout
-    transform (`codegen.layout_chain`), every prefix with at least one chain node."""
+    """A Transpose and the Reshapes after it, then a run of chain nodes (one vector chain fed through the layout
+    transform, every prefix with at least one chain node) or the MatMul reading them (in place): see
+    `codegen.layout_chain`."""
     layout = _follow(graph, transpose, frozenset({OpType.Reshape}), MAX_CHAIN)
     head = sole_consumer(graph, layout[-1])
+    names = tuple(n.name for n in layout)
+    if head is not None and head.op == OpType.MatMul:
+        # an activation x activation MatMul (attention) reads the transposed operand in place; a GEMM with a
+        # constant weight has better kernels (the swapped orientation absorbs a leading Transpose itself)
+        activations = not any(graph.is_constant(v) for v in head.inputs)
+        return [Candidate((*names, head.name), "layout_load")] if activations else []
     if head is None or head.op not in CHAIN_OPS:
         return []
-    run = _follow(graph, head, CHAIN_OPS, MAX_CHAIN)
-    names = tuple(n.name for n in (*layout, *run))
-    return [Candidate(names[: len(layout) + k], "layout_chain") for k in range(1, len(run) + 1)]
+    run = tuple(n.name for n in _follow(graph, head, CHAIN_OPS, MAX_CHAIN))
+    return [Candidate((*names, *run[:k]), "layout_chain") for k in range(1, len(run) + 1)]
 
 
 def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
@@ -133,6 +139,8 @@ def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
         groups.append(Group(cand.nodes, cand.family))
     if cand.family == "layout_chain":
         groups.append(Group(cand.nodes, "chain"))
+    if cand.family == "layout_load":
+        groups.append(Group(cand.nodes, "transpose_load"))
     if cand.family == "conv":
         groups.append(Group(cand.nodes, "implicit_gemm"))
     if head.op in EPILOGUE_HEADS and cand.family in ("single", "epilogue"):

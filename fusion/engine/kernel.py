@@ -20,7 +20,7 @@ from fusion.engine.codegen.chain import chain_steps
 from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
 from fusion.engine.codegen.gemm import Schedule, pack_panels
-from fusion.engine.codegen.layout_chain import layout_chain_steps, layout_prefix
+from fusion.engine.codegen.layout_chain import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
 from fusion.engine.codegen.swapped import (
@@ -107,7 +107,7 @@ def group_phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding
     if group.strategy == "stream":
         return [stream_steps(cx, nodes)]
     if group.strategy == "transpose_load":
-        return [transpose_steps(cx, nodes[0])]
+        return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
     raise CodegenError(f"strategy {group.strategy!r} has no generator")
 
 

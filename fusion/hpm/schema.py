@@ -95,7 +95,15 @@ NUMERIC = (
     "lane_fill_row",
     "array_fill_n",
     "array_fill_k",
-    "pipe_gap",
+    "serial_dma_gap",
+    "latency_share",
+    "dma_latency_share",
+    "fill_share",
+    "spad_banks",
+    "log_bank_bytes",
+    "read_per_bank",
+    "write_per_bank",
+    "dma_per_bank",
 )
 FEATURE_NAMES: tuple[str, ...] = (
     *NUMERIC,
@@ -128,12 +136,11 @@ def fill(size: float, width: int) -> float:
     return size / (math.ceil(size / width) * width) if size > 0 else 1.0
 
 
-def serial_pipeline(units: UnitTimes) -> float:
-    """Steps through one shared DRAM channel whose accesses do not overlap (each DMA holds it for its latency
-    and transfer): a step's loads and stores, then its compute, the steps overlapping only at the busiest stage."""
-    steps = max(units.steps, 1)
-    stages = ((units.load + units.store) / steps, units.matrix / steps, units.vector / steps)
-    return sum(stages) + (steps - 1) * max(stages) + units.fill
+def serial_dma_cycles(units: UnitTimes) -> float:
+    """The analytic composition with loads and stores in series (each DMA's access latency exposed, as the
+    simulator shows for kernels of few large transfers) instead of overlapped on the shared channel."""
+    busy = (units.load + units.store, units.matrix, units.vector)
+    return max(*busy, units.issue) + (sum(busy) - max(busy)) / max(units.steps, 1)
 
 
 def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
@@ -149,6 +156,7 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     out_row = f.shapes[-1][-1] if f.shapes and f.shapes[-1] else 1
     elem_bytes = 4 if f.dtype == "fp32" else 1
     dmas = f.dma_loads + f.dma_stores
+    bank = cfg.spad_bank_bytes
     numeric = {
         "array_size": n,
         "vector_lanes": lanes,
@@ -212,7 +220,15 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "lane_fill_row": fill(out_row, lanes),
         "array_fill_n": fill(out_row, n),
         "array_fill_k": fill(last, n),
-        "pipe_gap": math.log(est) - _log(serial_pipeline(units)),
+        "serial_dma_gap": math.log(est) - _log(serial_dma_cycles(units)),
+        "latency_share": cfg.dram_latency / est,
+        "dma_latency_share": dmas * cfg.dram_latency / est,
+        "fill_share": units.fill / est,
+        "spad_banks": cfg.spad_banks,
+        "log_bank_bytes": math.log(bank),
+        "read_per_bank": f.dram_read_bytes / bank,
+        "write_per_bank": f.dram_write_bytes / bank,
+        "dma_per_bank": (f.dram_read_bytes + f.dram_write_bytes) / dmas / bank if dmas else 0.0,
     }
     values = [float(numeric[k]) for k in NUMERIC]
     values += [float(f.ops.count(op)) for op in OPS]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +27,7 @@ class LowerContext:
     plan: QuantPlan | None
     params: QuantParams | None
     addresses: Mapping[str, int]  # value (or constant form key, or temp key) -> DRAM address
+    views: Mapping[str, View] = field(default_factory=dict)  # values read through another value's bytes
 
     @property
     def int8(self) -> bool:
@@ -40,6 +41,8 @@ class LowerContext:
         return storage_dtype(self.graph, self.plan, value)
 
     def view(self, value: str) -> View:
+        if value in self.views:  # e.g. a Transpose's output read in place from its input (`engine.codegen`)
+            return self.views[value]
         if self.graph.is_constant(value):
             return self.const_view(value, CONST_F32)
         return dense(self.addresses[value], self.graph.types[value].shape, self.dtype(value))

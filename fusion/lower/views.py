@@ -58,6 +58,38 @@ class View:
         """A new shape over a dense view (only valid for dense views)."""
         return dense(self.address, shape, self.dtype)
 
+    def reshaped(self, shape: Sequence[int]) -> View | None:
+        """The same elements in row-major order under a new shape, as a view of the same bytes (numpy's no-copy
+        reshape: merged axes must be contiguous with each other, split axes take strides from the axis they
+        split); None when the reshape would need a copy."""
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) != self.size:
+            return None
+        old = [(d, s) for d, s in zip(self.shape, self.strides, strict=True) if d != 1]
+        new = [d for d in shape if d != 1]
+        strides: list[int] = []
+        i = j = 0
+        while i < len(old) and j < len(new):
+            i_end, j_end, have, want = i + 1, j + 1, old[i][0], new[j]
+            while have != want:  # grow the smaller side until both cover the same elements
+                if have < want:
+                    have *= old[i_end][0]
+                    i_end += 1
+                else:
+                    want *= new[j_end]
+                    j_end += 1
+            if any(old[k][1] != old[k + 1][1] * old[k + 1][0] for k in range(i, i_end - 1)):
+                return None  # the merged old axes are not contiguous with each other
+            step = old[i_end - 1][1]
+            group = []
+            for d in reversed(new[j:j_end]):
+                group.append(step)
+                step *= d
+            strides.extend(reversed(group))
+            i, j = i_end, j_end
+        found = iter(strides)
+        return replace(self, shape=shape, strides=tuple(0 if d == 1 else next(found) for d in shape))
+
 
 def dense(address: int, shape: Sequence[int], dtype: DType) -> View:
     shape = tuple(int(d) for d in shape)

@@ -1,15 +1,20 @@
-"""A vector chain fed through a layout transform: Transpose (-> Reshapes) -> elementwise/row ops, one kernel.
+"""Layout transforms absorbed by their consumer: Transpose (-> Reshapes) -> a vector chain or a MatMul, one kernel.
 
 The attention's head split is a Transpose, a Reshape (a view) and a scaling Mul: three kernels' worth of DRAM
 round trips and access latencies for one pass over a few KiB. Here the Transpose's output is assembled in local
 memory (`transpose.LocalTranspose`: one DMA of the input, `v.copy` runs), the Reshapes are nothing (they keep the
 element order), and the chain (`chain.emit_chain`) reads it from there, so the transposed tensor never reaches
 DRAM: one load, the chain, one store. The whole tensor is one block (it must fit a vector register).
+
+A MatMul reads its operands tile by tile, each tile a strided DMA anyway, so it reads a transposed operand in
+place: the operand is the Transpose's input seen through the permutation and the Reshapes (`View.reshaped`), the
+baseline MatMul kernel runs on that view (`layout_load_phases`), and the transposed copy is never made.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fusion.engine.codegen.chain import emit_chain, operands
 from fusion.engine.codegen.matrix_group import is_dense
@@ -17,9 +22,11 @@ from fusion.engine.codegen.transpose import local_transpose
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
+from fusion.lower import LOWERINGS
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.local_alloc import TileArena
+from fusion.lower.views import View
 from isa.enums import Unit
 
 
@@ -31,6 +38,33 @@ def layout_prefix(nodes: Sequence[Node]) -> int:
     while k < len(nodes) and nodes[k].op == OpType.Reshape:
         k += 1
     return k
+
+
+def layout_view(cx: LowerContext, layout: Sequence[Node]) -> View:
+    """The layout nodes' output as a view of the Transpose's input; CodegenError when a Reshape would need a copy
+    or the nodes are not a Transpose followed by Reshapes of its output."""
+    transpose = layout[0]
+    view = cx.view(transpose.inputs[0]).permute(transpose.attr("perm"))
+    for prev, node in zip(layout, layout[1:], strict=False):
+        shaped = view.reshaped(cx.graph.types[node.outputs[0]].shape) if node.inputs[0] == prev.outputs[0] else None
+        if shaped is None:
+            raise CodegenError(f"node {node.name!r}: the transposed tensor cannot be reshaped in place")
+        view = shaped
+    return view
+
+
+def layout_load_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
+    """Transpose (-> Reshapes) -> MatMul: the baseline MatMul kernel reading the transposed operand in place."""
+    k = layout_prefix(nodes)
+    if k != len(nodes) - 1 or nodes[-1].op != OpType.MatMul:
+        raise CodegenError("a layout load is a Transpose, optional Reshapes, then the MatMul reading them")
+    consumer, value = nodes[-1], nodes[k - 1].outputs[0]
+    if any(cx.graph.is_constant(v) for v in consumer.inputs):
+        raise CodegenError(f"node {consumer.name!r}: a GEMM with a constant weight absorbs a Transpose when swapped")
+    if value not in consumer.inputs:
+        raise CodegenError(f"node {consumer.name!r} does not read the layout transform's output")
+    absorbed = replace(cx, views={**cx.views, value: layout_view(cx, nodes[:k])})
+    return LOWERINGS[consumer.op](absorbed, consumer)
 
 
 def layout_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:

@@ -559,3 +559,30 @@ def test_layout_chain_with_row_tile_and_reduction_operands(dtype: str, perm: tup
     np.testing.assert_allclose(run.outputs["sm"], env["sm"], rtol=1e-5, atol=1e-6)
     if dtype == "int8":
         np.testing.assert_array_equal(run.outputs["sm"], env["sm"])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_layout_load_reads_the_transposed_operand_in_place(dtype: str) -> None:
+    """Head split -> view -> attention MatMul (V): the MatMul reads V through the permuted, reshaped view of the
+    Transpose's input; no transposed copy is written, values equal the reference, fewer cycles than apart."""
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, dtype)
+    nodes = ("node_transpose_4", "node_view_6", "node_scaled_dot_product_attention")
+    kernel, run, env = run_group(mc, Group(nodes, "transpose_load"), inputs)
+    out = graph.node(nodes[-1]).outputs[0]
+    if dtype == "int8":
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-5)
+    transposed = graph.node(nodes[0]).inputs[0]
+    assert transposed in kernel.inputs and graph.node(nodes[0]).outputs[0] not in kernel.outputs
+    apart = [run_group(mc, Group((n,), "alias" if n == nodes[1] else "unfused"), inputs)[1] for n in nodes]
+    assert run.cycles < sum(r.cycles for r in apart)
+    assert run.dram_write_bytes < sum(r.dram_write_bytes for r in apart)
+
+
+def test_layout_load_leaves_constant_weight_gemms_to_the_swapped_orientation() -> None:
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, "fp32")
+    with pytest.raises(CodegenError, match="constant weight"):
+        build_kernel(mc, Group(("node_transpose", "node_MatMul_1"), "transpose_load"))

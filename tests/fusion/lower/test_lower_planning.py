@@ -54,6 +54,37 @@ def test_transfers_fill_a_dense_tile_in_view_order(case) -> None:
     np.testing.assert_array_equal(tile, expected.reshape(-1))
 
 
+def _element_addresses(view: View) -> np.ndarray:
+    """Every element's byte address, in the view's row-major order (an oracle independent of `transfers`)."""
+    grids = np.indices(view.shape).reshape(len(view.shape), -1)
+    return view.address + (np.asarray(view.strides)[:, None] * grids).sum(axis=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.randoms(use_true_random=False), st.data())
+def test_reshaped_views_agree_with_numpy_no_copy_reshapes(shape: list[int], rnd, data) -> None:
+    """A permuted view reshaped: the same element addresses as numpy's reshape of the permuted array, returned
+    exactly when numpy can reshape without a copy."""
+    perm = list(range(len(shape)))
+    rnd.shuffle(perm)
+    x = np.arange(int(np.prod(shape))).reshape(shape).transpose(perm)
+    dims, rest = [], x.size
+    while rest > 1:
+        d = data.draw(st.sampled_from([d for d in range(2, rest + 1) if rest % d == 0]))
+        dims.append(d)
+        rest //= d
+    dims.insert(data.draw(st.integers(0, len(dims))), 1)
+    view = dense(0, shape, DType.f32).permute(perm).reshaped(dims)
+    no_copy = x.view()
+    try:
+        no_copy.shape = dims  # numpy raises when the reshape needs a copy
+    except AttributeError:
+        assert view is None
+        return
+    assert view is not None and view.shape == tuple(dims)
+    np.testing.assert_array_equal(_element_addresses(view) // 4, x.reshape(dims).ravel())
+
+
 def test_long_contiguous_runs_split_into_legal_transfers() -> None:
     ts = transfers(dense(0, (3 * 4099,), DType.i8))
     assert sum(t.rows * t.cols for t in ts) == 3 * 4099
