@@ -501,6 +501,22 @@ def test_implicit_gemm_refuses_int8_residual_and_strided_conv() -> None:
         build_kernel(context(strided, _inputs(strided), "fp32"), Group(("conv",), "implicit_gemm"))
 
 
+def _encoder_group(nodes: tuple, strategy: str, dtype: str, tol: float):
+    """A group of the d64 encoder (Transpose, a view, its consumer) run as one kernel in checked mode, its output
+    equal to the reference (int8 bit-exact, fp32 within `tol`), and the same nodes run apart (Transpose and
+    consumer unfused, the view on the host). Returns (graph, kernel, run, runs apart)."""
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(nodes, strategy), inputs)
+    out = graph.node(nodes[-1]).outputs[0]
+    if dtype == "int8":
+        np.testing.assert_array_equal(run.outputs[out], env[out])
+    else:
+        np.testing.assert_allclose(run.outputs[out], env[out], rtol=tol, atol=tol)
+    apart = [run_group(mc, Group((n,), "alias" if n == nodes[1] else "unfused"), inputs)[1] for n in nodes]
+    return graph, kernel, run, apart
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 @pytest.mark.parametrize(
     "nodes",
@@ -512,18 +528,10 @@ def test_implicit_gemm_refuses_int8_residual_and_strided_conv() -> None:
 def test_layout_chain_reads_the_transposed_tensor_from_local_memory(dtype: str, nodes: tuple) -> None:
     """Transpose -> Reshape -> Mul as one kernel: the transposed tensor never reaches DRAM (one load, one store),
     values as the three unfused kernels give them (int8 bit-exact), in fewer cycles."""
-    graph, inputs = model("encoder_post_d64")
-    mc = context(graph, inputs, dtype)
-    kernel, run, env = run_group(mc, Group(nodes, "chain"), inputs)
-    out = graph.node(nodes[-1]).outputs[0]
-    if dtype == "int8":
-        np.testing.assert_array_equal(run.outputs[out], env[out])
-    else:
-        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-6, atol=1e-6)
+    graph, kernel, run, apart = _encoder_group(nodes, "chain", dtype, 1e-6)
     mnemonics = [i.mnemonic for i in kernel.program.instructions()]
     assert mnemonics.count("dma.ld") + mnemonics.count("dma.ldt") == 1 and mnemonics.count("dma.st") == 1
     assert kernel.inputs == (graph.node(nodes[0]).inputs[0],)
-    apart = [run_group(mc, Group((n,), "unfused" if n != nodes[1] else "alias"), inputs)[1] for n in nodes]
     assert run.cycles < sum(r.cycles for r in apart)
     assert run.dram_read_bytes + run.dram_write_bytes < sum(r.dram_read_bytes + r.dram_write_bytes for r in apart)
 
@@ -565,18 +573,10 @@ def test_layout_chain_with_row_tile_and_reduction_operands(dtype: str, perm: tup
 def test_layout_load_reads_the_transposed_operand_in_place(dtype: str) -> None:
     """Head split -> view -> attention MatMul (V): the MatMul reads V through the permuted, reshaped view of the
     Transpose's input; no transposed copy is written, values equal the reference, fewer cycles than apart."""
-    graph, inputs = model("encoder_post_d64")
-    mc = context(graph, inputs, dtype)
     nodes = ("node_transpose_4", "node_view_6", "node_scaled_dot_product_attention")
-    kernel, run, env = run_group(mc, Group(nodes, "transpose_load"), inputs)
-    out = graph.node(nodes[-1]).outputs[0]
-    if dtype == "int8":
-        np.testing.assert_array_equal(run.outputs[out], env[out])
-    else:
-        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-5)
+    graph, kernel, run, apart = _encoder_group(nodes, "transpose_load", dtype, 1e-5)
     transposed = graph.node(nodes[0]).inputs[0]
     assert transposed in kernel.inputs and graph.node(nodes[0]).outputs[0] not in kernel.outputs
-    apart = [run_group(mc, Group((n,), "alias" if n == nodes[1] else "unfused"), inputs)[1] for n in nodes]
     assert run.cycles < sum(r.cycles for r in apart)
     assert run.dram_write_bytes < sum(r.dram_write_bytes for r in apart)
 
