@@ -90,7 +90,7 @@ def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndar
     for _ in range(args.calls):
         result = engine.run(inputs)
     assert result is not None
-    return build_report(engine, result), result.outputs
+    return build_report(engine.for_inputs(inputs), result), result.outputs  # the engine of these input shapes
 
 
 def run_fuse(args: argparse.Namespace) -> int:

@@ -41,8 +41,10 @@ from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.validation import ValidationPolicy, compare
 from fusion.engine.workers import CompilePool, default_workers
+from fusion.errors import ShapeError
 from fusion.graph.hashing import structural_hash
 from fusion.graph.ir import Graph
+from fusion.graph.shapes import with_input_shapes
 from fusion.lower.compiler import ALIAS_OPS, check_inputs, load_graph
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams
@@ -158,6 +160,8 @@ class FusionEngine:
         self._zero_fraction: dict[str, float] = {}  # live zero-tile fraction of each GEMM group's operand
         self._evaluator: Evaluator | None = None
         self._pool: CompilePool | None = None  # compile workers of the current model context
+        self._by_shape: dict[tuple, FusionEngine] = {}  # specialisations for other input shapes (`for_inputs`)
+        self._last_shapes: tuple | None = None
         # An online-learning cost model (duck-typed, e.g. `OnlineHpm`): fed every simulated kernel's counters.
         self._learner: Callable[[KernelFeatures, MachineConfig, Mapping[str, float]], None] | None = getattr(
             self.cost_model, "record", None
@@ -309,7 +313,43 @@ class FusionEngine:
 
     # --- running ----------------------------------------------------------------------------
 
+    def for_inputs(self, inputs: Mapping[str, np.ndarray]) -> FusionEngine:
+        """The engine that runs these inputs: this one at the model's input shapes; for other shapes (another
+        batch size) an engine for the graph re-typed to them, made on first use and kept. It shares this engine's
+        options, cost model, kernel cache and (int8) calibration, and plans and profiles on its own: a shape is a
+        specialisation, so switching back and forth re-plans nothing and dispatches cached kernels."""
+        shapes = {v: tuple(np.shape(inputs[v])) for v in self.graph.inputs if v in inputs}
+        if len(shapes) != len(self.graph.inputs) or all(s == self.graph.types[v].shape for v, s in shapes.items()):
+            return self  # the model's own shapes (or missing inputs, which `check_inputs` reports)
+        key = tuple(sorted(shapes.items()))
+        with self._lock:
+            engine = self._by_shape.get(key)
+            if engine is None:
+                try:
+                    graph = with_input_shapes(self.graph, shapes)
+                except ShapeError as err:
+                    raise EngineError(f"the model cannot run at input shapes {dict(shapes)}: {err}") from None
+                engine = FusionEngine(
+                    graph, self.config, self.dtype, self.options, self.cost_model, self.cache, builder=self.builder
+                )
+                if self.mc is not None and self.mc.params is not None:
+                    engine._set_context(self.mc.params)
+                self._by_shape[key] = engine
+        return engine
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:
+        engine = self.for_inputs(inputs)
+        shapes = tuple(np.shape(inputs[v]) if v in inputs else None for v in self.graph.inputs)
+        with self._lock:
+            moved = self._last_shapes is not None and shapes != self._last_shapes
+            self._last_shapes = shapes
+        result = engine._run(inputs) if engine is not self else self._run(inputs)
+        if not moved:
+            return result
+        shape_drift = Drift(", ".join(self.graph.inputs), f"shapes -> {[list(s) for s in shapes if s is not None]}")
+        return replace(result, drifts=(shape_drift, *result.drifts))
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:
         checked_inputs = check_inputs(self.graph, inputs)
         with self._lock:
             if self.mc is None:

@@ -11,7 +11,7 @@ ends), `dilations`, Conv `group`, pools `kernel`, `ceil_mode`, AveragePool `coun
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -269,6 +269,22 @@ def infer(node: Node, ins: Types) -> Types:
     if len(outs) != len(node.outputs):
         raise _fail(node, f"produces {len(outs)} outputs but names {len(node.outputs)}")
     return outs
+
+
+def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
+    """The graph re-typed for other input shapes (e.g. another batch size): every node's output types inferred
+    again in order; ShapeError naming the first node the new shapes do not fit (a Reshape to a fixed size, a
+    weight of another width)."""
+    unknown = set(shapes) - set(graph.inputs)
+    if unknown:
+        raise ShapeError(f"graph {graph.name!r} has no input(s) {sorted(unknown)}")
+    types = dict(graph.types)
+    for name, shape in shapes.items():
+        types[name] = TensorType(tuple(int(d) for d in shape), graph.types[name].dtype)
+    for node in graph.nodes:
+        outs = infer(node, tuple(types[v] for v in node.inputs))
+        types.update(zip(node.outputs, outs, strict=True))
+    return Graph(graph.name, graph.inputs, graph.outputs, graph.nodes, types, dict(graph.constants))
 
 
 def verify(graph: Graph) -> None:
