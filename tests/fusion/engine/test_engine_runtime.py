@@ -11,6 +11,7 @@ import pytest
 from engine_helpers import gemm_graph, linear_relu_graph, model, sparse_activations
 
 from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.errors import EngineError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.validation import ValidationPolicy
 from fusion.lower.errors import LoweringError
@@ -167,8 +168,8 @@ def test_guard_mismatch_falls_back_instead_of_running_a_wrong_kernel() -> None:
 def test_bad_inputs_are_clear_errors() -> None:
     graph = linear_relu_graph()
     engine = FusionEngine(graph, "base", "fp32")
-    with pytest.raises(LoweringError, match="shape"):
-        engine.run({"x": np.zeros((3, 3), np.float32)})
+    with pytest.raises(EngineError, match=r"cannot run at input shapes \{'x': \(3, 3\)\}: node 'fc'"):
+        engine.run({"x": np.zeros((3, 3), np.float32)})  # another shape, which the weight's 128 rows forbid
     with pytest.raises(LoweringError, match="missing"):
         engine.run({})
 
