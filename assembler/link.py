@@ -33,7 +33,7 @@ from assembler.program import (
     SetSection,
     Zero,
 )
-from isa import BY_MNEMONIC, DType, Kind, encode
+from isa import BY_MNEMONIC, DType, InstructionSpec, Kind, encode
 from isa.encoding import Instruction
 
 NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
@@ -291,6 +291,10 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
         if type(item) is not Instr:
             continue
         spec, cols = item.spec, item.cols
+        word = _plain_word(spec, item.args)
+        if word is not None:
+            words.append(word)
+            continue
         values = []
         plain = _plain_operands(spec.mnemonic)
         try:
@@ -313,6 +317,32 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
             continue
         words.append(encode(Instruction(spec, tuple(values))))
     return words
+
+
+def _plain_word(spec: InstructionSpec, args: tuple) -> int | None:
+    """The encoded word when every argument is plain (`_plain_operands`), as `isa.encode` would give it; None
+    when one needs the general path (a symbol, an expression, a value out of range: its error comes from there)."""
+    word = spec.match
+    for (accepts, mask, lo), arg in zip(_plain_fields(spec.mnemonic), args, strict=True):
+        if type(accepts) is tuple:
+            if type(arg) is not int or not accepts[0] <= arg <= accepts[1]:
+                return None
+            value = arg
+        elif accepts is None or type(arg) is not str or arg not in accepts:
+            return None
+        else:
+            value = accepts[arg]
+        word |= (value & mask) << lo
+    return word
+
+
+@functools.cache
+def _plain_fields(mnemonic: str) -> tuple[tuple[tuple[int, int] | dict[str, int] | None, int, int], ...]:
+    """`_plain_operands` with each field's bit mask and position."""
+    fields = BY_MNEMONIC[mnemonic].fields
+    return tuple(
+        (accepts, (1 << f.width) - 1, f.lo) for accepts, f in zip(_plain_operands(mnemonic), fields, strict=True)
+    )
 
 
 @functools.cache
