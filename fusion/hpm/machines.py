@@ -1,12 +1,11 @@
 """Machine configurations the calibration sweep samples, and the one held out from training.
 
-Variants change a preset's array size, vector lanes, DRAM bandwidth and latency and scratchpad size (each stays
-a valid `MachineConfig`: `dataclasses.replace` re-runs its checks). The held-out machine takes values on none of
+Variants change a preset's array size, vector lanes, DRAM bandwidth and scratchpad size (each stays a valid
+`MachineConfig`: `dataclasses.replace` re-runs its checks). The held-out machine takes values on none of
 those grids, so predicting it well means the model learned the machine parameters, not a lookup of known
 machines. The grids hold values that are not powers of two (array 6 and 20, lanes 12, 20 and 28): with
 power-of-two machines alone, the mostly power-of-two tensor dims always filled the array's rows and the vector
-lanes exactly, so no training sample showed what a partly filled last tile or vector beat costs. The latency is
-drawn independently of the preset: with the presets' own (tiny 20, base 100) it only told the presets apart.
+lanes exactly, so no training sample showed what a partly filled last tile or vector beat costs.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ ARRAY_SIZES = (4, 6, 8, 16, 20, 32)
 LANES = (4, 8, 12, 16, 20, 28, 32)
 BANDWIDTHS = (8, 12, 16, 32, 48, 64)
 SPAD_SCALES = (0.5, 1.0, 2.0)
-DRAM_LATENCIES = (20, 40, 60, 100, 120)
 HELDOUT_NAME = "heldout"
 MIN_SPAD = 32 * KIB  # below this a 256-deep GEMM row does not fit half the scratchpad
 
@@ -35,15 +33,13 @@ def _acc_bytes(cfg: MachineConfig, array_size: int) -> int:
 def variant(base: MachineConfig, rng: np.random.Generator) -> MachineConfig:
     n, lanes, bw = (int(rng.choice(grid)) for grid in (ARRAY_SIZES, LANES, BANDWIDTHS))
     spad = max(MIN_SPAD, int(base.spad_bytes * float(rng.choice(SPAD_SCALES))))
-    latency = int(rng.choice(DRAM_LATENCIES))
-    name = f"{base.name}-n{n}-l{lanes}-bw{bw}-s{spad // KIB}k-lat{latency}"
+    name = f"{base.name}-n{n}-l{lanes}-bw{bw}-s{spad // KIB}k"
     return replace(
         base,
         name=name,
         array_size=n,
         vector_lanes=lanes,
         dram_bytes_per_cycle=bw,
-        dram_latency=latency,
         spad_bytes=spad,
         acc_bytes=_acc_bytes(base, n),
         vreg_elems=max(base.vreg_elems, 1024),
@@ -57,7 +53,6 @@ def grids() -> dict[str, list[float]]:
         "lanes": list(LANES),
         "bandwidths": list(BANDWIDTHS),
         "spad_scales": list(SPAD_SCALES),
-        "dram_latencies": list(DRAM_LATENCIES),
     }
 
 

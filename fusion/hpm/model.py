@@ -2,7 +2,7 @@
 over the schema's features, predicting log(measured / analytic estimate) of cycles and energy; and its file.
 
 The forest is the default: on held-out data it matches boosting's MAPE within a point and ranks the schedules
-of a group better (Kendall tau ~0.91 / 0.86 vs ~0.84 / 0.82 on held-out kernels / machine), boosting's finer
+of a group better (Kendall tau ~0.90 / 0.88 vs ~0.82 / 0.83 on held-out kernels / machine), boosting's finer
 steps flipping near-tied candidates.
 
 Container: magic line, an 8-byte header length, a JSON header (container version, feature schema and its hash,

@@ -6,8 +6,11 @@ are made of: the analytic model's per-unit busy times (`fusion.cost.analytic`, i
 row, and each unit's distance from the estimate in log cycles (how near it is to being the bottleneck: what
 decides between near-tied schedules, and unlike raw sizes it carries over to an unseen machine). The learned targets
 are log(measured / analytic), so the trees correct the analytic model, and a machine never seen in training is
-still predicted through quantities that scale with it. The schema (names in order) is hashed; a model trained
-on another schema is refused at load time.
+still predicted through quantities that scale with it. Schema 4 adds what the analytic model leaves out and the
+simulator charges: the padding of a partly filled last vector beat or array tile (`fill`), the estimate with
+loads and stores in series (`serial_dma_cycles`), the DRAM latency and fill relative to the estimate, and the
+traffic per scratchpad bank (bank conflicts). The schema (names in order) is hashed; a model trained on another
+schema is refused at load time.
 """
 
 from __future__ import annotations

@@ -10,11 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fusion.cost.analytic import unit_times
+from fusion.cost.analytic import UnitTimes, unit_times
 from fusion.hpm.errors import ModelFileError, SchemaMismatchError
 from fusion.hpm.metrics import mape
 from fusion.hpm.model import MAGIC, TARGETS, _predict, load_model, read_header, save_model, train
-from fusion.hpm.schema import FEATURE_NAMES, UNITS, baselines, matrix_of, schema_hash, vectorize
+from fusion.hpm.schema import (
+    FEATURE_NAMES,
+    UNITS,
+    baselines,
+    fill,
+    matrix_of,
+    schema_hash,
+    serial_dma_cycles,
+    vectorize,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,36 @@ def test_machine_relative_features_locate_the_bottleneck(small_dataset) -> None:
         # the estimate is never below its busiest unit, and that unit is the one nearest to it
         assert min(gaps.values()) >= -math.log1p(1 / max(units.cycles, 1.0)) - 1e-12
         assert busy[min(gaps, key=gaps.__getitem__)] == max(busy.values())
+
+
+def test_fill_by_hand() -> None:
+    assert fill(16, 24) == pytest.approx(2 / 3)  # one beat of 24 lanes, 16 used
+    assert fill(48, 24) == 1.0 and fill(24, 24) == 1.0
+    assert fill(50, 24) == pytest.approx(50 / 72)  # three beats, the last with 2 of 24 lanes
+    assert fill(0, 24) == 1.0
+
+
+def test_serial_dma_cycles_by_hand() -> None:
+    # one step: load, compute and store in series; two steps: the loads and stores (1200) bound it, and the
+    # other unit's half of its work (vector 200 / 2 steps) does not overlap
+    one = UnitTimes(load=500, store=400, matrix=0, vector=200, issue=30, fill=80, steps=1, transfer=600)
+    assert serial_dma_cycles(one) == 1100
+    two = UnitTimes(load=700, store=500, matrix=0, vector=200, issue=30, fill=80, steps=2, transfer=600)
+    assert serial_dma_cycles(two) == 1200 + 200 / 2
+    compute_bound = UnitTimes(load=50, store=50, matrix=900, vector=0, issue=30, fill=80, steps=4, transfer=60)
+    assert serial_dma_cycles(compute_bound) == 900 + 100 / 4
+
+
+def test_padding_features_follow_the_machine(small_dataset) -> None:
+    """A lane or array count that does not divide the output rows shows as a fill below 1 (independent oracle:
+    the beats the rows occupy, counted with integer arithmetic)."""
+    for f, cfg in list(zip(small_dataset.features(), small_dataset.configs(), strict=True))[:60]:
+        x = dict(zip(FEATURE_NAMES, vectorize(f, cfg), strict=True))
+        row = f.shapes[-1][-1]
+        for name, width in (("lane_fill_row", cfg.vector_lanes), ("array_fill_n", cfg.array_size)):
+            beats = (row + width - 1) // width
+            assert x[name] == pytest.approx(row / (beats * width))
+            assert (x[name] == 1.0) == (row % width == 0)
 
 
 def test_save_load_round_trip(tmp_path: Path, small_dataset, model) -> None:
