@@ -103,7 +103,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
 def _layout_chains(graph: Graph, transpose: Node) -> list[Candidate]:
     """A Transpose and the Reshapes after it, then a run of chain nodes (one vector chain fed through the layout
     transform, every prefix with at least one chain node) or the MatMul reading them (in place): see
-    `codegen.layout_chain`."""
+    `codegen.absorbed_layout`."""
     layout = _follow(graph, transpose, frozenset({OpType.Reshape}), MAX_CHAIN)
     head = sole_consumer(graph, layout[-1])
     names = tuple(n.name for n in layout)

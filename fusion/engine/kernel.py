@@ -16,11 +16,11 @@ import numpy as np
 
 from assembler.builder import ProgramBuilder
 from assembler.objfile import ObjectFile
+from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.chain import chain_steps
 from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
 from fusion.engine.codegen.gemm import Schedule, pack_panels
-from fusion.engine.codegen.layout_chain import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
 from fusion.engine.codegen.swapped import (
