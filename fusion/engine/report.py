@@ -118,9 +118,11 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
         f"{p['separate_cycles']} -> {p['pipelined_cycles']} cycles"
         for p in rep.pipelined
     ]
-    if rep.rejected and show_rejected:
-        lines.append("fusions refused (first ones):")
-        lines += [f"  {'+'.join(r['nodes'])}: {r['reason']}" for r in rep.rejected[:show_rejected]]
+    fused = [set(g["nodes"]) for g in rep.groups if len(g["nodes"]) > 1]
+    missed = [r for r in rep.rejected if not any(set(r["nodes"]) <= nodes for nodes in fused)]
+    if missed and show_rejected:  # refusals of nodes the plan fused another way are in the JSON only
+        lines.append("fusions refused (first ones not fused in another way):")
+        lines += [f"  {'+'.join(r['nodes'])}: {r['reason']}" for r in missed[:show_rejected]]
     return "\n".join(lines)
 
 

@@ -49,3 +49,17 @@ def test_fuse_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert main(["fuse", str(MODELS / "mlp.onnx"), "--workers", "0"]) != 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "missing.onnx" in err and "bogus" in err and "--workers must be >= 1" in err
+
+
+def test_report_text_lists_only_refusals_of_nodes_never_fused(tmp_path: Path, capsys) -> None:
+    """The text report leaves out refused candidates whose nodes the plan fused in another way (e.g. an int8
+    epilogue refused for its rounding, then fused by the swapped GEMM's chain); the JSON keeps every refusal."""
+    model = MODELS / "encoder_post_d64.onnx"
+    assert main(["fuse", str(model), "--dtype", "int8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    fused = [set(g["nodes"]) for g in report["groups"] if len(g["nodes"]) > 1]
+    covered = [r for r in report["rejected"] if any(set(r["nodes"]) <= nodes for nodes in fused)]
+    assert covered  # there are such refusals in the JSON...
+    assert main(["fuse", str(model), "--dtype", "int8", "--report"]) == 0
+    text = capsys.readouterr().out.split("fusions refused")[-1]
+    assert not any(f"  {'+'.join(r['nodes'])}: " in text for r in covered)  # ...but not in the text
