@@ -4,8 +4,8 @@ Code generation is pure Python (the GIL serialises threads), so planning uses pr
 model's `ModelContext` and turns a `Group` into its `Kernel` and static `KernelFeatures`; results come back
 pickled (~0.1 ms for a 150 KB fp32 kernel). Where the platform can fork, workers are forked: a pool starts in a
 few milliseconds with the context already in memory, and the user's `__main__` is not re-imported (spawned
-workers would re-run an unguarded script). All workers fork at the pool's first task (`start`), which the
-engine submits before any of its planning threads exist. Pricing stays in the parent: the cost model may be
+workers would re-run an unguarded script). All workers fork when the pool is made (a first no-op task), which
+the engine does before any of its planning threads exist. Pricing stays in the parent: the cost model may be
 learning online.
 """
 
@@ -24,8 +24,6 @@ from fusion.engine.plan import Group
 Built = tuple[Kernel | str, KernelFeatures | None]
 
 _context: ModelContext | None = None  # the worker's model (set by `_install`)
-
-
 MIN_PARALLEL_CORES = 4  # below this, forked builders do not beat building in-process (bench/results/fusion.md)
 
 
