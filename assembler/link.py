@@ -33,8 +33,8 @@ from assembler.program import (
     SetSection,
     Zero,
 )
-from isa import BY_MNEMONIC, DType, InstructionSpec, Kind, encode
-from isa.encoding import Instruction
+from isa import BY_MNEMONIC, DType, InstructionSpec, Kind
+from isa.encoding import encode_fields
 
 NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
 LOCAL_PREFIX = ".L"
@@ -296,16 +296,8 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
             words.append(word)
             continue
         values = []
-        plain = _plain_operands(spec.mnemonic)
         try:
             for i, (fld, arg) in enumerate(zip(spec.fields, item.args, strict=True)):
-                accepts = plain[i]  # the object API's common case first, without the general resolution
-                if type(accepts) is tuple and type(arg) is int and accepts[0] <= arg <= accepts[1]:
-                    values.append(arg)
-                    continue
-                if type(accepts) is dict and type(arg) is str and arg in accepts:
-                    values.append(accepts[arg])
-                    continue
                 col = cols[i] if cols else 0
                 value = field_value(spec, fld, arg, col, pc, lookup)
                 if fld.kind in TARGET_KINDS and not 0 <= pc + value <= text_len:
@@ -315,34 +307,24 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
             state.fail(item.loc, 0, problem)
             words.append(0)
             continue
-        words.append(encode(Instruction(spec, tuple(values))))
+        words.append(encode_fields(spec, values))
     return words
 
 
 def _plain_word(spec: InstructionSpec, args: tuple) -> int | None:
-    """The encoded word when every argument is plain (`_plain_operands`), as `isa.encode` would give it; None
-    when one needs the general path (a symbol, an expression, a value out of range: its error comes from there)."""
-    word = spec.match
-    for (accepts, mask, lo), arg in zip(_plain_fields(spec.mnemonic), args, strict=True):
+    """The encoded word when every argument is plain (`_plain_operands`); None when one needs the general path
+    (a symbol, an expression, a value out of range: its error comes from there)."""
+    values = []
+    for accepts, arg in zip(_plain_operands(spec.mnemonic), args, strict=True):
         if type(accepts) is tuple:
             if type(arg) is not int or not accepts[0] <= arg <= accepts[1]:
                 return None
-            value = arg
+            values.append(arg)
         elif accepts is None or type(arg) is not str or arg not in accepts:
             return None
         else:
-            value = accepts[arg]
-        word |= (value & mask) << lo
-    return word
-
-
-@functools.cache
-def _plain_fields(mnemonic: str) -> tuple[tuple[tuple[int, int] | dict[str, int] | None, int, int], ...]:
-    """`_plain_operands` with each field's bit mask and position."""
-    fields = BY_MNEMONIC[mnemonic].fields
-    return tuple(
-        (accepts, (1 << f.width) - 1, f.lo) for accepts, f in zip(_plain_operands(mnemonic), fields, strict=True)
-    )
+            values.append(accepts[arg])
+    return encode_fields(spec, values)
 
 
 @functools.cache

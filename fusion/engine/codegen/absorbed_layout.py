@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from fusion.engine.codegen.chain import emit_chain, operands
+from fusion.engine.codegen.chain import emit_chain, operand_views, operands
 from fusion.engine.codegen.matrix_group import is_dense
 from fusion.engine.codegen.transpose import local_transpose
 from fusion.engine.errors import CodegenError
@@ -86,10 +86,8 @@ def layout_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     out = cx.view(chain[-1].outputs[0])
     shape = out.shape
     period = shape[-1] if shape else 1
-    tiles = [o.value for o in table.values() if o.kind == "tile"]
-    rows = [o.value for o in table.values() if o.kind == "row"]
-    views = {v: cx.view(v).broadcast_to(shape) for v in dict.fromkeys(tiles)}
-    views |= {v: cx.view(v).broadcast_to((period,)) for v in dict.fromkeys(rows)}
+    tile_views, row_views = operand_views(cx, table, shape)
+    views = tile_views | row_views
     if not all(is_dense(view) for view in views.values()):
         raise CodegenError("a layout chain's other operands must be dense (one block, loaded whole)")
     n = out.size

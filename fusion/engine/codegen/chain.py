@@ -19,7 +19,7 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_scalar
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.local_alloc import TileArena, largest_fitting
-from fusion.lower.views import blocks
+from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
 
 UNARY = {
@@ -109,25 +109,35 @@ def _classify(cx: LowerContext, node: Node, pos: int, value: str, produced: set,
     return Operand(value, "tile")
 
 
+def operand_views(
+    cx: LowerContext, table: dict[tuple[str, int], Operand], shape: tuple[int, ...]
+) -> tuple[dict[str, View], dict[str, View]]:
+    """The chain's operands from DRAM, each value once in first-use order: tiles as views of the chain's `shape`,
+    row vectors as views of one row (its last axis)."""
+    period = shape[-1] if shape else 1
+    tiles = dict.fromkeys(o.value for o in table.values() if o.kind == "tile")
+    rows = dict.fromkeys(o.value for o in table.values() if o.kind == "row")
+    return {v: cx.view(v).broadcast_to(shape) for v in tiles}, {v: cx.view(v).broadcast_to((period,)) for v in rows}
+
+
 def chain_steps(cx: LowerContext, nodes: Sequence[Node], start: int = 0) -> list[Step]:
     table = operands(cx, nodes)
     out_value = nodes[-1].outputs[0]
     out_view = cx.view(out_value)
     shape = out_view.shape
     period = shape[-1] if shape else 1
-    tiles = list(dict.fromkeys(o.value for o in table.values() if o.kind == "tile"))
-    rows_in = list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
-    in_views = {v: cx.view(v).broadcast_to(shape) for v in tiles}
-    row_views = {v: cx.view(v).broadcast_to((period,)) for v in rows_in}
+    in_views, row_views = operand_views(cx, table, shape)
     per_elem = sum(v.dtype.size for v in in_views.values()) + 4
     probe = TileArena(cx.config, 0)
+    rows_fixed = [period * 4] * len(row_views)
     budget = largest_fitting(
-        cx.config.vreg_elems, lambda e: probe.fits([e * per_elem + 64 * len(in_views), *(period * 4 for _ in rows_in)])
+        cx.config.vreg_elems, lambda e: probe.fits([e * per_elem + 64 * len(in_views), *rows_fixed])
     )
-    if budget < period and (rows_in or any(n.op in ROWS for n in nodes)):
+    whole_rows = bool(row_views) or any(n.op in ROWS for n in nodes)
+    if budget < period and whole_rows:
         raise CodegenError(f"a row of {period} elements does not fit a vector register or the scratchpad")
     steps = []
-    whole = period if rows_in or any(n.op in ROWS for n in nodes) else 1
+    whole = period if whole_rows else 1
     for block in blocks(shape, max(budget, 1), whole=whole):
         arena = TileArena(cx.config, start + len(steps))
         parts = {v: block.of(view) for v, view in in_views.items()}

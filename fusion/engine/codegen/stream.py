@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import product
 
-from fusion.engine.codegen.chain import Registers, emit_chain, operands
+from fusion.engine.codegen.chain import Registers, emit_chain, operand_views, operands
 from fusion.engine.codegen.gemm import _load_operand, _quantizer
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Node
@@ -40,13 +40,7 @@ def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     if m * n > cx.config.vreg_elems or m > 4095:
         raise CodegenError(f"node {head.name!r}: a {m} x {n} tile does not fit a vector register")
     out = cx.view(rest[-1].outputs[0])
-    ext = {
-        v: cx.view(v).broadcast_to(out.shape)
-        for v in dict.fromkeys(o.value for o in table.values() if o.kind == "tile")
-    }
-    rows_in = {
-        v: cx.view(v).broadcast_to((n,)) for v in dict.fromkeys(o.value for o in table.values() if o.kind == "row")
-    }
+    ext, rows_in = operand_views(cx, table, out.shape)
     mult_shift = requant(cx, head)
     scale = cx.scale(head.outputs[0])
     steps = []

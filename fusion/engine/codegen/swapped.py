@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fusion.engine.codegen.chain import ROWS, emit_chain, operands
+from fusion.engine.codegen.chain import ROWS, emit_chain, operand_views, operands
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, EpilogueOps, epilogue_ops, is_dense, packable_weight
 from fusion.engine.codegen.transpose import copy_runs, scattered_rows
@@ -270,18 +270,15 @@ def _chain_back(
     a row reduction (LayerNorm, Softmax) takes whole rows; otherwise blocks span all rows and split the columns."""
     n_out, m = scratch.shape
     table = operands(cx, chain, frozenset({c_value}))
-    tiles = list(dict.fromkeys(o.value for o in table.values() if o.kind == "tile"))
-    rows_in = list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
-    c_shape = cx.graph.types[c_value].shape
-    tile_views = {v: value_rows(cx.view(v).broadcast_to(c_shape)) for v in tiles}
-    row_views = {v: cx.view(v).broadcast_to((n_out,)) for v in rows_in}
+    in_c_layout, row_views = operand_views(cx, table, cx.graph.types[c_value].shape)
+    tile_views = {v: value_rows(view) for v, view in in_c_layout.items()}
     whole_rows = any(n.op in ROWS for n in chain)
     scatter = scattered_rows(out, cx.config)  # rows placed by an absorbed Transpose: a second tile to permute into
     per_elem = scratch.dtype.size + sum(v.dtype.size for v in tile_views.values()) + (8 if scatter else 4)
     probe = TileArena(cx.config, 0)
 
     def fits(rows: int, cols: int) -> bool:
-        sizes = [rows * cols * per_elem + 64 * (len(tile_views) + 2), *(cols * 4 for _ in rows_in)]
+        sizes = [rows * cols * per_elem + 64 * (len(tile_views) + 2), *(cols * 4 for _ in row_views)]
         return rows * cols <= cx.config.vreg_elems and cols <= MAX_ROWS and rows <= MAX_COLS and probe.fits(sizes)
 
     if whole_rows:
