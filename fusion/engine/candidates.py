@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from fusion.engine.codegen.absorbed_layout import loads_in_place
 from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.context import ModelContext
@@ -107,11 +108,8 @@ def _layout_chains(graph: Graph, transpose: Node) -> list[Candidate]:
     layout = _follow(graph, transpose, frozenset({OpType.Reshape}), MAX_CHAIN)
     head = sole_consumer(graph, layout[-1])
     names = tuple(n.name for n in layout)
-    if head is not None and head.op == OpType.MatMul:
-        # an activation x activation MatMul (attention) reads the transposed operand in place; a GEMM with a
-        # constant weight has better kernels (the swapped orientation absorbs a leading Transpose itself)
-        activations = not any(graph.is_constant(v) for v in head.inputs)
-        return [Candidate((*names, head.name), "layout_load")] if activations else []
+    if head is not None and loads_in_place(graph, head):
+        return [Candidate((*names, head.name), "layout_load")]
     if head is None or head.op not in CHAIN_OPS:
         return []
     run = tuple(n.name for n in _follow(graph, head, CHAIN_OPS, MAX_CHAIN))

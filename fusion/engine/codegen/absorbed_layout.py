@@ -20,7 +20,7 @@ from fusion.engine.codegen.chain import emit_chain, operand_views, operands
 from fusion.engine.codegen.matrix_group import is_dense
 from fusion.engine.codegen.transpose import local_transpose
 from fusion.engine.errors import CodegenError
-from fusion.graph.ir import Node
+from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower import LOWERINGS
 from fusion.lower.context import LowerContext
@@ -53,14 +53,23 @@ def layout_view(cx: LowerContext, layout: Sequence[Node]) -> View:
     return view
 
 
+def loads_in_place(graph: Graph, consumer: Node) -> bool:
+    """Whether a layout load applies: an activation x activation MatMul (attention). A GEMM with a constant
+    weight has better kernels (the swapped orientation absorbs a leading Transpose itself)."""
+    return consumer.op == OpType.MatMul and not any(graph.is_constant(v) for v in consumer.inputs)
+
+
 def layout_load_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     """Transpose (-> Reshapes) -> MatMul: the baseline MatMul kernel reading the transposed operand in place."""
     k = layout_prefix(nodes)
-    if k != len(nodes) - 1 or nodes[-1].op != OpType.MatMul:
+    if k != len(nodes) - 1:
         raise CodegenError("a layout load is a Transpose, optional Reshapes, then the MatMul reading them")
     consumer, value = nodes[-1], nodes[k - 1].outputs[0]
-    if any(cx.graph.is_constant(v) for v in consumer.inputs):
-        raise CodegenError(f"node {consumer.name!r}: a GEMM with a constant weight absorbs a Transpose when swapped")
+    if not loads_in_place(cx.graph, consumer):
+        raise CodegenError(
+            f"node {consumer.name!r}: only a MatMul of two activations reads a transposed operand; a "
+            "GEMM with a constant weight absorbs a Transpose when swapped"
+        )
     if value not in consumer.inputs:
         raise CodegenError(f"node {consumer.name!r} does not read the layout transform's output")
     absorbed = replace(cx, views={**cx.views, value: layout_view(cx, nodes[:k])})

@@ -18,6 +18,7 @@ local row permutation lets a writer store rows that an absorbed Transpose scatte
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -71,7 +72,7 @@ class LocalTranspose:
         return self.source.size * self.source.dtype.size
 
     def copy_cycles(self, cfg: MachineConfig) -> int:
-        return sum(timing.vector_cycles(cfg, c * self.width, COPY_LATENCY) for *_, c in self.runs)
+        return copy_cycles(cfg, self.runs, self.width)
 
     def load(self, em: Emitter, staging: int) -> None:
         x = self.source
@@ -197,11 +198,19 @@ def row_runs(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[tuple[int, i
     """(output row, input row, count) runs of a Transpose keeping the last axis: output rows [o, o + count) are
     input rows [i, i + count), in the row-major order of the leading axes."""
     lead = shape[:-1]
-    rows = np.arange(math.prod(lead)).reshape(lead).transpose(perm[:-1]).ravel()
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    starts = np.concatenate(([0], breaks))
+    return _runs(np.arange(math.prod(lead)).reshape(lead).transpose(perm[:-1]).ravel())
+
+
+def _runs(rows: np.ndarray) -> list[tuple[int, int, int]]:
+    """(position, rows[position], count): the maximal stretches where `rows` goes up by one."""
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(rows) != 1) + 1))
     counts = np.diff(np.concatenate((starts, [len(rows)])))
-    return [(int(o), int(rows[o]), int(c)) for o, c in zip(starts, counts, strict=True)]
+    return [(int(k), int(rows[k]), int(c)) for k, c in zip(starts, counts, strict=True)]
+
+
+def copy_cycles(cfg: MachineConfig, runs: Sequence[tuple[int, int, int]], width: int) -> int:
+    """Vector cycles of `copy_runs` (the timing rules' price of a local row permutation)."""
+    return sum(timing.vector_cycles(cfg, c * width, COPY_LATENCY) for *_, c in runs)
 
 
 def scattered_rows(view: View, cfg: MachineConfig) -> tuple[View, list[tuple[int, int, int]]] | None:
@@ -215,24 +224,16 @@ def scattered_rows(view: View, cfg: MachineConfig) -> tuple[View, list[tuple[int
     if view.strides[-1] != es or is_dense(view):
         return None
     lead_shape, lead_strides = view.shape[:-1], view.strides[:-1]
-    offsets = np.zeros(lead_shape, dtype=np.int64)
-    for axis, stride in enumerate(lead_strides):
-        shape = [1] * len(lead_shape)
-        shape[axis] = lead_shape[axis]
-        offsets = offsets + np.arange(lead_shape[axis]).reshape(shape) * stride
-    flat = offsets.ravel()
+    grid = np.indices(lead_shape).reshape(len(lead_shape), -1)
+    flat = (np.asarray(lead_strides, dtype=np.int64)[:, None] * grid).sum(axis=0)
     row_bytes = width * es
     if flat.min() != 0 or np.any(flat % row_bytes):
         return None
     rows = flat // row_bytes
     if not np.array_equal(np.sort(rows), np.arange(len(rows))):
         return None
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    counts = np.diff(np.concatenate((starts, [len(rows)])))
-    runs = [(int(rows[k]), int(k), int(c)) for k, c in zip(starts, counts, strict=True)]
-    copies = sum(timing.vector_cycles(cfg, c * width, COPY_LATENCY) for *_, c in runs)
-    if copies >= (len(transfers(view)) - 1) * cfg.dram_latency:
+    runs = [(dense_row, listed, count) for listed, dense_row, count in _runs(rows)]
+    if copy_cycles(cfg, runs, width) >= (len(transfers(view)) - 1) * cfg.dram_latency:
         return None
     return dense(view.address, (len(rows) * width,), view.dtype), runs
 
