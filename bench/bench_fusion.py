@@ -21,6 +21,7 @@ from rich.table import Table
 from fusion.cost.analytic import roofline_cycles
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.validation import ValidationPolicy
+from fusion.engine.workers import available_cores
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.cost import macs
 from fusion.graph.ops import OpType
@@ -32,7 +33,7 @@ ORACLE = ("mlp",)
 RESULTS = Path(__file__).parent / "results"
 WARM_CALLS = 21
 PLAN_REPEATS = 3
-POOL_WORKERS = max(2, len(os.sched_getaffinity(0)))  # the compile pool, measured even where it is not the default
+POOL_WORKERS = max(2, available_cores())  # the compile pool, measured even where it is not the default
 
 
 def _engine(

@@ -161,7 +161,7 @@ class FusionEngine:
         self._evaluator: Evaluator | None = None
         self._pool: CompilePool | None = None  # compile workers of the current model context
         self._by_shape: dict[tuple, FusionEngine] = {}  # specialisations for other input shapes (`for_inputs`)
-        self._last_shapes: tuple | None = None
+        self._last_engine: FusionEngine | None = None  # the specialisation of the previous call (shape drift)
         # An online-learning cost model (duck-typed, e.g. `OnlineHpm`): fed every simulated kernel's counters.
         self._learner: Callable[[KernelFeatures, MachineConfig, Mapping[str, float]], None] | None = getattr(
             self.cost_model, "record", None
@@ -318,7 +318,12 @@ class FusionEngine:
         batch size) an engine for the graph re-typed to them, made on first use and kept. It shares this engine's
         options, cost model, kernel cache and (int8) calibration, and plans and profiles on its own: a shape is a
         specialisation, so switching back and forth re-plans nothing and dispatches cached kernels."""
-        shapes = {v: tuple(np.shape(inputs[v])) for v in self.graph.inputs if v in inputs}
+        return self._for_shapes(self._shapes(inputs))
+
+    def _shapes(self, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        return {v: tuple(np.shape(inputs[v])) for v in self.graph.inputs if v in inputs}
+
+    def _for_shapes(self, shapes: dict[str, tuple[int, ...]]) -> FusionEngine:
         if len(shapes) != len(self.graph.inputs) or all(s == self.graph.types[v].shape for v, s in shapes.items()):
             return self  # the model's own shapes (or missing inputs, which `check_inputs` reports)
         key = tuple(sorted(shapes.items()))
@@ -338,15 +343,15 @@ class FusionEngine:
         return engine
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:
-        engine = self.for_inputs(inputs)
-        shapes = tuple(np.shape(inputs[v]) if v in inputs else None for v in self.graph.inputs)
+        shapes = self._shapes(inputs)
+        engine = self._for_shapes(shapes)
         with self._lock:
-            moved = self._last_shapes is not None and shapes != self._last_shapes
-            self._last_shapes = shapes
-        result = engine._run(inputs) if engine is not self else self._run(inputs)
+            moved = self._last_engine is not None and self._last_engine is not engine
+            self._last_engine = engine
+        result = engine._run(inputs)
         if not moved:
             return result
-        shape_drift = Drift(", ".join(self.graph.inputs), f"shapes -> {[list(s) for s in shapes if s is not None]}")
+        shape_drift = Drift(", ".join(self.graph.inputs), f"shapes -> {[list(s) for s in shapes.values()]}")
         return replace(result, drifts=(shape_drift, *result.drifts))
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:

@@ -31,8 +31,13 @@ def default_workers() -> int:
     """One worker per core this process may run on, from MIN_PARALLEL_CORES cores up; 1 (no pool) below: on
     2 cores the parent's planning threads and the two builders share the cores, each build runs ~1.5x slower
     than alone, and only the largest plans gain (`python bench/bench_fusion.py` reports both)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     return cores if cores >= MIN_PARALLEL_CORES else 1
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def build_and_count(mc: ModelContext, group: Group, sparsity: str, zero_fraction: float) -> Built:
