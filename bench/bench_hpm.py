@@ -27,7 +27,7 @@ from fusion.hpm.cost_model import HpmCostModel
 from fusion.hpm.dataset import load_dataset
 from fusion.hpm.evaluate import evaluate, split, write_plots
 from fusion.hpm.metrics import mape
-from fusion.hpm.model import TARGETS, save_model, train
+from fusion.hpm.model import save_model, train_on
 from fusion.hpm.sweep import run_sweep
 from fusion.lower.compiler import load_graph
 
@@ -45,7 +45,7 @@ def quality(data: Path, algos: list[str]) -> tuple[list[list[str]], dict, object
     rows, main_eval, main_model = [], None, None
     for algo in algos:
         start = time.perf_counter()
-        model = train(part.features(), part.configs(), {t: part.measured(t) for t in TARGETS}, algo, 0)
+        model = train_on(part, algo, 0)
         seconds = time.perf_counter() - start
         ev = evaluate(ds, model)
         for name, models in ev.sets.items():
@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=Path("/tmp/hpm_bench"), help="sweep directory (resumed)")
     p.add_argument("--configs", default="base,tiny")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--algos", default="forest,gbt", help="first one is used end to end")
+    p.add_argument("--algos", default="gbt,forest", help="first one is used end to end")
     p.add_argument("--e2e-config", default="base")
     p.add_argument("--dtypes", default="fp32,int8")
     args = p.parse_args()

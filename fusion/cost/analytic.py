@@ -11,6 +11,7 @@ per-event table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fusion.cost.interface import CostEstimate, KernelFeatures
@@ -85,6 +86,9 @@ class AnalyticCostModel:
 
     def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate:
         return CostEstimate(unit_times(features, config).cycles, energy_pj(features, config))
+
+    def predict_group(self, features: Sequence[KernelFeatures], config: MachineConfig) -> list[CostEstimate]:
+        return [self.predict(f, config) for f in features]
 
 
 def roofline_cycles(macs: int, dram_bytes: int, cfg: MachineConfig) -> float:

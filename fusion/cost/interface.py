@@ -7,6 +7,7 @@ field names are stable: append, never rename.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -62,3 +63,7 @@ class CostModel(Protocol):
     name: str
 
     def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate: ...
+
+    def predict_group(self, features: Sequence[KernelFeatures], config: MachineConfig) -> list[CostEstimate]:
+        """The schedules of one set of nodes priced together (a model may rank them better than one by one)."""
+        ...

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from fusion.cost.interface import CostModel, KernelFeatures
+from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
 from fusion.engine.bounds import matrix_bound
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
@@ -78,6 +78,7 @@ class Evaluator:
         self.pool = pool
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[Group, float] = {}  # tie-break measurements (see `tie_break`)
+        self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
 
@@ -121,8 +122,10 @@ class Evaluator:
                 raise
         return entry.result()
 
-    def _priced(self, group: Group, kernel: Kernel, feats: KernelFeatures) -> Evaluated:
-        est = self.cost_model.predict(feats, self.mc.config)
+    def _priced(
+        self, group: Group, kernel: Kernel, feats: KernelFeatures, est: CostEstimate | None = None
+    ) -> Evaluated:
+        est = est or self.cost_model.predict(feats, self.mc.config)
         channel = (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
         return Evaluated(group, kernel, feats, est.cycles, est.energy_pj, est.cycles + self.dram_weight * channel)
 
@@ -162,7 +165,23 @@ class Evaluator:
             else:
                 done.append(ev)
                 done.sort(key=lambda e: e.score)
-        return done, reason
+        return self.jointly(done), reason
+
+    def jointly(self, done: list[Evaluated]) -> list[Evaluated]:
+        """Built schedules of one set of nodes re-priced together (`CostModel.predict_group`: the learned model
+        ranks a group's schedules better than one at a time), best first; memoised per set, so the planner
+        asking about the same schedules again gets the same objects."""
+        if len(done) < 2:
+            return done
+        key = tuple((e.group, e.features) for e in done)
+        with self._lock:
+            found = self._joint.get(key)
+        if found is None:
+            estimates = self.cost_model.predict_group([e.features for e in done], self.mc.config)
+            priced = [self._priced(e.group, e.kernel, e.features, est) for e, est in zip(done, estimates, strict=True)]
+            with self._lock:
+                found = self._joint.setdefault(key, sorted(priced, key=lambda e: e.score))
+        return found
 
     def best(self, groups: list[Group]) -> tuple[Evaluated | None, list[tuple[str, float]], str]:
         """The cheapest buildable schedule, the other built ones' (schedule, cycles), and the last refusal."""

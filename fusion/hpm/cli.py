@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fusion.hpm.cost_model import DEFAULT_MODEL
 from fusion.hpm.errors import HpmError
-from fusion.hpm.model import ALGORITHMS, TARGETS
+from fusion.hpm.model import ALGORITHMS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("train", help="fit the model on a dataset's training split and save it")
     tr.add_argument("data", type=Path, help="dataset directory or .npz file")
     tr.add_argument("-o", "--output", type=Path, default=Path(DEFAULT_MODEL), help="model file to write")
-    tr.add_argument("--algo", choices=ALGORITHMS, default=ALGORITHMS[0], help="forest, gradient-boosted trees or MLP")
+    tr.add_argument("--algo", choices=ALGORITHMS, default=ALGORITHMS[0], help="gradient-boosted trees, forest or MLP")
     tr.add_argument("--all", action="store_true", help="train on every row (no held-out split)")
     tr.add_argument("--seed", type=int, default=0)
     tr.set_defaults(run=run_train)
@@ -62,13 +62,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from fusion.hpm.dataset import load_dataset
     from fusion.hpm.evaluate import split
-    from fusion.hpm.model import save_model, train
+    from fusion.hpm.model import save_model, train_on
 
     ds = load_dataset(args.data)
     part = ds if args.all else ds.subset(split(ds)["train"])
-    measured = {t: part.measured(t) for t in TARGETS}
     meta = {"dataset": str(args.data), "split": "all" if args.all else "train", "dataset_meta": ds.meta}
-    model = train(part.features(), part.configs(), measured, args.algo, args.seed, meta)
+    model = train_on(part, args.algo, args.seed, meta)
     save_model(model, args.output)
     print(f"{args.output}: {args.algo} on {len(part)} kernels ({model.meta['train_seconds']} s)")
     return 0

@@ -25,14 +25,15 @@ MEMO_ENTRIES = 65_536  # a long-running engine sees new shapes; the memo restart
 
 
 class HpmCostModel:
-    """Predictions of a trained HpmModel, memoised per (features, machine): the planner asks about the same
-    candidate many times."""
+    """Predictions of a trained HpmModel, memoised per (features, machine) and per group of schedules: the
+    planner asks about the same candidates many times."""
 
     name = "hpm"
 
     def __init__(self, model: HpmModel) -> None:
         self.model = model
         self._memo: dict[tuple[KernelFeatures, MachineConfig], CostEstimate] = {}
+        self._groups: dict[tuple[tuple[KernelFeatures, ...], MachineConfig], list[CostEstimate]] = {}
 
     def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate:
         key = (features, config)
@@ -42,6 +43,15 @@ class HpmCostModel:
             cycles, energy = self.model.predict_many([features], [config])
             self._memo[key] = CostEstimate(float(cycles[0]), float(energy[0]))
         return self._memo[key]
+
+    def predict_group(self, features: Sequence[KernelFeatures], config: MachineConfig) -> list[CostEstimate]:
+        key = (tuple(features), config)
+        if key not in self._groups:
+            if len(self._groups) >= MEMO_ENTRIES:
+                self._groups.clear()
+            cycles, energy = self.model.predict_many(features, [config] * len(features), [0] * len(features))
+            self._groups[key] = [CostEstimate(float(c), float(e)) for c, e in zip(cycles, energy, strict=True)]
+        return self._groups[key]
 
     def predict_many(
         self, features: Sequence[KernelFeatures], configs: Sequence[MachineConfig]

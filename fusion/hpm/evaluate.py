@@ -43,7 +43,7 @@ def split(ds: Dataset, test_fraction: float = TEST_FRACTION) -> dict[str, np.nda
 
 
 def hpm_predictor(model: HpmModel) -> Predictor:
-    return lambda ds: model.predict_many(ds.features(), ds.configs())
+    return lambda ds: model.predict_many(ds.features(), ds.configs(), list(ds.columns["group"]))
 
 
 def analytic_predictor(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,11 @@
-"""The learned model: a regression forest (extremely randomized trees; or gradient-boosted trees, or a small MLP)
-over the schema's features, predicting log(measured / analytic estimate) of cycles and energy; and its file.
+"""The learned model: gradient-boosted trees (or a regression forest of extremely randomized trees, or a small MLP)
+over the schema's features, predicting log(measured / analytic estimate) of cycles and energy, plus a pairwise
+estimator that prices the schedules of one group together (`fusion.hpm.pairs`); and its file.
 
-The forest is the default: on held-out data it matches boosting's MAPE within a point and ranks the schedules
-of a group better (Kendall tau ~0.90 / 0.88 vs ~0.82 / 0.83 on held-out kernels / machine), boosting's finer
-steps flipping near-tied candidates.
+Boosting is the default since the pairwise estimator ranks a group's schedules (the pointwise model only sets
+the group's level, so the algorithms rank alike): on held-out data it is within 0.2 points of the forest's
+cycle MAPE (2.26% / 2.55% vs 2.15% / 2.72% on held-out kernels / machine) at 4 MB instead of 166 MB, and
+trains in less time. Without the pairwise estimator the forest ranked better (tau 0.90 / 0.88 vs 0.82 / 0.83).
 
 Container: magic line, an 8-byte header length, a JSON header (container version, feature schema and its hash,
 SHA-256 of the payload, training metadata), then the zlib-compressed pickled estimators. Loading checks the magic,
@@ -28,23 +30,20 @@ from typing import Any
 import numpy as np
 
 from fusion.cost.interface import KernelFeatures
+from fusion.hpm.dataset import Dataset
 from fusion.hpm.errors import HpmError, ModelFileError, SchemaMismatchError
+from fusion.hpm.fastpath import predict, single_threaded
+from fusion.hpm.pairs import group_pairs, jointly, pair_matrix
 from fusion.hpm.schema import FEATURE_NAMES, SCHEMA_VERSION, baselines, matrix_of, schema_hash
 from simulator.config import MachineConfig
 
 MAGIC = b"DYNFUSE-HPM\n"
 CONTAINER_VERSION = 1
 TARGETS = ("cycle", "energy_total_pj")
-ALGORITHMS = ("forest", "gbt", "mlp")  # the first is the default
-DIRECT_ROWS = 64
-
-
-def single_threaded() -> Any:
-    """One OpenMP/BLAS thread: the sweep's workers and the engine already use the cores, and HistGradientBoosting's
-    OpenMP threads competing with them for 2 cores made a small fit take minutes instead of a second."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1)
+PAIRS = "cycle_pairs"  # the pairwise estimator's key among the estimators (absent: pointwise predictions only)
+ALGORITHMS = ("gbt", "forest", "mlp")  # the first is the default
+PAIR_ITERATIONS = 1000
+MIN_PAIRS = 20  # fewer ordered pairs than this teach nothing: the model stays pointwise
 
 
 def make_estimator(algo: str, seed: int) -> Any:
@@ -63,6 +62,23 @@ def make_estimator(algo: str, seed: int) -> Any:
     raise HpmError(f"unknown algorithm {algo!r}: use one of {', '.join(ALGORITHMS)}")
 
 
+def make_pair_estimator(seed: int) -> Any:
+    """Boosted trees on the absolute error of pairwise differences, whatever the pointwise algorithm. Measured on
+    the 20,000-group sweep (bench/bench_hpm.py; Kendall tau held-out kernels / machine): pointwise forest alone
+    0.903 / 0.875; squared-error boosting 0.898 / 0.906; absolute error 0.919 / 0.913, ranking like a forest of
+    pairs (0.925 / 0.913) at a twentieth of its size (7 MB against 150 MB) since near-ties, not outliers, decide."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(
+        loss="absolute_error",
+        max_iter=PAIR_ITERATIONS,
+        learning_rate=0.1,
+        min_samples_leaf=10,
+        max_leaf_nodes=63,
+        random_state=seed,
+    )
+
+
 @dataclass
 class HpmModel:
     """Estimators per target (residual over the analytic estimate, in log space) plus what they were trained on."""
@@ -72,25 +88,23 @@ class HpmModel:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def predict_many(
-        self, features: Sequence[KernelFeatures], configs: Sequence[MachineConfig]
+        self,
+        features: Sequence[KernelFeatures],
+        configs: Sequence[MachineConfig],
+        groups: Sequence[object] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(cycles, energy pJ) for each (features, config) pair."""
+        """(cycles, energy pJ) for each (features, config) pair; rows with the same `groups` key are schedules of
+        one set of nodes on one machine, and their cycles are priced together (`fusion.hpm.pairs`)."""
         x = matrix_of(features, configs)
         base_cycles, base_energy = baselines(features, configs)
-        cycles = base_cycles * np.exp(_predict(self.estimators["cycle"], x))
-        energy = base_energy * np.exp(_predict(self.estimators["energy_total_pj"], x))
-        return cycles, energy
-
-
-def _predict(estimator: Any, x: np.ndarray) -> np.ndarray:
-    """A forest's few-row predictions straight from its trees (the mean of `tree_.predict`, what the forest's
-    own `predict` computes): ~10x less overhead per call, and the planner asks about one candidate at a time."""
-    trees = getattr(estimator, "estimators_", None)
-    if isinstance(trees, list) and len(x) <= DIRECT_ROWS and all(hasattr(t, "tree_") for t in trees):
-        x32 = np.ascontiguousarray(x, dtype=np.float32)
-        return np.mean([t.tree_.predict(x32)[:, 0] for t in trees], axis=0)
-    with single_threaded():
-        return estimator.predict(x)
+        residuals = predict(self.estimators["cycle"], x)
+        if groups is not None and PAIRS in self.estimators:
+            first, second = group_pairs(groups)
+            if first.size:
+                differences = predict(self.estimators[PAIRS], pair_matrix(x, first, second))
+                residuals = jointly(residuals, groups, first, second, differences)
+        energy = base_energy * np.exp(predict(self.estimators["energy_total_pj"], x))
+        return base_cycles * np.exp(residuals), energy
 
 
 def train(
@@ -100,26 +114,38 @@ def train(
     algo: str = ALGORITHMS[0],
     seed: int = 0,
     meta: dict[str, Any] | None = None,
+    groups: Sequence[object] | None = None,
 ) -> HpmModel:
-    """Fit one estimator per target on log(measured / estimate)."""
+    """Fit one estimator per target on log(measured / estimate), and with `groups` (the candidate group of each
+    row) the pairwise estimator on the differences of cycle residuals within groups."""
     if len(features) < 2:
         raise HpmError(f"need at least 2 samples to train, got {len(features)}")
     start = time.perf_counter()
     x = matrix_of(features, configs)
     base = dict(zip(TARGETS, baselines(features, configs), strict=True))
     estimators = {}
+    first, second = group_pairs(groups) if groups is not None else (np.zeros(0, dtype=np.intp),) * 2
     with single_threaded():
         for target in TARGETS:
             y = np.log(np.maximum(measured[target], 1e-9) / base[target])
             estimators[target] = make_estimator(algo, seed).fit(x, y)
+            if target == "cycle" and first.size >= MIN_PAIRS:
+                estimators[PAIRS] = make_pair_estimator(seed).fit(pair_matrix(x, first, second), y[first] - y[second])
     info = {
         "algorithm": algo,
         "samples": len(features),
+        "pairs": int(first.size) if PAIRS in estimators else 0,
         "train_seconds": round(time.perf_counter() - start, 3),
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(meta or {}),
     }
     return HpmModel(estimators, FEATURE_NAMES, info)
+
+
+def train_on(ds: Dataset, algo: str = ALGORITHMS[0], seed: int = 0, meta: dict[str, Any] | None = None) -> HpmModel:
+    """`train` on a calibration dataset's rows, its candidate groups included."""
+    measured = {t: ds.measured(t) for t in TARGETS}
+    return train(ds.features(), ds.configs(), measured, algo, seed, meta, list(ds.columns["group"]))
 
 
 def save_model(model: HpmModel, path: Path) -> Path:

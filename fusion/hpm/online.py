@@ -10,7 +10,7 @@ and the samples already in it are loaded on start, so what the engine learned su
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from fusion.hpm.cost_model import HpmCostModel
 from fusion.hpm.dataset import Dataset, SampleLog, feature_row, features_from_row
 from fusion.hpm.errors import HpmError
 from fusion.hpm.machines import config_from_json, config_to_json
-from fusion.hpm.model import TARGETS, HpmModel, train
+from fusion.hpm.model import ALGORITHMS, TARGETS, HpmModel, train
 from simulator.config import MachineConfig
 
 
@@ -43,10 +43,13 @@ class OnlineHpm:
             raise HpmError(f"retrain_every must be at least 1, got {retrain_every}")
         self._current = HpmCostModel(model)
         self.retrain_every = retrain_every
-        self.algo = algo or str(model.meta.get("algorithm", "gbt"))
+        self.algo = algo or str(model.meta.get("algorithm", ALGORITHMS[0]))
         self._features: list[KernelFeatures] = calibration.features() if calibration is not None else []
         self._configs: list[MachineConfig] = calibration.configs() if calibration is not None else []
         self._measured = {t: list(calibration.measured(t)) if calibration is not None else [] for t in TARGETS}
+        # candidate groups of the calibration rows (pairs for the pairwise estimator); a dispatched kernel is
+        # the one schedule of its group that ran, so each online sample is a group of its own
+        self._groups: list[str] = [str(g) for g in calibration.columns["group"]] if calibration is not None else []
         self._new = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -63,6 +66,9 @@ class OnlineHpm:
     def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate:
         return self._current.predict(features, config)
 
+    def predict_group(self, features: Sequence[KernelFeatures], config: MachineConfig) -> list[CostEstimate]:
+        return self._current.predict_group(features, config)
+
     def record(self, features: KernelFeatures, config: MachineConfig, counters: Mapping[str, float]) -> None:
         """Append one measured kernel (simulator counters: needs `cycle` and `energy_total_pj`)."""
         missing = [t for t in TARGETS if t not in counters]
@@ -75,7 +81,7 @@ class OnlineHpm:
             if due:
                 self._new = 0
                 measured = {t: np.array(v) for t, v in self._measured.items()}
-                snapshot = (list(self._features), list(self._configs), measured)
+                snapshot = (list(self._features), list(self._configs), measured, list(self._groups))
                 self._thread = threading.Thread(target=self._retrain, args=snapshot, daemon=True)
                 self._thread.start()
         if self._log is not None:
@@ -95,14 +101,15 @@ class OnlineHpm:
         return count
 
     def _append(self, features: KernelFeatures, config: MachineConfig, record: Mapping) -> None:
+        self._groups.append(f"online/{len(self._features)}")
         self._features.append(features)
         self._configs.append(config)
         for t in TARGETS:
             self._measured[t].append(float(record["measured"][t]))
 
-    def _retrain(self, features: list, configs: list, measured: dict[str, np.ndarray]) -> None:
+    def _retrain(self, features: list, configs: list, measured: dict[str, np.ndarray], groups: list[str]) -> None:
         try:
-            model = train(features, configs, measured, self.algo, meta={"online_samples": len(features)})
+            model = train(features, configs, measured, self.algo, meta={"online_samples": len(features)}, groups=groups)
         except Exception as err:  # noqa: BLE001 - a failed background retrain keeps the old model; reported
             self.last_error = f"{type(err).__name__}: {err}"
             return

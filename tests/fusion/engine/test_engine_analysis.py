@@ -175,3 +175,36 @@ def test_tie_break_measures_only_what_the_cost_model_cannot_separate() -> None:
     ]
     assert ev.tie_break(skip) is skip[0]
     assert set(ev._measured) == {faster.group, slower.group}  # the two tied ones only, once each
+
+
+def test_schedules_of_one_group_are_ranked_by_their_joint_prices() -> None:
+    """The planner ranks the schedules it built for one set of nodes by `CostModel.predict_group` (the learned
+    model prices them together): with a model whose joint prices reverse its own one-at-a-time order, the best
+    schedule is the one the joint prices favour, and asking again returns the same objects."""
+    from fusion.cost import AnalyticCostModel
+    from fusion.engine.candidates import Candidate, schedules
+    from fusion.engine.planner import Evaluator
+
+    class Reversing(AnalyticCostModel):
+        def predict_group(self, features, config):
+            alone = [self.predict(f, config) for f in features]
+            order = sorted(range(len(alone)), key=lambda i: alone[i].cycles)
+            return [alone[j] for _, j in sorted(zip(order, reversed(order), strict=True))]
+
+    graph, inputs = model("encoder_post_d64")
+    mc = context(graph, inputs, "int8")
+    ev = Evaluator(mc, Reversing(), {})
+    channel = mc.config.dram_bytes_per_cycle
+    reordered = 0
+    for head in (n.name for n in graph.nodes if n.op in (OpType.MatMul, OpType.Gemm)):
+        groups = schedules(mc, Candidate((head,), "single"))
+        best, _, _ = ev.best(groups)
+        built = [e for g in groups if (g, 0.0) in ev._memo and not isinstance(e := ev._memo[(g, 0.0)].result(), str)]
+        by_cycles = sorted(built, key=lambda e: e.cycles)  # one at a time
+        joint = dict(zip((e.group for e in by_cycles), reversed([e.cycles for e in by_cycles]), strict=True))
+        traffic = {e.group: (e.features.dram_read_bytes + e.features.dram_write_bytes) / channel for e in built}
+        want = min(built, key=lambda e: joint[e.group] + ev.dram_weight * traffic[e.group])
+        assert best is not None and best.group == want.group and best.cycles == joint[want.group]
+        assert ev.best(groups)[0] is best
+        reordered += best.group != min(built, key=lambda e: e.score).group
+    assert reordered > 0

@@ -13,7 +13,7 @@ from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.validation import ValidationPolicy
 from fusion.hpm.cost_model import MODEL_ENV, HpmCostModel, load_cost_model
 from fusion.hpm.errors import HpmError
-from fusion.hpm.model import TARGETS, save_model, train
+from fusion.hpm.model import PAIRS, save_model, train_on
 from fusion.hpm.online import OnlineHpm
 
 
@@ -21,7 +21,7 @@ from fusion.hpm.online import OnlineHpm
 def small_model(small_dataset):
     ds = small_dataset
     half = ds.subset(ds.columns["seed"] % 2 == 0)
-    return train(half.features(), half.configs(), {t: half.measured(t) for t in TARGETS}, "forest", seed=0)
+    return train_on(half, "forest", seed=0)
 
 
 def test_load_cost_model(tmp_path: Path, small_model, small_dataset, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,3 +137,27 @@ def test_engine_dispatch_feeds_the_online_model_without_waiting_for_retraining(
         if r.features is not None:
             assert r.predicted_cycles == pytest.approx(online.predict(r.features, engine.config).cycles)
     assert online.wait(timeout=120)
+
+
+def test_group_prices_come_from_the_pairwise_model_and_survive_online_retraining(small_model, small_dataset) -> None:
+    """`predict_group` prices a group's schedules through the pairwise estimator (not one at a time), memoised;
+    an online retrain on calibration data keeps the pairwise estimator."""
+    ds = small_dataset
+    half = ds.subset(ds.columns["seed"] % 2 == 0)
+    groups = [str(g) for g in half.columns["group"]]
+    largest = max(set(groups), key=groups.count)
+    idx = [i for i, g in enumerate(groups) if g == largest]
+    feats, cfg = [half.features()[i] for i in idx], half.configs()[idx[0]]
+    assert len(feats) >= 3 and PAIRS in small_model.estimators
+    cost_model = HpmCostModel(small_model)
+    joint = cost_model.predict_group(feats, cfg)
+    want, _ = small_model.predict_many(feats, [cfg] * len(feats), ["one"] * len(feats))
+    assert [e.cycles for e in joint] == pytest.approx(want.tolist())
+    alone = [cost_model.predict(f, cfg).cycles for f in feats]
+    assert max(abs(a / j.cycles - 1) for a, j in zip(alone, joint, strict=True)) > 1e-6
+    assert cost_model.predict_group(feats, cfg) is joint
+    online = OnlineHpm(small_model, calibration=half, retrain_every=1)
+    assert online.predict_group(feats, cfg) == joint
+    online.record(feats[0], cfg, {"cycle": 1000.0, "energy_total_pj": 1e5})
+    assert online.wait(timeout=120) and online.last_error is None
+    assert online.retrains == 1 and PAIRS in online.model.estimators

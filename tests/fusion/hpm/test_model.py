@@ -12,8 +12,9 @@ import pytest
 
 from fusion.cost.analytic import UnitTimes, unit_times
 from fusion.hpm.errors import ModelFileError, SchemaMismatchError
+from fusion.hpm.fastpath import DIRECT_ROWS, predict
 from fusion.hpm.metrics import mape
-from fusion.hpm.model import MAGIC, TARGETS, _predict, load_model, read_header, save_model, train
+from fusion.hpm.model import MAGIC, PAIRS, TARGETS, load_model, read_header, save_model, train, train_on
 from fusion.hpm.schema import (
     FEATURE_NAMES,
     UNITS,
@@ -128,9 +129,20 @@ def test_corruption_and_foreign_files_are_refused(tmp_path: Path, model) -> None
         load_model(tmp_path / "x.hpm")
 
 
-def test_forest_fast_path_equals_sklearn(small_dataset) -> None:
+def test_fast_paths_equal_sklearn(small_dataset) -> None:
+    """Few-row predictions straight from the trees equal each estimator's own `predict`: the forest's, and the
+    flattened boosted trees' (cycles, energy and the pairwise estimator, on real and on far-off rows, with a
+    missing value)."""
     ds = small_dataset
-    forest = train(ds.features(), ds.configs(), {t: ds.measured(t) for t in TARGETS}, "forest", seed=0)
-    x = matrix_of(ds.features()[:5], ds.configs()[:5])
-    for est in forest.estimators.values():
-        np.testing.assert_allclose(_predict(est, x), est.predict(x), rtol=1e-9)
+    for algo in ("forest", "gbt"):
+        fitted = train_on(ds, algo, seed=0)
+        assert PAIRS in fitted.estimators
+        x = matrix_of(ds.features()[:DIRECT_ROWS], ds.configs()[:DIRECT_ROWS])
+        far = x[:3] * np.array([[10.0], [-3.0], [0.5]])
+        for est in fitted.estimators.values():
+            for rows in (x, x[:1], far):
+                rows = np.hstack([rows, rows]) if est is fitted.estimators[PAIRS] else rows
+                np.testing.assert_allclose(predict(est, rows), est.predict(rows), rtol=1e-9, atol=1e-12)
+        pairs = np.hstack([x[:4], x[:4]])
+        pairs[1, 7] = np.nan
+        np.testing.assert_allclose(predict(fitted.estimators[PAIRS], pairs), fitted.estimators[PAIRS].predict(pairs))
