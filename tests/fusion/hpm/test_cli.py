@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dynfuse.cli import main
+from fusion.hpm.model import read_header
 
 
 def test_calibrate_train_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -15,8 +16,9 @@ def test_calibrate_train_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     args = ["--configs", "base,tiny", "--samples", "16", "--jobs", "1", "--heldout-share", "0.4", "--no-progress"]
     assert main(["hpm", "calibrate", *args, "-o", str(data)]) == 0
     assert "kernels from" in capsys.readouterr().out
-    assert main(["hpm", "train", str(data), "-o", str(model), "--algo", "forest"]) == 0
-    assert model.exists()
+    assert main(["hpm", "train", str(data), "-o", str(model)]) == 0
+    header, _ = read_header(model)
+    assert header["meta"]["algorithm"] == "gbt" and header["meta"]["pairs"] > 0  # the default, with its pairs
     capsys.readouterr()
     assert main(["hpm", "eval", str(data), "--model", str(model), "--json", "--plots", str(plots)]) == 0
     out = capsys.readouterr().out
