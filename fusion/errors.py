@@ -44,8 +44,3 @@ class UnsupportedModelError(FusionError):
         self.problems = problems
         lines = [f"{header} ({len(problems)} node(s)):", *(str(p) for p in problems)]
         super().__init__("\n".join(lines))
-
-    @property
-    def only_features(self) -> bool:
-        """True when every operator is known and only some attribute/dtype/form is not supported."""
-        return all(p.kind == "feature" for p in self.problems)

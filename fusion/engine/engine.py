@@ -36,7 +36,7 @@ from fusion.engine.guards import check_guard
 from fusion.engine.kernel import Kernel, build_kernel, expected_guard, group_subgraph
 from fusion.engine.pairing import plan_pipelines
 from fusion.engine.pipelined import build_pipelined, pair_schedule
-from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan
+from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan, baseline_group
 from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.validation import ValidationPolicy, compare
@@ -45,7 +45,7 @@ from fusion.errors import ShapeError
 from fusion.graph.hashing import structural_hash
 from fusion.graph.ir import Graph
 from fusion.graph.shapes import with_input_shapes
-from fusion.lower.compiler import ALIAS_OPS, check_inputs, load_graph
+from fusion.lower.compiler import check_inputs, load_graph
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams
 from simulator.config import MachineConfig, load_config
@@ -391,7 +391,7 @@ class FusionEngine:
         assert self.mc is not None
         env = dict(inputs)
         for node in self.graph.nodes:
-            group = Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
+            group = baseline_group(node)
             env.update(run_kernel(self.mc, build_kernel(self.mc, group), env).outputs)
         return env
 
@@ -464,26 +464,11 @@ class FusionEngine:
         if fallback:
             return self._run_unfused(choice.group, env, fallback), seconds
         run = run_kernel(self.mc, kernel, env, checked=self.options.checked)
-        with self._lock:
-            count = self._runs.get(key, 0)
-            self._runs[key] = count + 1
         fused = group.fused or group.strategy not in ("unfused", "alias")
-        validated = fused and self.options.validation.should_validate(count)
-        outputs = run.outputs
-        if validated:
-            reference = self._unfused_outputs(group, env)
-            cmp = compare(run.outputs, reference, self._tolerance(group))
-            if not cmp.ok:
-                self.cache.evict(key)
-                with self._lock:
-                    self.blocked.add(signature)
-                    self.events.append(
-                        ValidationEvent(
-                            call, group.nodes, group.schedule, cmp.value, cmp.max_abs_diff, "evicted, blocked"
-                        )
-                    )
-                return self._run_unfused(group, env, f"validation failed (max |diff| {cmp.max_abs_diff:.3g})"), seconds
-        env.update(outputs)
+        validated, failure = self._validate(call, key, signature, group, group.schedule, run, env, fused)
+        if failure:
+            return self._run_unfused(group, env, failure), seconds
+        env.update(run.outputs)
         feats = self._feature_row(key, kernel, group)
         predicted = self._predict(feats)
         learned = self._learn(feats, run)
@@ -520,27 +505,16 @@ class FusionEngine:
             return self._apart(first, second, env, call, time.perf_counter() - start)
         seconds = time.perf_counter() - start
         run = run_kernel(self.mc, kernel, env, checked=self.options.checked)
-        with self._lock:
-            count = self._runs.get(key, 0)
-            self._runs[key] = count + 1
-        validated = self.options.validation.should_validate(count)
-        if validated:
-            tolerance = max((self._tolerance(c.group) for c in (first, second)), key=lambda p: (p.atol, p.rtol))
-            cmp = compare(run.outputs, self._unfused_outputs(union, env), tolerance)
-            if not cmp.ok:
-                self.cache.evict(key)
-                with self._lock:
-                    self.blocked.add(signature)
-                    schedule = pair_schedule(pair.producer, pair.consumer)
-                    self.events.append(
-                        ValidationEvent(call, union.nodes, schedule, cmp.value, cmp.max_abs_diff, "evicted, blocked")
-                    )
-                return self._apart(first, second, env, call, seconds)
+        tolerance = max((self._tolerance(c.group) for c in (first, second)), key=lambda p: (p.atol, p.rtol))
+        schedule = pair_schedule(pair.producer, pair.consumer)
+        validated, failure = self._validate(call, key, signature, union, schedule, run, env, True, tolerance)
+        if failure:
+            return self._apart(first, second, env, call, seconds)
         env.update(run.outputs)
         predicted = sum(self._predicted(c.group) for c in (first, second))
         record = KernelRecord(
             (*pair.producer.nodes, *pair.consumer.nodes),
-            pair_schedule(pair.producer, pair.consumer),
+            schedule,
             "any",
             predicted,
             run.cycles,
@@ -554,6 +528,36 @@ class FusionEngine:
             pipelined_with=pair.consumer.nodes,
         )
         return [record], seconds
+
+    def _validate(
+        self,
+        call: int,
+        key: str,
+        signature: str,
+        reference: Group,
+        schedule: str,
+        run: KernelRun,
+        env: Mapping[str, np.ndarray],
+        fused: bool,
+        tolerance: ValidationPolicy | None = None,
+    ) -> tuple[bool, str]:
+        """Count a kernel's run and, when the policy says so, shadow-validate it against `reference`'s nodes run
+        unfused (tolerance: `reference`'s). Returns (validated, failure): on failure the kernel is evicted, its
+        signature blocked and the event recorded, and `failure` says why the unfused path runs instead."""
+        with self._lock:
+            count = self._runs.get(key, 0)
+            self._runs[key] = count + 1
+        if not (fused and self.options.validation.should_validate(count)):
+            return False, ""
+        cmp = compare(run.outputs, self._unfused_outputs(reference, env), tolerance or self._tolerance(reference))
+        if cmp.ok:
+            return True, ""
+        self.cache.evict(key)
+        with self._lock:
+            self.blocked.add(signature)
+            event = ValidationEvent(call, reference.nodes, schedule, cmp.value, cmp.max_abs_diff, "evicted, blocked")
+            self.events.append(event)
+        return True, f"validation failed (max |diff| {cmp.max_abs_diff:.3g})"
 
     def _apart(
         self, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray], call: int, seconds: float
@@ -612,7 +616,7 @@ class FusionEngine:
             return self._unfused[group]
         total = 0
         for name in group.nodes:
-            single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
+            single = baseline_group(self.graph.node(name))
             kernel, _, key = self._kernel(single, "any")
             feats = self._feature_row(key, kernel, single)
             total += 0 if feats is None else feats.dram_read_bytes + feats.dram_write_bytes
@@ -624,7 +628,7 @@ class FusionEngine:
         assert self.mc is not None
         local = dict(env)
         for name in group.nodes:
-            single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
+            single = baseline_group(self.graph.node(name))
             kernel, _, _ = self._kernel(single, "any")
             local.update(run_kernel(self.mc, kernel, local).outputs)
         sub = group_subgraph(self.graph, group)
@@ -635,7 +639,7 @@ class FusionEngine:
         cycles = dram = 0
         energy = 0.0
         for name in group.nodes:
-            single = Group((name,), "alias" if self.graph.node(name).op in ALIAS_OPS else "unfused")
+            single = baseline_group(self.graph.node(name))
             kernel, _, key = self._kernel(single, "any")
             run = run_kernel(self.mc, kernel, env)
             env.update(run.outputs)

@@ -46,11 +46,6 @@ def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False) -> in
     return run_kernel(mc, kernel, env, checked=checked).cycles
 
 
-def to_storage(mc: ModelContext, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Graph inputs as the kernels read them (float32)."""
-    return {v: np.ascontiguousarray(inputs[v], dtype=np.float32) for v in mc.graph.inputs}
-
-
 def to_real(mc: ModelContext, value: str, data: np.ndarray) -> np.ndarray:
     scale = mc.scale(value)
     return data if scale is None else data.astype(np.float32) * np.float32(scale)

@@ -76,10 +76,6 @@ class Kernel:
     pipelined_with: Group | None = None  # a pipelined pair (`fusion.engine.pipelined`): `group` produces, this consumes
 
     @property
-    def groups(self) -> tuple[Group, ...]:
-        return (self.group,) if self.pipelined_with is None else (self.group, self.pipelined_with)
-
-    @property
     def nbytes(self) -> int:
         if self.program is None:
             return 64

@@ -15,8 +15,7 @@ apart); a consumer with a dispatch table is not paired (its operand is the produ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from functools import partial
+from collections.abc import Collection, Sequence
 
 from fusion.cost.analytic import unit_times
 from fusion.cost.interface import KernelFeatures
@@ -24,7 +23,7 @@ from fusion.engine.errors import CodegenError
 from fusion.engine.execute import timing_cycles
 from fusion.engine.pipelined import build_pipelined
 from fusion.engine.plan import GroupChoice, PipelinedPair, Plan
-from fusion.engine.planner import Evaluated, Evaluator
+from fusion.engine.planner import Evaluator
 from fusion.lower.errors import LoweringError
 from simulator.config import MachineConfig
 from simulator.errors import SimulatorTrap
@@ -40,20 +39,13 @@ def plan_pipelines(ev: Evaluator, plan: Plan, region: Collection[str] | None = N
     """The plan with its pipelined pairs (see the module docstring). Local re-planning passes the re-planned
     `region`: only pairs inside it are considered (no kept group is priced again) and the `kept` pairs outside it
     stay."""
-    mc, choices = ev.mc, plan.choices
+    choices = plan.choices
     inside = (lambda c: True) if region is None else (lambda c: set(c.group.nodes) <= set(region))
-    measured: dict[int, int] = {}
-
-    def alone(i: int, e: Evaluated) -> int:  # memoised by plan position
-        if i not in measured:
-            measured[i] = timing_cycles(mc, e.kernel)
-        return measured[i]
-
     found = {
         i: pair
         for i in range(len(choices) - 1)
         if inside(choices[i]) and inside(choices[i + 1])
-        if (pair := _consider(ev, choices[i], choices[i + 1], partial(alone, i), partial(alone, i + 1)))
+        if (pair := _consider(ev, choices[i], choices[i + 1]))
     }
     outside = tuple(p for p in kept if region is not None and region.isdisjoint((*p.producer.nodes, *p.consumer.nodes)))
     return Plan(plan.policy, plan.choices, plan.rejected, outside + best_pairs(found, len(choices)))
@@ -72,13 +64,7 @@ def best_pairs(found: dict[int, PipelinedPair], n: int) -> tuple[PipelinedPair, 
     return best[0][1]
 
 
-def _consider(
-    ev: Evaluator,
-    a: GroupChoice,
-    b: GroupChoice,
-    cycles_a: Callable[[Evaluated], int],
-    cycles_b: Callable[[Evaluated], int],
-) -> PipelinedPair | None:
+def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | None:
     if "alias" in (a.group.strategy, b.group.strategy) or b.zero_skip is not None:
         return None  # a consumer's dispatch table reads the producer's output: unknown before the pair runs
     ea, eb = ev.evaluate(a.group), ev.evaluate(b.group)
@@ -92,7 +78,7 @@ def _consider(
         together = timing_cycles(ev.mc, kernel, checked=True)
     except (CodegenError, LoweringError, SimulatorTrap):
         return None
-    apart = cycles_a(ea) + cycles_b(eb)
+    apart = ev.measured_cycles(ea) + ev.measured_cycles(eb)
     if together >= apart:
         return None
     return PipelinedPair(a.group, b.group, kinds, apart, together)

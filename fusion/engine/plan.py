@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fusion.graph.ir import Node
+from fusion.lower.compiler import ALIAS_OPS
+
 STRATEGIES = (
     "alias",
     "unfused",
@@ -49,6 +52,11 @@ class Group:
     @property
     def fused(self) -> bool:
         return len(self.nodes) > 1
+
+
+def baseline_group(node: Node) -> Group:
+    """A node alone, as the unfused baseline runs it: a host-side alias for pure layout ops, else its kernel."""
+    return Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,10 @@ from fusion.engine.errors import EngineError
 from fusion.engine.execute import timing_cycles
 from fusion.engine.kernel import Kernel, storage_dtypes
 from fusion.engine.legality import generator_accepts, structurally_legal
-from fusion.engine.plan import Group, GroupChoice, Plan
+from fusion.engine.plan import Group, GroupChoice, Plan, baseline_group
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
 from fusion.engine.workers import CompilePool, build_and_count
 from fusion.graph.ops import OpKind
-from fusion.lower.compiler import ALIAS_OPS
 
 POLICIES = ("none", "static", "dynamic", "oracle")
 ORACLE_MAX_PLANS = 512
@@ -77,7 +76,7 @@ class Evaluator:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
         self.pool = pool
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
-        self._measured: dict[Group, float] = {}  # tie-break measurements (see `tie_break`)
+        self._measured: dict[Group, int] = {}  # simulated cycles (see `measured_cycles`)
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
@@ -126,8 +125,11 @@ class Evaluator:
         self, group: Group, kernel: Kernel, feats: KernelFeatures, est: CostEstimate | None = None
     ) -> Evaluated:
         est = est or self.cost_model.predict(feats, self.mc.config)
-        channel = (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
-        return Evaluated(group, kernel, feats, est.cycles, est.energy_pj, est.cycles + self.dram_weight * channel)
+        return Evaluated(group, kernel, feats, est.cycles, est.energy_pj, est.cycles + self.priced_traffic(feats))
+
+    def priced_traffic(self, feats: KernelFeatures) -> float:
+        """DRAM_WEIGHT x the DRAM channel time of the kernel's traffic: the score's term besides cycles."""
+        return self.dram_weight * (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
 
     def priced(self, groups: list[Group]) -> list[Evaluated]:
         """The groups already built and priced (dense variants), without building any."""
@@ -200,12 +202,16 @@ class Evaluator:
         return min(tied, key=self.measured_score)
 
     def measured_score(self, e: Evaluated) -> float:
-        """The simulated cycles of a built kernel plus its priced DRAM channel time (memoised)."""
+        """The simulated cycles of a built kernel plus its priced DRAM traffic."""
+        return self.measured_cycles(e) + self.priced_traffic(e.features)
+
+    def measured_cycles(self, e: Evaluated) -> int:
+        """A built kernel's cycles simulated on zero inputs (`execute.timing_cycles`), memoised: the tie-break and
+        the pipelining pass measure the same kernels."""
         with self._lock:
             found = self._measured.get(e.group)
         if found is None:
-            channel = (e.features.dram_read_bytes + e.features.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
-            found = timing_cycles(self.mc, e.kernel) + self.dram_weight * channel
+            found = timing_cycles(self.mc, e.kernel)
             with self._lock:
                 self._measured[e.group] = found
         return found
@@ -213,8 +219,7 @@ class Evaluator:
     def unfused(self, nodes: tuple[str, ...]) -> float:
         total = 0.0
         for name in nodes:
-            strategy = "alias" if self.mc.graph.node(name).op in ALIAS_OPS else "unfused"
-            ev = self.evaluate(Group((name,), strategy))
+            ev = self.evaluate(baseline_group(self.mc.graph.node(name)))
             if isinstance(ev, str):
                 raise EngineError(f"node {name!r} cannot be lowered: {ev}")
             total += ev.cycles
@@ -255,7 +260,7 @@ def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason:
 
 def plan_none(ev: Evaluator) -> Plan:
     choices = []
-    groups = [Group((n.name,), "alias" if n.op in ALIAS_OPS else "unfused") for n in ev.mc.graph.nodes]
+    groups = [baseline_group(n) for n in ev.mc.graph.nodes]
     for node, group, (best, _, reason) in zip(
         ev.mc.graph.nodes, groups, ev.map(lambda g: ev.best([g]), groups), strict=True
     ):
@@ -295,7 +300,7 @@ def plan_static(ev: Evaluator) -> Plan:
         rule = _static_rule(ev, node.name, longest)
         group = _static_group(mc, rule, ev, rejected) if rule else None
         if group is None:
-            group = Group((node.name,), "alias" if node.op in ALIAS_OPS else "unfused")
+            group = baseline_group(node)
         best, _, reason = ev.best([group])
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")

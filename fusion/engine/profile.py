@@ -88,7 +88,3 @@ def profile_tensor(x: np.ndarray, tile: int, seed: int = 0) -> TensorProfile:
         max=hi,
         histogram=tuple(int(c) for c in hist),
     )
-
-
-def profile_inputs(values: dict[str, np.ndarray], tile: int) -> dict[str, TensorProfile]:
-    return {name: profile_tensor(v, tile) for name, v in values.items()}

@@ -174,13 +174,3 @@ def load_dataset(path: Path) -> Dataset:
     if missing:
         raise DatasetError(f"{file}: missing columns {missing}")
     return Dataset(meta, columns)
-
-
-def concat(datasets: Sequence[Dataset]) -> Dataset:
-    """Rows of several datasets with the same columns (e.g. calibration plus online samples)."""
-    names = set(datasets[0].columns)
-    for d in datasets[1:]:
-        if set(d.columns) != names:
-            raise DatasetError(f"cannot join datasets with different columns: {sorted(names ^ set(d.columns))}")
-    columns = {k: np.concatenate([d.columns[k] for d in datasets]) for k in sorted(names)}
-    return Dataset({**datasets[0].meta, "rows": sum(len(d) for d in datasets)}, columns)
