@@ -9,7 +9,7 @@ the baseline's kernel generators (`fusion.lower`); fused ones use `fusion.engine
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,12 +132,33 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
             raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a view")
         return Kernel(group, None, sub.inputs, sub.outputs, guard, time.perf_counter() - start, None)
     data, addresses = _dram_image(mc, sub, group)
+
+    def body(b: ProgramBuilder, em: Emitter, cx: LowerContext) -> None:
+        emit_phases(b, em, group_phases(cx, sub.nodes, group, mc.allow_rounding_change))
+
+    name = identifier(f"{group.strategy}_{group.nodes[0]}")
+    program, names = link_program(mc, sub, guard, (data, addresses), name, (group.strategy, group.schedule), body)
+    return Kernel(group, program, sub.inputs, sub.outputs, guard, time.perf_counter() - start, names)
+
+
+def link_program(
+    mc: ModelContext,
+    sub: Graph,
+    guard: Guard,
+    image: tuple[bytes, Mapping[str, int]],
+    name: str,
+    strategy: tuple[str, str],
+    body: Callable[[ProgramBuilder, Emitter, LowerContext], None],
+) -> tuple[ObjectFile, dict[str, str]]:
+    """The program every kernel is: `sub`'s inputs and outputs declared at their DRAM addresses (`image`: data
+    section and addresses), the kernel metadata (strategy and schedule, ops, dtype, guard), `body` emitting the
+    text, linked with the data. Returns the program and its symbol names (graph value -> tensor)."""
+    data, addresses = image
     cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
     b = ProgramBuilder(data_base=0)
-    em = Emitter(b)
     attrs = {
-        "strategy": group.strategy,
-        "schedule": group.schedule,
+        "strategy": strategy[0],
+        "schedule": strategy[1],
         "ops": " ".join(n.op.value for n in sub.nodes),
         "dtype": mc.dtype,
         "sparsity": guard.sparsity,
@@ -146,10 +167,14 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
     names = symbol_names([*sub.inputs, *sub.outputs])
     ins = [declare(cx, names, v) for v in sub.inputs]
     outs = [declare(cx, names, v) for v in sub.outputs]
-    with b.kernel(_kernel_name(group), inputs=ins, outputs=outs, attrs=attrs):
-        emit_phases(b, em, group_phases(cx, sub.nodes, group, mc.allow_rounding_change))
-    program = finish_program(b, data)
-    return Kernel(group, program, sub.inputs, sub.outputs, guard, time.perf_counter() - start, names)
+    with b.kernel(name, inputs=ins, outputs=outs, attrs=attrs):
+        body(b, Emitter(b), cx)
+    return finish_program(b, data), names
+
+
+def identifier(text: str) -> str:
+    """`text` as an assembler identifier (every other character an underscore)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in text)
 
 
 def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict[str, int]]:
@@ -217,10 +242,6 @@ def _absorbed_biases(mc: ModelContext, sub: Graph) -> dict[str, np.ndarray]:
         for v in node.inputs
         if sub.is_constant(v)
     }
-
-
-def _kernel_name(group: Group) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in f"{group.strategy}_{group.nodes[0]}")
 
 
 def try_build(mc: ModelContext, group: Group, sparsity: str = "any") -> Kernel | str:

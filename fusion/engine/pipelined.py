@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from assembler.builder import ProgramBuilder
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
-from fusion.engine.kernel import Kernel, dram_forms, expected_guard, group_phases
+from fusion.engine.kernel import Kernel, dram_forms, expected_guard, group_phases, identifier, link_program
 from fusion.engine.plan import Group
-from fusion.lower import declare, emit_phases, finish_program, plan_dram, symbol_names
+from fusion.lower import emit_phases, plan_dram
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.local_alloc import DEPTH, slot, slot_rotation
@@ -71,29 +71,17 @@ def build_pipelined(mc: ModelContext, producer: Group, consumer: Group, order_dr
     written = [_extent(cx_p.view(v)) for v in sub_p.outputs]
     joint = join_phases(mc.config, list(p_phases[-1]), list(c_phases[0]), written, order_dram)
     guard = expected_guard(mc, sub, producer, "any")
-    b = ProgramBuilder(data_base=0)
-    em = Emitter(b)
-    attrs = {
-        "strategy": f"{producer.strategy}+{consumer.strategy}",
-        "schedule": pair_schedule(producer, consumer),
-        "ops": " ".join(n.op.value for n in sub.nodes),
-        "dtype": mc.dtype,
-        "sparsity": guard.sparsity,
-        "config": guard.config_hash,
-    }
-    names = symbol_names([*sub.inputs, *sub.outputs])
-    cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
-    ins = [declare(cx, names, v) for v in sub.inputs]
-    outs = [declare(cx, names, v) for v in sub.outputs]
-    with b.kernel(
-        f"pipelined_{_ident(producer.nodes[0])}_{_ident(consumer.nodes[0])}", inputs=ins, outputs=outs, attrs=attrs
-    ):
+
+    def body(b: ProgramBuilder, em: Emitter, _: LowerContext) -> None:
         emit_phases(b, em, p_phases[:-1])
         for steps in joint:
             run_pipeline(em, steps)
         b.fence()
         emit_phases(b, em, c_phases[1:])
-    program = finish_program(b, data)
+
+    name = identifier(f"pipelined_{producer.nodes[0]}_{consumer.nodes[0]}")
+    strategy = (f"{producer.strategy}+{consumer.strategy}", pair_schedule(producer, consumer))
+    program, names = link_program(mc, sub, guard, (data, addresses), name, strategy, body)
     seconds = time.perf_counter() - start
     return Kernel(producer, program, sub.inputs, sub.outputs, guard, seconds, names, pipelined_with=consumer)
 
@@ -224,7 +212,3 @@ def _with_pops(step: Step, wait: int, free: list, drain: int, bound: list) -> St
             first(em)
 
     return Step(compute=[(Unit.load, emit), *segs[1:]])
-
-
-def _ident(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
