@@ -11,9 +11,11 @@ install:
 # Everything the tests need: dev extras, the local CPU torch (test-only, for ONNX export),
 # Icarus Verilog (RTL co-simulation) and Graphviz (DOT export checks).
 APT_TOOLS = iverilog:iverilog dot:graphviz
+# torch first: the local CPU wheel (2.13.0) must be in place before anything that depends on torch is resolved,
+# or pip fetches a multi-gigabyte CUDA build. torchvision 0.28.0 is the release that pairs with it.
 install-test:
+	$(PIP) torch==2.13.0 torchvision==0.28.0
 	$(PIP) -e '.[dev]'
-	$(PIP) torch==2.13.0
 	@missing=""; for pair in $(APT_TOOLS); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
