@@ -54,27 +54,35 @@ class ConvShape:
 
 
 def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvShape:
-    """The geometry; CodegenError for convolutions this generator does not cover."""
+    """The geometry (a 1-D conv is a 2-D one of height 1); CodegenError for convolutions this generator does not
+    cover."""
     if node.op != OpType.Conv:
         raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Conv")
     w = window_of(graph, node)
-    if w.s != 2 or node.attr("group") != 1 or set(w.strides) != {1} or set(w.dilations) != {1}:
-        raise CodegenError(f"node {node.name!r}: the implicit GEMM covers 2-D, stride-1, undilated, ungrouped Conv")
+    if w.s not in (1, 2) or node.attr("group") != 1 or set(w.strides) != {1} or set(w.dilations) != {1}:
+        raise CodegenError(
+            f"node {node.name!r}: the implicit GEMM covers 1-D and 2-D, stride-1, undilated, ungrouped Conv"
+        )
     if not graph.is_constant(node.inputs[1]):
         raise CodegenError(f"node {node.name!r}: the implicit GEMM needs a constant weight")
     cout = graph.types[node.inputs[1]].shape[0]
     if cout > cfg.array_size:
         raise CodegenError(f"node {node.name!r}: {cout} output channels exceed one drain ({cfg.array_size} columns)")
-    padded = w.padded_shape[2:]
-    shape = ConvShape(w.in_shape[0], w.in_shape[1], cout, w.kernel, padded, w.out_spatial)
+    lift = (1,) * (2 - w.s)
+    padded = (*lift, *w.padded_shape[2:])
+    shape = ConvShape(w.in_shape[0], w.in_shape[1], cout, (*lift, *w.kernel), padded, (*lift, *w.out_spatial))
     if shape.stream_rows > MAX_ROWS or math.prod(padded) > MAX_COLS:
         raise CodegenError(f"node {node.name!r}: a {padded} image exceeds one transposing DMA")
     return shape
 
 
 def pack_taps(weights: np.ndarray) -> np.ndarray:
-    """W[Cout, C, kh, kw] as [kh, kw, C, Cout]: the tile of tap (kh, kw) and channels c0..c0+kb is contiguous."""
-    return np.ascontiguousarray(weights.transpose(2, 3, 1, 0))
+    """W[Cout, C, kh, kw] (or a 1-D conv's W[Cout, C, kw], kh = 1) as [kh, kw, C, Cout]: the tile of tap
+    (kh, kw) and channels c0..c0+kb is contiguous."""
+    if weights.ndim not in (3, 4):
+        raise CodegenError(f"a Conv weight of rank {weights.ndim} has no implicit-GEMM packing (rank 3 or 4)")
+    lifted = weights.reshape(*weights.shape[:2], *(1,) * (4 - weights.ndim), *weights.shape[2:])
+    return np.ascontiguousarray(lifted.transpose(2, 3, 1, 0))
 
 
 def scratch_bytes(graph: Graph, cfg: MachineConfig, node: Node, out_dtype: DType) -> int:
