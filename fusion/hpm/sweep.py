@@ -35,6 +35,7 @@ from fusion.hpm.errors import HpmError
 from fusion.hpm.machines import HELDOUT_NAME, config_to_json, grids, heldout_config, variant
 from fusion.hpm.recipes import RECIPES
 from fusion.hpm.sparsity import SPARSITY_LEVELS, sparse_input
+from fusion.hpm.stamp import generator_hash
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import quantize_tensor
 from fusion.reference.interpreter import evaluate
@@ -179,7 +180,9 @@ def run_sweep(
         load_config(name)  # an unknown preset is an error before any work starts
     if samples < 1:
         raise HpmError(f"--samples must be at least 1, got {samples}")
-    _check_same_sweep(Path(out_dir), {"configs": list(bases), "heldout_share": heldout_share, "grids": grids()})
+    stamp = generator_hash()  # the code this process measures with (a directory holds one code's samples)
+    params = {"configs": list(bases), "heldout_share": heldout_share, "grids": grids(), "generators": stamp}
+    _check_same_sweep(Path(out_dir), params)
     log = SampleLog(Path(out_dir) / LOG_NAME)
     done = log.seeds()
     pending = [s for s in range(seed, seed + samples) if s not in done]
@@ -187,7 +190,7 @@ def run_sweep(
         log.append(record)
     records = [r for r in log.records() if seed <= int(r["seed"]) < seed + samples]
     rows = rows_of(records)
-    meta = {"configs": list(bases), "seed": seed, "samples": samples, "heldout_share": heldout_share}
+    meta = {**params, "seed": seed, "samples": samples}
     path = write_dataset(Path(out_dir) / DATASET_NAME, rows, meta)
     failed = sum(1 for r in records if "error" in r)
     return SweepResult(path, len(records), len(rows), failed, len(pending))
