@@ -122,24 +122,32 @@ def measure_group(seed: int, bases: Sequence[str], heldout_share: float) -> dict
         inputs = group_inputs(spec)
         params = calibrate(spec.graph, [inputs]) if spec.dtype == "int8" else None
         mc = ModelContext(spec.graph, spec.config, spec.dtype, params)
-        env = evaluate(spec.graph, inputs)
-        rows, failed = [], []
-        for key, group in candidate_groups(mc, np.random.default_rng([seed, 2])):
-            head_input = spec.graph.node(group.nodes[0]).inputs[0]
-            profile = profile_tensor(env[head_input], spec.config.array_size)
-            kernel = try_build(mc, group, profile.sparsity)
-            if isinstance(kernel, str) or kernel.program is None:
-                continue
-            try:
-                counters = run_kernel(mc, kernel, storage_env(mc, kernel, env)).counters.as_dict()
-            except DynfuseError as err:  # one bad kernel (e.g. a generator's deadlock) costs only itself
-                failed.append({"group": key, "schedule": group.schedule, "error": f"{type(err).__name__}: {err}"})
-                continue
-            features = kernel_features(mc, kernel, profile.zero_tile_fraction)
-            rows.append(_row(spec, len(rows), key, group, features, counters))
+        rows, failed = measure_candidates(spec, mc, evaluate(spec.graph, inputs), np.random.default_rng([seed, 2]))
     except DynfuseError as err:
         return {"seed": seed, "error": f"{type(err).__name__}: {err}"}
     return {"seed": seed, "rows": rows, **({"failed": failed} if failed else {})}
+
+
+def measure_candidates(
+    spec: GroupSpec, mc: ModelContext, env: dict[str, np.ndarray], rng: np.random.Generator
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(rows, failures): every legal candidate's sampled schedules built and simulated on `env` (every value of
+    the graph on the group's inputs), one row each; a kernel the simulator rejects costs only itself."""
+    rows, failed = [], []
+    for key, group in candidate_groups(mc, rng):
+        head_input = spec.graph.node(group.nodes[0]).inputs[0]
+        profile = profile_tensor(env[head_input], spec.config.array_size)
+        kernel = try_build(mc, group, profile.sparsity)
+        if isinstance(kernel, str) or kernel.program is None:
+            continue
+        try:
+            counters = run_kernel(mc, kernel, storage_env(mc, kernel, env)).counters.as_dict()
+        except DynfuseError as err:  # one bad kernel (e.g. a generator's deadlock) costs only itself
+            failed.append({"group": key, "schedule": group.schedule, "error": f"{type(err).__name__}: {err}"})
+            continue
+        features = kernel_features(mc, kernel, profile.zero_tile_fraction)
+        rows.append(_row(spec, len(rows), key, group, features, counters))
+    return rows, failed
 
 
 def _row(spec: GroupSpec, index: int, key: str, group: Group, features: Any, counters: dict) -> dict[str, Any]:
