@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "fusion.lower.cli",
     "fusion.engine.cli",
     "fusion.hpm.cli",
+    "fusion.explore.cli",
     "rtl.cli",
 )
 

@@ -7,12 +7,15 @@ The choices the simulator makes where the contract leaves one are listed in docs
 instruction, deadlock traps...).
 """
 
+from simulator.area import Area, AreaTable, area
 from simulator.config import PRESETS, MachineConfig, load_config
 from simulator.energy import EnergyTable
 from simulator.errors import ConfigError, SimulatorTrap
 from simulator.run import RunResult, Transaction, simulate
 
 __all__ = [
+    "Area",
+    "AreaTable",
     "ConfigError",
     "EnergyTable",
     "MachineConfig",
@@ -20,6 +23,7 @@ __all__ = [
     "RunResult",
     "SimulatorTrap",
     "Transaction",
+    "area",
     "load_config",
     "simulate",
 ]
