@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from fusion.errors import GraphError
-from fusion.graph.ir import DataType, Graph, Node, TensorType
+from fusion.graph.ir import DataType, DimAssumption, Graph, Node, TensorType
 from fusion.graph.shapes import infer
 
 
@@ -24,6 +24,7 @@ def assemble(
     constants: Mapping[str, np.ndarray],
     nodes: Iterable[Node],
     outputs: Iterable[str],
+    assumptions: Iterable[DimAssumption] = (),
 ) -> Graph:
     """A typed Graph; constants no node or output uses are dropped. Nodes must be in topological order."""
     nodes = tuple(nodes)
@@ -38,7 +39,8 @@ def assemble(
     used = {v for node in nodes for v in node.inputs} | set(outputs)
     kept = {k: np.asarray(v) for k, v in constants.items() if k in used}
     live = set(inputs) | set(kept) | {v for node in nodes for v in node.outputs}
-    return Graph(name, tuple(inputs), outputs, nodes, {k: t for k, t in types.items() if k in live}, kept)
+    live_types = {k: t for k, t in types.items() if k in live}
+    return Graph(name, tuple(inputs), outputs, nodes, live_types, kept, tuple(dict.fromkeys(assumptions)))
 
 
 def rebuild(
@@ -47,11 +49,12 @@ def rebuild(
     constants: Mapping[str, np.ndarray] | None = None,
     outputs: Iterable[str] | None = None,
 ) -> Graph:
-    """The same graph (name, inputs) with new nodes/constants/outputs; what passes return."""
+    """The same graph (name, inputs, assumptions) with new nodes/constants/outputs; what passes return."""
     return assemble(
         graph.name,
         {k: graph.types[k] for k in graph.inputs},
         graph.constants if constants is None else constants,
         nodes,
         graph.outputs if outputs is None else outputs,
+        graph.assumptions,
     )

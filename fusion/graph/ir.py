@@ -26,6 +26,7 @@ class DataType(enum.Enum):
     int8 = "int8"
     int32 = "int32"
     int64 = "int64"
+    bool = "bool"  # comparisons, masks and Where conditions (shape subgraphs; folded or on the vector unit)
 
     @property
     def numpy(self) -> np.dtype:
@@ -118,6 +119,21 @@ def make_node(name: str, op: OpType, inputs: Iterable[str], outputs: Iterable[st
     return Node(name, op, tuple(inputs), tuple(outputs), freeze_attrs(attrs))
 
 
+@dataclass(frozen=True)
+class DimAssumption:
+    """A fact a graph was specialised under: dim `axis` of value `value` was `size` when node `node` was made
+    (an attribute or folded constant computed from that dim, e.g. a Reshape target or a mask built from Shape).
+    Re-typing the graph for other input shapes must keep every such fact true (see shapes.with_input_shapes)."""
+
+    node: str
+    value: str
+    axis: int
+    size: int
+
+    def __str__(self) -> str:
+        return f"node {self.node!r} was built for dim {self.axis} of {self.value!r} = {self.size}"
+
+
 def _readonly(array: np.ndarray) -> np.ndarray:
     out = np.array(array, copy=True)
     out.setflags(write=False)
@@ -134,16 +150,26 @@ class Graph:
     nodes: tuple[Node, ...]
     types: Mapping[str, TensorType]
     constants: Mapping[str, np.ndarray] = field(default_factory=dict)
+    assumptions: tuple[DimAssumption, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
+        object.__setattr__(self, "assumptions", tuple(self.assumptions))
         object.__setattr__(self, "constants", MappingProxyType({k: _readonly(v) for k, v in self.constants.items()}))
         self._validate()
 
     def __reduce__(self) -> tuple:
         """Pickles as its fields (the read-only mapping views and cached indexes are rebuilt): graphs travel to
         the engine's compile workers."""
-        fields = (self.name, self.inputs, self.outputs, self.nodes, dict(self.types), dict(self.constants))
+        fields = (
+            self.name,
+            self.inputs,
+            self.outputs,
+            self.nodes,
+            dict(self.types),
+            dict(self.constants),
+            self.assumptions,
+        )
         return (Graph, fields)
 
     def _validate(self) -> None:

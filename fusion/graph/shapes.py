@@ -4,9 +4,14 @@ IR attribute conventions (the importer normalises ONNX into these; all axes are 
 Softmax/Concat/Gather/Split `axis`; Split `sizes`; LayerNorm `axis`, `epsilon` (inputs X, scale[, bias]);
 BatchNorm `epsilon` (inputs X, scale, bias, mean, var; channel axis 1); Transpose `perm`; Reshape `shape`
 (concrete); Slice `axes`, `starts`, `ends`, `steps` (concrete, clamped: indices are range(start, end, step));
-ReduceMean `axes`, `keepdims`; Gelu `approximate` ("none"/"tanh"); MatMul numpy matmul semantics;
-Gemm A[M,K] @ B[K,N] (+ C broadcast to [M,N]); Conv/MaxPool/AveragePool `strides`, `pads` (all begins then all
-ends), `dilations`, Conv `group`, pools `kernel`, `ceil_mode`, AveragePool `count_include_pad`.
+ReduceMean/ReduceSum/ReduceMax `axes`, `keepdims`; Gelu `approximate` ("none"/"tanh"); MatMul numpy matmul
+semantics; Gemm A[M,K] @ B[K,N] (+ C broadcast to [M,N]); Conv/MaxPool/AveragePool `strides`, `pads` (all begins
+then all ends), `dilations`, Conv `group`, pools `kernel`, `ceil_mode`, AveragePool `count_include_pad`;
+Clip `min`, `max`; HardSigmoid `alpha`, `beta`; Cast `to` (a DataType value); Expand `shape` (the output shape);
+ConstantOfShape `shape`, `value`, `dtype`; Range `start`, `limit`, `delta`, `dtype`; Shape `start`, `end`;
+GatherElements `axis`; Pad `pads` (begins then ends), `mode`, `value`; Trilu `upper`, `k`.
+Arithmetic, comparisons, Where, Concat, Slice, Gather, ReduceSum/Max and Cast also take integer and bool tensors
+(the shape computations of exported transformers); the math functions need float32.
 """
 
 from __future__ import annotations
@@ -17,9 +22,14 @@ import numpy as np
 
 from fusion.errors import ShapeError
 from fusion.graph.ir import DataType, Graph, Node, TensorType
-from fusion.graph.ops import BINARY_BROADCAST, UNARY_ELEMWISE, OpType
+from fusion.graph.ops import BINARY_BROADCAST, BOOL_RESULT, COMPARISONS_AND_LOGIC, UNARY_ELEMWISE, OpType
 
 F32 = DataType.float32
+BOOL = DataType.bool
+INDEX_TYPES = (DataType.int32, DataType.int64)
+# unary ops defined on integers too (shape arithmetic); the other unary ops need float32
+_NUMERIC_UNARY = frozenset({OpType.Neg, OpType.Abs, OpType.Clip})
+_ANY_DTYPE = frozenset({OpType.Identity, OpType.Cast})
 Types = tuple[TensorType, ...]
 
 
@@ -46,17 +56,111 @@ def broadcast_shapes(node: Node, *shapes: tuple[int, ...]) -> tuple[int, ...]:
         raise _fail(node, f"shapes {' and '.join(map(str, shapes))} do not broadcast") from None
 
 
+def _same_dtype(node: Node, ins: Types) -> DataType:
+    if len({t.dtype for t in ins}) != 1:
+        raise _fail(node, f"needs inputs of one dtype, got {', '.join(map(str, ins))}")
+    return ins[0].dtype
+
+
 def _unary(node: Node, ins: Types) -> Types:
     _arity(node, ins, 1, 1)
-    if node.op != OpType.Identity:
+    x = ins[0]
+    if node.op == OpType.Cast:
+        return (TensorType(x.shape, DataType(node.attr("to"))),)
+    if node.op == OpType.Not:
+        if x.dtype != BOOL:
+            raise _fail(node, f"needs a bool input, got {x}")
+    elif node.op in _NUMERIC_UNARY:
+        if x.dtype == BOOL:
+            raise _fail(node, f"needs a numeric input, got {x}")
+    elif node.op not in _ANY_DTYPE:
         _float(node, ins)
-    return (ins[0],)
+    return (x,)
 
 
 def _binary(node: Node, ins: Types) -> Types:
+    """Arithmetic on one numeric dtype (float32, or integers in shape computations); comparisons give bool."""
     _arity(node, ins, 2, 2)
-    _float(node, ins)
-    return (TensorType(broadcast_shapes(node, ins[0].shape, ins[1].shape)),)
+    dtype = _same_dtype(node, ins)
+    logic = node.op in (OpType.And, OpType.Or)
+    if logic != (dtype == BOOL) or (node.op not in COMPARISONS_AND_LOGIC and dtype == DataType.int8):
+        raise _fail(node, f"does not take {', '.join(map(str, ins))}")
+    out = BOOL if node.op in BOOL_RESULT else dtype
+    return (TensorType(broadcast_shapes(node, ins[0].shape, ins[1].shape), out),)
+
+
+def _where(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 3, 3)
+    if ins[0].dtype != BOOL:
+        raise _fail(node, f"condition must be bool, got {ins[0]}")
+    dtype = _same_dtype(node, ins[1:])
+    return (TensorType(broadcast_shapes(node, *(t.shape for t in ins)), dtype),)
+
+
+def _expand(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    shape = tuple(node.attr("shape"))
+    if broadcast_shapes(node, ins[0].shape, shape) != shape:
+        raise _fail(node, f"{ins[0]} does not broadcast to {shape}")
+    return (TensorType(shape, ins[0].dtype),)
+
+
+def _constant_of_shape(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 0, 0)
+    return (TensorType(tuple(node.attr("shape")), DataType(node.attr("dtype"))),)
+
+
+def range_length(start: float, limit: float, delta: float) -> int:
+    """ONNX Range's element count: max(ceil((limit - start) / delta), 0)."""
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _range(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 0, 0)
+    if node.attr("delta") == 0:
+        raise _fail(node, "delta 0")
+    length = range_length(node.attr("start"), node.attr("limit"), node.attr("delta"))
+    return (TensorType((length,), DataType(node.attr("dtype"))),)
+
+
+def _shape(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    start, end = node.attr("start"), node.attr("end")
+    if not 0 <= start <= end <= ins[0].rank:
+        raise _fail(node, f"dims {start}:{end} out of range for {ins[0]}")
+    return (TensorType((end - start,), DataType.int64),)
+
+
+def _gather_elements(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 2, 2)
+    data, idx = ins
+    axis = _axis(node, data.rank)
+    if idx.dtype not in INDEX_TYPES or idx.rank != data.rank:
+        raise _fail(node, f"indices must be int32/int64 of rank {data.rank}, got {idx}")
+    if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape, strict=True)) if k != axis):
+        raise _fail(node, f"indices {idx} exceed data {data} off axis {axis}")
+    return (TensorType(idx.shape, data.dtype),)
+
+
+def _pad(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    x, pads, mode = ins[0], node.attr("pads"), node.attr("mode")
+    if len(pads) != 2 * x.rank or any(p < 0 for p in pads) or mode not in ("constant", "reflect", "edge"):
+        raise _fail(node, f"pads {pads} (mode {mode!r}) do not fit {x}: one non-negative begin and end per axis")
+    begin, end = pads[: x.rank], pads[x.rank :]
+    if mode != "constant" and any(
+        (b or e) and (d == 0 or (mode == "reflect" and max(b, e) >= d))
+        for b, e, d in zip(begin, end, x.shape, strict=True)
+    ):
+        raise _fail(node, f"{mode} padding {pads} needs wider axes than {x}")
+    return (TensorType(tuple(d + b + e for d, b, e in zip(x.shape, begin, end, strict=True)), x.dtype),)
+
+
+def _trilu(node: Node, ins: Types) -> Types:
+    _arity(node, ins, 1, 1)
+    if ins[0].rank < 2:
+        raise _fail(node, f"needs rank >= 2, got {ins[0]}")
+    return (ins[0],)
 
 
 def _batchnorm(node: Node, ins: Types) -> Types:
@@ -150,21 +254,27 @@ def _slice(node: Node, ins: Types) -> Types:
 def _gather(node: Node, ins: Types) -> Types:
     _arity(node, ins, 2, 2)
     data, idx = ins
-    if idx.dtype not in (DataType.int32, DataType.int64):
+    if idx.dtype not in INDEX_TYPES:
         raise _fail(node, f"indices must be int32/int64, got {idx}")
     axis = _axis(node, data.rank)
     return (TensorType(data.shape[:axis] + idx.shape + data.shape[axis + 1 :], data.dtype),)
 
 
-def _reduce_mean(node: Node, ins: Types) -> Types:
+def _reduce(node: Node, ins: Types) -> Types:
+    """ReduceMean needs float32; ReduceSum/ReduceMax keep an integer dtype (shape computations)."""
     _arity(node, ins, 1, 1)
-    _float(node, ins)
+    if node.op == OpType.ReduceMean:
+        _float(node, ins)
+    elif ins[0].dtype in (BOOL, DataType.int8):
+        raise _fail(node, f"does not take {ins[0]}")
     axes = node.attr("axes")
     if any(not 0 <= a < ins[0].rank for a in axes):
         raise _fail(node, f"axes {axes} out of range for {ins[0]}")
+    if node.op == OpType.ReduceMax and any(ins[0].shape[a] == 0 for a in axes):
+        raise _fail(node, f"cannot take the maximum over an empty axis of {ins[0]}")
     keep = node.attr("keepdims")
     shape = tuple(1 if i in axes else d for i, d in enumerate(ins[0].shape) if keep or i not in axes)
-    return (TensorType(shape),)
+    return (TensorType(shape, ins[0].dtype),)
 
 
 def _matmul(node: Node, ins: Types) -> Types:
@@ -249,7 +359,17 @@ RULES: dict[OpType, Callable[[Node, Types], Types]] = {
     OpType.Split: _split,
     OpType.Slice: _slice,
     OpType.Gather: _gather,
-    OpType.ReduceMean: _reduce_mean,
+    OpType.GatherElements: _gather_elements,
+    OpType.Where: _where,
+    OpType.Expand: _expand,
+    OpType.ConstantOfShape: _constant_of_shape,
+    OpType.Range: _range,
+    OpType.Shape: _shape,
+    OpType.Pad: _pad,
+    OpType.Trilu: _trilu,
+    OpType.ReduceMean: _reduce,
+    OpType.ReduceSum: _reduce,
+    OpType.ReduceMax: _reduce,
     OpType.Softmax: _softmax,
     OpType.LayerNorm: _layernorm,
     OpType.MatMul: _matmul,
@@ -274,17 +394,28 @@ def infer(node: Node, ins: Types) -> Types:
 def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
     """The graph re-typed for other input shapes (e.g. another batch size): every node's output types inferred
     again in order; ShapeError naming the first node the new shapes do not fit (a Reshape to a fixed size, a
-    weight of another width)."""
+    weight of another width), or a node built at import from a dim the new shapes change (`graph.assumptions`:
+    a folded shape computation, a resolved Reshape/Flatten target). A value an assumption names that no longer
+    exists (removed by a pass) cannot be checked: then any change of input shapes is refused."""
     unknown = set(shapes) - set(graph.inputs)
     if unknown:
         raise ShapeError(f"graph {graph.name!r} has no input(s) {sorted(unknown)}")
     types = dict(graph.types)
     for name, shape in shapes.items():
         types[name] = TensorType(tuple(int(d) for d in shape), graph.types[name].dtype)
+    changed = [v for v in graph.inputs if types[v] != graph.types[v]]
     for node in graph.nodes:
         outs = infer(node, tuple(types[v] for v in node.inputs))
         types.update(zip(node.outputs, outs, strict=True))
-    return Graph(graph.name, graph.inputs, graph.outputs, graph.nodes, types, dict(graph.constants))
+    for fact in graph.assumptions if changed else ():
+        now = types.get(fact.value)
+        if now is None or now.rank <= fact.axis or now.shape[fact.axis] != fact.size:
+            seen = "no longer exists" if now is None else f"is {now}"
+            raise ShapeError(
+                f"{fact}, but at input shapes {dict(shapes)} {fact.value!r} {seen}: the value was folded for the "
+                "model's own shapes; import the model again with input_shapes= for these shapes"
+            )
+    return Graph(graph.name, graph.inputs, graph.outputs, graph.nodes, types, dict(graph.constants), graph.assumptions)
 
 
 def verify(graph: Graph) -> None:

@@ -1,7 +1,11 @@
 """Import an ONNX model into a fusion Graph, specialised to concrete input shapes.
 
-All problems (unknown operators, unsupported attributes or dtypes) are collected over the whole model and
-raised together as one UnsupportedModelError, so a user sees every node that needs work at once.
+All problems (unknown operators, unsupported attributes or dtypes, malformed nodes) are collected over the whole
+model and raised together as one UnsupportedModelError, so a user sees every node that needs work at once. The
+import does not stop at an unsupported node: its outputs get the types ONNX's own shape inference gives them
+(placeholders, never run) and every node after it is still converted and checked; only a node that cannot be
+checked without the missing values (it reads a placeholder's value, or one without an inferred type) is skipped
+silently, as a consequence of a problem already listed.
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from fusion.errors import FusionError, GraphError, Problem, UnsupportedModelError
 from fusion.graph.assemble import assemble
-from fusion.graph.ir import DataType, Graph, TensorType
-from fusion.onnx_import.context import ImportContext, Unsupported
+from fusion.graph.ir import DataType, DimAssumption, Graph, TensorType
+from fusion.onnx_import.attributes import tensor_array
+from fusion.onnx_import.context import Consequence, ImportContext, Malformed, Unsupported
 from fusion.onnx_import.converters import CONVERTERS, convert_node
+from fusion.onnx_import.placeholders import inferred_types
+from fusion.onnx_import.provenance import union
 
 MIN_OPSET = 13
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -29,8 +36,9 @@ def load(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
         return model
     try:
         return onnx.load(str(model))
-    except (OSError, DecodeError) as err:
-        raise FusionError(f"cannot read ONNX model {model}: {err}") from None
+    except (OSError, DecodeError, ValueError, onnx.checker.ValidationError) as err:
+        reason = " ".join(str(err).split())  # one line
+        raise FusionError(f"cannot read ONNX model {model}: {reason}") from None
 
 
 def opset_version(model: onnx.ModelProto) -> int:
@@ -56,8 +64,14 @@ def _value_type(info: onnx.ValueInfoProto, shapes: Mapping[str, tuple[int, ...]]
     return TensorType(dims, dtype)
 
 
+def _check_size(name: str, ttype: TensorType) -> None:
+    """A value that flows at run time with a zero-size dim has no data for any kernel to work on."""
+    if 0 in ttype.shape:
+        raise Unsupported(f"value {name!r} has a zero-size dimension ({ttype}); dynfuse needs non-empty tensors")
+
+
 def _constant(tensor: onnx.TensorProto) -> np.ndarray:
-    array = numpy_helper.to_array(tensor)
+    array = tensor_array(tensor, f"initializer {tensor.name!r}")
     try:
         DataType.of(array.dtype)
     except GraphError as err:
@@ -77,9 +91,9 @@ def import_model(
         raise UnsupportedModelError((Problem("<model>", "opset", "feature", f"opset {opset} < {MIN_OPSET}"),))
     shapes, bind = dict(input_shapes or {}), dict(bind or {})
     graph = proto.graph
-    cx = ImportContext()
+    cx = ImportContext(keep=frozenset(o.name for o in graph.output))
     problems: list[Problem] = []
-    broken: set[str] = set()
+    broken = cx.placeholders
     initializers = {t.name for t in graph.initializer}
     inputs: dict[str, TensorType] = {}
     for info in graph.input:
@@ -89,7 +103,9 @@ def import_model(
             if info.name in bind:
                 cx.add_constant(info.name, np.asarray(bind[info.name]))
             else:
-                inputs[info.name] = cx.types[info.name] = _value_type(info, shapes)
+                ttype = _value_type(info, shapes)
+                _check_size(info.name, ttype)
+                inputs[info.name] = cx.types[info.name] = ttype
         except (Unsupported, GraphError) as err:
             problems.append(Problem(f"<input {info.name}>", "input", "feature", str(err)))
             broken.add(info.name)
@@ -97,38 +113,88 @@ def import_model(
         try:
             cx.add_constant(tensor.name, _constant(tensor))
         except Unsupported as err:
-            problems.append(Problem(f"<initializer {tensor.name}>", "initializer", "feature", str(err)))
+            kind = "malformed" if isinstance(err, Malformed) else "feature"
+            problems.append(Problem(f"<initializer {tensor.name}>", "initializer", kind, str(err)))
             broken.add(tensor.name)
-    problems.extend(_convert_nodes(cx, graph, broken))
+    problems.extend(_convert_nodes(cx, proto, broken, shapes))
+    problems.extend(_empty_values(cx))
     if problems:
         raise UnsupportedModelError(tuple(problems), header=f"cannot import ONNX model {graph.name!r}")
-    result = assemble(graph.name or "model", inputs, cx.constants, cx.nodes, [o.name for o in graph.output])
+    outputs = [o.name for o in graph.output]
+    assumptions = [*cx.assumptions, *_output_assumptions(cx, outputs)]
+    result = assemble(graph.name or "model", inputs, cx.constants, cx.nodes, outputs, assumptions)
     _check_declared_outputs(result, graph)
     return result
 
 
-def _convert_nodes(cx: ImportContext, graph: onnx.GraphProto, broken: set[str]) -> list[Problem]:
-    """Convert every node; a node downstream of a failed one (or of a `broken` value) is skipped silently."""
+def _convert_nodes(
+    cx: ImportContext, proto: onnx.ModelProto, broken: set[str], shapes: Mapping[str, tuple[int, ...]]
+) -> list[Problem]:
+    """Convert every node, collecting problems. The outputs of a node that fails become placeholders typed by
+    ONNX shape inference (in `broken`): later nodes reading them are still converted, so their own problems are
+    listed too; a later node that fails only because it reads a placeholder is not listed again."""
     problems: list[Problem] = []
-    for index, n in enumerate(graph.node):
+    fallback: dict[str, TensorType] | None = None
+    for index, n in enumerate(proto.graph.node):
         base = n.name or f"{n.op_type}_{index}"
+        tainted = any(v in broken for v in n.input)
+        problem = None
         if n.domain not in DEFAULT_DOMAINS or n.op_type not in CONVERTERS:
             domain = f"{n.domain}::" if n.domain not in DEFAULT_DOMAINS else ""
-            problems.append(Problem(base, n.op_type, "op", f"operator {domain}{n.op_type} is not supported"))
-            broken.update(n.output)
-            continue
-        if any(v in broken for v in n.input):
-            broken.update(n.output)
-            continue
-        try:
-            convert_node(cx, n, base)
-        except (Unsupported, GraphError) as err:
-            problems.append(Problem(base, n.op_type, "feature", str(err)))
-            broken.update(n.output)
-        except (IndexError, KeyError) as err:  # a required input or attribute is absent
-            problems.append(Problem(base, n.op_type, "malformed", f"missing input or attribute ({err})"))
-            broken.update(n.output)
+            problem = Problem(base, n.op_type, "op", f"operator {domain}{n.op_type} is not supported{_hint(n)}")
+        elif any(v and v not in cx.types for v in n.input):
+            if not tainted:
+                missing = [v for v in n.input if v and v not in cx.types]
+                problem = Problem(base, n.op_type, "malformed", f"reads undefined value(s) {missing}")
+        else:
+            try:
+                convert_node(cx, n, base)
+            except Consequence:
+                pass
+            except Malformed as err:
+                problem = Problem(base, n.op_type, "malformed", str(err))
+            except (Unsupported, GraphError) as err:
+                problem = Problem(base, n.op_type, "feature", str(err))
+            except IndexError as err:  # a required input is absent
+                problem = Problem(base, n.op_type, "malformed", f"missing input ({err})")
+            else:
+                if tainted:
+                    broken.update(n.output)
+                continue
+        if problem is not None:
+            problems.append(problem)
+        broken.update(n.output)
+        if fallback is None:
+            fallback = inferred_types(proto, shapes)
+        for out in n.output:
+            if out and out not in cx.types and out in fallback:
+                cx.types[out] = fallback[out]
     return problems
+
+
+def _hint(n: onnx.NodeProto) -> str:
+    if n.domain not in DEFAULT_DOMAINS:
+        return f" (custom domain {n.domain!r}: export with standard ONNX operators)"
+    return " (export it as supported operators, or add a converter in fusion/onnx_import/converters.py)"
+
+
+def _empty_values(cx: ImportContext) -> list[Problem]:
+    problems = []
+    for node in cx.nodes:
+        for out in node.outputs:
+            if 0 in cx.types[out].shape:
+                reason = f"output {out!r} is empty ({cx.types[out]}); dynfuse needs non-empty run-time tensors"
+                problems.append(Problem(node.name, node.op.value, "feature", reason))
+    return problems
+
+
+def _output_assumptions(cx: ImportContext, outputs: list[str]) -> list[DimAssumption]:
+    """A graph output the import folded to a constant holds for the dims it was computed from."""
+    facts = []
+    for name in outputs:
+        for value, axis in sorted(union(cx.deps.get(name, frozenset()))):
+            facts.append(DimAssumption(f"<output {name}>", value, axis, cx.types[value].shape[axis]))
+    return facts
 
 
 def _check_declared_outputs(result: Graph, graph: onnx.GraphProto) -> None:

@@ -1,6 +1,7 @@
 """fp32 numpy kernels, one per IR operator, written from the ONNX operator definitions.
 
-Arithmetic is float32 throughout (as on the accelerator's f32 vector path); erf comes from scipy.
+Float arithmetic is float32 throughout (as on the accelerator's f32 vector path); erf comes from scipy. Integer and
+bool tensors (shape computations, masks) keep their dtype; integer Div truncates toward zero as ONNX does.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.special import erf
 
-from fusion.graph.ir import Node
+from fusion.graph.ir import DataType, Node
 from fusion.graph.ops import OpType
 from fusion.reference.windows import windows
 
@@ -34,6 +35,27 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return _f32(F32(1.0) / (F32(1.0) + np.exp(-_f32(x))))
 
 
+def hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    return _f32(np.clip(F32(alpha) * _f32(x) + F32(beta), F32(0.0), F32(1.0)))
+
+
+def clip(x: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Clip with float bounds (-inf/inf when absent); an integer x stays integer."""
+    if x.dtype.kind in "iu":
+        info = np.iinfo(x.dtype)
+        low, high = max(low, info.min), min(high, info.max)
+        return np.clip(x, np.ceil(low).astype(x.dtype), np.floor(high).astype(x.dtype))
+    return np.clip(x, x.dtype.type(low), x.dtype.type(high))
+
+
+def divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Float division, or integer division truncating toward zero (ONNX Div on integers)."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        q = np.abs(a) // np.abs(b)
+        return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+    return np.divide(a, b)
+
+
 UNARY: dict[OpType, Callable[[Node, np.ndarray], np.ndarray]] = {
     OpType.Identity: lambda n, x: x,
     OpType.Relu: lambda n, x: np.maximum(x, F32(0.0)),
@@ -43,14 +65,31 @@ UNARY: dict[OpType, Callable[[Node, np.ndarray], np.ndarray]] = {
     OpType.Gelu: lambda n, x: gelu(x, n.attr("approximate")),
     OpType.Exp: lambda n, x: np.exp(x),
     OpType.Sqrt: lambda n, x: np.sqrt(x),
+    OpType.Neg: lambda n, x: np.negative(x),
+    OpType.Abs: lambda n, x: np.abs(x),
+    OpType.Reciprocal: lambda n, x: _f32(F32(1.0) / _f32(x)),
+    OpType.Sin: lambda n, x: np.sin(x),
+    OpType.Cos: lambda n, x: np.cos(x),
+    OpType.Clip: lambda n, x: clip(x, n.attr("min"), n.attr("max")),
+    OpType.HardSigmoid: lambda n, x: hard_sigmoid(x, n.attr("alpha"), n.attr("beta")),
+    OpType.HardSwish: lambda n, x: _f32(x * hard_sigmoid(x, 1.0 / 6.0, 0.5)),
+    OpType.Not: lambda n, x: np.logical_not(x),
+    OpType.Cast: lambda n, x: np.asarray(x).astype(DataType(n.attr("to")).numpy),
 }
 
 BINARY: dict[OpType, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     OpType.Add: np.add,
     OpType.Sub: np.subtract,
     OpType.Mul: np.multiply,
-    OpType.Div: np.divide,
+    OpType.Div: divide,
     OpType.Pow: np.power,
+    OpType.Equal: np.equal,
+    OpType.Less: np.less,
+    OpType.LessOrEqual: np.less_equal,
+    OpType.Greater: np.greater,
+    OpType.GreaterOrEqual: np.greater_equal,
+    OpType.And: np.logical_and,
+    OpType.Or: np.logical_or,
 }
 
 
@@ -86,6 +125,31 @@ def _gather(node: Node, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
     axis = node.attr("axis")
     idx = np.where(idx < 0, idx + data.shape[axis], idx)
     return np.take(data, idx, axis=axis)
+
+
+def _gather_elements(node: Node, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    axis = node.attr("axis")
+    idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    return np.take_along_axis(data, idx.astype(np.int64), axis=axis)
+
+
+def _pad(node: Node, x: np.ndarray) -> np.ndarray:
+    pads, mode = node.attr("pads"), node.attr("mode")
+    widths = list(zip(pads[: x.ndim], pads[x.ndim :], strict=True))
+    if mode == "constant":
+        return np.pad(x, widths, mode="constant", constant_values=np.asarray(node.attr("value")).astype(x.dtype))
+    return np.pad(x, widths, mode=mode)
+
+
+def _trilu(node: Node, x: np.ndarray) -> np.ndarray:
+    return (np.triu if node.attr("upper") else np.tril)(x, node.attr("k"))
+
+
+def _range(node: Node) -> np.ndarray:
+    dtype = DataType(node.attr("dtype")).numpy
+    start, limit, delta = (np.asarray(node.attr(k)).astype(dtype) for k in ("start", "limit", "delta"))
+    count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    return (start + np.arange(count, dtype=dtype) * delta).astype(dtype)
 
 
 def _split(node: Node, x: np.ndarray) -> Arrays:
@@ -156,6 +220,10 @@ def _reduce_mean(node: Node, x: np.ndarray) -> np.ndarray:
     return np.mean(x, axis=node.attr("axes"), keepdims=bool(node.attr("keepdims")), dtype=F32)
 
 
+def _reduce(node: Node, x: np.ndarray, f: Callable) -> np.ndarray:
+    return f(x, axis=tuple(node.attr("axes")), keepdims=bool(node.attr("keepdims")))
+
+
 Kernel = Callable[[Node, Arrays, tuple[int, ...]], "np.ndarray | Arrays"]
 
 
@@ -177,7 +245,19 @@ KERNELS: dict[OpType, Kernel] = {
     OpType.Split: lambda n, a, sp: _split(n, a[0]),
     OpType.Slice: lambda n, a, sp: _slice(n, a[0]),
     OpType.Gather: lambda n, a, sp: _gather(n, *a),
+    OpType.GatherElements: lambda n, a, sp: _gather_elements(n, *a),
+    OpType.Where: lambda n, a, sp: np.where(*a),
+    OpType.Expand: lambda n, a, sp: np.broadcast_to(a[0], n.attr("shape")).copy(),
+    OpType.ConstantOfShape: lambda n, a, sp: np.full(
+        n.attr("shape"), n.attr("value"), dtype=DataType(n.attr("dtype")).numpy
+    ),
+    OpType.Range: lambda n, a, sp: _range(n),
+    OpType.Shape: lambda n, a, sp: np.asarray(np.shape(a[0])[n.attr("start") : n.attr("end")], dtype=np.int64),
+    OpType.Pad: lambda n, a, sp: _pad(n, a[0]),
+    OpType.Trilu: lambda n, a, sp: _trilu(n, a[0]),
     OpType.ReduceMean: lambda n, a, sp: _reduce_mean(n, a[0]),
+    OpType.ReduceSum: lambda n, a, sp: _reduce(n, a[0], np.sum),
+    OpType.ReduceMax: lambda n, a, sp: _reduce(n, a[0], np.max),
     OpType.Softmax: lambda n, a, sp: softmax(a[0], n.attr("axis")),
     OpType.LayerNorm: lambda n, a, sp: _layernorm(n, *a),
     OpType.MatMul: lambda n, a, sp: np.matmul(a[0], a[1]),

@@ -39,18 +39,27 @@ def _compare_with_onnx(model: onnx.ModelProto, feeds: dict[str, np.ndarray], ato
 
 
 def test_all_unsupported_nodes_are_reported_together() -> None:
+    """Unsupported nodes in three successive layers, each feeding the next through supported nodes, plus a
+    custom-domain op and an unsupported attribute value: every one is listed, with a hint, in one error."""
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="ok"),
-        helper.make_node("Cos", ["a"], ["b"], name="cosine"),
-        helper.make_node("BatchNormalization", ["x", "s", "s", "s", "s"], ["c"], name="bn_train", training_mode=1),
-        helper.make_node("Tile", ["b", "r"], ["d"], name="tiler"),
-        helper.make_node("Foo", ["d"], ["e"], name="custom", domain="com.example"),
+        helper.make_node("Hardmax", ["a"], ["b"], name="layer1_hardmax"),
+        helper.make_node("Relu", ["b"], ["b2"], name="between"),
+        helper.make_node("BatchNormalization", ["b2", "s", "s", "s", "s"], ["c"], name="bn_train", training_mode=1),
+        helper.make_node("Tile", ["c", "r"], ["d"], name="layer3_tiler"),
+        helper.make_node("Softmax", ["d"], ["d2"], name="after_tile"),
+        helper.make_node("CumSum", ["d2", "ax"], ["d3"], name="layer4_cumsum"),
+        helper.make_node("Foo", ["d3"], ["e"], name="custom", domain="com.example"),
     ]
     model = _model(
         nodes,
         [_vi("x", [1, 2, 3, 3])],
         [_vi("e", None)],
-        [_init("s", np.ones(2, np.float32)), _init("r", np.ones(4, np.int64))],
+        [
+            _init("s", np.ones(2, np.float32)),
+            _init("r", np.ones(4, np.int64)),
+            _init("ax", np.array(1, np.int64)),
+        ],
     )
     with pytest.raises(UnsupportedModelError) as info:
         import_model(model)
@@ -58,13 +67,27 @@ def test_all_unsupported_nodes_are_reported_together() -> None:
     assert isinstance(err, DynfuseError)
     found = {(p.node, p.op_type, p.kind) for p in err.problems}
     assert found == {
-        ("cosine", "Cos", "op"),
+        ("layer1_hardmax", "Hardmax", "op"),
         ("bn_train", "BatchNormalization", "feature"),
-        ("tiler", "Tile", "op"),
+        ("layer3_tiler", "Tile", "op"),
+        ("layer4_cumsum", "CumSum", "op"),
         ("custom", "Foo", "op"),
     }
     message = str(err)
-    assert all(name in message for name in ("cosine", "bn_train", "tiler", "com.example::Foo", "training_mode"))
+    assert all(name in message for name in ("layer4_cumsum", "bn_train", "com.example::Foo", "training_mode"))
+    assert "converters.py" in message and "custom domain" in message  # hints
+
+
+def test_a_problem_after_an_unsupported_node_is_found() -> None:
+    """A supported op misused downstream of an unknown one is still checked (it reads a typed placeholder)."""
+    nodes = [
+        helper.make_node("Hardmax", ["x"], ["a"], name="unknown"),
+        helper.make_node("Softmax", ["a"], ["b"], name="bad_axis", axis=7),
+    ]
+    model = _model(nodes, [_vi("x", [2, 3])], [_vi("b", None)])
+    with pytest.raises(UnsupportedModelError) as info:
+        import_model(model)
+    assert {p.node for p in info.value.problems} == {"unknown", "bad_axis"}
 
 
 def test_old_opset_is_rejected() -> None:
