@@ -1,5 +1,9 @@
 """The plan report: groups, strategy per group, predicted and measured cycles, DRAM bytes saved, cache
-statistics, validations; as text (`--report`) or JSON (`--json`), and several policies side by side."""
+statistics, validations; as text (`--report`) or JSON (`--json`), and several policies side by side.
+
+Every cycle count of a plan is shown with its fraction of the model's roofline bound (`fusion.cost.roofline`:
+one number per model, machine and dtype, whatever the plan), and DRAM bytes with their ratio to the
+compulsory traffic (inputs, weights and outputs moved once)."""
 
 from __future__ import annotations
 
@@ -7,9 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fusion.cost.analytic import roofline_cycles
+from fusion.cost.roofline import model_roofline
 from fusion.engine.engine import CallResult, FusionEngine
-from fusion.graph.cost import macs
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,10 @@ class PolicyReport:
     cycles: int
     dram_bytes: int
     energy_pj: float
+    macs: int
+    compulsory_bytes: int
     roofline_cycles: float
+    roofline_fraction: float
     plan_seconds: float
     compile_seconds: float
     groups: tuple[dict[str, Any], ...]
@@ -59,7 +65,7 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
         }
         for r in result.records
     )
-    total_macs = sum(macs(engine.graph, n) for n in engine.graph.nodes)
+    bound = model_roofline(engine.graph, engine.config, engine.mc.qplan)
     return PolicyReport(
         policy=plan.policy,
         model=engine.graph.name,
@@ -69,7 +75,10 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
         cycles=result.cycles,
         dram_bytes=result.dram_bytes,
         energy_pj=round(result.energy_pj, 1),
-        roofline_cycles=round(roofline_cycles(total_macs, result.dram_bytes, engine.config), 1),
+        macs=bound.macs,
+        compulsory_bytes=bound.compulsory_bytes,
+        roofline_cycles=round(bound.cycles, 1),
+        roofline_fraction=round(bound.fraction(result.cycles), 4),
         plan_seconds=round(engine.plan_seconds, 4),
         compile_seconds=round(engine.compile_seconds, 4),
         groups=groups,
@@ -107,8 +116,9 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
             f"{g['dram_bytes']:8d} {g['dram_bytes_saved']:8d}  {'+'.join(g['pipelined_with'])}"
         )
     lines += [
-        f"total: {rep.cycles} cycles, {rep.dram_bytes} DRAM bytes, {rep.energy_pj / 1e6:.3f} uJ; "
-        f"roofline bound {rep.roofline_cycles:.0f} cycles",
+        f"total: {rep.cycles} cycles ({rep.roofline_fraction:.1%} of roofline), {rep.dram_bytes} DRAM bytes "
+        f"({traffic_ratio(rep):.2f}x compulsory), {rep.energy_pj / 1e6:.3f} uJ",
+        roofline_line(rep),
         f"plan {rep.plan_seconds * 1e3:.1f} ms, JIT compile {rep.compile_seconds * 1e3:.1f} ms; cache {rep.cache}",
         f"validations run: {rep.validations}; validation failures: {len(rep.validation_events)}",
     ]
@@ -126,13 +136,31 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
     return "\n".join(lines)
 
 
+def traffic_ratio(rep: PolicyReport) -> float:
+    """DRAM bytes moved / compulsory bytes (1.0: every input, weight and output moved exactly once)."""
+    return rep.dram_bytes / rep.compulsory_bytes if rep.compulsory_bytes else 0.0
+
+
+def roofline_line(rep: PolicyReport) -> str:
+    return (
+        f"roofline bound {rep.roofline_cycles:.0f} cycles ({rep.dtype} on {rep.config}: {rep.macs} MACs, "
+        f"{rep.compulsory_bytes} compulsory DRAM bytes)"
+    )
+
+
 def format_comparison(reports: Sequence[PolicyReport]) -> str:
     base = {r.policy: r for r in reports}
-    lines = [f"{'policy':10} {'cycles':>9} {'DRAM bytes':>11} {'energy uJ':>10} {'vs none':>8} {'vs static':>9}"]
+    lines = [
+        f"{'policy':10} {'cycles':>9} {'roofline':>8} {'DRAM bytes':>11} {'x compul.':>9} {'energy uJ':>10} "
+        f"{'vs none':>8} {'vs static':>9}"
+    ]
     for r in reports:
         vs = [
             f"{base[p].cycles / r.cycles:7.2f}x" if p in base and r.cycles else "       -" for p in ("none", "static")
         ]
-        lines.append(f"{r.policy:10} {r.cycles:9d} {r.dram_bytes:11d} {r.energy_pj / 1e6:10.3f} {vs[0]:>8} {vs[1]:>9}")
-    lines.append(f"roofline bound: {reports[0].roofline_cycles:.0f} cycles")
+        lines.append(
+            f"{r.policy:10} {r.cycles:9d} {r.roofline_fraction:8.1%} {r.dram_bytes:11d} {traffic_ratio(r):8.2f}x "
+            f"{r.energy_pj / 1e6:10.3f} {vs[0]:>8} {vs[1]:>9}"
+        )
+    lines.append(roofline_line(reports[0]))
     return "\n".join(lines)
