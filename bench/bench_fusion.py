@@ -18,12 +18,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from fusion.cost.analytic import roofline_cycles
+from fusion.cost.roofline import model_roofline
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.validation import ValidationPolicy
 from fusion.engine.workers import available_cores
 from fusion.graph.builder import GraphBuilder
-from fusion.graph.cost import macs
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import load_graph
 
@@ -75,8 +74,7 @@ def measure_model(name: str, dtype: str, config: str) -> dict:
                 warm = engine.run(inputs)
                 per_kernel.append(warm.dispatch_seconds / len(warm.records))
             row["dispatch_us"] = 1e6 * float(np.median(per_kernel))
-            total_macs = sum(macs(graph, n) for n in graph.nodes)
-            row["roofline"] = roofline_cycles(total_macs, result.dram_bytes, engine.config)
+            row["roofline"] = model_roofline(engine.graph, engine.config, engine.mc.qplan).cycles
             row["pairs"] = len(engine.plan.pipelined)
             row["unpaired"] = _engine(graph, policy, dtype, config, [inputs], pipeline=False).run(inputs).cycles
     return row
