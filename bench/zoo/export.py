@@ -61,7 +61,7 @@ def export_onnx(name: str, shape: tuple[int, ...], seed: int, path: Path) -> Non
 
 
 def export(name: str, size: str, seed: int, out: Path) -> Path:
-    """Write the export of `name` at `size` into `out` (created; replaced atomically if present)."""
+    """Write the export of `name` at `size` into `out` (created atomically; an existing `out` is kept)."""
     shape = spec(name).shape(size)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -70,9 +70,11 @@ def export(name: str, size: str, seed: int, out: Path) -> Path:
         x = sample_input(shape, seed)
         np.save(staging / INPUT, x)
         np.save(staging / OUTPUT, reference_output(staging / MODEL, x))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
+        try:
+            os.replace(staging, out)
+        except OSError:  # another process finished the same export first: keep its (identical) files
+            if not is_complete(out):
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -88,7 +90,9 @@ def prune_stale(name: str, size: str, seed: int, keep: Path) -> None:
 def ensure(name: str, size: str, seed: int = DEFAULT_SEED, force: bool = False) -> Path:
     """The cache directory of the export, exporting first when missing (or when `force`)."""
     directory = entry_dir(name, size, seed)
-    if force or not is_complete(directory):
+    if force:
+        shutil.rmtree(directory, ignore_errors=True)
+    if not is_complete(directory):
         export(name, size, seed, directory)
         prune_stale(name, size, seed, directory)
     return directory
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, size in jobs:
         start = time.perf_counter()
         if args.out is not None:
+            shutil.rmtree(args.out, ignore_errors=True)
             directory = export(name, size, args.seed, args.out)
         else:
             directory = ensure(name, size, args.seed, args.force)
