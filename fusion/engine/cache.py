@@ -3,17 +3,25 @@
 Key: op signature of the group (structural hash of its subgraph) + shapes + dtypes + strategy/schedule + data
 class + machine config hash (`kernel_key`). Thread-safe: concurrent lookups of one key compile it once (later
 callers wait for the first one's result). Disk entries are written atomically (temp file + rename) as
-magic | version | sha256(payload) | payload; a truncated, corrupted or stale (other version or ISA) entry is
-detected, deleted and rebuilt, never loaded.
+magic | version | sha256(payload) | payload, the payload naming the entry's own key; a truncated, corrupted,
+stale (other version or ISA) or misplaced (another key's entry) entry is detected, deleted and rebuilt, never
+loaded.
+
+The directory is shared and not trusted: only regular files (no symlinks, FIFOs or directories) of at most
+MAX_ENTRY_BYTES are read, and nested JSON is bounded. A directory that cannot be written (read-only, full disk)
+turns the cache memory-only, with one warning, and leaves no temp files behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -27,6 +35,8 @@ from fusion.engine.plan import Group
 MAGIC = b"DFKC"
 CACHE_VERSION = 1
 HEADER = len(MAGIC) + 4 + 32
+MAX_ENTRY_BYTES = 256 << 20  # larger disk entries are not read (a kernel's program and data are far smaller)
+MAX_META_BYTES = 1 << 20  # an entry's JSON header
 
 
 @dataclass
@@ -60,13 +70,17 @@ class KernelCache:
             raise ValueError("cache bounds must be positive")
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.disk = Path(disk_dir) if disk_dir is not None else None
-        if self.disk is not None:
-            self.disk.mkdir(parents=True, exist_ok=True)
         self.stats = CacheStats()
+        self.warning = ""  # why the disk cache was dropped (one warning was issued)
         self._entries: OrderedDict[str, Kernel] = OrderedDict()
         self._bytes = 0
         self._pending: dict[str, Future] = {}
         self._lock = threading.Lock()
+        if self.disk is not None:
+            try:
+                self.disk.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                self._drop_disk(err)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -129,9 +143,14 @@ class KernelCache:
             if kernel is not None:
                 self._bytes -= kernel.nbytes
                 self.stats.evictions += 1
-        if self.disk is not None:
-            self._path(key).unlink(missing_ok=True)
+        self._unlink(key)
         return kernel is not None
+
+    def replace(self, key: str, kernel: Kernel) -> None:
+        """Put a kernel in place of a wrong one, in memory and on disk."""
+        self.evict(key)
+        self._store_disk(key, kernel)
+        self.put(key, kernel)
 
     # --- disk ---------------------------------------------------------------------------------
 
@@ -139,39 +158,90 @@ class KernelCache:
         assert self.disk is not None
         return self.disk / f"{key}.dfk"
 
-    def _store_disk(self, key: str, kernel: Kernel) -> None:
-        if self.disk is None:
+    def _unlink(self, key: str) -> None:
+        disk = self.disk
+        if disk is None:
             return
-        payload = encode_kernel(kernel)
+        with contextlib.suppress(OSError):  # a directory or a read-only cache: it is not read again either way
+            (disk / f"{key}.dfk").unlink(missing_ok=True)
+
+    def _drop_disk(self, err: OSError) -> None:
+        """Continue memory-only after the disk failed; warn once."""
+        with self._lock:
+            if self.disk is None:
+                return
+            self.warning = f"kernel cache {self.disk} is not usable ({err.strerror or err}); continuing in memory only"
+            self.disk = None
+        warnings.warn(self.warning, RuntimeWarning, stacklevel=3)
+
+    def _store_disk(self, key: str, kernel: Kernel) -> None:
+        disk = self.disk
+        if disk is None:
+            return
+        payload = encode_kernel(key, kernel)
         blob = MAGIC + CACHE_VERSION.to_bytes(4, "little") + hashlib.sha256(payload).digest() + payload
-        fd, tmp = tempfile.mkstemp(dir=self.disk, prefix=".tmp-", suffix=".dfk")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, self._path(key))
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=disk, prefix=".tmp-", suffix=".dfk")
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, disk / f"{key}.dfk")
+        except OSError as err:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            if isinstance(err, IsADirectoryError):  # this entry's name is taken by a directory: skip just it
+                return
+            self._drop_disk(err)
+            return
         with self._lock:
             self.stats.disk_writes += 1
 
     def _load_disk(self, key: str) -> Kernel | None:
-        if self.disk is None:
+        disk = self.disk
+        if disk is None:
             return None
-        path = self._path(key)
         try:
-            blob = path.read_bytes()
+            blob = read_entry(disk / f"{key}.dfk")
         except FileNotFoundError:
             return None
-        kernel = decode_entry(blob)
+        except OSError:
+            blob = None  # not a regular file, too large, or unreadable
+        kernel = None if blob is None else decode_entry(blob, key)
         with self._lock:
             if kernel is None:
                 self.stats.disk_rejected += 1
             else:
                 self.stats.disk_hits += 1
         if kernel is None:
-            path.unlink(missing_ok=True)
+            self._unlink(key)
         return kernel
 
 
-def encode_kernel(kernel: Kernel) -> bytes:
+def read_entry(path: Path) -> bytes | None:
+    """The bytes of a regular file of at most MAX_ENTRY_BYTES, else None. The file is opened without following
+    a symlink and without blocking (a FIFO), and checked on its open descriptor (no swap in between)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENTRY_BYTES:
+            return None
+        chunks, left = [], info.st_size + 1  # one byte more: a file grown since fstat is rejected
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        blob = b"".join(chunks)
+        return blob if len(blob) <= info.st_size else None
+    finally:
+        os.close(fd)
+
+
+def encode_kernel(key: str, kernel: Kernel) -> bytes:
     meta = {
+        "key": key,
         "group": asdict(kernel.group),
         "pipelined_with": None if kernel.pipelined_with is None else asdict(kernel.pipelined_with),
         "inputs": list(kernel.inputs),
@@ -186,8 +256,9 @@ def encode_kernel(kernel: Kernel) -> bytes:
     return len(head).to_bytes(4, "little") + head + body
 
 
-def decode_entry(blob: bytes) -> Kernel | None:
-    """The kernel of a disk entry, or None when the entry is truncated, corrupted or stale."""
+def decode_entry(blob: bytes, key: str) -> Kernel | None:
+    """The kernel of the disk entry for `key`, or None when the entry is truncated, corrupted, stale or another
+    key's."""
     if len(blob) < HEADER + 4 or blob[: len(MAGIC)] != MAGIC:
         return None
     if int.from_bytes(blob[4:8], "little") != CACHE_VERSION:
@@ -197,8 +268,10 @@ def decode_entry(blob: bytes) -> Kernel | None:
         return None
     try:
         size = int.from_bytes(payload[:4], "little")
+        if size > MAX_META_BYTES:
+            return None
         meta = json.loads(payload[4 : 4 + size])
-        if meta["isa"] != isa_fingerprint().hex():
+        if not isinstance(meta, dict) or meta.get("key") != key or meta["isa"] != isa_fingerprint().hex():
             return None
         body = payload[4 + size :]
         program = from_bytes(body, "<kernel cache>") if body else None
@@ -219,8 +292,8 @@ def decode_entry(blob: bytes) -> Kernel | None:
             meta["symbols"],
             None if pair is None else _group(pair),
         )
-    except (BinaryFormatError, ValueError, KeyError, TypeError, json.JSONDecodeError):
-        return None
+    except (BinaryFormatError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None  # (json.JSONDecodeError is a ValueError; deep nesting a RecursionError)
 
 
 def _group(g: dict) -> Group:

@@ -17,6 +17,7 @@ from fusion.engine.profile import TensorProfile
 class DriftThresholds:
     range_ratio: float = 2.0  # max|x| changing by more than this factor (either way) is drift
     zero_tile_delta: float = 0.25  # a zero-tile fraction change this large is drift even within a class
+    clip_margin: float = 1.1  # int8: max|x| beyond this factor of the calibrated one would saturate: re-calibrate
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,22 @@ def drift_between(name: str, old: TensorProfile, new: TensorProfile, limits: Dri
         return Drift(name, f"sparsity class {old.sparsity} -> {new.sparsity}")
     if abs(old.zero_tile_fraction - new.zero_tile_fraction) >= limits.zero_tile_delta:
         return Drift(name, f"zero-tile fraction {old.zero_tile_fraction:.2f} -> {new.zero_tile_fraction:.2f}")
-    a, b = old.max_abs, new.max_abs
-    if min(a, b) == 0.0 and max(a, b) > 0.0 or min(a, b) > 0 and max(a, b) / min(a, b) > limits.range_ratio:
-        return Drift(name, f"range max|x| {a:.3g} -> {b:.3g}")
+    if range_drifted(old, new, limits):
+        return Drift(name, f"range max|x| {old.max_abs:.3g} -> {new.max_abs:.3g}")
     return None
+
+
+def range_drifted(old: TensorProfile, new: TensorProfile, limits: DriftThresholds) -> bool:
+    """max|x| changed by more than `range_ratio` either way (or from zero)."""
+    a, b = old.max_abs, new.max_abs
+    return min(a, b) == 0.0 and max(a, b) > 0.0 or min(a, b) > 0 and max(a, b) / min(a, b) > limits.range_ratio
+
+
+def outgrew_calibration(calibrated: TensorProfile, live: TensorProfile, limits: DriftThresholds) -> bool:
+    """int8 scales calibrated on `calibrated` no longer fit `live`: its range grew past `clip_margin` (values
+    would saturate: wrong answers) or drifted by `range_ratio` (precision wasted). Asked of every call against the
+    calibration's profiles, whatever other drift the call shows, so a range creeping call by call is caught."""
+    return live.max_abs > limits.clip_margin * calibrated.max_abs or range_drifted(calibrated, live, limits)
 
 
 def detect_drift(

@@ -7,6 +7,16 @@ the data: a drifted graph input makes the `dynamic` policy re-plan the groups re
 (zero-skip variants priced at the live zero-tile fraction; int8 range drift re-calibrates and re-plans all), and
 per call the dispatch table switches a GEMM group between its dense and zero-skip kernels by the live operand's
 sparsity class and zero-tile fraction.
+
+Concurrency: a call takes one consistent snapshot under the engine's lock (the calibration's `_State`, the plan
+and the evaluator that made it) after observing drift, re-calibrating and re-planning, and dispatches on that
+snapshot only; a re-calibration swaps in a new `_State` whole, so calls in flight finish on the old one.
+
+Faults: a fused kernel that traps, or runs past its cycle budget (`cycle_budget`: a multiple of its predicted
+cycles, bounded by the machine's watchdog), fails validation like a wrong result: the unfused path runs instead,
+and the kernel is evicted, its signature blocked and the event logged. When shadow validation finds a fused kernel
+and the (possibly cached) baseline kernels disagreeing, the baseline is rebuilt from scratch before anything is
+judged: a poisoned cache entry cannot make a correct fused kernel look wrong.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from fusion.cost.analytic import AnalyticCostModel
 from fusion.cost.interface import CostModel, KernelFeatures
 from fusion.engine.cache import KernelCache, kernel_key, schedule_key
 from fusion.engine.context import ModelContext
-from fusion.engine.drift import Drift, DriftThresholds, detect_drift
+from fusion.engine.drift import Drift, DriftThresholds, detect_drift, outgrew_calibration
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import KernelRun, run_kernel, to_real
 from fusion.engine.features import kernel_features
@@ -49,8 +59,18 @@ from fusion.lower.compiler import check_inputs, load_graph
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams
 from simulator.config import MachineConfig, load_config
+from simulator.errors import SimulatorTrap
 
 Builder = Callable[[ModelContext, Group, str], Kernel]
+
+CYCLE_BUDGET_FACTOR = 16  # a fused kernel may run this many times its predicted cycles before it counts as hung
+MIN_CYCLE_BUDGET = 200_000  # ... and at least this many cycles (a cost model may predict far too few)
+
+
+def cycle_budget(predicted: float, watchdog: int) -> int:
+    """The cycles a fused kernel may run: CYCLE_BUDGET_FACTOR x its prediction, at least MIN_CYCLE_BUDGET, never
+    past the machine's watchdog. Past it the kernel is a validation failure, not a ten-minute hang."""
+    return int(min(watchdog, max(MIN_CYCLE_BUDGET, CYCLE_BUDGET_FACTOR * predicted)))
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,7 @@ class CallResult:
     drifts: tuple[Drift, ...]
     replanned: tuple[tuple[str, ...], ...]
     dispatch_seconds: float  # host time spent dispatching (profiling, keys, cache, guards), simulation excluded
+    params: QuantParams | None = None  # the int8 calibration this call ran with (None for fp32)
 
     @property
     def cycles(self) -> int:
@@ -117,6 +138,42 @@ class CallResult:
 
 def load_model(model: Graph | onnx.ModelProto | str | Path) -> Graph:
     return load_graph(model)
+
+
+@dataclass(eq=False)
+class _State:
+    """One calibration of the model: its context and what is memoised from it (signatures, cache keys, feature
+    rows, unfused traffic). Replaced whole on re-calibration, never cleared in place, so a call dispatching on
+    a state sees one calibration throughout."""
+
+    mc: ModelContext
+    calibrated: dict[str, TensorProfile]  # graph inputs' profiles when calibrated (int8 range drift is from these)
+    signatures: dict[Group, str] = field(default_factory=dict)
+    keys: dict[tuple[Group, str], str] = field(default_factory=dict)
+    pair_keys: dict[tuple[Group, Group], str] = field(default_factory=dict)
+    unfused: dict[Group, int] = field(default_factory=dict)
+    features: dict[str, KernelFeatures] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A kernel being dispatched: its cache key, blocking signature, the group it computes (shadow validation's
+    reference) and schedule."""
+
+    key: str
+    signature: str
+    reference: Group
+    schedule: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call dispatches on, taken under the lock: the state, the plan and the evaluator that made it."""
+
+    state: _State
+    plan: Plan
+    evaluator: Evaluator | None
+    index: int
 
 
 class FusionEngine:
@@ -137,14 +194,9 @@ class FusionEngine:
         self.dtype = dtype
         self.options = options or EngineOptions()
         self.cost_model = cost_model or AnalyticCostModel()
-        self.cache = cache or KernelCache()
+        self.cache = cache if cache is not None else KernelCache()  # (an empty cache is falsy)
         self.builder = builder
-        self.mc: ModelContext | None = None
-        self._signatures: dict[Group, str] = {}
-        self._keys: dict[tuple[Group, str], str] = {}
-        self._pair_keys: dict[tuple[Group, Group], str] = {}  # pipelined pairs' cache keys (dispatch stays cheap)
-        self._unfused: dict[Group, int] = {}
-        self._features: dict[str, KernelFeatures] = {}
+        self._state: _State | None = None
         self._predictions: dict[KernelFeatures, float] = {}
         self.plan: Plan | None = None
         self.plan_seconds = 0.0
@@ -168,7 +220,12 @@ class FusionEngine:
         )
         self._lock = threading.RLock()
         if dtype == "fp32" or samples:
-            self._set_context(self._params(samples))
+            self._set_context(self._params(samples), self._widest(samples or ()))
+
+    @property
+    def mc(self) -> ModelContext | None:
+        """The current calibration's model context (None for int8 before the first call or samples)."""
+        return None if self._state is None else self._state.mc
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -179,15 +236,14 @@ class FusionEngine:
             raise EngineError(f"dtype must be fp32 or int8, got {self.dtype!r}")
         return calibrate(self.graph, [check_inputs(self.graph, s) for s in samples or ()])
 
-    def _set_context(self, params: QuantParams | None) -> None:
-        self.close()
-        self.mc = ModelContext(self.graph, self.config, self.dtype, params, self.options.allow_rounding_change)
-        self._signatures.clear()
-        self._keys.clear()
-        self._pair_keys.clear()
-        self._unfused.clear()
-        self._features.clear()
-        self.plan = None
+    def _set_context(self, params: QuantParams | None, calibrated: Mapping[str, TensorProfile] | None = None) -> None:
+        """A new state (a new calibration); calls in flight keep dispatching on theirs."""
+        with self._lock:
+            self.close()
+            mc = ModelContext(self.graph, self.config, self.dtype, params, self.options.allow_rounding_change)
+            self._state = _State(mc, dict(calibrated or {}))
+            self.plan = None
+            self._evaluator = None
 
     def close(self) -> None:
         """Stop the compile workers (a later plan starts new ones); also done when the engine is collected."""
@@ -204,106 +260,109 @@ class FusionEngine:
             weakref.finalize(self, self._pool.close)
         return self._pool
 
-    def _signature(self, group: Group) -> str:
+    def _signature(self, st: _State, group: Group) -> str:
         """Op signature of a group: its subgraph's structural hash plus the int8 scales of its values."""
-        if group not in self._signatures:
-            assert self.mc is not None
+        if group not in st.signatures:
             sub = group_subgraph(self.graph, group)
             values = [*sub.inputs, *(v for n in sub.nodes for v in n.outputs)]
-            scales = tuple(self.mc.scale(v) for v in values)
-            self._signatures[group] = hashlib.sha256(repr((structural_hash(sub), scales)).encode()).hexdigest()
-        return self._signatures[group]
+            scales = tuple(st.mc.scale(v) for v in values)
+            st.signatures[group] = hashlib.sha256(repr((structural_hash(sub), scales)).encode()).hexdigest()
+        return st.signatures[group]
 
     def make_plan(self, policy: str | None = None) -> Plan:
         """Plan with the current profiles; the oracle measures each candidate kernel on the simulator."""
-        assert self.mc is not None
-        env = self._oracle_values
-        return self._planned(lambda ev: make_plan(policy or self.options.policy, ev, lambda e: self._measure(e, env)))
+        with self._lock:
+            assert self._state is not None
+            st, env = self._state, self._oracle_values
+            return self._planned(
+                lambda ev: make_plan(policy or self.options.policy, ev, lambda e: self._measure(st, e, env))
+            )
 
     def replan_region(self, region: frozenset[str]) -> Plan:
         """Local re-planning: the `dynamic` planner on the current profiles restricted to `region` (a union of
         the current plan's groups); every other group keeps its `GroupChoice` (the same object: nothing of it is
         built or priced again)."""
-        assert self.mc is not None and self.plan is not None
-        mc, old = self.mc, self.plan
+        with self._lock:
+            assert self.mc is not None and self.plan is not None
+            mc, old = self.mc, self.plan
 
-        def plan(ev: Evaluator) -> Plan:
-            fresh = plan_dynamic(ev, nodes=region)
-            kept = [c for c in old.choices if region.isdisjoint(c.group.nodes)]
-            rejected = (*(r for r in old.rejected if region.isdisjoint(r[0])), *fresh.rejected)
-            new = Plan(old.policy, in_execution_order(mc, [*kept, *fresh.choices]), rejected)
-            return plan_pipelines(ev, new, region, old.pipelined) if self.options.pipeline else new
+            def plan(ev: Evaluator) -> Plan:
+                fresh = plan_dynamic(ev, nodes=region)
+                kept = [c for c in old.choices if region.isdisjoint(c.group.nodes)]
+                rejected = (*(r for r in old.rejected if region.isdisjoint(r[0])), *fresh.rejected)
+                new = Plan(old.policy, in_execution_order(mc, [*kept, *fresh.choices]), rejected)
+                return plan_pipelines(ev, new, region, old.pipelined) if self.options.pipeline else new
 
-        return self._planned(plan, pipelines=False)
+            return self._planned(plan, pipelines=False)
 
     def _planned(self, policy: Callable[[Evaluator], Plan], pipelines: bool = True) -> Plan:
         """Run a planning function with a fresh evaluator (the current profiles), then (dynamic) pick the pipelined
-        pairs (`pipelines`: the function did not) and compile the plan."""
-        assert self.mc is not None
+        pairs (`pipelines`: the function did not) and compile the plan. Called under the lock."""
+        assert self._state is not None
         start = time.perf_counter()
-        ev = Evaluator(self.mc, self.cost_model, self.profiles, pool=self._compile_pool())
+        ev = Evaluator(self._state.mc, self.cost_model, self.profiles, pool=self._compile_pool())
         plan = policy(ev)
         if plan.policy == "dynamic" and self.options.pipeline and pipelines:
             plan = plan_pipelines(ev, plan)
         self._evaluator = ev
         self.plan_evaluations = Counter(ev.evaluations)  # the planning work, by group nodes (before compiling)
         self.plan_seconds = time.perf_counter() - start
-        self._compile_plan(plan)
+        self._compile_plan(self._state, ev, plan)
         return plan
 
-    def _measure(self, e: Evaluated, env: Mapping[str, np.ndarray] | None) -> float:
+    def _measure(self, st: _State, e: Evaluated, env: Mapping[str, np.ndarray] | None) -> float:
         if env is None:
             raise EngineError("the oracle measures kernels on real data: call run() with inputs")
-        assert self.mc is not None
-        return float(run_kernel(self.mc, e.kernel, env).cycles)
+        return float(run_kernel(st.mc, e.kernel, env).cycles)
 
-    def _compile_plan(self, plan: Plan) -> None:
+    def _compile_plan(self, st: _State, ev: Evaluator, plan: Plan) -> None:
         """JIT: every planned kernel through the cache, on a worker pool, most expensive first."""
         start = time.perf_counter()
         choices = sorted(plan.choices, key=lambda c: -c.predicted_cycles)
         with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
-            kernels = list(pool.map(lambda c: self._kernel(c.group, "any")[0], choices))
-            kernels += list(pool.map(lambda p: self._pair_kernel(p)[0], plan.pipelined))
+            kernels = list(pool.map(lambda c: self._kernel(st, c.group, "any", ev, build=True)[0], choices))
+            kernels += list(pool.map(lambda p: self._pair_kernel(st, p)[0], plan.pipelined))
         self.compile_seconds = time.perf_counter() - start
         self.codegen_seconds = sum(k.compile_seconds for k in kernels)
 
-    def _key(self, group: Group, sparsity: str) -> str:
+    def _key(self, st: _State, group: Group, sparsity: str) -> str:
         """The cache key of a group's kernel for a data class (memoised: dispatch must stay cheap)."""
         memo = (group, sparsity)
-        if memo not in self._keys:
-            assert self.mc is not None
-            guard = expected_guard(self.mc, group_subgraph(self.graph, group), group, sparsity)
-            self._keys[memo] = kernel_key(self._signature(group), group, guard)
-        return self._keys[memo]
+        if memo not in st.keys:
+            guard = expected_guard(st.mc, group_subgraph(self.graph, group), group, sparsity)
+            st.keys[memo] = kernel_key(self._signature(st, group), group, guard)
+        return st.keys[memo]
 
-    def _kernel(self, group: Group, sparsity: str) -> tuple[Kernel, bool, str]:
-        key = self._key(group, sparsity)
-        ev = self._evaluator
+    def _kernel(
+        self, st: _State, group: Group, sparsity: str, ev: Evaluator | None = None, build: bool = False
+    ) -> tuple[Kernel, bool, str]:
+        """A group's kernel through the cache. An unfused kernel the planner already built is taken from its
+        evaluator (`build`: the evaluator may build it, on its worker pool: planning only, under the lock)."""
+        key = self._key(st, group, sparsity)
         fused = group.fused or group.strategy not in ("unfused", "alias")
-        build = self.builder if fused else build_kernel
+        builder = self.builder if fused else build_kernel
 
         def make() -> Kernel:
-            if build is build_kernel and ev is not None:
-                done = ev.evaluate(group) if group.strategy != "zero_skip" else None
+            if builder is build_kernel and ev is not None and group.strategy != "zero_skip":
+                done = ev.evaluate(group) if build else next(iter(ev.priced([group])), None)
                 if done is not None and not isinstance(done, str):
                     return done.kernel
-            return build(self.mc, group, sparsity)
+            return builder(st.mc, group, sparsity)
 
         kernel, hit = self.cache.get_or_build(key, make)
         return kernel, hit, key
 
-    def _pair_kernel(self, pair: PipelinedPair) -> tuple[Kernel, bool, str]:
+    def _pair_kernel(self, st: _State, pair: PipelinedPair) -> tuple[Kernel, bool, str]:
         """A pipelined pair's program through the cache: its key is the union's signature, guard and both
         schedules."""
-        assert self.mc is not None
         producer, consumer = pair.producer, pair.consumer
-        key = self._pair_keys.get((producer, consumer))
+        key = st.pair_keys.get((producer, consumer))
         if key is None:
             union = self._union(pair)
-            guard = expected_guard(self.mc, group_subgraph(self.graph, union), producer, "any")
-            key = schedule_key(self._signature(union), pair_schedule(producer, consumer), guard)
-            self._pair_keys[(producer, consumer)] = key
-        kernel, hit = self.cache.get_or_build(key, lambda: build_pipelined(self.mc, producer, consumer))
+            guard = expected_guard(st.mc, group_subgraph(self.graph, union), producer, "any")
+            key = schedule_key(self._signature(st, union), pair_schedule(producer, consumer), guard)
+            st.pair_keys[(producer, consumer)] = key
+        kernel, hit = self.cache.get_or_build(key, lambda: build_pipelined(st.mc, producer, consumer))
         return kernel, hit, key
 
     def _union(self, pair: PipelinedPair) -> Group:
@@ -312,7 +371,6 @@ class FusionEngine:
         return Group(tuple(n.name for n in self.graph.nodes if n.name in nodes), "unfused")
 
     # --- running ----------------------------------------------------------------------------
-
     def for_inputs(self, inputs: Mapping[str, np.ndarray]) -> FusionEngine:
         """The engine that runs these inputs: this one at the model's input shapes; for other shapes (another
         batch size) an engine for the graph re-typed to them, made on first use and kept. It shares this engine's
@@ -337,8 +395,8 @@ class FusionEngine:
                 engine = FusionEngine(
                     graph, self.config, self.dtype, self.options, self.cost_model, self.cache, builder=self.builder
                 )
-                if self.mc is not None and self.mc.params is not None:
-                    engine._set_context(self.mc.params)
+                if self._state is not None and self.mc.params is not None:
+                    engine._set_context(self.mc.params, self._state.calibrated)
                 self._by_shape[key] = engine
         return engine
 
@@ -356,33 +414,35 @@ class FusionEngine:
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> CallResult:
         checked_inputs = check_inputs(self.graph, inputs)
-        with self._lock:
-            if self.mc is None:
-                self._set_context(self._params([checked_inputs]))
-            drifts = self._observe({v: checked_inputs[v] for v in self.graph.inputs})
+        with self._lock:  # observe, re-calibrate, re-plan and take the call's snapshot as one step
+            live = {v: checked_inputs[v] for v in self.graph.inputs}
+            if self._state is None:
+                self._set_context(self._params([checked_inputs]), self._profiles(live))
+            drifts = self._observe(live)
             replanned = self._replan(drifts, checked_inputs)
             if self.plan is None:
                 self._oracle_values = self._oracle_env(checked_inputs)
                 self.plan = self.make_plan()
-            plan, call = self.plan, self.calls
+            assert self._state is not None
+            c = _Call(self._state, self.plan, self._evaluator, self.calls)
             self.calls += 1
         env: dict[str, np.ndarray] = dict(checked_inputs)
         records = []
         dispatch = 0.0
-        choices = list(plan.choices)
+        choices = list(c.plan.choices)
         while choices:
             choice = choices.pop(0)
-            pair = plan.pair_from(choice.group)
+            pair = c.plan.pair_from(choice.group)
             if pair is not None and choices and choices[0].group == pair.consumer:
-                done, seconds = self._dispatch_pair(pair, choice, choices.pop(0), env, call)
+                done, seconds = self._dispatch_pair(c, pair, choice, choices.pop(0), env)
             else:
-                done, seconds = self._dispatch(choice, env, call)
+                done, seconds = self._dispatch(c, choice, env)
                 done = [done]
             records.extend(done)
             dispatch += seconds
-        assert self.mc is not None
-        outputs = {v: to_real(self.mc, v, env[v]) for v in self.graph.outputs}
-        return CallResult(outputs, tuple(records), drifts, replanned, dispatch)
+        mc = c.state.mc
+        outputs = {v: to_real(mc, v, env[v]) for v in self.graph.outputs}
+        return CallResult(outputs, tuple(records), drifts, replanned, dispatch, mc.params)
 
     def _oracle_env(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Live values for the oracle's measurements: the unfused plan's run on these inputs."""
@@ -395,26 +455,45 @@ class FusionEngine:
             env.update(run_kernel(self.mc, build_kernel(self.mc, group), env).outputs)
         return env
 
+    def _widest(self, samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, TensorProfile]:
+        """Each input's profile over calibration samples: the one of largest range (the scales cover it)."""
+        found = [self._profiles({v: s[v] for v in self.graph.inputs if v in s}) for s in samples]
+        return {
+            v: max((p[v] for p in found if v in p), key=lambda t: t.max_abs)
+            for v in self.graph.inputs
+            if any(v in p for p in found)
+        }
+
+    def _profiles(self, values: Mapping[str, np.ndarray]) -> dict[str, TensorProfile]:
+        return {k: profile_tensor(v, self.config.array_size) for k, v in values.items()}
+
     def _observe(self, values: Mapping[str, np.ndarray]) -> tuple[Drift, ...]:
-        new = {k: profile_tensor(v, self.config.array_size) for k, v in values.items()}
+        new = self._profiles(values)
         drifts = detect_drift(self.profiles, new, self.options.drift)
         self.profiles.update(new)
         return drifts
 
     def _replan(self, drifts: tuple[Drift, ...], inputs: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], ...]:
         """Re-plan on drift. int8 range drift re-calibrates: new scales change every kernel downstream of the
-        input (its value's scale and each derived one), so the whole plan is made again. Otherwise the `dynamic`
-        policy re-plans locally (`replan_region`): only the groups reading a drifted tensor (the only profiles the
-        planner reads are the graph inputs', so no other group's candidates or prices changed) are planned again,
-        on the new profiles (new zero-tile fractions, zero-skip variants); every other group keeps its choice.
-        Returns the re-planned groups (all of them after a re-calibration)."""
-        if not drifts or self.plan is None:
+        input (its value's scale and each derived one), so the whole plan is made again. The range is measured
+        from the calibration's profiles, not the previous call's, so a range creeping call by call still
+        re-calibrates. Otherwise the `dynamic` policy re-plans locally (`replan_region`): only the groups reading
+        a drifted tensor (the only profiles the planner reads are the graph inputs', so no other group's
+        candidates or prices changed) are planned again, on the new profiles (new zero-tile fractions, zero-skip
+        variants); every other group keeps its choice. Returns the re-planned groups (all of them after a
+        re-calibration)."""
+        st = self._state
+        if self.plan is None or st is None:
+            return ()
+        if st.mc.int8 and any(
+            outgrew_calibration(st.calibrated[v], self.profiles[v], self.options.drift) for v in st.calibrated
+        ):
+            everything = tuple(c.group.nodes for c in self.plan.choices)
+            self._set_context(self._params([inputs]), {v: self.profiles[v] for v in self.graph.inputs})
+            return everything
+        if not drifts:
             return ()
         drifted = {d.tensor for d in drifts}
-        if self.mc is not None and self.mc.int8 and any(d.reason.startswith("range") for d in drifts):
-            everything = tuple(c.group.nodes for c in self.plan.choices)
-            self._set_context(self._params([inputs]))
-            return everything
         affected = [c for c in self.plan.choices if drifted & set(group_subgraph(self.graph, c.group).inputs)]
         if self.options.policy != "dynamic" or not affected:
             return tuple(c.group.nodes for c in affected)
@@ -422,55 +501,60 @@ class FusionEngine:
         self.plan = self.replan_region(region)
         return tuple(c.group.nodes for c in self.plan.choices if region.issuperset(c.group.nodes))
 
-    def _variant(self, choice: GroupChoice, env: Mapping[str, np.ndarray]) -> tuple[Group, str]:
+    def _variant(self, c: _Call, choice: GroupChoice, env: Mapping[str, np.ndarray]) -> tuple[Group, str]:
         """The dispatch table: by the GEMM operand's live data class, the zero-skip kernel on sparse data when
         the cost model (at the live zero-tile fraction) prefers it, else the dense kernel."""
         if choice.zero_skip is None:
             return choice.group, "any"
-        assert self.mc is not None
         head = self.graph.node(choice.group.nodes[0]).inputs[0]
-        sparsity, fraction = data_class(env[head], self.config.array_size)
+        live = env[head] if head in env else self.graph.constants[head]  # a constant left operand (W @ x)
+        sparsity, fraction = data_class(live, self.config.array_size)
         self._zero_fraction[head] = fraction
         dense = choice.dense or choice.group
         if sparsity != "sparse":
             return dense, "dense"
         if dense is choice.zero_skip:
             return dense, "sparse"
-        twin, _, key = self._kernel(choice.zero_skip, "sparse")
-        dense_cycles = choice.predicted_cycles if choice.group is dense else self._predicted(dense)
-        if self._predict(self._feature_row(key, twin, choice.zero_skip)) < dense_cycles:
+        twin, _, key = self._kernel(c.state, choice.zero_skip, "sparse", c.evaluator)
+        dense_cycles = choice.predicted_cycles if choice.group is dense else self._predicted(c, dense)
+        if self._predict(self._feature_row(c.state, key, twin, choice.zero_skip)) < dense_cycles:
             return choice.zero_skip, "sparse"
         return dense, "sparse"
 
-    def _predicted(self, group: Group) -> float:
-        kernel, _, key = self._kernel(group, "any")
-        return self._predict(self._feature_row(key, kernel, group))
+    def _predicted(self, c: _Call, group: Group) -> float:
+        kernel, _, key = self._kernel(c.state, group, "any", c.evaluator)
+        return self._predict(self._feature_row(c.state, key, kernel, group))
 
-    def _dispatch(self, choice: GroupChoice, env: dict[str, np.ndarray], call: int) -> tuple[KernelRecord, float]:
-        assert self.mc is not None
+    def _dispatch(self, c: _Call, choice: GroupChoice, env: dict[str, np.ndarray]) -> tuple[KernelRecord, float]:
+        st = c.state
         start = time.perf_counter()
-        group, data_class = self._variant(choice, env)
+        group, data_class = self._variant(c, choice, env)
         sparsity = "sparse" if group.strategy == "zero_skip" else "any"
         fallback = ""
-        signature = self._signature(group)
+        signature = self._signature(st, group)
         if signature in self.blocked:
             fallback = "fusion blocked for this signature after a failed validation"
         else:
-            kernel, hit, key = self._kernel(group, sparsity)
+            kernel, hit, key = self._kernel(st, group, sparsity, c.evaluator)
             decision = check_guard(kernel.guard, env, data_class if sparsity != "any" else "any", self.config_hash)
             if not decision:
                 fallback = f"guard failed: {decision.reason}"
         seconds = time.perf_counter() - start
         if fallback:
-            return self._run_unfused(choice.group, env, fallback), seconds
-        run = run_kernel(self.mc, kernel, env, checked=self.options.checked)
+            return self._run_unfused(c, choice.group, env, fallback), seconds
         fused = group.fused or group.strategy not in ("unfused", "alias")
-        validated, failure = self._validate(call, key, signature, group, group.schedule, run, env, fused)
-        if failure:
-            return self._run_unfused(group, env, failure), seconds
-        env.update(run.outputs)
-        feats = self._feature_row(key, kernel, group)
+        feats = self._feature_row(st, key, kernel, group)
         predicted = self._predict(feats)
+        target = _Target(key, signature, group, group.schedule)
+        run = self._run_checked(c, target, kernel, env, fused, predicted)
+        failure = run if isinstance(run, str) else ""
+        if not failure:
+            assert isinstance(run, KernelRun)
+            validated, failure = self._validate(c, target, run, env, fused)
+        if failure:
+            return self._run_unfused(c, group, env, failure), seconds
+        assert isinstance(run, KernelRun)
+        env.update(run.outputs)
         learned = self._learn(feats, run)
         record = KernelRecord(
             group.nodes,
@@ -479,7 +563,7 @@ class FusionEngine:
             predicted,
             run.cycles,
             run.dram_read_bytes + run.dram_write_bytes,
-            self._unfused_bytes(group),
+            self._unfused_bytes(c, group),
             run.energy_pj,
             hit,
             validated,
@@ -490,28 +574,31 @@ class FusionEngine:
         return record, seconds
 
     def _dispatch_pair(
-        self, pair: PipelinedPair, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray], call: int
+        self, c: _Call, pair: PipelinedPair, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray]
     ) -> tuple[list[KernelRecord], float]:
         """A pipelined pair as one kernel, under the same guard and shadow validation as a group; the two groups
         are dispatched apart when the dispatch table picks another variant for either, the guard fails, the pair
-        is blocked, or its validation fails (then it is evicted and blocked)."""
-        assert self.mc is not None
+        is blocked, or it traps, overruns or fails validation (then it is evicted and blocked)."""
+        st = c.state
         start = time.perf_counter()
         union = self._union(pair)
-        signature = f"{self._signature(union)}|pipelined"  # blocking the pair blocks no fused group of its nodes
-        planned = self._variant(first, env)[0] == first.group  # (the planner pairs no consumer with a table)
-        kernel, hit, key = self._pair_kernel(pair)
+        signature = f"{self._signature(st, union)}|pipelined"  # blocking the pair blocks no fused group of its nodes
+        planned = self._variant(c, first, env)[0] == first.group  # (the planner pairs no consumer with a table)
+        kernel, hit, key = self._pair_kernel(st, pair)
         if not planned or signature in self.blocked or not check_guard(kernel.guard, env, "any", self.config_hash):
-            return self._apart(first, second, env, call, time.perf_counter() - start)
+            return self._apart(c, first, second, env, time.perf_counter() - start)
         seconds = time.perf_counter() - start
-        run = run_kernel(self.mc, kernel, env, checked=self.options.checked)
-        tolerance = max((self._tolerance(c.group) for c in (first, second)), key=lambda p: (p.atol, p.rtol))
         schedule = pair_schedule(pair.producer, pair.consumer)
-        validated, failure = self._validate(call, key, signature, union, schedule, run, env, True, tolerance)
+        predicted = sum(self._predicted(c, g.group) for g in (first, second))
+        target = _Target(key, signature, union, schedule)
+        run = self._run_checked(c, target, kernel, env, True, predicted)
+        if isinstance(run, str):
+            return self._apart(c, first, second, env, seconds)
+        tolerance = max((self._tolerance(st, g.group) for g in (first, second)), key=lambda p: (p.atol, p.rtol))
+        validated, failure = self._validate(c, target, run, env, True, tolerance)
         if failure:
-            return self._apart(first, second, env, call, seconds)
+            return self._apart(c, first, second, env, seconds)
         env.update(run.outputs)
-        predicted = sum(self._predicted(c.group) for c in (first, second))
         record = KernelRecord(
             (*pair.producer.nodes, *pair.consumer.nodes),
             schedule,
@@ -519,7 +606,7 @@ class FusionEngine:
             predicted,
             run.cycles,
             run.dram_read_bytes + run.dram_write_bytes,
-            self._unfused_bytes(first.group) + self._unfused_bytes(second.group),
+            self._unfused_bytes(c, first.group) + self._unfused_bytes(c, second.group),
             run.energy_pj,
             hit,
             validated,
@@ -529,41 +616,61 @@ class FusionEngine:
         )
         return [record], seconds
 
+    def _run_checked(
+        self, c: _Call, t: _Target, kernel: Kernel, env: Mapping[str, np.ndarray], fused: bool, predicted: float
+    ) -> KernelRun | str:
+        """Run a kernel; a fused one within its cycle budget. A fused kernel's trap or overrun is a failure
+        (evicted, blocked, logged; returns why the unfused path runs instead); an unfused kernel's propagates."""
+        budget = cycle_budget(predicted, self.config.max_cycles) if fused else None
+        try:
+            return run_kernel(c.state.mc, kernel, env, checked=self.options.checked, max_cycles=budget)
+        except SimulatorTrap as trap:
+            if not fused:
+                raise
+            what = f"over its cycle budget of {budget}" if "watchdog" in trap.reason else "trapped"
+            return self._reject(c, t, "", float("inf"), f"{what}: {trap}")
+
+    def _reject(self, c: _Call, t: _Target, value: str, diff: float, reason: str) -> str:
+        """A fused kernel failed: evict it, block its signature, log the event; returns the fallback reason."""
+        self.cache.evict(t.key)
+        with self._lock:
+            self.blocked.add(t.signature)
+            event = ValidationEvent(c.index, t.reference.nodes, t.schedule, value, diff, f"evicted, blocked: {reason}")
+            self.events.append(event)
+        return f"validation failed ({reason})"
+
     def _validate(
         self,
-        call: int,
-        key: str,
-        signature: str,
-        reference: Group,
-        schedule: str,
+        c: _Call,
+        t: _Target,
         run: KernelRun,
         env: Mapping[str, np.ndarray],
         fused: bool,
         tolerance: ValidationPolicy | None = None,
     ) -> tuple[bool, str]:
-        """Count a kernel's run and, when the policy says so, shadow-validate it against `reference`'s nodes run
-        unfused (tolerance: `reference`'s). Returns (validated, failure): on failure the kernel is evicted, its
-        signature blocked and the event recorded, and `failure` says why the unfused path runs instead."""
+        """Count a kernel's run and, when the policy says so, shadow-validate it against its reference group's
+        nodes run unfused (tolerance: the reference's). When they disagree, the unfused kernels are rebuilt from
+        scratch (a cached one may be wrong: it is replaced) and the fused result is judged against the fresh
+        ones. Returns (validated, failure): on failure the kernel is evicted, its signature blocked and the event
+        recorded, and `failure` says why the unfused path runs instead."""
         with self._lock:
-            count = self._runs.get(key, 0)
-            self._runs[key] = count + 1
+            count = self._runs.get(t.key, 0)
+            self._runs[t.key] = count + 1
         if not (fused and self.options.validation.should_validate(count)):
             return False, ""
-        cmp = compare(run.outputs, self._unfused_outputs(reference, env), tolerance or self._tolerance(reference))
+        policy = tolerance or self._tolerance(c.state, t.reference)
+        if compare(run.outputs, self._unfused_outputs(c, t.reference, env), policy).ok:
+            return True, ""
+        cmp = compare(run.outputs, self._unfused_outputs(c, t.reference, env, rebuild=True), policy)
         if cmp.ok:
             return True, ""
-        self.cache.evict(key)
-        with self._lock:
-            self.blocked.add(signature)
-            event = ValidationEvent(call, reference.nodes, schedule, cmp.value, cmp.max_abs_diff, "evicted, blocked")
-            self.events.append(event)
-        return True, f"validation failed (max |diff| {cmp.max_abs_diff:.3g})"
+        return True, self._reject(c, t, cmp.value, cmp.max_abs_diff, f"max |diff| {cmp.max_abs_diff:.3g}")
 
     def _apart(
-        self, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray], call: int, seconds: float
+        self, c: _Call, first: GroupChoice, second: GroupChoice, env: dict[str, np.ndarray], seconds: float
     ) -> tuple[list[KernelRecord], float]:
-        a, more = self._dispatch(first, env, call)
-        b, most = self._dispatch(second, env, call)
+        a, more = self._dispatch(c, first, env)
+        b, most = self._dispatch(c, second, env)
         return [a, b], seconds + more + most
 
     def _learn(self, feats: KernelFeatures | None, run: KernelRun) -> bool:
@@ -580,15 +687,15 @@ class FusionEngine:
         self._learner(feats, self.config, counters)
         return True
 
-    def _tolerance(self, group: Group) -> ValidationPolicy:
+    def _tolerance(self, st: _State, group: Group) -> ValidationPolicy:
         """A rounding-changing int8 fusion may differ from the unfused kernels by the skipped requantization's
         rounding: up to one step of the skipped value's scale (plus float rounding)."""
         policy = self.options.validation
-        assert self.mc is not None
+        mc = st.mc
         head = self.graph.node(group.nodes[0])
-        if not (self.mc.int8 and self.mc.allow_rounding_change and group.fused and head.name in self.mc.qplan.matrix):
+        if not (mc.int8 and mc.allow_rounding_change and group.fused and head.name in mc.qplan.matrix):
             return policy
-        step = self.mc.qplan.matrix[head.name].output_scale
+        step = mc.qplan.matrix[head.name].output_scale
         return replace(policy, atol=max(policy.atol, step), rtol=max(policy.rtol, 1e-4))
 
     def _predict(self, feats: KernelFeatures | None) -> float:
@@ -601,53 +708,61 @@ class FusionEngine:
             self._predictions[feats] = self.cost_model.predict(feats, self.config).cycles
         return self._predictions[feats]
 
-    def _feature_row(self, key: str, kernel: Kernel, group: Group) -> KernelFeatures | None:
+    def _feature_row(self, st: _State, key: str, kernel: Kernel, group: Group) -> KernelFeatures | None:
         if kernel.program is None:
             return None
-        assert self.mc is not None
         zf = round(self._zero_fraction.get(self.graph.node(group.nodes[0]).inputs[0], 0.0), 2)
         cache_key = f"{key}:{zf}"
-        if cache_key not in self._features:
-            self._features[cache_key] = kernel_features(self.mc, kernel, zf)
-        return self._features[cache_key]
+        if cache_key not in st.features:
+            st.features[cache_key] = kernel_features(st.mc, kernel, zf)
+        return st.features[cache_key]
 
-    def _unfused_bytes(self, group: Group) -> int:
-        if group in self._unfused:
-            return self._unfused[group]
+    def _unfused_bytes(self, c: _Call, group: Group) -> int:
+        st = c.state
+        if group in st.unfused:
+            return st.unfused[group]
         total = 0
         for name in group.nodes:
             single = baseline_group(self.graph.node(name))
-            kernel, _, key = self._kernel(single, "any")
-            feats = self._feature_row(key, kernel, single)
+            kernel, _, key = self._kernel(st, single, "any", c.evaluator)
+            feats = self._feature_row(st, key, kernel, single)
             total += 0 if feats is None else feats.dram_read_bytes + feats.dram_write_bytes
-        self._unfused[group] = total
+        st.unfused[group] = total
         return total
 
-    def _unfused_outputs(self, group: Group, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The group's nodes as separate baseline kernels on the same inputs (shadow validation)."""
-        assert self.mc is not None
+    def _unfused_outputs(
+        self, c: _Call, group: Group, env: Mapping[str, np.ndarray], rebuild: bool = False
+    ) -> dict[str, np.ndarray]:
+        """The group's nodes as separate baseline kernels on the same inputs (shadow validation). `rebuild`:
+        each kernel generated afresh, and a cached copy that differs from it replaced (in memory and on disk)."""
+        st = c.state
         local = dict(env)
         for name in group.nodes:
             single = baseline_group(self.graph.node(name))
-            kernel, _, _ = self._kernel(single, "any")
-            local.update(run_kernel(self.mc, kernel, local).outputs)
+            kernel, _, key = self._kernel(st, single, "any", c.evaluator)
+            if rebuild:
+                fresh = build_kernel(st.mc, single)
+                if fresh.program != kernel.program or fresh.guard != kernel.guard:
+                    self.cache.replace(key, fresh)
+                kernel = fresh
+            local.update(run_kernel(st.mc, kernel, local).outputs)
         sub = group_subgraph(self.graph, group)
         return {v: local[v] for v in sub.outputs}
 
-    def _run_unfused(self, group: Group, env: dict[str, np.ndarray], reason: str) -> KernelRecord:
-        assert self.mc is not None
+    def _run_unfused(self, c: _Call, group: Group, env: dict[str, np.ndarray], reason: str) -> KernelRecord:
+        st = c.state
         cycles = dram = 0
         energy = 0.0
         for name in group.nodes:
             single = baseline_group(self.graph.node(name))
-            kernel, _, key = self._kernel(single, "any")
-            run = run_kernel(self.mc, kernel, env)
+            kernel, _, key = self._kernel(st, single, "any", c.evaluator)
+            run = run_kernel(st.mc, kernel, env)
             env.update(run.outputs)
-            self._learn(self._feature_row(key, kernel, single), run)
+            self._learn(self._feature_row(st, key, kernel, single), run)
             cycles += run.cycles
             dram += run.dram_read_bytes + run.dram_write_bytes
             energy += run.energy_pj
-        unfused = self._unfused_bytes(group)
+        unfused = self._unfused_bytes(c, group)
         return KernelRecord(
             group.nodes, "unfused", "any", 0.0, cycles, dram, unfused, energy, False, False, reason, None
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,13 +24,21 @@ class KernelRun:
     counters: Any  # simulator counters (None for host-side alias kernels)
 
 
-def run_kernel(mc: ModelContext, kernel: Kernel, env: Mapping[str, np.ndarray], checked: bool = False) -> KernelRun:
+def run_kernel(
+    mc: ModelContext,
+    kernel: Kernel,
+    env: Mapping[str, np.ndarray],
+    checked: bool = False,
+    max_cycles: int | None = None,
+) -> KernelRun:
+    """Simulate a kernel on `env`; `max_cycles`: a tighter watchdog than the machine's (a SimulatorTrap past it)."""
     if kernel.program is None:  # a view: applied on the host, no kernel
         (src,), (dst,) = kernel.inputs, kernel.outputs
         node = mc.graph.node(kernel.group.nodes[0])
         return KernelRun({dst: apply_view(mc.graph, node, env[src])}, 0, 0, 0, 0.0, None)
     names = kernel.symbols or {}
-    result = simulate(kernel.program, mc.config, {names[v]: env[v] for v in kernel.inputs}, checked=checked)
+    config = mc.config if max_cycles is None else replace(mc.config, max_cycles=max_cycles)
+    result = simulate(kernel.program, config, {names[v]: env[v] for v in kernel.inputs}, checked=checked)
     c = result.counters
     outputs = {v: result.outputs[names[v]] for v in kernel.outputs}
     return KernelRun(

@@ -87,9 +87,9 @@ def test_damaged_disk_entries_are_discarded_and_rebuilt(tmp_path: Path, kernels,
     else:
         blob = bytearray(b"not a cache entry")
     path.write_bytes(bytes(blob))
-    assert decode_entry(bytes(blob)) is None
+    assert decode_entry(bytes(blob), "key") is None
     cache = KernelCache(disk_dir=tmp_path)
     built = []
     kernel, _ = cache.get_or_build("key", lambda: built.append(1) or kernels[0])
     assert built == [1] and cache.stats.disk_rejected == 1 and kernel is kernels[0]
-    assert decode_entry(path.read_bytes()) is not None  # rewritten, valid again
+    assert decode_entry(path.read_bytes(), "key") is not None  # rewritten, valid again

@@ -147,8 +147,8 @@ def test_pair_kernel_round_trips_through_the_disk_cache(tmp_path) -> None:
 def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkeypatch) -> None:
     import fusion.engine.engine as engine_module
 
-    def faulty(mc, kernel, env, checked=False):  # a pair whose first output is off by one step
-        run = run_kernel(mc, kernel, env, checked)
+    def faulty(mc, kernel, env, checked=False, max_cycles=None):  # a pair whose first output is off by one step
+        run = run_kernel(mc, kernel, env, checked, max_cycles)
         if kernel.pipelined_with is None:
             return run
         (v, data), *_ = run.outputs.items()
