@@ -55,6 +55,9 @@ class KernelFeatures:
 class CostEstimate:
     cycles: float
     energy_pj: float
+    spread: float | None = None  # relative standard deviation of the cycles' error (measured - predicted) /
+    # predicted, as the model knows it for this prediction; None: the model does not know (the planner assumes
+    # `planner.DEFAULT_SPREAD`). The planner measures where the expected regret of trusting `cycles` is large.
 
 
 class CostModel(Protocol):

@@ -41,14 +41,16 @@ def plan_pipelines(ev: Evaluator, plan: Plan, region: Collection[str] | None = N
     stay."""
     choices = plan.choices
     inside = (lambda c: True) if region is None else (lambda c: set(c.group.nodes) <= set(region))
-    found = {
-        i: pair
+    considered = [
+        (i, _consider(ev, choices[i], choices[i + 1]))
         for i in range(len(choices) - 1)
         if inside(choices[i]) and inside(choices[i + 1])
-        if (pair := _consider(ev, choices[i], choices[i + 1]))
-    }
+    ]
+    found = {i: pair for i, pair in considered if isinstance(pair, PipelinedPair)}
+    simulated = sum(1 for _, pair in considered if pair is not None)
     outside = tuple(p for p in kept if region is not None and region.isdisjoint((*p.producer.nodes, *p.consumer.nodes)))
-    return Plan(plan.policy, plan.choices, plan.rejected, outside + best_pairs(found, len(choices)))
+    pairs = outside + best_pairs(found, len(choices))
+    return Plan(plan.policy, plan.choices, plan.rejected, pairs, ev.measurement(pairs=simulated))
 
 
 def best_pairs(found: dict[int, PipelinedPair], n: int) -> tuple[PipelinedPair, ...]:
@@ -64,7 +66,9 @@ def best_pairs(found: dict[int, PipelinedPair], n: int) -> tuple[PipelinedPair, 
     return best[0][1]
 
 
-def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | None:
+def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | str | None:
+    """The pair when it beats its two kernels; "slower" when it was simulated and does not; None when it was
+    not simulated (not complementary, or refused)."""
     if "alias" in (a.group.strategy, b.group.strategy) or b.zero_skip is not None:
         return None  # a consumer's dispatch table reads the producer's output: unknown before the pair runs
     ea, eb = ev.evaluate(a.group), ev.evaluate(b.group)
@@ -75,10 +79,10 @@ def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | 
         return None
     try:
         kernel = build_pipelined(ev.mc, a.group, b.group)
-        together = timing_cycles(ev.mc, kernel, checked=True)
+        together = ev.timed(lambda: timing_cycles(ev.mc, kernel, checked=True))
     except (CodegenError, LoweringError, SimulatorTrap):
         return None
     apart = ev.measured_cycles(ea) + ev.measured_cycles(eb)
     if together >= apart:
-        return None
+        return "slower"
     return PipelinedPair(a.group, b.group, kinds, apart, together)

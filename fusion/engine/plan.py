@@ -85,11 +85,23 @@ class PipelinedPair:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """What the planner simulated instead of trusting the cost model (`planner.Evaluator.settle`, the plan guard,
+    pipelined pairs), and what it cost in planning time."""
+
+    kernels: int = 0  # kernels simulated on zero inputs (each at most once per plan)
+    seconds: float = 0.0  # host time of those simulations (part of the plan's planning time)
+    regions: int = 0  # plan regions the guard measured against `static` and `none`
+    fallbacks: int = 0  # of those, regions where static's or none's groups measured fewer cycles and were taken
+
+
+@dataclass(frozen=True)
 class Plan:
     policy: str
     choices: tuple[GroupChoice, ...]
     rejected: tuple[tuple[tuple[str, ...], str], ...] = field(default=())  # (nodes, reason) of refused fusions
     pipelined: tuple[PipelinedPair, ...] = field(default=())  # consecutive groups run as one program
+    measured: Measurement = field(default=Measurement())  # what planning simulated (dynamic)
 
     def pair_from(self, producer: Group) -> PipelinedPair | None:
         """The pipelined pair a group produces for, if any."""

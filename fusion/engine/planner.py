@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -23,17 +24,26 @@ from fusion.engine.candidates import Candidate, enumerate_candidates, schedules,
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import timing_cycles
+from fusion.engine.fuse_ops import fuse_ops
 from fusion.engine.kernel import Kernel, storage_dtypes
 from fusion.engine.legality import generator_accepts, structurally_legal
-from fusion.engine.plan import Group, GroupChoice, Plan, baseline_group
+from fusion.engine.plan import Group, GroupChoice, Measurement, Plan, baseline_group
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
 from fusion.engine.workers import CompilePool, build_and_count
-from fusion.graph.ops import OpKind
 
 POLICIES = ("none", "static", "dynamic", "oracle")
 ORACLE_MAX_PLANS = 512
-STATIC_FAMILIES = frozenset({"epilogue", "conv", "stream", "chain"})  # what TVM-style rules fuse (no layout absorption)
-STATIC_STRATEGY = {"epilogue": "epilogue", "conv": "implicit_gemm"}
+# static: the kernel families that may run a TVM group's nodes, preferred in this order (a fixed rule, no cost model)
+STATIC_FAMILIES = ("epilogue", "conv", "chain", "layout_chain", "stream", "swapped", "layout_load")
+STATIC_STRATEGY = {
+    "epilogue": "epilogue",
+    "conv": "implicit_gemm",
+    "chain": "chain",
+    "layout_chain": "chain",
+    "stream": "stream",
+    "swapped": "swapped",
+    "layout_load": "transpose_load",
+}
 NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 # The dynamic planner minimises predicted cycles + DRAM_WEIGHT x the DRAM channel time of the kernel's traffic.
 # A kernel's cycles see the channel only while it runs, but its bytes also cost energy (325 pJ each: ~70 fp32 MACs)
@@ -41,8 +51,11 @@ NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 # trip, an epilogue reloading A per panel) must win more than twice their channel time. 1.5 and 2 give the same
 # plans on the bundled models (fp32 d128: the swapped GEMMs' extra bytes no longer exceed static's); 0 is cycles.
 DRAM_WEIGHT = 2.0
-TIE_MARGIN = 0.02  # scores this close are a tie for the cost model (the analytic model misses bank conflicts and
-# full issue queues): `Evaluator.tie_break` measures them
+# Measuring instead of trusting the model: a prediction's true value is taken as normal around it with the model's
+# stated spread (`CostEstimate.spread`, relative); where the expected regret of trusting the model (cycles lost by
+# taking its favourite unmeasured) is at least REGRET_FLOOR of what is at stake, the candidates are simulated.
+DEFAULT_SPREAD = 0.25  # a model that states no spread: one standard deviation is a quarter of the prediction
+REGRET_FLOOR = 0.005
 THREADS_PER_WORKER = 2  # planning threads per compile worker: one waits for a kernel while another prices
 T, R = TypeVar("T"), TypeVar("R")
 
@@ -55,6 +68,17 @@ class Evaluated:
     cycles: float
     energy_pj: float
     score: float  # what the dynamic planner minimises: cycles plus priced DRAM channel time (see Evaluator)
+    sd: float = 0.0  # the cost model's standard deviation of `cycles` (its spread x cycles)
+
+
+def expected_regret(chosen: float, chosen_sd: float, other: float, other_sd: float) -> float:
+    """E[max(0, X - Y)] for independent normal X ~ (chosen, chosen_sd), Y ~ (other, other_sd): the cycles expected
+    to be lost by taking the predicted `chosen` over `other` without measuring either."""
+    sd, mu = math.hypot(chosen_sd, other_sd), chosen - other
+    if sd == 0.0:
+        return max(0.0, mu)
+    z = mu / sd
+    return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) + mu * (1 + math.erf(z / math.sqrt(2))) / 2
 
 
 class Evaluator:
@@ -77,6 +101,8 @@ class Evaluator:
         self.pool = pool
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[Group, int] = {}  # simulated cycles (see `measured_cycles`)
+        self.measure_seconds = 0.0  # host time of those simulations
+        self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
@@ -125,7 +151,9 @@ class Evaluator:
         self, group: Group, kernel: Kernel, feats: KernelFeatures, est: CostEstimate | None = None
     ) -> Evaluated:
         est = est or self.cost_model.predict(feats, self.mc.config)
-        return Evaluated(group, kernel, feats, est.cycles, est.energy_pj, est.cycles + self.priced_traffic(feats))
+        spread = DEFAULT_SPREAD if est.spread is None else est.spread
+        score = est.cycles + self.priced_traffic(feats)
+        return Evaluated(group, kernel, feats, est.cycles, est.energy_pj, score, spread * est.cycles)
 
     def priced_traffic(self, feats: KernelFeatures) -> float:
         """DRAM_WEIGHT x the DRAM channel time of the kernel's traffic: the score's term besides cycles."""
@@ -192,29 +220,59 @@ class Evaluator:
             return None, [], reason
         return done[0], [(e.group.schedule, e.cycles) for e in done[1:]], reason
 
-    def tie_break(self, done: list[Evaluated]) -> Evaluated:
-        """The best of `done` (best score first): where the cost model cannot separate schedules of the same nodes
-        (scores within TIE_MARGIN of the best), they are simulated once on zero inputs (timing does not depend on
-        the values, so zero-skip kernels are left out) and the lowest measured score wins."""
-        tied = [e for e in done if e.score <= done[0].score * (1 + TIE_MARGIN) and e.group.strategy != "zero_skip"]
-        if len(tied) < 2 or tied[0] is not done[0]:
-            return done[0]
-        return min(tied, key=self.measured_score)
+    def settle(self, done: list[Evaluated]) -> Evaluated:
+        """The best of `done` (schedules of the same nodes, best score first) once the uncertain ones are measured:
+        every schedule whose expected regret against the favourite (`expected_regret` of their scores with the
+        model's spreads) is at least REGRET_FLOOR of the favourite's score is simulated once on zero inputs with
+        the favourite (timing does not depend on the values, so zero-skip kernels are left out), and the lowest
+        measured score wins."""
+        best = done[0]
+        if best.group.strategy == "zero_skip":
+            return best
+        floor = REGRET_FLOOR * best.score
+        risky = [
+            e
+            for e in done[1:]
+            if e.group.strategy != "zero_skip" and expected_regret(best.score, best.sd, e.score, e.sd) >= floor
+        ]
+        return min([best, *risky], key=self.measured_score) if risky else best
 
     def measured_score(self, e: Evaluated) -> float:
         """The simulated cycles of a built kernel plus its priced DRAM traffic."""
         return self.measured_cycles(e) + self.priced_traffic(e.features)
 
     def measured_cycles(self, e: Evaluated) -> int:
-        """A built kernel's cycles simulated on zero inputs (`execute.timing_cycles`), memoised: the tie-break and
-        the pipelining pass measure the same kernels."""
+        """A built kernel's cycles simulated on zero inputs (`execute.timing_cycles`), memoised: `settle`, the plan
+        guard and the pipelining pass measure the same kernels (a view runs no kernel: 0)."""
+        if e.kernel.program is None:  # a view: no kernel runs
+            return 0
         with self._lock:
             found = self._measured.get(e.group)
         if found is None:
-            found = timing_cycles(self.mc, e.kernel)
+            found = self.timed(lambda: timing_cycles(self.mc, e.kernel))
             with self._lock:
                 self._measured[e.group] = found
         return found
+
+    def timed(self, simulate: Callable[[], int]) -> int:
+        """Run one planning simulation, counting its host time."""
+        start = time.perf_counter()
+        try:
+            return simulate()
+        finally:
+            with self._lock:
+                self.measure_seconds += time.perf_counter() - start
+
+    def measurement(self, pairs: int = 0) -> Measurement:
+        """What this evaluator simulated so far (`pairs`: pipelined programs simulated besides its kernels)."""
+        with self._lock:
+            kernels = len(self._measured) + pairs
+            return Measurement(kernels, self.measure_seconds, self.guarded["measured"], self.guarded["fallback"])
+
+    def count(self, outcome: str) -> None:
+        """Count a guard outcome ("measured": a region simulated, "fallback": a rival's groups taken there)."""
+        with self._lock:
+            self.guarded[outcome] += 1
 
     def unfused(self, nodes: tuple[str, ...]) -> float:
         total = 0.0
@@ -247,81 +305,70 @@ def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Gro
 
 
 def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason: str) -> GroupChoice:
-    """A picked group as planned: its schedule after the tie-break (`Evaluator.tie_break`) and its dispatch table."""
+    """A picked group as planned: its schedule once the uncertain ones are measured (`Evaluator.settle`) and its
+    dispatch table."""
     done, _ = ev.ranked(ev.with_twins(_narrowed(ev, cand)))
-    chosen = ev.tie_break(done) if done and done[0] is best else best
+    chosen = ev.settle(done) if done and done[0] is best else best
     if chosen is not best:
         alts = [(e.group.schedule, e.cycles) for e in done if e is not chosen]
-        reason += f"; measured tie-break over {best.group.schedule}"
+        reason += f"; measured: beats the predicted best {best.group.schedule}"
         best = chosen
     twin, dense = _dispatch_variants(ev, cand, best.group)
     return GroupChoice(best.group, best.cycles, ev.unfused(best.group.nodes), reason, tuple(alts), twin, dense)
 
 
-def plan_none(ev: Evaluator) -> Plan:
+def plan_none(ev: Evaluator, nodes: Collection[str] | None = None) -> Plan:
+    """Every node (of `nodes`, default all) its own baseline kernel."""
     choices = []
-    groups = [baseline_group(n) for n in ev.mc.graph.nodes]
-    for node, group, (best, _, reason) in zip(
-        ev.mc.graph.nodes, groups, ev.map(lambda g: ev.best([g]), groups), strict=True
-    ):
+    graph_nodes = [n for n in ev.mc.graph.nodes if nodes is None or n.name in nodes]
+    groups = [baseline_group(n) for n in graph_nodes]
+    for node, group, (best, _, reason) in zip(graph_nodes, groups, ev.map(lambda g: ev.best([g]), groups), strict=True):
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
         choices.append(GroupChoice(group, best.cycles, best.cycles, "unfused baseline"))
     return Plan("none", tuple(choices))
 
 
-def _static_rule(ev: Evaluator, node_name: str, longest: dict[str, Candidate]) -> Candidate | None:
-    """TVM-style: a matrix op absorbs its elementwise consumers (epilogue); elementwise chains fuse and may end
-    in one reduction; at most one complex op per group; reductions never start a group."""
-    graph = ev.mc.graph
-    cand = longest.get(node_name)
-    if cand is None or graph.node(node_name).op.kind == OpKind.REDUCTION:
-        return None
-    if cand.family == "chain":
-        kinds = [graph.node(n).op.kind for n in cand.nodes]
-        cut = next((i + 1 for i, k in enumerate(kinds) if k == OpKind.REDUCTION), len(kinds))
-        return Candidate(cand.nodes[:cut], "chain") if cut > 1 else None
-    return cand
-
-
-def plan_static(ev: Evaluator) -> Plan:
-    """Rule-based groups decided once, without data or cost model, each with the default schedule; a group the
-    rules propose but legality refuses shrinks to its longest legal prefix."""
-    mc, choices, rejected, taken = ev.mc, [], [], set()
-    longest: dict[str, Candidate] = {}
+def plan_static(ev: Evaluator, nodes: Collection[str] | None = None) -> Plan:
+    """TVM FuseOps: the groups `fuse_ops` forms from op patterns alone, each run by the kernel library's kernels
+    with their default schedules and no cost model: from a group's first uncovered node, the longest candidate
+    inside the group that is legal and builds (ties by STATIC_FAMILIES' order), else the node's baseline kernel.
+    With `nodes`, only the TVM groups inside them are planned (nothing else is built)."""
+    mc, choices, rejected = ev.mc, [], []
+    by_head: dict[str, list[Candidate]] = {}
     for c in enumerate_candidates(mc.graph):
-        if c.family in STATIC_FAMILIES and len(c.nodes) > len(
-            longest[c.nodes[0]].nodes if c.nodes[0] in longest else ()
-        ):
-            longest[c.nodes[0]] = c
-    for node in mc.graph.nodes:
-        if node.name in taken:
+        if c.family in STATIC_FAMILIES:
+            by_head.setdefault(c.nodes[0], []).append(c)
+    for tvm_group in fuse_ops(mc.graph):
+        if nodes is not None and not set(nodes).issuperset(tvm_group):
             continue
-        rule = _static_rule(ev, node.name, longest)
-        group = _static_group(mc, rule, ev, rejected) if rule else None
-        if group is None:
-            group = baseline_group(node)
-        best, _, reason = ev.best([group])
-        if best is None:
-            raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
-        taken.update(group.nodes)
-        choices.append(GroupChoice(group, best.cycles, ev.unfused(group.nodes), "static rule"))
+        left = set(tvm_group)
+        for name in tvm_group:
+            if name not in left:
+                continue
+            inside = [c for c in by_head.get(name, []) if left.issuperset(c.nodes)]
+            inside.sort(key=lambda c: (-len(c.nodes), STATIC_FAMILIES.index(c.family)))
+            found = (g for c in inside if (g := _static_group(ev, c, rejected)))
+            group = next(found, baseline_group(mc.graph.node(name)))
+            best, _, reason = ev.best([group])
+            if best is None:
+                raise EngineError(f"node {name!r} cannot be lowered: {reason}")
+            left -= set(group.nodes)
+            why = "TVM FuseOps group " + "+".join(tvm_group)
+            choices.append(GroupChoice(group, best.cycles, ev.unfused(group.nodes), why))
     return Plan("static", in_execution_order(mc, choices), tuple(rejected))
 
 
-def _static_group(mc: ModelContext, rule: Candidate, ev: Evaluator, rejected: list) -> Group | None:
-    """The longest legal prefix of the rule's group with the default schedule (None: no prefix is legal)."""
-    for k in range(len(rule.nodes), 1, -1):
-        part = rule.nodes[:k]
-        group = Group(part, STATIC_STRATEGY.get(rule.family, "chain"))
-        nodes_of = [mc.graph.node(n) for n in part]
-        decision = structurally_legal(mc, nodes_of)
-        if decision:
-            built = ev.evaluate(group)
-            decision = generator_accepts(built if isinstance(built, str) else None)
-        if decision:
-            return group
-        rejected.append((part, decision.reason))
+def _static_group(ev: Evaluator, cand: Candidate, rejected: list) -> Group | None:
+    """The candidate with its family's default schedule, when legal and built (else None, the refusal logged)."""
+    group = Group(cand.nodes, STATIC_STRATEGY[cand.family])
+    decision = structurally_legal(ev.mc, [ev.mc.graph.node(n) for n in cand.nodes], cand.family)
+    if decision:
+        built = ev.evaluate(group)
+        decision = generator_accepts(built if isinstance(built, str) else None)
+    if decision:
+        return group
+    rejected.append((cand.nodes, decision.reason))
     return None
 
 
@@ -340,12 +387,15 @@ def _narrowed(ev: Evaluator, cand: Candidate) -> list[Group]:
     return kept or groups
 
 
-def plan_dynamic(ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] | None = None) -> Plan:
+def plan_dynamic(
+    ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] | None = None, guard: bool = True
+) -> Plan:
     """Priority fusion: candidates by predicted gain in score (the nodes' best single-node schedules - fused),
     largest first, taking those whose gain exceeds `threshold` of the separate score and whose nodes are still
     free; every remaining node gets its best single-node schedule. GEMM-led candidates include their zero-skip
     variants when the operand's live profile is sparse. With `nodes`, only those nodes are planned (candidates
-    inside them; no other node is built or priced) and the plan holds their groups only: local re-planning."""
+    inside them; no other node is built or priced) and the plan holds their groups only: local re-planning.
+    With `guard`, the plan is then checked region by region against `static` and `none` (`guard_plan`)."""
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
     scored, rejected = [], []
@@ -387,7 +437,77 @@ def plan_dynamic(ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] 
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
         picked[node.name] = _choice(ev, Candidate((node.name,), "single"), best, alts, "cheapest single-node schedule")
-    return Plan("dynamic", in_execution_order(mc, picked.values()), tuple(rejected))
+    plan = Plan("dynamic", in_execution_order(mc, picked.values()), tuple(rejected))
+    return guard_plan(ev, plan, region) if guard else replace(plan, measured=ev.measurement())
+
+
+def _regions(names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:
+    """The finest partition of `names` in which every group of every plan lies inside one part (groups reaching
+    outside `names` join the parts they touch): the regions where the plans can be swapped for each other."""
+    parent = {n: n for n in names}
+
+    def root(n: str) -> str:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for plan in plans:
+        for choice in plan.choices:
+            inside = [n for n in choice.group.nodes if n in parent]
+            for n in inside[1:]:
+                parent[root(n)] = root(inside[0])
+    parts: dict[str, set[str]] = {}
+    for n in names:
+        parts.setdefault(root(n), set()).add(n)
+    return [frozenset(p) for p in parts.values()]
+
+
+def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
+    """The dynamic plan, except in the regions (`_regions` of it, `static` and `none`) where static's or none's
+    groups would take fewer cycles: there the rival's groups are taken. A region where the plans differ is
+    measured (its kernels simulated on zero inputs) unless the expected regret of keeping dynamic's groups, from
+    the predicted cycles and their spreads (summed per region: the errors of one model's kernels are
+    correlated), is below REGRET_FLOOR of them; a region with a zero-skip group (its timing depends on the data)
+    keeps dynamic's. `region`: the nodes planned (local re-planning), rivals' groups reaching outside it are not
+    candidates."""
+    rivals = [plan_none(ev, region), plan_static(ev, region)]
+    choices: list[GroupChoice] = []
+    for part in _regions(region, [plan, *rivals]):
+        mine = [c for c in plan.choices if part.issuperset(c.group.nodes)]
+        others = [
+            cs
+            for p in rivals
+            if (cs := [c for c in p.choices if part.issuperset(c.group.nodes)])
+            and sum(len(c.group.nodes) for c in cs) == len(part)
+            and {c.group for c in cs} != {c.group for c in mine}
+        ]
+        choices += _guarded(ev, mine, others)
+    return Plan(plan.policy, in_execution_order(ev.mc, choices), plan.rejected, measured=ev.measurement())
+
+
+def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoice]]) -> list[GroupChoice]:
+    """Dynamic's choices for one region, or a rival's when it measures fewer cycles (see `guard_plan`)."""
+    if not others or any(c.group.strategy == "zero_skip" for c in mine):
+        return mine
+
+    def priced(cs: list[GroupChoice]) -> list[Evaluated]:
+        return [e for c in cs if isinstance(e := ev.evaluate(c.group), Evaluated)]
+
+    def predicted(es: list[Evaluated]) -> tuple[float, float]:
+        return sum(e.cycles for e in es), sum(e.sd for e in es)
+
+    own = predicted(priced(mine))
+    if max(expected_regret(*own, *predicted(priced(cs))) for cs in others) < REGRET_FLOOR * own[0]:
+        return mine
+    measured = [sum(ev.measured_cycles(e) for e in priced(cs)) for cs in (mine, *others)]
+    ev.count("measured")
+    best = min(range(len(measured)), key=lambda i: (measured[i], i))
+    if best == 0:
+        return mine
+    ev.count("fallback")
+    why = f"plan guard: measured {measured[best]} cycles here against dynamic's {measured[0]}"
+    return [replace(c, reason=f"{c.reason}; {why}") for c in others[best - 1]]
 
 
 def in_execution_order(mc: ModelContext, choices) -> tuple[GroupChoice, ...]:
