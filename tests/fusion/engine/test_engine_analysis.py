@@ -143,40 +143,6 @@ def test_bound_pruning_finds_the_same_best_schedule_as_building_every_one() -> N
     assert len(pruned._memo) < len(full._memo)
 
 
-def test_tie_break_measures_only_what_the_cost_model_cannot_separate() -> None:
-    """Schedules of the same nodes within TIE_MARGIN of the best score are simulated (on zeros) and the lowest
-    measured score wins; a clear winner, or a zero-skip contender, is never measured."""
-    from dataclasses import replace
-
-    from fusion.cost import AnalyticCostModel
-    from fusion.engine.execute import timing_cycles
-    from fusion.engine.plan import Group
-    from fusion.engine.planner import TIE_MARGIN, Evaluator
-
-    graph = gemm_graph(m=64)
-    mc = context(graph, {}, "fp32")
-    ev = Evaluator(mc, AnalyticCostModel(), {})
-    nodes = ("mm", "add_bias", "add_res", "relu")
-    a, b = (ev.evaluate(Group(nodes, "epilogue", panels=p)) for p in (1, 0))
-
-    def truth(e) -> float:  # measured score, computed here independently of the evaluator
-        channel = (e.features.dram_read_bytes + e.features.dram_write_bytes) / mc.config.dram_bytes_per_cycle
-        return timing_cycles(mc, e.kernel) + ev.dram_weight * channel
-
-    faster, slower = sorted((a, b), key=truth)
-    assert truth(faster) < truth(slower)
-    tied = [replace(slower, score=100.0), replace(faster, score=100.0 * (1 + TIE_MARGIN / 2))]
-    assert ev.tie_break(tied).group == faster.group  # the model's favourite loses to the measurement
-    apart = [replace(slower, score=100.0), replace(faster, score=100.0 * (1 + 2 * TIE_MARGIN))]
-    assert ev.tie_break(apart) is apart[0]
-    skip = [
-        replace(slower, score=100.0),
-        replace(faster, score=100.0, group=replace(faster.group, strategy="zero_skip")),
-    ]
-    assert ev.tie_break(skip) is skip[0]
-    assert set(ev._measured) == {faster.group, slower.group}  # the two tied ones only, once each
-
-
 def test_schedules_of_one_group_are_ranked_by_their_joint_prices() -> None:
     """The planner ranks the schedules it built for one set of nodes by `CostModel.predict_group` (the learned
     model prices them together): with a model whose joint prices reverse its own one-at-a-time order, the best
