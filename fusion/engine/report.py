@@ -31,6 +31,7 @@ class PolicyReport:
     roofline_fraction: float
     plan_seconds: float
     compile_seconds: float
+    measured: dict[str, Any]  # what planning simulated (`plan.Measurement`): kernels, seconds, guard regions
     groups: tuple[dict[str, Any], ...]
     pipelined: tuple[dict[str, Any], ...]
     rejected: tuple[dict[str, Any], ...]
@@ -81,6 +82,7 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
         roofline_fraction=round(bound.fraction(result.cycles), 4),
         plan_seconds=round(engine.plan_seconds, 4),
         compile_seconds=round(engine.compile_seconds, 4),
+        measured={**plan.measured.__dict__, "seconds": round(plan.measured.seconds, 4)},
         groups=groups,
         pipelined=tuple(
             {
@@ -120,6 +122,8 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
         f"({traffic_ratio(rep):.2f}x compulsory), {rep.energy_pj / 1e6:.3f} uJ",
         roofline_line(rep),
         f"plan {rep.plan_seconds * 1e3:.1f} ms, JIT compile {rep.compile_seconds * 1e3:.1f} ms; cache {rep.cache}",
+        f"measured while planning: {rep.measured['kernels']} kernels in {rep.measured['seconds'] * 1e3:.1f} ms; "
+        f"plan guard: {rep.measured['regions']} regions measured, {rep.measured['fallbacks']} taken from static/none",
         f"validations run: {rep.validations}; validation failures: {len(rep.validation_events)}",
     ]
     lines += [f"  ! {e}" for e in rep.validation_events]
