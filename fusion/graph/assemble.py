@@ -48,6 +48,7 @@ def rebuild(
     nodes: Iterable[Node],
     constants: Mapping[str, np.ndarray] | None = None,
     outputs: Iterable[str] | None = None,
+    assumptions: Iterable[DimAssumption] | None = None,
 ) -> Graph:
     """The same graph (name, inputs, assumptions) with new nodes/constants/outputs; what passes return."""
     return assemble(
@@ -56,5 +57,5 @@ def rebuild(
         graph.constants if constants is None else constants,
         nodes,
         graph.outputs if outputs is None else outputs,
-        graph.assumptions,
+        graph.assumptions if assumptions is None else assumptions,
     )

@@ -16,12 +16,12 @@ Arithmetic, comparisons, Where, Concat, Slice, Gather, ReduceSum/Max and Cast al
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from fusion.errors import ShapeError
-from fusion.graph.ir import DataType, Graph, Node, TensorType
+from fusion.graph.ir import DataType, DimAssumption, Graph, Node, TensorType
 from fusion.graph.ops import BINARY_BROADCAST, BOOL_RESULT, COMPARISONS_AND_LOGIC, UNARY_ELEMWISE, OpType
 
 F32 = DataType.float32
@@ -404,10 +404,19 @@ def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Gr
     for name, shape in shapes.items():
         types[name] = TensorType(tuple(int(d) for d in shape), graph.types[name].dtype)
     changed = [v for v in graph.inputs if types[v] != graph.types[v]]
+    facts = graph.assumptions if changed else ()
+    _check_assumptions([f for f in facts if f.value in shapes], types, shapes)  # first: the clearest message
     for node in graph.nodes:
         outs = infer(node, tuple(types[v] for v in node.inputs))
         types.update(zip(node.outputs, outs, strict=True))
-    for fact in graph.assumptions if changed else ():
+    _check_assumptions(facts, types, shapes)
+    return Graph(graph.name, graph.inputs, graph.outputs, graph.nodes, types, dict(graph.constants), graph.assumptions)
+
+
+def _check_assumptions(
+    facts: Iterable[DimAssumption], types: Mapping[str, TensorType], shapes: Mapping[str, tuple[int, ...]]
+) -> None:
+    for fact in facts:
         now = types.get(fact.value)
         if now is None or now.rank <= fact.axis or now.shape[fact.axis] != fact.size:
             seen = "no longer exists" if now is None else f"is {now}"
@@ -415,7 +424,6 @@ def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Gr
                 f"{fact}, but at input shapes {dict(shapes)} {fact.value!r} {seen}: the value was folded for the "
                 "model's own shapes; import the model again with input_shapes= for these shapes"
             )
-    return Graph(graph.name, graph.inputs, graph.outputs, graph.nodes, types, dict(graph.constants), graph.assumptions)
 
 
 def verify(graph: Graph) -> None:

@@ -11,6 +11,7 @@ with the expected outputs at the ONNX backend's tolerance (rtol 1e-3, atol 1e-6 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from fusion.errors import UnsupportedModelError
+from fusion.errors import GraphError, UnsupportedModelError
 from fusion.graph.ir import Graph
 from fusion.onnx_import.converters import CONVERTERS
 from fusion.onnx_import.importer import import_model
@@ -51,16 +52,18 @@ def generate_node_tests(out_dir: Path, ops: frozenset[str] = SUPPORTED_OPS) -> P
     return out_dir / "node"
 
 
-def ensure_node_tests(cache: Path) -> Path:
-    """cache/node with the generated cases, generating them once; safe when parallel workers race to do it
-    (each generates into its own temporary directory and the first rename wins)."""
-    final = cache / "node"
+def ensure_node_tests(cache: Path, ops: frozenset[str] = SUPPORTED_OPS) -> Path:
+    """cache/node-<hash of ops> with the generated cases, generating them once per supported-operator set (a
+    new converter brings its cases in); safe when parallel workers race to do it (each generates into its own
+    temporary directory and the first rename wins)."""
+    digest = hashlib.sha256(" ".join(sorted(ops)).encode()).hexdigest()[:12]
+    final = cache / f"node-{digest}"
     if final.exists():
         return final
     cache.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=cache, prefix="generating-"))
     try:
-        generate_node_tests(scratch)
+        generate_node_tests(scratch, ops)
         os.rename(scratch / "node", final)
     except OSError:
         if not final.exists():
@@ -106,18 +109,21 @@ def _compare(got: Mapping[str, np.ndarray], graph: Graph, expected: list[np.ndar
 
 
 def run_case(case_dir: Path, runner: Runner = run) -> CaseResult:
-    """Import and run one case; integer inputs are bound as constants (they are shapes, axes or indices)."""
+    """Import and run one case; integer and scalar inputs are bound as constants (they are shapes, axes,
+    indices, or operands like Clip's bounds and Pad's fill value that dynfuse takes as attributes)."""
     model = onnx.load(str(case_dir / "model.onnx"))
     ops = model_ops(model)
     non_tensor = [v.name for v in (*model.graph.input, *model.graph.output) if not v.type.HasField("tensor_type")]
     if non_tensor:
         return CaseResult(case_dir.name, ops, "skip", f"non-tensor (sequence/optional) values {non_tensor}")
     for inputs, expected in _data_sets(case_dir, model):
-        bind = {k: v for k, v in inputs.items() if v.dtype.kind in "iu"}
+        bind = {k: v for k, v in inputs.items() if v.dtype.kind in "iu" or v.ndim == 0}
         try:
             graph = import_model(model, bind=bind)
         except UnsupportedModelError as err:
             return CaseResult(case_dir.name, ops, "skip", "; ".join(p.reason for p in err.problems))
+        except GraphError as err:  # the import disagrees with the model's declared types
+            return CaseResult(case_dir.name, ops, "fail", str(err))
         try:
             got = runner(graph, {k: v for k, v in inputs.items() if k not in bind})
         except Exception as err:  # a crash of the runner is a conformance failure, reported not raised

@@ -170,7 +170,10 @@ def _reshape(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
 
 def _flatten(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
     src = cx.shape(n.input[0])
-    axis = norm_axis(a.int("axis", 1), len(src) + 1) if src else 0
+    axis = a.int("axis", 1)
+    axis = axis + len(src) if axis < 0 else axis
+    if not 0 <= axis <= len(src):
+        raise Malformed(f"Flatten axis {a.int('axis')} out of range for rank {len(src)}")
     _reshape_to(cx, n, base, (int(np.prod(src[:axis], dtype=np.int64)), int(np.prod(src[axis:], dtype=np.int64))))
 
 

@@ -1,14 +1,14 @@
-"""Recognise GELU written out with Erf, as exporters emit it: 0.5 * x * (1 + erf(x / sqrt(2))) in any order of
-the multiplications, and replace it by one Gelu node (which the matrix unit's epilogue can apply).
+"""Recognise GELU written out as exporters emit it and replace it by one Gelu node (which the matrix unit's
+epilogue can apply): the exact form 0.5 * x * (1 + erf(x / sqrt(2))) and the tanh form GPT-2's gelu_new uses,
+0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in any order of the operations.
 
-Starting at each Erf of x / sqrt(2) (or x * 1/sqrt(2)), the pass follows the single reader chain through Add/Mul
-nodes whose other operand is a scalar constant, x, or 0.5 * x; after each step it checks numerically, on
-probe values, whether the chain computes gelu(x), and rewrites the longest prefix that does.
+Starting at each Erf or Tanh whose argument is arithmetic (Add/Sub/Mul/Div/Pow with scalar constants) on one
+value x, the pass follows the single reader chain through Add/Mul nodes whose other operand is a scalar
+constant, x, or 0.5 * x; after each step it checks numerically, on probe values, whether the chain computes
+gelu(x) (exact for Erf, tanh-approximated for Tanh), and rewrites the longest prefix that does.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -29,14 +29,37 @@ def _scalar(graph: Graph, value: str) -> float | None:
     return float(array) if array is not None and array.size == 1 else None
 
 
-def _erf_argument(graph: Graph, erf: Node) -> str | None:
-    """x when the Erf reads x / sqrt(2) or x * (1 / sqrt(2))."""
-    prod = graph.producers.get(erf.inputs[0])
-    if prod is None or prod.op not in (OpType.Div, OpType.Mul) or len(graph.consumers[erf.inputs[0]]) != 1:
+_ARITHMETIC = (OpType.Add, OpType.Sub, OpType.Mul, OpType.Div, OpType.Pow)
+_APPROXIMATE = {OpType.Erf: "none", OpType.Tanh: "tanh"}
+MAX_ARGUMENT_NODES = 6
+
+
+def _argument(graph: Graph, start: Node) -> tuple[str, list[Node]] | None:
+    """(x, nodes) when `start` reads arithmetic on a single value x and scalar constants, computed by nodes
+    whose results nothing else reads (e.g. x / sqrt(2), or sqrt(2/pi) * (x + 0.044715 * x^3))."""
+    leaves: set[str] = set()
+    nodes: dict[str, Node] = {}
+    pending = [start.inputs[0]]
+    while pending:
+        value = pending.pop()
+        prod = graph.producers.get(value)
+        if prod is None or prod.op not in _ARITHMETIC or value in graph.outputs:
+            leaves.add(value)
+            continue
+        if prod.name in nodes:
+            continue
+        nodes[prod.name] = prod
+        if len(nodes) > MAX_ARGUMENT_NODES:
+            return None
+        pending.extend(v for v in prod.inputs if _scalar(graph, v) is None)
+    if len(leaves) != 1 or not nodes:
         return None
-    c = _scalar(graph, prod.inputs[1])
-    want = math.sqrt(2.0) if prod.op == OpType.Div else 1 / math.sqrt(2.0)
-    return prod.inputs[0] if c is not None and abs(c - want) < 1e-6 else None
+    inside = set(nodes) | {start.name}
+    for node in nodes.values():
+        if any(c.name not in inside for c in graph.consumers.get(node.outputs[0], ())):
+            return None
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    return leaves.pop(), sorted(nodes.values(), key=lambda n: order[n.name])
 
 
 def _operand_nodes(graph: Graph, value: str, x: str) -> list[Node] | None:
@@ -50,8 +73,8 @@ def _operand_nodes(graph: Graph, value: str, x: str) -> list[Node] | None:
     return None
 
 
-def _computes_gelu(graph: Graph, nodes: list[Node], x: str, out: str) -> bool:
-    """Evaluate the candidate nodes on probe values of x and compare with exact gelu."""
+def _computes_gelu(graph: Graph, nodes: list[Node], x: str, out: str, approximate: str) -> bool:
+    """Evaluate the candidate nodes on probe values of x and compare with gelu(x, approximate)."""
     sub = extract_subgraph(graph, [n.name for n in nodes])
     if sub.inputs != (x,) or out not in sub.outputs:
         return False
@@ -60,16 +83,17 @@ def _computes_gelu(graph: Graph, nodes: list[Node], x: str, out: str) -> bool:
     except ShapeError:
         return False
     got = run(probe, {x: PROBE})[out]
-    return got.shape == PROBE.shape and bool(np.allclose(got, gelu(PROBE, "none"), rtol=1e-5, atol=1e-6))
+    return got.shape == PROBE.shape and bool(np.allclose(got, gelu(PROBE, approximate), rtol=1e-5, atol=1e-6))
 
 
-def _match(graph: Graph, erf: Node) -> tuple[str, Node] | None:
-    """(x, last node) of the longest chain from `erf` that computes gelu(x)."""
-    x = _erf_argument(graph, erf)
-    if x is None:
+def _match(graph: Graph, start: Node) -> tuple[str, Node] | None:
+    """(x, last node) of the longest chain from the Erf/Tanh `start` that computes gelu(x)."""
+    found_argument = _argument(graph, start)
+    if found_argument is None:
         return None
-    nodes = [graph.producers[erf.inputs[0]], erf]
-    current, found = erf.outputs[0], None
+    x, nodes = found_argument
+    nodes = [*nodes, start]
+    current, found = start.outputs[0], None
     for _ in range(3):
         readers = graph.consumers.get(current, ())
         if current in graph.outputs or len(readers) != 1 or readers[0].op not in (OpType.Add, OpType.Mul):
@@ -80,7 +104,7 @@ def _match(graph: Graph, erf: Node) -> tuple[str, Node] | None:
             break
         nodes += [*extra, step]
         current = step.outputs[0]
-        if _computes_gelu(graph, nodes, x, current):
+        if _computes_gelu(graph, nodes, x, current, _APPROXIMATE[start.op]):
             found = (x, step)
     return found
 
@@ -88,10 +112,11 @@ def _match(graph: Graph, erf: Node) -> tuple[str, Node] | None:
 def fuse_gelu(graph: Graph) -> Graph:
     replacement: dict[str, Node] = {}
     for node in graph.nodes:
-        found = _match(graph, node) if node.op == OpType.Erf else None
+        found = _match(graph, node) if node.op in _APPROXIMATE else None
         if found is not None:
             x, last = found
-            replacement[last.name] = make_node(last.name, OpType.Gelu, (x,), last.outputs, approximate="none")
+            approximate = _APPROXIMATE[node.op]
+            replacement[last.name] = make_node(last.name, OpType.Gelu, (x,), last.outputs, approximate=approximate)
     if not replacement:
         return graph
     return eliminate_dead_nodes(rebuild(graph, [replacement.get(n.name, n) for n in graph.nodes]))

@@ -1,5 +1,6 @@
 """Identity/no-op removal: Identity, same-shape Reshape, identity Transpose, full Slice, one-way Concat/Split,
-and arithmetic with a constant neutral element (x+0, x-0, x*1, x/1, x^1) that does not change x's type."""
+Cast to the same dtype, Expand to the same shape, Pad by nothing, Clip to (-inf, inf), and arithmetic with a
+constant neutral element (x+0, x-0, x*1, x/1, x^1) that does not change x's type."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def passthrough(graph: Graph, node: Node) -> str | None:
     """The input value a no-op node forwards, or None if the node does real work."""
     op, src = node.op, node.inputs[0] if node.inputs else None
     same_type = src is not None and graph.types[src] == graph.types[node.outputs[0]]
-    if op == OpType.Identity or (op == OpType.Reshape and same_type):
+    if op == OpType.Identity or (op in (OpType.Reshape, OpType.Cast, OpType.Expand) and same_type):
+        return src
+    if op == OpType.Pad and not any(node.attr("pads")):
+        return src
+    if op == OpType.Clip and node.attr("min") == -np.inf and node.attr("max") == np.inf:
         return src
     if op == OpType.Transpose and tuple(node.attr("perm")) == tuple(range(len(node.attr("perm")))):
         return src

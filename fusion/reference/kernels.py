@@ -128,8 +128,10 @@ def _gather(node: Node, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def _gather_elements(node: Node, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """ONNX GatherElements: the output has the indices' shape (no broadcasting, unlike take_along_axis)."""
     axis = node.attr("axis")
     idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    data = data[tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(idx.shape))]
     return np.take_along_axis(data, idx.astype(np.int64), axis=axis)
 
 
