@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from assembler.binary import load, save
@@ -12,6 +13,25 @@ from assembler.disasm import disassemble
 from assembler.objfile import ObjectFile, Section
 from assembler.source import assemble_file
 from isa import Extension
+
+ObjectReader = Callable[[Path], ObjectFile]
+_CONTAINERS: dict[bytes, tuple[str, ObjectReader]] = {}  # leading magic bytes -> (what it is, its reader)
+
+
+def register_container(magic: bytes, description: str, reader: ObjectReader) -> None:
+    """Let `dynfuse disasm` read objects wrapped in another file format. A package to the assembler's right
+    registers its own (the fusion engine: on-disk kernel cache entries), so the assembler imports none of it."""
+    _CONTAINERS[magic] = (description, reader)
+
+
+def read_object(path: Path) -> ObjectFile:
+    """A binary object, or the object inside a registered container (recognised by its leading bytes)."""
+    with open(path, "rb") as f:
+        head = f.read(max((len(m) for m in _CONTAINERS), default=0))
+    for magic, (_, reader) in _CONTAINERS.items():
+        if head.startswith(magic):
+            return reader(path)
+    return load(path)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     asm.set_defaults(run=run_asm)
     dis = subparsers.add_parser("disasm", help="disassemble a binary object into re-assemblable source")
-    dis.add_argument("binary", type=Path, help="binary object file")
+    dis.add_argument("binary", type=Path, help="binary object file, or a kernel cache entry (.dfk)")
     dis.add_argument("-o", "--output", type=Path, help="output file (default: stdout)")
     dis.set_defaults(run=run_disasm)
 
@@ -79,7 +99,7 @@ def _check_extensions(obj: ObjectFile, allowed: set[Extension], filename: str) -
 
 
 def run_disasm(args: argparse.Namespace) -> int:
-    text = disassemble(load(args.binary))
+    text = disassemble(read_object(args.binary))
     if args.output:
         args.output.write_text(text)
     else:

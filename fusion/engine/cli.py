@@ -12,16 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from fusion.engine.cache import KernelCache
+from assembler.cli import register_container
+from fusion.engine.cache import MAGIC, KernelCache
+from fusion.engine.emit_asm import RecordingCache, emit_kernels, read_cache_entry
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import EngineError
+from fusion.engine.footprint import check_fits_dram
 from fusion.engine.planner import POLICIES
 from fusion.engine.report import PolicyReport, build_report, format_comparison, format_report
 from fusion.engine.validation import ValidationPolicy
 from fusion.engine.workers import default_workers
 from fusion.lower.cli import safe_name
 from fusion.lower.compiler import load_graph
-from simulator.config import PRESETS
+from simulator.config import PRESETS, load_config
 from simulator.inputs import parse_input_args
 
 INPUT_SEED = 0
@@ -42,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--calls", type=int, default=1, help="run the model this many times (cache hits after the first)")
     p.add_argument("--cache-dir", type=Path, help="persistent on-disk kernel cache shared by processes")
     p.add_argument(
+        "--emit-asm",
+        type=Path,
+        metavar="DIR",
+        help="write each dispatched kernel as re-assemblable DIR/NNN_<schedule>_<node>.s (DIR/<policy>/ with "
+        "--compare) and DIR/kernels.tsv",
+    )
+    p.add_argument(
         "--cost-model",
         default="analytic",
         help="cost model ranking candidates: analytic, hpm ($DYNFUSE_HPM_MODEL or hpm.model) or a model file",
@@ -58,10 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="processes generating candidate kernels while planning (default: the cores, from 4 up; 1: none)",
     )
     p.set_defaults(run=run_fuse)
+    register_container(MAGIC, "kernel cache entry", read_cache_entry)  # `dynfuse disasm <key>.dfk`
 
 
-def _inputs(model: Path, specs: list[str]) -> dict[str, np.ndarray]:
+def _inputs(model: Path, specs: list[str], config: str) -> dict[str, np.ndarray]:
     graph = load_graph(model)
+    check_fits_dram(graph, load_config(config))  # before allocating any random input
     given = parse_input_args(specs)
     rng = np.random.default_rng(INPUT_SEED)
     for name in graph.inputs:
@@ -81,7 +93,7 @@ def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndar
     )
     from fusion.hpm.cost_model import load_cost_model  # the CLI is the edge that may pick the learned model
 
-    cache = KernelCache(disk_dir=args.cache_dir)
+    cache = (RecordingCache if args.emit_asm is not None else KernelCache)(disk_dir=args.cache_dir)
     cost_model = load_cost_model(args.cost_model)
     engine = FusionEngine(args.model, args.config, args.dtype, options, cost_model=cost_model, cache=cache)
     if args.calls < 1:
@@ -90,13 +102,15 @@ def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndar
     for _ in range(args.calls):
         result = engine.run(inputs)
     assert result is not None
+    if isinstance(cache, RecordingCache):
+        emit_kernels(result.records, cache.used, args.emit_asm / policy if args.compare else args.emit_asm)
     return build_report(engine.for_inputs(inputs), result), result.outputs  # the engine of these input shapes
 
 
 def run_fuse(args: argparse.Namespace) -> int:
     if not args.model.exists():
         raise EngineError(f"no such model file: {args.model}")
-    inputs = _inputs(args.model, args.input)
+    inputs = _inputs(args.model, args.input, args.config)
     policies = [p.strip() for p in args.compare.split(",")] if args.compare else [args.policy]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
