@@ -27,6 +27,7 @@ from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, 
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, matrix, movement, normalize, windows
+from fusion.lower.kernels.recipes import RECIPES, refusal, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
@@ -34,7 +35,8 @@ from fusion.quant.plan import QuantPlan, plan_quantization
 from isa.enums import Extension
 from simulator.config import MachineConfig, load_config
 
-ALIAS_OPS = frozenset({OpType.Reshape, OpType.Identity})  # of an activation: no kernel (of a constant: a copy)
+# of an activation: no kernel (of a constant: a copy); Cast between float32 types only (see recipes)
+ALIAS_OPS = frozenset({OpType.Reshape, OpType.Identity, OpType.Cast})
 LOWERINGS: dict[OpType, Callable[[LowerContext, Node], list[list[Step]]]] = {
     **matrix.LOWERINGS,
     **elementwise.LOWERINGS,
@@ -89,16 +91,30 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
             elif plan is not None and node.op in MATRIX_OPS and pos == 2:
                 q = plan.matrix[node.name]
                 forms[const_key(value, CONST_BIAS)] = quantize_bias(data, q.input_scale, q.weight_scale)
+            elif node.op == OpType.Where and pos == 0:
+                forms.update({const_key(value, form): mask for form, mask in where_masks(data).items()})
             elif data.dtype == np.float32:
                 forms[const_key(value, CONST_F32)] = data
     return forms
 
 
+def refusals(graph: Graph) -> list[tuple[Node, str]]:
+    """Every node no kernel generator runs, with the reason."""
+    out = []
+    for node in graph.nodes:
+        if node.op not in supported_ops():
+            out.append((node, "no kernel generator"))
+        elif node.op in RECIPES and (reason := refusal(graph, node)) is not None:
+            out.append((node, reason))
+    return out
+
+
 def _check_supported(graph: Graph) -> None:
-    problems = [n for n in graph.nodes if n.op not in supported_ops()]
+    problems = refusals(graph)
     if problems:
-        listing = "; ".join(f"{n.name!r} ({n.op.value})" for n in problems)
-        raise UnsupportedOpError(problems[0].name, problems[0].op.value, f"no kernel generator; unsupported: {listing}")
+        listing = "; ".join(f"{n.name!r} ({n.op.value}: {why})" for n, why in problems)
+        first = problems[0][0]
+        raise UnsupportedOpError(first.name, first.op.value, f"{len(problems)} unsupported node(s): {listing}")
 
 
 def _intervals(graph: Graph, plan: QuantPlan | None, roots: Mapping[str, str]) -> list[Interval]:

@@ -16,6 +16,14 @@ from isa.enums import DType
 from simulator.config import MachineConfig
 
 CONST_F32, CONST_I8, CONST_BIAS = "f32", "i8", "bias"
+SEL_TRUE, SEL_FALSE = "sel_true", "sel_false"  # a constant Where condition as float clamps (kernels.recipes)
+FORM_DTYPES = {
+    CONST_F32: DType.f32,
+    CONST_I8: DType.i8,
+    CONST_BIAS: DType.i32,
+    SEL_TRUE: DType.f32,
+    SEL_FALSE: DType.f32,
+}
 
 
 @dataclass(frozen=True)
@@ -34,22 +42,28 @@ class LowerContext:
         return self.plan is not None
 
     def scale(self, value: str) -> float | None:
-        """The int8 scale a value is stored at (None: stored as float32)."""
+        """The int8 scale a value is stored at (None: stored as float32, as every constant form but CONST_I8)."""
+        if split_const_key(value) is not None:
+            return None
         return None if self.plan is None else self.plan.scales[value]
 
     def dtype(self, value: str) -> DType:
+        if (form := split_const_key(value)) is not None:
+            return FORM_DTYPES[form[0]]
         return storage_dtype(self.graph, self.plan, value)
 
     def view(self, value: str) -> View:
+        """A graph value's DRAM view, or a constant form's (given by its `const_key`)."""
         if value in self.views:  # e.g. a Transpose's output read in place from its input (`engine.codegen`)
             return self.views[value]
+        if (form := split_const_key(value)) is not None:
+            return self.const_view(form[1], form[0])
         if self.graph.is_constant(value):
             return self.const_view(value, CONST_F32)
         return dense(self.addresses[value], self.graph.types[value].shape, self.dtype(value))
 
     def const_view(self, value: str, form: str) -> View:
-        dtype = {CONST_F32: DType.f32, CONST_I8: DType.i8, CONST_BIAS: DType.i32}[form]
-        return dense(self.addresses[const_key(value, form)], self.graph.types[value].shape, dtype)
+        return dense(self.addresses[const_key(value, form)], self.graph.types[value].shape, FORM_DTYPES[form])
 
     def matrix(self, node: Node) -> MatrixQuant:
         assert self.plan is not None
@@ -61,6 +75,14 @@ class LowerContext:
 
 def const_key(value: str, form: str) -> str:
     return f"const:{form}:{value}"
+
+
+def split_const_key(key: str) -> tuple[str, str] | None:
+    """(form, value) of a `const_key`, None for a graph value name."""
+    if not key.startswith("const:"):
+        return None
+    form, _, value = key[len("const:") :].partition(":")
+    return form, value
 
 
 def temp_key(node: Node, index: int) -> str:

@@ -5,8 +5,8 @@ Rules (symmetric per-tensor int8; see fusion.reference.quantized for the arithme
 - Graph inputs and constants are float32.
 - MatMul, Gemm, Conv consume int8 operands (a float32 operand is quantized at its calibrated scale), accumulate
   in int32, add the bias in accumulator units, and requantize to int8 at their output's calibrated scale.
-- Relu, MaxPool, Identity, Reshape, Transpose, Slice, Split, Gather (data operand) and Concat (all inputs at one
-  scale) on int8 data stay int8 at the same scale.
+- Relu, MaxPool, ReduceMax, Identity, Cast, Reshape, Transpose, Slice, Split, Gather (data operand), Expand,
+  Pad (zero pad value) and Concat (all inputs at one scale) on int8 data stay int8 at the same scale.
 - Every other operator computes in float32 on dequantized inputs and produces float32.
 """
 
@@ -31,6 +31,10 @@ INT8_PRESERVING = frozenset(
         OpType.Split,
         OpType.Gather,
         OpType.Concat,
+        OpType.ReduceMax,
+        OpType.Cast,
+        OpType.Expand,
+        OpType.Pad,
     }
 )
 
@@ -63,6 +67,13 @@ def _data_inputs(node: Node) -> tuple[str, ...]:
     return node.inputs[:1] if node.op == OpType.Gather else node.inputs
 
 
+def _preserves_int8(node: Node) -> bool:
+    """A constant-mode Pad moves int8 data unchanged only with a zero pad value (0 quantizes to 0 at any scale)."""
+    if node.op == OpType.Pad and node.attr("mode") == "constant":
+        return float(node.attr("value")) == 0.0
+    return node.op in INT8_PRESERVING
+
+
 def plan_quantization(graph: Graph, params: QuantParams) -> QuantPlan:
     scales: dict[str, float | None] = dict.fromkeys((*graph.inputs, *graph.constants))
     matrix: dict[str, MatrixQuant] = {}
@@ -74,6 +85,6 @@ def plan_quantization(graph: Graph, params: QuantParams) -> QuantPlan:
             scales[node.outputs[0]] = out
             continue
         ins = {scales[v] for v in _data_inputs(node)}
-        keep = node.op in INT8_PRESERVING and len(ins) == 1 and None not in ins
+        keep = _preserves_int8(node) and len(ins) == 1 and None not in ins
         scales.update(dict.fromkeys(node.outputs, ins.pop() if keep else None))
     return QuantPlan(MappingProxyType(scales), MappingProxyType(matrix))

@@ -3,13 +3,13 @@
 A tile of the group's output is produced by loading each external input once (`vc.ld`, dequantized in registers
 on the int8 path), applying the nodes' operations register to register, and storing once (`vc.st`). Softmax and
 LayerNorm over the last axis are chains too (row reductions `vc.rmax`/`vc.rsum` with per-row `.vc` broadcasts),
-so "Add -> LayerNorm" or "Mul -> Softmax" is one kernel and one DRAM round trip. Each operation follows the
-reference's order (as the unfused kernels do), so float32 results are bit-identical to the unfused path.
+so "Add -> LayerNorm" or "Mul -> Softmax" is one kernel and one DRAM round trip. Elementwise ops emit the same
+recipe as the unfused kernels (`fusion.lower.kernels.recipes`, in register form), so float32 results are
+bit-identical to the unfused path.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,22 +18,14 @@ from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_scalar
 from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.recipes import BINARY_INSTRUCTION, RECIPES, RegisterForm, Row, Scalar, refusal
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
 
-UNARY = {
-    OpType.Relu: "vc_relu",
-    OpType.Sigmoid: "vc_sigmoid",
-    OpType.Tanh: "vc_tanh",
-    OpType.Erf: "vc_erf",
-    OpType.Exp: "vc_exp",
-    OpType.Sqrt: "vc_sqrt",
-    OpType.Identity: "vc_copy",
-}
-BINARY = {OpType.Add: "add", OpType.Sub: "sub", OpType.Mul: "mul", OpType.Div: "div"}
 ROWS = frozenset({OpType.Softmax, OpType.LayerNorm})
-CHAIN_OPS = frozenset({*UNARY, *BINARY, OpType.Gelu, *ROWS})
+ELEMENTWISE = frozenset(RECIPES) - {OpType.BatchNorm}  # per-channel parameters need a [1, C, 1, 1] broadcast
+CHAIN_OPS = frozenset({*ELEMENTWISE, *ROWS})
 VREGS = 8
 
 
@@ -90,7 +82,10 @@ def operands(
             raise CodegenError(f"node {node.name!r}: every node of a chain must have the output's shape")
         if cx.dtype(node.outputs[0]) is not DType.f32:
             raise CodegenError(f"node {node.name!r}: an int8-preserving op cannot end inside an f32 chain")
-        for pos, value in enumerate(node.inputs):
+        if node.op in RECIPES and (reason := refusal(cx.graph, node)) is not None:
+            raise CodegenError(f"node {node.name!r}: {reason}")
+        reads = RECIPES[node.op].reads(cx.graph, node) if node.op in RECIPES else node.inputs
+        for pos, value in enumerate(reads):
             table[(node.name, pos)] = _classify(cx, node, pos, value, produced, out_shape)
     return table
 
@@ -99,11 +94,12 @@ def _classify(cx: LowerContext, node: Node, pos: int, value: str, produced: set,
     if value in produced:
         return Operand(value, "chain")
     scalar = const_scalar(cx.graph, value)
-    if scalar is not None and pos == 1 and node.op in BINARY:
+    if scalar is not None and node.op in RECIPES and pos in RECIPES[node.op].scalars:
         return Operand(value, "scalar", f32_bits(scalar))
-    shape = cx.graph.types[value].shape
+    shape = cx.graph.types[value].shape if value in cx.graph.types else cx.view(value).shape  # or a form key
     leading = next((i for i, d in enumerate(shape) if d != 1), len(shape))
-    is_row = pos == 1 and node.op in BINARY and len(out_shape) > 1 and shape[leading:] == out_shape[-1:]
+    binary = node.op in BINARY_INSTRUCTION
+    is_row = pos == 1 and binary and len(out_shape) > 1 and shape[leading:] == out_shape[-1:]
     if pos >= 1 and (node.op == OpType.LayerNorm or is_row):
         return Operand(value, "row")
     return Operand(value, "tile")
@@ -178,7 +174,7 @@ def emit_chain(
         else:
             em.b.vc_ld(reg, em.reg(addr[value]), view_len, "f32")
     for node in nodes:
-        ins = [table[(node.name, i)] for i in range(len(node.inputs))]
+        ins = [o for (name, _), o in table.items() if name == node.name]
         out = _emit_node(em, node, ins, regs, period)
         for o in ins:
             if o.kind != "scalar" and last_use.get(o.value) == node.name and o.value in regs.of:
@@ -192,51 +188,24 @@ def table_kind(table: dict, value: str) -> str:
 
 
 def _emit_node(em: Emitter, node: Node, ins: list[Operand], regs: Registers, period: int) -> int:
-    b = em.b
     x = regs.of[ins[0].value]
-    if node.op in UNARY:
+    if node.op in RECIPES:
+        if ins[0].kind == "row":
+            raise CodegenError(f"node {node.name!r}: a row vector as the first operand has no chain form")
         out = regs.temp()
-        getattr(b, UNARY[node.op])(out, x)
+        RECIPES[node.op].emit(RegisterForm(em, regs), node, out, [_register_operand(o, regs) for o in ins])
         return out
-    if node.op in BINARY:
-        out = regs.temp()
-        name = BINARY[node.op]
-        other = ins[1]
-        if other.kind == "scalar":
-            getattr(b, f"vc_{name}_vs")(out, x, em.reg(other.bits))
-        elif other.kind == "row" or ins[0].kind == "row":
-            if ins[0].kind == "row":
-                raise CodegenError(f"node {node.name!r}: a row vector as the first operand has no chain form")
-            getattr(b, f"vc_{name}_vr")(out, x, regs.of[other.value])
-        else:
-            getattr(b, f"vc_{name}")(out, x, regs.of[other.value])
-        return out
-    if node.op == OpType.Gelu:
-        return _gelu(em, node, x, regs)
     if node.op == OpType.Softmax:
         return _softmax(em, x, regs, period)
     return _layernorm(em, node, x, [regs.of[o.value] for o in ins[1:]], regs, period)
 
 
-def _gelu(em: Emitter, node: Node, x: int, regs: Registers) -> int:
-    """0.5 * x * (1 + erf(x / sqrt 2)), or the tanh form, op by op in the reference's order."""
-    b = em.b
-    t, out = regs.temp(), regs.temp()
-    if node.attr("approximate") == "tanh":
-        b.vc_mul_vs(t, x, em.reg(f32_bits(0.044715)))
-        b.vc_mul(t, t, x)
-        b.vc_mul(t, t, x)
-        b.vc_add(t, x, t)
-        b.vc_mul_vs(t, t, em.reg(f32_bits(math.sqrt(2.0 / math.pi))))
-        b.vc_tanh(t, t)
-    else:
-        b.vc_div_vs(t, x, em.reg(f32_bits(math.sqrt(2.0))))
-        b.vc_erf(t, t)
-    b.vc_add_vs(t, t, em.reg(f32_bits(1.0)))
-    b.vc_mul_vs(out, x, em.reg(f32_bits(0.5)))
-    b.vc_mul(out, out, t)
-    regs.release(t)
-    return out
+def _register_operand(o: Operand, regs: Registers) -> int | Scalar | Row:
+    if o.kind == "scalar":
+        return Scalar(o.bits)
+    if o.kind == "row":
+        return Row(regs.of[o.value])
+    return regs.of[o.value]
 
 
 def _softmax(em: Emitter, x: int, regs: Registers, period: int) -> int:

@@ -1,7 +1,8 @@
 """Data movement as DMA copies through the scratchpad: Transpose, Slice, Concat, Split, Gather (constant
-indices). Each is a list of (source view, destination view) pairs of equal shape; a transpose is a permuted
-source view, so the strided DMA does the work. On the int8 path an int8 source feeding a float32 destination
-(Concat of inputs at different scales) is dequantized on the vector unit in between.
+indices), Expand (a stride-0 source), Cast (of a constant). Each is a list of (source view, destination view)
+pairs of equal shape; a transpose is a permuted source view, so the strided DMA does the work. On the int8
+path an int8 source feeding a float32 destination (Concat of inputs at different scales) is dequantized on the
+vector unit in between.
 """
 
 from __future__ import annotations
@@ -126,8 +127,14 @@ def gather_copies(cx: LowerContext, node: Node) -> list[Copy]:
     return copies
 
 
+def expand_copies(cx: LowerContext, node: Node) -> list[Copy]:
+    """Broadcast by the DMA: the source read with stride 0 along every broadcast dim."""
+    x, out = node.inputs[0], cx.view(node.outputs[0])
+    return [_copy(cx, x, cx.view(x).broadcast_to(out.shape), out)]
+
+
 def reshape_copies(cx: LowerContext, node: Node) -> list[Copy]:
-    """Reshape / Identity of a constant (an activation is a DRAM alias instead, with no kernel)."""
+    """Reshape / Identity / Cast of a constant (of an activation: a DRAM alias instead, with no kernel)."""
     x = node.inputs[0]
     out = cx.view(node.outputs[0])
     return [_copy(cx, x, cx.view(x).reshape_dense(out.shape), out)]
@@ -136,6 +143,8 @@ def reshape_copies(cx: LowerContext, node: Node) -> list[Copy]:
 COPIES = {
     OpType.Reshape: reshape_copies,
     OpType.Identity: reshape_copies,
+    OpType.Cast: reshape_copies,
+    OpType.Expand: expand_copies,
     OpType.Transpose: transpose_copies,
     OpType.Slice: slice_copies,
     OpType.Concat: concat_copies,

@@ -1,4 +1,5 @@
-"""Reductions: Softmax, LayerNorm and ReduceMean, memory to memory on the vector unit in float32.
+"""Reductions: Softmax, LayerNorm and ReduceMean / ReduceSum / ReduceMax, memory to memory on the vector unit
+in float32 (an int8-preserving ReduceMax in int8).
 
 Row layout: the reduced axes are moved last by the load view (a strided DMA), so every tile is whole rows of
 `period` elements and the reductions are `v.rsum`/`v.rmax` with per-row broadcasts (`.vc`); numpy sums such
@@ -13,16 +14,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
 
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import MemoryPlanError
+from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import blocks
 from isa.enums import DType, Unit
+
+REDUCE = {OpType.ReduceMean: "add", OpType.ReduceSum: "add", OpType.ReduceMax: "max"}  # the column fold
 
 
 def _axes(node: Node, rank: int) -> tuple[int, ...]:
@@ -38,6 +43,9 @@ def lower_reduction(cx: LowerContext, node: Node) -> list[list[Step]]:
     sequence); every other reduction in row layout (contiguous rows: numpy's pairwise sum, as v.rsum)."""
     shape = cx.graph.types[node.inputs[0]].shape
     axes = _axes(node, len(shape))
+    if not axes:  # ReduceSum/Max/Mean over no axis: a copy
+        x = node.inputs[0]
+        return [copy_steps(cx, [(cx.view(x), cx.view(node.outputs[0]).reshape_dense(shape), None)])]
     if node.op != OpType.LayerNorm and len(axes) == 1 and math.prod(shape[axes[0] + 1 :]) > 1:
         return lower_columns(cx, node, axes[0])
     return lower_rows(cx, node, axes)
@@ -52,13 +60,13 @@ def lower_rows(cx: LowerContext, node: Node, axes: tuple[int, ...]) -> list[list
     src = xv.permute(perm)
     period = math.prod(xv.shape[a] for a in axes)
     out = cx.view(node.outputs[0])
-    if node.op == OpType.ReduceMean:
+    if node.op in REDUCE:
         rows_shape = tuple(xv.shape[a] for a in kept)
         kept_view = out.reshape_dense(rows_shape)
         dst = replace(kept_view, shape=src.shape, strides=kept_view.strides + (0,) * len(axes))
     else:
         dst = out.permute(perm)
-    deq = cx.dtype(x) is DType.i8
+    deq = cx.dtype(x) is DType.i8 and out.dtype is DType.f32  # an int8 ReduceMax stays int8
     scale = cx.scale(x)
     reduced_shape = tuple(xv.shape[a] for a in axes)
     params = [cx.view(v).broadcast_to(reduced_shape) for v in node.inputs[1:]]  # LayerNorm scale and bias
@@ -71,7 +79,7 @@ def lower_rows(cx: LowerContext, node: Node, axes: tuple[int, ...]) -> list[list
     rows = largest_fitting(max(1, src.size // max(period, 1)), fits)
     if rows == 0:
         raise MemoryPlanError(f"node {node.name!r}: a row of {period} elements does not fit the scratchpad")
-    body = {OpType.Softmax: _softmax, OpType.LayerNorm: _layernorm, OpType.ReduceMean: _mean}[node.op]
+    body = {OpType.Softmax: _softmax, OpType.LayerNorm: _layernorm}.get(node.op, partial(_reduce, dt=out.dtype))
     steps = []
     for block in blocks(src.shape, rows * period, whole=period):
         arena = TileArena(cx.config, len(steps))
@@ -85,7 +93,7 @@ def lower_rows(cx: LowerContext, node: Node, axes: tuple[int, ...]) -> list[list
         red2 = arena.tile(nrows * 4)
         param_tiles = [arena.tile(period * 4) for _ in params]
         loads = [(part, raw), *((p, t) for p, t in zip(params, param_tiles, strict=True))]
-        result = red if node.op == OpType.ReduceMean else work
+        result = red if node.op in REDUCE else work
 
         def compute(em: Emitter, raw=raw, xf=xf, work=work, red=red, red2=red2, n=n, tiles=param_tiles) -> None:
             if deq:
@@ -93,7 +101,7 @@ def lower_rows(cx: LowerContext, node: Node, axes: tuple[int, ...]) -> list[list
             body(em, node, xf, work, red, red2, n, period, tiles)
 
         out_part = block.of(dst)
-        if node.op == OpType.ReduceMean:  # the reduced dims were only there to line the blocks up
+        if node.op in REDUCE:  # the reduced dims were only there to line the blocks up
             keep = len(out_part.shape) - len(axes)
             out_part = replace(out_part, shape=out_part.shape[:keep], strides=out_part.strides[:keep])
         steps.append(Step(loads, [(Unit.vector, compute)], [(result, out_part)]))
@@ -109,9 +117,9 @@ def lower_columns(cx: LowerContext, node: Node, axis: int) -> list[list[Step]]:
     kept = tuple(a for a in range(len(xv.shape)) if a != axis)
     x_kept = xv.permute(kept)  # the l = 0 slice; l moves by xv.strides[axis]
     out = cx.view(node.outputs[0])
-    reduce_only = node.op == OpType.ReduceMean
+    reduce_only = node.op in REDUCE
     out_kept = out.reshape_dense(x_kept.shape) if reduce_only else out.permute(kept)
-    deq = cx.dtype(x) is DType.i8
+    deq = cx.dtype(x) is DType.i8 and out.dtype is DType.f32
     scale = cx.scale(x)
     probe = TileArena(cx.config, 0)
 
@@ -137,8 +145,9 @@ def lower_columns(cx: LowerContext, node: Node, axis: int) -> list[list[Step]]:
             if deq:
                 dequantize(em, xf, raw, n, scale)
             if reduce_only:
-                _column_fold(em, "v_add", red, xf, length, r)
-                em.b.v_div_vs(*em.regs(red, red, f32_bits(float(length))), r, "f32")
+                _column_fold(em, f"v_{REDUCE[node.op]}", red, xf, length, r, out.dtype)
+                if node.op == OpType.ReduceMean:
+                    em.b.v_div_vs(*em.regs(red, red, f32_bits(float(length))), r, "f32")
                 return
             b = em.b
             _column_fold(em, "v_max", red, xf, length, r)
@@ -156,11 +165,11 @@ def lower_columns(cx: LowerContext, node: Node, axis: int) -> list[list[Step]]:
     return [steps]
 
 
-def _column_fold(em: Emitter, method: str, dst: int, src: int, length: int, r: int) -> None:
+def _column_fold(em: Emitter, method: str, dst: int, src: int, length: int, r: int, dt: DType = DType.f32) -> None:
     """dst = op(...op(op(src[0], src[1]), src[2])..., src[length - 1]) over R-element slices, in order."""
-    em.b.v_copy(*em.regs(dst, src), r, "f32")
+    em.b.v_copy(*em.regs(dst, src), r, dt.name)
     for index in range(1, length):
-        getattr(em.b, method)(*em.regs(dst, dst, src + index * r * 4), r, "f32")
+        getattr(em.b, method)(*em.regs(dst, dst, src + index * r * dt.size), r, dt.name)
 
 
 def _softmax(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int]) -> None:
@@ -177,8 +186,16 @@ def _mean_rows(em: Emitter, dst: int, src: int, n: int, p: int) -> None:
     em.b.v_div_vs(*em.regs(dst, dst, f32_bits(float(p))), n // p, "f32")
 
 
-def _mean(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int]) -> None:
-    _mean_rows(em, m, x, n, p)
+def _reduce(
+    em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int], dt: DType
+) -> None:
+    """ReduceMean (sum / count), ReduceSum, ReduceMax of each row (an int8-preserving max in int8)."""
+    if node.op == OpType.ReduceMean:
+        _mean_rows(em, m, x, n, p)
+    elif node.op == OpType.ReduceSum:
+        em.b.v_rsum(*em.regs(m, x), n, p, "f32")
+    else:
+        em.b.v_rmax(*em.regs(m, x), n, p, dt.name)
 
 
 def _layernorm(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int]) -> None:
@@ -196,4 +213,4 @@ def _layernorm(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, 
         b.v_add_vr(*em.regs(y, y, tiles[1]), n, p, "f32")
 
 
-LOWERINGS = dict.fromkeys((OpType.Softmax, OpType.LayerNorm, OpType.ReduceMean), lower_reduction)
+LOWERINGS = dict.fromkeys((OpType.Softmax, OpType.LayerNorm, *REDUCE), lower_reduction)

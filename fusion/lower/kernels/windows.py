@@ -22,7 +22,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step
-from fusion.lower.errors import MemoryPlanError
+from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
 from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
 from fusion.lower.kernels.movement import copy_steps
@@ -111,6 +111,23 @@ def padded_input(cx: LowerContext, node: Node, w: Window, value: float) -> tuple
     for i in range(w.s):
         interior = interior.slice(2 + i, w.pads[i], w.in_shape[2 + i])
     return padded, [_fill_steps(cx, padded, value), copy_steps(cx, [(x, interior, None)])]
+
+
+def lower_pad(cx: LowerContext, node: Node) -> list[list[Step]]:
+    """Constant-mode Pad: the output filled with the pad value, then the input copied into its interior (an int8
+    output is int8-preserving only for a zero pad value, see `fusion.quant.plan`)."""
+    if node.attr("mode") != "constant":
+        raise UnsupportedOpError(node.name, node.op.value, f"pad mode {node.attr('mode')!r} (only 'constant')")
+    x = node.inputs[0]
+    src, out = cx.view(x), cx.view(node.outputs[0])
+    pads = node.attr("pads")
+    rank = len(out.shape)
+    interior = out
+    for axis in range(rank):
+        interior = interior.slice(axis, pads[axis], src.shape[axis])
+    value = 0.0 if out.dtype is DType.i8 else float(node.attr("value"))
+    scale = cx.scale(x) if src.dtype is DType.i8 and out.dtype is DType.f32 else None
+    return [_fill_steps(cx, out, value), copy_steps(cx, [(src, interior, scale)])]
 
 
 def _window_view(padded: View, w: Window, offset: tuple[int, ...]) -> View:
@@ -282,5 +299,6 @@ def _window_steps(
     return steps
 
 
-LOWERINGS = {OpType.Conv: lower_conv, OpType.MaxPool: lower_pool, OpType.AveragePool: lower_pool}
-SCRATCH = dict.fromkeys(LOWERINGS, _scratch)
+WINDOWS = {OpType.Conv: lower_conv, OpType.MaxPool: lower_pool, OpType.AveragePool: lower_pool}
+SCRATCH = dict.fromkeys(WINDOWS, _scratch)
+LOWERINGS = {**WINDOWS, OpType.Pad: lower_pad}

@@ -1,0 +1,330 @@
+"""Each elementwise op's vector recipe, written once and emitted in two forms: memory to memory (`v.*` over the
+n elements of local tiles: the unfused kernels) and register to register (`vc.*`: vector chains).
+
+A recipe sees only a `Form`: `op(name, dst, a, b)` is one vector instruction (unary without b, `.vs` with a
+`Scalar`, `.vr` with a `Row`), `clip` the clamp, and `temp`/`release` a scratch tile or register. Every formula
+follows the reference (`fusion.reference.kernels`) operation by operation, so float32 results are bit-identical
+to it and the int8 path (float32 on dequantized inputs) stays bit-exact against the quantized reference.
+
+`Recipe.reads` names what a recipe reads, in operand order: graph values, or a constant form key (Where reads its
+constant condition as two float masks, see `where_masks`). `Recipe.check` refuses, with a reason, a node the
+recipe cannot run (checked before any instruction is emitted).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from fusion.graph.ir import DataType, Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import SEL_FALSE, SEL_TRUE, const_key, const_scalar
+from fusion.lower.emitter import Emitter, f32_bits
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+MAX_POW = 8  # largest |integer exponent| written as repeated multiplies
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A one-element constant operand, as float32 bits (a `.vs` register operand)."""
+
+    bits: int
+
+    @property
+    def value(self) -> float:
+        return struct.unpack("<f", struct.pack("<I", self.bits))[0]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row vector repeated for every row of the other operand (`.vr`; chains only)."""
+
+    handle: int
+
+
+Operand = int | Scalar | Row
+
+
+class Form(Protocol):
+    def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None: ...
+
+    def clip(self, dst: int, a: int, lo: float, hi: float) -> None: ...
+
+    def temp(self) -> int: ...
+
+    def release(self, handle: int) -> None: ...
+
+
+@dataclass
+class MemoryForm:
+    """`v.*` over n float32 elements of local tiles; temps are the scratch tiles the kernel reserved."""
+
+    em: Emitter
+    n: int
+    temps: list[int] = field(default_factory=list)
+
+    def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        em = self.em
+        if b is None:
+            getattr(em.b, f"v_{name}")(*em.regs(dst, a), self.n, "f32")
+        elif isinstance(b, Scalar):
+            getattr(em.b, f"v_{name}_vs")(*em.regs(dst, a, b.bits), self.n, "f32")
+        elif isinstance(b, Row):
+            raise AssertionError("memory-form operands are broadcast by the DMA, never row vectors")
+        else:
+            getattr(em.b, f"v_{name}")(*em.regs(dst, a, b), self.n, "f32")
+
+    def clip(self, dst: int, a: int, lo: float, hi: float) -> None:
+        self.em.b.v_clip(*self.em.regs(dst, a, f32_bits(lo), f32_bits(hi)), self.n, "f32")
+
+    def temp(self) -> int:
+        if not self.temps:
+            raise AssertionError("recipe needs more scratch tiles than its kernel reserved")
+        return self.temps.pop(0)
+
+    def release(self, handle: int) -> None:
+        self.temps.insert(0, handle)
+
+
+class Registers(Protocol):
+    def temp(self) -> int: ...
+
+    def release(self, reg: int) -> None: ...
+
+
+@dataclass
+class RegisterForm:
+    """`vc.*` register to register; temps come from the chain's register free list."""
+
+    em: Emitter
+    regs: Registers
+
+    def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        b_ = self.em.b
+        if b is None:
+            getattr(b_, f"vc_{name}")(dst, a)
+        elif isinstance(b, Scalar):
+            getattr(b_, f"vc_{name}_vs")(dst, a, self.em.reg(b.bits))
+        elif isinstance(b, Row):
+            getattr(b_, f"vc_{name}_vr")(dst, a, b.handle)
+        else:
+            getattr(b_, f"vc_{name}")(dst, a, b)
+
+    def clip(self, dst: int, a: int, lo: float, hi: float) -> None:
+        self.em.b.vc_clip(dst, a, self.em.reg(f32_bits(lo)), self.em.reg(f32_bits(hi)))
+
+    def temp(self) -> int:
+        return self.regs.temp()
+
+    def release(self, handle: int) -> None:
+        self.regs.release(handle)
+
+
+Emit = Callable[[Form, Node, int, list[Operand]], None]
+
+
+def _inputs(graph: Graph, node: Node) -> tuple[str, ...]:
+    return node.inputs
+
+
+def _first(graph: Graph, node: Node) -> tuple[str, ...]:
+    return node.inputs[:1]
+
+
+def _always(graph: Graph, node: Node) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    emit: Emit
+    reads: Callable[[Graph, Node], tuple[str, ...]] = _inputs
+    scalars: frozenset[int] = frozenset()  # operand positions where a one-element constant is a `.vs` scalar
+    check: Callable[[Graph, Node], str | None] = _always
+    temps: int = 0  # scratch tiles or registers it takes at most
+
+
+def _unary(name: str) -> Recipe:
+    def emit(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+        f.op(name, out, ins[0])
+
+    return Recipe(emit, _first)
+
+
+def _binary(name: str) -> Recipe:
+    def emit(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+        f.op(name, out, ins[0], ins[1])
+
+    return Recipe(emit, scalars=frozenset({1}))
+
+
+def _gelu(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """0.5 * x * (1 + erf(x / sqrt 2)) or the tanh form, op by op in the reference's order."""
+    x = ins[0]
+    t = f.temp()
+    if node.attr("approximate") == "tanh":
+        f.op("mul", t, x, Scalar(f32_bits(0.044715)))
+        f.op("mul", t, t, x)
+        f.op("mul", t, t, x)
+        f.op("add", t, x, t)
+        f.op("mul", t, t, Scalar(f32_bits(SQRT_2_OVER_PI)))
+        f.op("tanh", t, t)
+    else:
+        f.op("div", t, x, Scalar(f32_bits(math.sqrt(2.0))))
+        f.op("erf", t, t)
+    f.op("add", t, t, Scalar(f32_bits(1.0)))
+    f.op("mul", out, x, Scalar(f32_bits(0.5)))
+    f.op("mul", out, out, t)
+    f.release(t)
+
+
+def _batchnorm(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """(x - mean) * (scale / sqrt(var + eps)) + bias with every parameter broadcast along the channel axis."""
+    x, scale, bias, mean, var = ins
+    t = f.temp()
+    f.op("add", t, var, Scalar(f32_bits(node.attr("epsilon"))))
+    f.op("sqrt", t, t)
+    f.op("div", t, scale, t)
+    f.op("sub", out, x, mean)
+    f.op("mul", out, out, t)
+    f.op("add", out, out, bias)
+    f.release(t)
+
+
+def _clip(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    f.clip(out, ins[0], node.attr("min"), node.attr("max"))
+
+
+def _hard_sigmoid_into(f: Form, out: int, x: int, alpha: float, beta: float) -> None:
+    """clip(f32(alpha) * x + f32(beta), 0, 1), as the reference."""
+    f.op("mul", out, x, Scalar(f32_bits(alpha)))
+    f.op("add", out, out, Scalar(f32_bits(beta)))
+    f.clip(out, out, 0.0, 1.0)
+
+
+def _hard_sigmoid(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    _hard_sigmoid_into(f, out, ins[0], node.attr("alpha"), node.attr("beta"))
+
+
+def _hard_swish(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """x * hard_sigmoid(x, 1/6, 1/2)."""
+    t = f.temp()
+    _hard_sigmoid_into(f, t, ins[0], 1.0 / 6.0, 0.5)
+    f.op("mul", out, ins[0], t)
+    f.release(t)
+
+
+def pow_exponent(graph: Graph, node: Node) -> float | None:
+    return const_scalar(graph, node.inputs[1])
+
+
+def _pow_check(graph: Graph, node: Node) -> str | None:
+    e = pow_exponent(graph, node)
+    if e is None:
+        return "Pow needs a one-element constant exponent"
+    if e == 0.5 or (e == int(e) and 1 <= abs(e) <= MAX_POW):
+        return None
+    return f"Pow exponent {e}: the vector unit has no log; it runs 0.5 and integers 1..{MAX_POW} (and negatives)"
+
+
+def _pow(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """x^0.5 as sqrt; x^k as x * x * ... * x left to right; x^-k as the reciprocal of that (numpy's -1)."""
+    x, e = ins[0], ins[1]
+    assert isinstance(e, Scalar)
+    k = e.value
+    if k == 0.5:
+        f.op("sqrt", out, x)
+        return
+    if abs(k) == 1:
+        f.op("copy", out, x)
+    else:
+        f.op("mul", out, x, x)
+        for _ in range(int(abs(k)) - 2):
+            f.op("mul", out, out, x)
+    if k < 0:
+        f.op("recip", out, out)
+
+
+def _cast_check(graph: Graph, node: Node) -> str | None:
+    src, dst = graph.types[node.inputs[0]].dtype, graph.types[node.outputs[0]].dtype
+    if src == dst == DataType.float32:
+        return None
+    return f"Cast from {src.value} to {dst.value}: only float32 data flows through the accelerator"
+
+
+def where_masks(cond: np.ndarray) -> dict[str, np.ndarray]:
+    """A constant Where condition as two float32 clamps: where the condition holds, SEL_TRUE is +inf and SEL_FALSE
+    -inf; elsewhere the reverse. Then where(c, a, b) = max(min(a, SEL_TRUE), min(b, SEL_FALSE)) exactly (for
+    every a and b but a NaN in the branch not taken)."""
+    c = np.asarray(cond, dtype=bool)
+    inf = np.float32(np.inf)
+    return {SEL_TRUE: np.where(c, inf, -inf).astype(np.float32), SEL_FALSE: np.where(c, -inf, inf).astype(np.float32)}
+
+
+def _where_reads(graph: Graph, node: Node) -> tuple[str, ...]:
+    cond, a, b = node.inputs
+    return a, b, const_key(cond, SEL_TRUE), const_key(cond, SEL_FALSE)
+
+
+def _where_check(graph: Graph, node: Node) -> str | None:
+    if not graph.is_constant(node.inputs[0]):
+        return "Where needs a constant condition (masks are folded at import; no compare instruction)"
+    return None
+
+
+def _where(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    a, b, on, off = ins
+    t = f.temp()
+    _min_into(f, out, a, on)
+    _min_into(f, t, b, off)
+    f.op("max", out, out, t)
+    f.release(t)
+
+
+def _min_into(f: Form, dst: int, value: Operand, mask: Operand) -> None:
+    """min(value, mask) with a scalar value as the `.vs` operand."""
+    if isinstance(value, Scalar):
+        f.op("min", dst, mask, value)
+    else:
+        f.op("min", dst, value, mask)
+
+
+UNARY_INSTRUCTION = {
+    OpType.Relu: "relu",
+    OpType.Sigmoid: "sigmoid",
+    OpType.Tanh: "tanh",
+    OpType.Erf: "erf",
+    OpType.Exp: "exp",
+    OpType.Sqrt: "sqrt",
+    OpType.Identity: "copy",
+    OpType.Neg: "neg",
+    OpType.Abs: "abs",
+    OpType.Reciprocal: "recip",
+}
+BINARY_INSTRUCTION = {OpType.Add: "add", OpType.Sub: "sub", OpType.Mul: "mul", OpType.Div: "div"}
+
+RECIPES: dict[OpType, Recipe] = {
+    **{op: _unary(name) for op, name in UNARY_INSTRUCTION.items()},
+    **{op: _binary(name) for op, name in BINARY_INSTRUCTION.items()},
+    OpType.Cast: Recipe(_unary("copy").emit, _first, check=_cast_check),
+    OpType.Expand: _unary("copy"),  # the operand is read broadcast to the output shape
+    OpType.Gelu: Recipe(_gelu, _first, temps=1),
+    OpType.Clip: Recipe(_clip, _first),
+    OpType.HardSigmoid: Recipe(_hard_sigmoid, _first),
+    OpType.HardSwish: Recipe(_hard_swish, _first, temps=1),
+    OpType.Pow: Recipe(_pow, scalars=frozenset({1}), check=_pow_check),
+    OpType.Where: Recipe(_where, _where_reads, frozenset({0, 1}), _where_check, temps=1),
+    OpType.BatchNorm: Recipe(_batchnorm, temps=1),
+}
+
+
+def refusal(graph: Graph, node: Node) -> str | None:
+    """Why this node has no vector recipe (None: it has one)."""
+    recipe = RECIPES.get(node.op)
+    return f"{node.op.value} has no vector recipe" if recipe is None else recipe.check(graph, node)
