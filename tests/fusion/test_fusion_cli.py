@@ -18,14 +18,14 @@ def test_graph_command_prints_nodes_and_writes_dot(tmp_path, capsys) -> None:
 
 
 def test_graph_command_lists_unsupported_nodes(tmp_path, capsys) -> None:
-    nodes = [helper.make_node("Cos", ["x"], ["a"], name="c1"), helper.make_node("Sin", ["a"], ["y"], name="s1")]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Hardmax", ["x"], ["a"], name="c1"), helper.make_node("Det", ["a"], ["y"], name="s1")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
     path = tmp_path / "bad.onnx"
     onnx.save(helper.make_model(helper.make_graph(nodes, "bad", [x], [y])), str(path))
     assert main(["graph", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "'c1' (Cos)" in err and "'s1' (Sin)" in err and "Traceback" not in err
+    assert "'c1' (Hardmax)" in err and "'s1' (Det)" in err and "Traceback" not in err
 
 
 def test_conformance_command_prints_the_table(request, capsys) -> None:
