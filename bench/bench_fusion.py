@@ -190,7 +190,8 @@ def main() -> None:
         "the compile of the chosen kernels through the cache (wall time on the worker pool; planning already built "
         "them), `codegen ms` the cold codegen + link time of exactly those kernels (summed), `dispatch us/kernel` "
         "the median host time of a cache-hit dispatch (data-class check, cache lookup, guard), simulation "
-        "excluded. Roofline: max(MACs / N^2, DRAM bytes / bytes per cycle) of the dynamic plan. `unpipelined / "
+        "excluded. Roofline: the model's bound (`fusion.cost.roofline`: max(MACs / N^2, compulsory DRAM bytes / "
+        "bytes per cycle), the same for every policy). `unpipelined / "
         "pairs`: the dynamic plan's cycles without pipelined pairs (`EngineOptions(pipeline=False)`: every group its "
         "own program ending in a fence) / the number of complementary pairs it runs as one program.\n\n"
         + "\n".join(lines)
