@@ -22,6 +22,7 @@ log them, so a resumed sweep tries those items again.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -238,6 +239,18 @@ def _on_ray(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[
         finally:
             for ref in running:
                 ray.cancel(ref, force=True)
+
+
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    """`--workers/--address/--backend`: where a sweep's items run (`dynfuse explore`, `dynfuse hpm calibrate`)."""
+    parser.add_argument("--workers", type=int, help="items run at once (default and maximum: this machine's cores)")
+    parser.add_argument("--address", help="join this Ray cluster (e.g. auto, HOST:6379) instead of a local Ray")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="ray, local processes, or auto: Ray when installed and there is more than one worker or an --address",
+    )
 
 
 def worker_count_note(runner: Runner, asked: int | None) -> str:

@@ -6,20 +6,8 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from fusion.tasks import BACKENDS, make_runner, worker_count_note
+from fusion.tasks import add_runner_options, make_runner, worker_count_note
 from simulator.inputs import parse_input_args
-
-
-def add_runner_options(parser: argparse.ArgumentParser) -> None:
-    """`--workers/--address/--backend`: where a sweep's points run (shared with `dynfuse hpm calibrate`)."""
-    parser.add_argument("--workers", type=int, help="points run at once (default and maximum: this machine's cores)")
-    parser.add_argument("--address", help="join this Ray cluster (e.g. auto, HOST:6379) instead of a local Ray")
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="auto",
-        help="ray, local processes, or auto: Ray when installed and there is more than one worker or an --address",
-    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

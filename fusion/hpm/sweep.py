@@ -11,9 +11,7 @@ busy/stall, DRAM bytes and energy. Rows of one candidate share a `group` key, so
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from fusion.hpm.stamp import generator_hash
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import quantize_tensor
 from fusion.reference.interpreter import evaluate
+from fusion.tasks import Runner, TaskFailure, make_runner, run_tasks
 from isa.errors import DynfuseError
 from simulator.config import MachineConfig, load_config
 from simulator.counters import COUNTER_DOCS
@@ -182,8 +181,10 @@ def run_sweep(
     jobs: int = 2,
     heldout_share: float = 0.1,
     progress: bool = True,
+    runner: Runner | None = None,
 ) -> SweepResult:
-    """Measure groups seed..seed+samples-1 not yet in `out_dir/samples.jsonl`, then write `dataset.npz`."""
+    """Measure groups seed..seed+samples-1 not yet in `out_dir/samples.jsonl`, then write `dataset.npz`.
+    The groups run on `runner` (`fusion.tasks`: Ray or local processes); default: `jobs` local processes."""
     for name in bases:
         load_config(name)  # an unknown preset is an error before any work starts
     if samples < 1:
@@ -194,12 +195,15 @@ def run_sweep(
     log = SampleLog(Path(out_dir) / LOG_NAME)
     done = log.seeds()
     pending = [s for s in range(seed, seed + samples) if s not in done]
-    for record in _measure(pending, tuple(bases), heldout_share, jobs, progress):
-        log.append(record)
-    records = [r for r in log.records() if seed <= int(r["seed"]) < seed + samples]
-    rows = rows_of(records)
-    meta = {**params, "seed": seed, "samples": samples}
-    path = write_dataset(Path(out_dir) / DATASET_NAME, rows, meta)
+    runner = runner or make_runner("local", jobs)
+    try:
+        for record in _measure(pending, tuple(bases), heldout_share, runner, progress):
+            log.append(record)
+    finally:
+        records = [r for r in log.records() if seed <= int(r["seed"]) < seed + samples]
+        rows = rows_of(records)
+        meta = {**params, "seed": seed, "samples": samples}
+        path = write_dataset(Path(out_dir) / DATASET_NAME, rows, meta)
     failed = sum(1 for r in records if "error" in r)
     return SweepResult(path, len(records), len(rows), failed, len(pending))
 
@@ -216,26 +220,22 @@ def _check_same_sweep(out_dir: Path, params: dict[str, Any]) -> None:
     path.write_text(json.dumps(params, sort_keys=True))
 
 
-def _measure(
-    pending: list[int], bases: tuple[str, ...], heldout_share: float, jobs: int, progress: bool
-) -> Iterator[dict[str, Any]]:
-    """Yields records as groups finish (any order); the caller logs each at once."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def _measure_seed(shared: tuple[tuple[str, ...], float], seed: int) -> dict[str, Any]:
+    """The task of one group on the runner (`shared`: the presets and held-out share)."""
+    bases, heldout_share = shared
+    return measure_group(seed, bases, heldout_share)
 
-    columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not progress) as bar:
-        task = bar.add_task("sweep", total=len(pending))
-        if jobs <= 1:
-            for s in pending:
-                yield measure_group(s, bases, heldout_share)
-                bar.advance(task)
-            return
-        with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1)) as pool:
-            futures = [pool.submit(measure_group, s, bases, heldout_share) for s in pending]
-            try:
-                for fut in as_completed(futures):
-                    yield fut.result()
-                    bar.advance(task)
-            finally:
-                for fut in futures:
-                    fut.cancel()
+
+def _measure(
+    pending: list[int], bases: tuple[str, ...], heldout_share: float, runner: Runner, progress: bool
+) -> Iterator[dict[str, Any]]:
+    """Yields records as groups finish (any order); the caller logs each at once. A group whose worker was lost
+    more than the runner's retries (or that raised a bug) is not logged: counted, and measured on the next run."""
+    lost = []
+    for seed, record in run_tasks(_measure_seed, pending, runner, (bases, heldout_share), "calibrating", progress):
+        if isinstance(record, TaskFailure):
+            lost.append(f"seed {seed}: {record.reason}")
+            continue
+        yield record
+    if lost:
+        raise HpmError(f"{len(lost)} groups not measured (run again to resume): {'; '.join(lost[:3])}")
