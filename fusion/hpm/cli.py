@@ -9,6 +9,7 @@ from pathlib import Path
 from fusion.hpm.cost_model import DEFAULT_MODEL
 from fusion.hpm.errors import HpmError
 from fusion.hpm.model import ALGORITHMS
+from fusion.tasks import add_runner_options, make_runner
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--configs", default="base,tiny", help="comma-separated machine presets the variants start from")
     cal.add_argument("--samples", type=int, default=1000, help="groups (seeds) to measure; each gives several kernels")
     cal.add_argument("--seed", type=int, default=0, help="first group seed")
-    cal.add_argument("--jobs", type=int, default=2, help="worker processes")
+    add_runner_options(cal)  # --workers, --address (a Ray cluster), --backend
+    cal.add_argument("--jobs", type=int, dest="workers", help=argparse.SUPPRESS)  # the old name of --workers
     cal.add_argument("--heldout-share", type=float, default=0.1, help="share of groups run on the held-out machine")
     cal.add_argument("--no-progress", action="store_true", help="no progress bar")
     cal.add_argument("-o", "--output", type=Path, required=True, help="dataset directory (resumed if it exists)")
@@ -49,9 +51,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise HpmError("--configs needs at least one machine preset")
     if not 0.0 <= args.heldout_share < 1.0:
         raise HpmError(f"--heldout-share must be in [0, 1), got {args.heldout_share}")
+    runner = make_runner(args.backend, args.workers, args.address)
     result = run_sweep(
-        args.output, bases, args.samples, args.seed, args.jobs, args.heldout_share, progress=not args.no_progress
-    )
+        args.output, bases, args.samples, args.seed, heldout_share=args.heldout_share,
+        progress=not args.no_progress, runner=runner,
+    )  # fmt: skip
     print(
         f"{result.dataset}: {result.rows} kernels from {result.groups - result.failed} groups "
         f"({result.measured_now} measured now, {result.failed} could not be built)"
