@@ -1,0 +1,119 @@
+"""dynfuse `static` against TVM's own FuseOps: kernels per model (TVM's `call_tir` calls in `main` after
+from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) vs dynfuse's TVM rules on its IR
+(`fusion.engine.fuse_ops`), its `static` and `dynamic` plans (kernels = non-view groups), both dtypes' plans.
+
+Needs `pip install apache-tvm` (0.27; a bench-only dependency). Models: the bundled ones plus every `*.onnx` under
+the `--zoo` directories (those dynfuse cannot import are listed with the reason).
+Usage: python bench/bench_tvm.py [--zoo DIR ...] [--dtype fp32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.fuse_ops import fuse_ops
+from fusion.engine.validation import ValidationPolicy
+from fusion.lower.compiler import load_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = sorted((ROOT / "tests" / "fusion" / "models").glob("*.onnx"))
+RESULTS = Path(__file__).parent / "results" / "tvm.md"
+
+
+def tvm_kernels(path: Path) -> list[str]:
+    """TVM's fused kernels of an ONNX model: the PrimFuncs `main` calls, in call order."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    with tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(passes)(mod)
+    names: list[str] = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir":
+            names.append(expr.args[0].name_hint)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return names
+
+
+def dynfuse_counts(path: Path, dtype: str) -> dict[str, object]:
+    graph = load_graph(path)
+    inputs = {
+        v: np.random.default_rng(0).standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs
+    }
+    row: dict[str, object] = {"rules": len(fuse_ops(graph))}
+    for policy in ("static", "dynamic"):
+        options = EngineOptions(policy=policy, validation=ValidationPolicy("off"), workers=1)
+        engine = FusionEngine(graph, "base", dtype, options, samples=[inputs])
+        result = engine.run(inputs)
+        assert engine.plan is not None
+        row[policy] = sum(1 for g in engine.plan.groups if g.strategy != "alias") - len(engine.plan.pipelined)
+        row[f"{policy}_cycles"] = result.cycles
+        row[f"{policy}_groups"] = [
+            "+".join(graph.node(n).op.value for n in g.nodes) for g in engine.plan.groups if g.strategy != "alias"
+        ]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--zoo", nargs="*", default=[], help="directories searched for *.onnx")
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "int8"))
+    args = ap.parse_args()
+    models = BUNDLED + sorted(p for d in args.zoo for p in Path(d).rglob("*.onnx"))
+    start = time.perf_counter()
+    lines = [
+        "| model | TVM kernels | TVM rules on dynfuse IR | static kernels | dynamic kernels | static cycles | "
+        "dynamic cycles |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    details = []
+    for path in models:
+        try:
+            tvm = tvm_kernels(path)
+        except Exception as err:  # TVM's importer refusing a model is a result here, not a failure
+            tvm = [f"(TVM failed: {type(err).__name__}: {str(err).splitlines()[0][:80]})"]
+        try:
+            row = dynfuse_counts(path, args.dtype)
+        except Exception as err:  # likewise dynfuse's importer or planner
+            lines.append(f"| {path.stem} | {len(tvm)} | dynfuse failed: {type(err).__name__}: {err} | | | | |")
+            continue
+        cells = [path.stem, len(tvm), row["rules"], row["static"], row["dynamic"]]
+        cells += [row["static_cycles"], row["dynamic_cycles"]]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        print(lines[-1], flush=True)
+        details.append(f"- {path.stem}: TVM {', '.join(tvm)}\n  - static: {', '.join(row['static_groups'])}")
+    RESULTS.write_text(
+        "# dynfuse static vs TVM FuseOps\n\n"
+        f"`python bench/bench_tvm.py --dtype {args.dtype}` ({time.perf_counter() - start:.0f} s). TVM kernels: "
+        "`call_tir` calls in `main` after from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, "
+        "FuseTIR (TVM 0.27, on TVM's own import of the ONNX file: its graph keeps ops dynfuse's import folds or "
+        "fuses, e.g. Gather for the QKV split, Gelu as Div/Erf/Add/Mul/Mul, BatchNorm). TVM rules on dynfuse IR: "
+        "`fusion.engine.fuse_ops` (TVM's partitioner and op patterns) on dynfuse's graph. static/dynamic kernels: "
+        "the plans' groups that run a kernel (views excluded; a pipelined pair counts once).\n\n"
+        + "\n".join(lines)
+        + "\n\nGroups:\n\n"
+        + "\n".join(details)
+        + "\n"
+    )
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
