@@ -84,7 +84,7 @@ def _binary(node: Node, ins: Types) -> Types:
     dtype = _same_dtype(node, ins)
     logic = node.op in (OpType.And, OpType.Or)
     if logic != (dtype == BOOL) or (node.op not in COMPARISONS_AND_LOGIC and dtype == DataType.int8):
-        raise _fail(node, f"does not take {', '.join(map(str, ins))}")
+        raise _fail(node, f"does not take dtype {dtype.value} ({', '.join(map(str, ins))})")
     out = BOOL if node.op in BOOL_RESULT else dtype
     return (TensorType(broadcast_shapes(node, ins[0].shape, ins[1].shape), out),)
 
@@ -266,7 +266,7 @@ def _reduce(node: Node, ins: Types) -> Types:
     if node.op == OpType.ReduceMean:
         _float(node, ins)
     elif ins[0].dtype in (BOOL, DataType.int8):
-        raise _fail(node, f"does not take {ins[0]}")
+        raise _fail(node, f"does not take dtype {ins[0].dtype.value} ({ins[0]})")
     axes = node.attr("axes")
     if any(not 0 <= a < ins[0].rank for a in axes):
         raise _fail(node, f"axes {axes} out of range for {ins[0]}")
