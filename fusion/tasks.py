@@ -10,9 +10,9 @@ Backends:
   running in this process or `address` names a cluster to join. A task whose worker process dies (killed, OOM,
   `os._exit`) is re-run by Ray up to `max_retries` times; an exception raised by `fn` is not retried (it would
   raise again: `fn` is pure).
-- `local`: a process pool of at most the cores this process may use. A worker that dies breaks the pool; the
-  items in flight are charged one attempt and re-submitted to a new pool (at most `workers` are in flight, so
-  few innocent items are charged), items never started are not charged.
+- `local`: a process pool of at most the cores this process may use. A worker that dies breaks the pool and
+  loses every item in flight; those are re-run one at a time on a new pool, so the item that kills its worker is
+  found and charged an attempt (up to `max_retries` re-runs), and the others are not.
 - `inline`: one worker, in this process (nothing to parallelise).
 
 Either way every item yields exactly one outcome: its result, or a `TaskFailure` saying why (an exception of
@@ -149,12 +149,16 @@ def _pool(workers: int, shared: Any) -> ProcessPoolExecutor:
 
 def _on_processes(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[tuple[Any, Any]]:
     todo = list(range(len(items) - 1, -1, -1))  # indices, popped from the end: submission in item order
+    suspects: list[int] = []  # in flight when a worker died: each re-run alone, so only the culprit is charged
     attempts = [0] * len(items)
     pool = _pool(runner.workers, shared)
     running: dict[Future, int] = {}
     try:
-        while todo or running:
-            while todo and len(running) < runner.workers:
+        while todo or suspects or running:
+            if suspects and not running:
+                i = suspects.pop()
+                running[pool.submit(_call, fn, items[i])] = i
+            while todo and not suspects and len(running) < runner.workers:
                 i = todo.pop()
                 running[pool.submit(_call, fn, items[i])] = i
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -163,21 +167,26 @@ def _on_processes(fn: Callable, items: list, runner: Runner, shared: Any) -> Ite
                 try:
                     result = fut.result()
                 except BrokenProcessPool:
-                    broken = True  # charged below with the others in flight
+                    broken = True
                     continue
                 except Exception as err:
                     result = TaskFailure(items[running[fut]], _describe(err))
                 yield items[running.pop(fut)], result
-            if broken:
-                pool.shutdown(wait=True, cancel_futures=True)
-                for i in sorted(running.values(), reverse=True):
-                    attempts[i] += 1
-                    if attempts[i] > runner.max_retries:
-                        yield items[i], TaskFailure(items[i], f"worker process died {attempts[i]} times running it")
-                    else:
-                        todo.append(i)
-                running.clear()
-                pool = _pool(runner.workers, shared)
+            if not broken:
+                continue
+            pool.shutdown(wait=True, cancel_futures=True)
+            lost = sorted(running.values(), reverse=True)
+            running.clear()
+            pool = _pool(runner.workers, shared)
+            if len(lost) > 1:
+                suspects.extend(lost)
+                continue
+            (i,) = lost
+            attempts[i] += 1
+            if attempts[i] > runner.max_retries:
+                yield items[i], TaskFailure(items[i], f"worker process died {attempts[i]} times running it alone")
+            else:
+                suspects.append(i)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
