@@ -36,30 +36,26 @@ MAX_ARGUMENT_NODES = 6
 
 def _argument(graph: Graph, start: Node) -> tuple[str, list[Node]] | None:
     """(x, nodes) when `start` reads arithmetic on a single value x and scalar constants, computed by nodes
-    whose results nothing else reads (e.g. x / sqrt(2), or sqrt(2/pi) * (x + 0.044715 * x^3))."""
-    leaves: set[str] = set()
-    nodes: dict[str, Node] = {}
+    whose results nothing else reads (e.g. x / sqrt(2), or sqrt(2/pi) * (x + 0.044715 * x^3)). The walk up
+    stops at values read outside the pattern (x itself is also read by the final multiplication)."""
+    cone: dict[str, Node] = {}
     pending = [start.inputs[0]]
-    while pending:
-        value = pending.pop()
-        prod = graph.producers.get(value)
-        if prod is None or prod.op not in _ARITHMETIC or value in graph.outputs:
-            leaves.add(value)
-            continue
-        if prod.name in nodes:
-            continue
-        nodes[prod.name] = prod
-        if len(nodes) > MAX_ARGUMENT_NODES:
-            return None
-        pending.extend(v for v in prod.inputs if _scalar(graph, v) is None)
-    if len(leaves) != 1 or not nodes:
-        return None
-    inside = set(nodes) | {start.name}
-    for node in nodes.values():
-        if any(c.name not in inside for c in graph.consumers.get(node.outputs[0], ())):
-            return None
+    while pending and len(cone) < MAX_ARGUMENT_NODES:
+        prod = graph.producers.get(pending.pop())
+        if prod is not None and prod.op in _ARITHMETIC and prod.name not in cone:
+            cone[prod.name] = prod
+            pending.extend(v for v in prod.inputs if _scalar(graph, v) is None)
     order = {n.name: i for i, n in enumerate(graph.nodes)}
-    return leaves.pop(), sorted(nodes.values(), key=lambda n: order[n.name])
+    kept: dict[str, Node] = {}
+    for node in sorted(cone.values(), key=lambda n: -order[n.name]):  # readers before their producers
+        readers = graph.consumers.get(node.outputs[0], ())
+        if node.outputs[0] not in graph.outputs and all(r.name in kept or r is start for r in readers):
+            kept[node.name] = node
+    produced = {n.outputs[0] for n in kept.values()}
+    leaves = {v for n in kept.values() for v in n.inputs if v not in produced and _scalar(graph, v) is None}
+    if len(leaves) != 1 or start.inputs[0] not in produced:
+        return None
+    return leaves.pop(), sorted(kept.values(), key=lambda n: order[n.name])
 
 
 def _operand_nodes(graph: Graph, value: str, x: str) -> list[Node] | None:

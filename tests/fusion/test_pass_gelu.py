@@ -59,3 +59,29 @@ def test_near_misses_do_not_fuse() -> None:
 def test_exported_mlp_gelu_fuses() -> None:
     out = check_pass(import_model(MODELS_DIR / "mlp.onnx"), fuse_gelu)
     assert "Gelu" in op_names(out) and "Erf" not in op_names(out)
+
+
+def _gelu_new(b: GraphBuilder, x: str, cubic: float = 0.044715, cube_by_pow: bool = True) -> str:
+    """GPT-2's gelu_new as its export writes it: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))."""
+    cube = (
+        b.op(OpType.Pow, x, b.constant(np.float32(3))) if cube_by_pow else b.op(OpType.Mul, x, b.op(OpType.Mul, x, x))
+    )
+    inner = b.op(OpType.Add, x, b.op(OpType.Mul, cube, b.constant(np.float32(cubic))))
+    t = b.op(OpType.Tanh, b.op(OpType.Mul, inner, b.constant(np.float32(math.sqrt(2 / math.pi)))))
+    return b.op(OpType.Mul, b.op(OpType.Mul, x, _half(b)), b.op(OpType.Add, t, b.constant(np.float32(1))))
+
+
+@pytest.mark.parametrize("cube_by_pow", [True, False])
+def test_tanh_gelu_fuses_to_approximate_gelu(cube_by_pow) -> None:
+    b = GraphBuilder()
+    x = b.op(OpType.Relu, b.input("x", (3, 7)))  # x is read by the pattern and by the final multiplication
+    b.output(_gelu_new(b, x, cube_by_pow=cube_by_pow))
+    fused = check_pass(b.build(), fuse_gelu)
+    gelus = [n for n in fused.nodes if n.op == OpType.Gelu]
+    assert op_names(fused) == ["Relu", "Gelu"] and gelus[0].attr("approximate") == "tanh"
+
+
+def test_tanh_near_miss_stays() -> None:
+    b = GraphBuilder()
+    b.output(_gelu_new(b, b.input("x", (3, 7)), cubic=0.05))
+    assert OpType.Gelu not in {n.op for n in fuse_gelu(b.build()).nodes}

@@ -51,3 +51,27 @@ def test_noop_before_a_graph_output_hands_its_name_to_the_producer() -> None:
     out = check_pass(b.build(), remove_noops)
     assert op_names(out) == ["Relu", "Tanh"]
     assert out.node("relu").outputs == ("out",) and out.nodes[1].inputs == ("out",)
+
+
+def test_shape_preserving_casts_expands_pads_and_open_clips_are_removed() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (2, 3))
+    v = b.op(OpType.Cast, x, to="float32")
+    v = b.op(OpType.Expand, v, shape=(2, 3))
+    v = b.op(OpType.Pad, v, pads=(0, 0, 0, 0), mode="constant", value=0.0)
+    v = b.op(OpType.Clip, v, min=-np.inf, max=np.inf)
+    b.output(b.op(OpType.Relu, v))
+    out = check_pass(b.build(), remove_noops)
+    assert op_names(out) == ["Relu"] and out.nodes[0].inputs == ("x",)
+
+
+def test_working_casts_expands_pads_and_clips_are_kept() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (2, 3))
+    v = b.op(OpType.Expand, x, shape=(4, 2, 3))
+    v = b.op(OpType.Pad, v, pads=(0, 0, 1, 0, 0, 0), mode="edge", value=0.0)
+    v = b.op(OpType.Clip, v, min=0.0, max=np.inf)
+    v = b.op(OpType.Cast, b.op(OpType.Cast, v, to="int64"), to="float32")
+    b.output(v)
+    out = check_pass(b.build(), remove_noops)
+    assert op_names(out) == ["Expand", "Pad", "Clip", "Cast", "Cast"]
