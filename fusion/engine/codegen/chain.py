@@ -10,6 +10,7 @@ bit-identical to the unfused path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -92,6 +93,8 @@ def operands(
 
 def _classify(cx: LowerContext, node: Node, pos: int, value: str, produced: set, out_shape: tuple) -> Operand:
     if value in produced:
+        if value in cx.graph.types and math.prod(cx.graph.types[value].shape) != math.prod(out_shape):
+            raise CodegenError(f"node {node.name!r}: {value!r} would need a broadcast inside a vector register")
         return Operand(value, "chain")
     scalar = const_scalar(cx.graph, value)
     if scalar is not None and node.op in RECIPES and pos in RECIPES[node.op].scalars:

@@ -9,6 +9,7 @@ import pytest
 from engine_helpers import context, run_group
 
 from fusion.engine.candidates import enumerate_candidates
+from fusion.engine.errors import CodegenError
 from fusion.engine.execute import run_kernel
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
@@ -67,3 +68,16 @@ def test_chain_equals_unfused_kernels(kind: str, dtype: str) -> None:
         np.testing.assert_allclose(fused.outputs[out], env[out], rtol=1e-6, atol=1e-6)
     else:
         np.testing.assert_array_equal(fused.outputs[out], env[out])
+
+
+def test_a_value_seeded_in_a_register_is_never_broadcast() -> None:
+    """GQA's Transpose -> Reshape -> Expand as a layout chain: the transposed KV heads sit in a register with
+    fewer elements than the chain's output, so the chain refuses (the unfused Expand broadcasts in the DMA)."""
+    b = GraphBuilder("gqa")
+    h = b.op(OpType.Transpose, b.input("x", (1, 6, 2, 8)), name="t", perm=(0, 2, 1, 3))
+    h = b.op(OpType.Reshape, h, name="r", shape=(1, 2, 1, 6, 8))
+    b.output(b.op(OpType.Expand, h, name="e", shape=(1, 2, 3, 6, 8)))
+    graph = b.build()
+    inputs = {"x": np.random.default_rng(0).standard_normal((1, 6, 2, 8)).astype(np.float32)}
+    with pytest.raises(CodegenError, match="broadcast inside a vector register"):
+        build_kernel(context(graph, inputs, "fp32"), Group(("t", "r", "e"), "chain"))
