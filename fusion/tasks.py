@@ -222,12 +222,17 @@ def ray_session(runner: Runner) -> Iterator[Any]:
         ray.shutdown()
 
 
+def _call_with(fn: Callable, shared: Any, item: Any) -> Any:
+    """A Ray task: `fn` is any picklable callable (a partial, a callable object), sent once by reference."""
+    return fn(shared, item)
+
+
 def _on_ray(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[tuple[Any, Any]]:
     with ray_session(runner) as ray:
         from ray.exceptions import RayTaskError
 
-        remote = ray.remote(num_cpus=1, max_retries=runner.max_retries, retry_exceptions=False)(fn)
-        shared_ref = ray.put(shared)
+        remote = ray.remote(num_cpus=1, max_retries=runner.max_retries, retry_exceptions=False)(_call_with)
+        fn_ref, shared_ref = ray.put(fn), ray.put(shared)
         in_flight = max(runner.workers, int(ray.cluster_resources().get("CPU", 1))) * 2
         todo = list(reversed(items))
         running: dict[Any, Any] = {}
@@ -235,7 +240,7 @@ def _on_ray(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[
             while todo or running:
                 while todo and len(running) < in_flight:
                     item = todo.pop()
-                    running[remote.remote(shared_ref, item)] = item
+                    running[remote.remote(fn_ref, shared_ref, item)] = item
                 (ref,), _ = ray.wait(list(running), num_returns=1)
                 item = running.pop(ref)
                 try:

@@ -64,7 +64,7 @@ def _score(found: Sequence[Design], objective: Objective, constraints: Sequence[
         metrics = design.metrics()
         violation = max((c.violation(metrics) for c in constraints), default=0.0)
         value = objective(metrics)
-        scored.append((max(violation, 0.0) if violation > 0 else 0.0, math.inf if math.isnan(value) else value, design))
+        scored.append((max(violation, 0.0), math.inf if math.isnan(value) else value, design))
     return min(scored, key=lambda s: (s[0], s[1]), default=(math.inf, math.inf, None))
 
 
@@ -91,10 +91,11 @@ def run_search(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     models = load_models(model_paths, inputs or {})
     settings = Settings(models, validate)
+    modern = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; before, a sampler's constraints_func
     sampler = optuna.samplers.TPESampler(
         seed=seed,
         n_startup_trials=min(10, max(2, trials // 3)),
-        constraints_func=(lambda t: [t.user_attrs["violation"]]) if constraints else None,
+        constraints_func=(lambda t: [t.user_attrs["violation"]]) if constraints and not modern else None,
     )
     study = optuna.create_study(direction="minimize", sampler=sampler)
     done: list[Trial] = []
@@ -118,7 +119,12 @@ def run_search(
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 done.append(Trial(trial.number, machine, None, math.nan, math.inf))
                 continue
-            trial.set_user_attr("violation", violation)
+            if constraints:
+                _ = (
+                    trial.set_constraint("violation", violation)
+                    if modern
+                    else trial.set_user_attr("violation", violation)
+                )
             study.tell(trial, value)
             done.append(Trial(trial.number, machine, design, value, violation))
     table = write_table(out, read_rows(out))

@@ -1,0 +1,67 @@
+"""On Ray: the same tables as on local processes, for `dynfuse explore` and `dynfuse hpm calibrate`; a worker
+killed mid-sweep loses and duplicates nothing. One local Ray for the module."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from explore_helpers import MLP, rows_without_timing, write_space
+
+from fusion.explore.point import Point, Settings, evaluate_point
+from fusion.explore.run import run_explore
+from fusion.explore.space import load_space
+from fusion.explore.store import JOURNAL_NAME
+from fusion.hpm.dataset import load_dataset
+from fusion.hpm.sweep import run_sweep
+from fusion.tasks import Runner
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray")
+    import test_explore_ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(test_explore_ray)  # the fault-injecting wrapper below
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    cloudpickle.unregister_pickle_by_value(test_explore_ray)
+
+
+def die_once_on(markers: str, settings: Settings, point: Point) -> dict:
+    """The real point evaluation, except that the worker running the array-8 dynamic point kills itself the first
+    time (a marker file remembers), as an OOM kill or a lost node would."""
+    marker = Path(markers) / "killed"
+    if dict(point.overrides).get("array_size") == 8 and point.policy == "dynamic" and not marker.exists():
+        marker.write_text(point.key)
+        os._exit(9)
+    return evaluate_point(settings, point)
+
+
+def test_explore_on_ray_equals_local_processes_even_when_a_worker_is_killed(ray_instance, tmp_path: Path) -> None:
+    space = load_space(write_space(tmp_path))
+    local = run_explore([MLP], space, tmp_path / "local", Runner("local", 2), progress=False)
+    killer = functools.partial(die_once_on, str(tmp_path))
+    on_ray = run_explore([MLP], space, tmp_path / "ray", Runner("ray", 2), progress=False, evaluate=killer)
+    assert (tmp_path / "killed").exists(), "a worker was killed mid-sweep"
+    assert on_ray.failures == [] and on_ray.measured_now == local.measured_now == 8
+    keys = [json.loads(line)["key"] for line in (tmp_path / "ray" / JOURNAL_NAME).read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 8, "nothing lost, nothing duplicated"
+    assert rows_without_timing(tmp_path / "ray") == rows_without_timing(tmp_path / "local")
+
+
+def test_calibration_on_ray_equals_local_processes(ray_instance, tmp_path: Path) -> None:
+    on_ray = run_sweep(tmp_path / "ray", ["tiny"], 3, seed=40, progress=False, runner=Runner("ray", 2))
+    local = run_sweep(tmp_path / "local", ["tiny"], 3, seed=40, progress=False, runner=Runner("local", 2))
+    assert (on_ray.groups, on_ray.rows) == (local.groups, local.rows) and on_ray.rows > 0
+    a, b = load_dataset(tmp_path / "ray"), load_dataset(tmp_path / "local")
+    assert a.columns.keys() == b.columns.keys()
+    for name in a.columns:
+        np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)
