@@ -1,0 +1,58 @@
+"""Every zoo model at its small input, fp32 and int8, through `dynfuse run` and `dynfuse fuse` with each policy.
+
+fp32 within 1e-4 of onnxruntime (relative to max |y|); int8 within 3% of onnxruntime and bit-exact against
+`fusion.reference.quantized` (calibrated on the same input). The oracle policy may refuse a large graph with a
+clear error (skipped then). Whatever happens, the CLI never shows a traceback. Each (model, dtype, command) runs
+once per session (`zoo_helpers.cli_run`), shared by the assertions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zoo_helpers as zh
+
+from bench.zoo import NAMES
+
+CASES = [(name, dtype, mode) for name in NAMES for dtype in zh.DTYPES for mode in zh.MODES]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _entries(zoo) -> None:
+    zh.register(zoo)
+
+
+@pytest.mark.parametrize(("name", "dtype", "mode"), CASES, ids=["-".join(c) for c in CASES])
+def test_zoo_model_matches_onnxruntime(zoo, name: str, dtype: str, mode: str) -> None:
+    run = zh.cli_run(name, dtype, mode)
+    command = "dynfuse " + " ".join(run.argv)
+    assert not run.traceback, f"{command} showed a traceback:\n{run.traceback}"
+    if run.code != 0:
+        assert run.error_line.startswith("error:"), f"{command} exited {run.code} without an error line"
+        if mode == "oracle" and "oracle: more than" in run.error_line:
+            pytest.skip(f"{name}: {run.error_line}")
+        pytest.fail(f"{name} ({dtype}, {mode}): {run.error_line}")
+    assert run.output is not None, f"{command} wrote no y.npy"
+    want = zoo[name].reference_output
+    assert run.output.shape == want.shape
+    error = zh.relative_error(run.output, want)
+    if dtype == "fp32":
+        assert error <= zh.FP32_TOLERANCE, f"{name} fp32 ({mode}): {error:.2e} of max |y| off onnxruntime"
+    else:
+        assert error <= zh.INT8_TOLERANCE, f"{name} int8 ({mode}): {error:.2%} of max |y| off onnxruntime"
+        reference = zh.quantized_reference(name)
+        mismatched = int(np.count_nonzero(run.output != reference))
+        assert mismatched == 0, f"{name} int8 ({mode}): {mismatched} of {reference.size} off the quantized reference"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fuse_report_has_one_roofline_per_model(zoo, name: str) -> None:
+    """`--json` of every policy carries the same roofline bound (a property of model, machine and dtype)."""
+    runs = [zh.cli_run(name, "int8", mode) for mode in ("none", "static", "dynamic")]
+    failed = [r.error_line or r.traceback for r in runs if r.code != 0]
+    if failed:
+        pytest.fail(f"{name}: {failed[0]}")
+    bounds = {r.report["roofline_cycles"] for r in runs}
+    assert len(bounds) == 1, f"{name}: roofline bounds differ between policies: {sorted(bounds)}"
+    for r in runs:
+        assert r.report["roofline_fraction"] == pytest.approx(r.report["roofline_cycles"] / r.report["cycles"])
