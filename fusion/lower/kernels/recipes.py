@@ -324,6 +324,39 @@ RECIPES: dict[OpType, Recipe] = {
 }
 
 
+@dataclass
+class CountingForm:
+    """Emits nothing: counts the vector instructions a recipe issues per element (its cost, from what it emits)."""
+
+    count: int = 0
+    handles: int = 0
+
+    def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        self.count += 1
+
+    def clip(self, dst: int, a: int, lo: float, hi: float) -> None:
+        self.count += 1
+
+    def temp(self) -> int:
+        self.handles += 1
+        return -self.handles
+
+    def release(self, handle: int) -> None:
+        pass
+
+
+def instructions_per_element(graph: Graph, node: Node) -> int:
+    """How many vector instructions the node's recipe applies to each element (dequantization excluded)."""
+    recipe = RECIPES[node.op]
+    ins: list[Operand] = []
+    for pos, value in enumerate(recipe.reads(graph, node)):
+        scalar = const_scalar(graph, value) if pos in recipe.scalars else None
+        ins.append(pos if scalar is None else Scalar(f32_bits(scalar)))
+    form = CountingForm()
+    recipe.emit(form, node, -1, ins)
+    return form.count
+
+
 def refusal(graph: Graph, node: Node) -> str | None:
     """Why this node has no vector recipe (None: it has one)."""
     recipe = RECIPES.get(node.op)

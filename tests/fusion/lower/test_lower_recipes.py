@@ -14,6 +14,7 @@ from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import compile
 from fusion.lower.errors import UnsupportedOpError
+from fusion.lower.kernels.recipes import instructions_per_element
 from fusion.reference.interpreter import run
 
 SETTINGS = settings(max_examples=8, deadline=None, derandomize=True)
@@ -201,3 +202,22 @@ def test_every_unsupported_node_is_listed_once() -> None:
     with pytest.raises(UnsupportedOpError) as err:
         compile(b.build(), "tiny", "fp32", cleanup=False)
     assert all(name in str(err.value) for name in ("'sin'", "'pow'", "'cos'")) and "3 unsupported" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("op", "consts", "attrs", "expected"),
+    [
+        (OpType.HardSwish, [], {}, 4),
+        (OpType.Gelu, [], {"approximate": "none"}, 5),
+        (OpType.Gelu, [], {"approximate": "tanh"}, 9),
+        (OpType.Pow, [np.array(3.0, np.float32)], {}, 2),
+        (OpType.Neg, [], {}, 1),
+    ],
+)
+def test_recipe_cost_is_counted_from_what_it_emits(op, consts, attrs, expected) -> None:
+    graph = _graph(op, (3, 5), consts, **attrs)
+    node = graph.nodes[-1]
+    assert instructions_per_element(graph, node) == expected
+    model = compile(graph, "tiny", "fp32", cleanup=False)
+    vector = [i.mnemonic for i in model.program.instructions() if i.mnemonic.startswith("v.")]
+    assert len(vector) == expected  # one tile of 15 elements: each instruction once
