@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from explore_helpers import MLP, rows_without_timing, write_space
+from explore_helpers import MLP, die_once_on, rows_without_timing, write_space
 
-from fusion.explore.point import Point, Settings, evaluate_point
 from fusion.explore.run import run_explore
 from fusion.explore.space import load_space
 from fusion.explore.store import JOURNAL_NAME
@@ -24,25 +23,15 @@ from fusion.tasks import Runner
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray")
-    import test_explore_ray
+    import explore_helpers
     from ray import cloudpickle
 
-    cloudpickle.register_pickle_by_value(test_explore_ray)  # the fault-injecting wrapper below
+    cloudpickle.register_pickle_by_value(explore_helpers)  # the fault-injecting point function
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
-    cloudpickle.unregister_pickle_by_value(test_explore_ray)
-
-
-def die_once_on(markers: str, settings: Settings, point: Point) -> dict:
-    """The real point evaluation, except that the worker running the array-8 dynamic point kills itself the first
-    time (a marker file remembers), as an OOM kill or a lost node would."""
-    marker = Path(markers) / "killed"
-    if dict(point.overrides).get("array_size") == 8 and point.policy == "dynamic" and not marker.exists():
-        marker.write_text(point.key)
-        os._exit(9)
-    return evaluate_point(settings, point)
+    cloudpickle.unregister_pickle_by_value(explore_helpers)
 
 
 def test_explore_on_ray_equals_local_processes_even_when_a_worker_is_killed(ray_instance, tmp_path: Path) -> None:

@@ -3,12 +3,17 @@ without redoing points, bad input is a clear error, directories merge."""
 
 from __future__ import annotations
 
+import functools
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from explore_helpers import MLP, rows_without_timing, write_space
+from explore_helpers import MLP, die_once_on, rows_without_timing, write_space
 
 from dynfuse.cli import main
 from fusion.engine.engine import EngineOptions, FusionEngine
@@ -69,6 +74,37 @@ def test_resume_redoes_only_lost_points(swept, tmp_path: Path) -> None:
     assert rows_without_timing(resumed) == rows_without_timing(out), "resumed equals one run"
     again = run_explore([MLP], load_space(write_space(tmp_path)), resumed, Runner("inline", 1), progress=False)
     assert again.measured_now == 0
+
+
+def test_a_local_worker_killed_mid_sweep_loses_and_duplicates_nothing(swept, tmp_path: Path) -> None:
+    out, _ = swept
+    killer = functools.partial(die_once_on, str(tmp_path))
+    space = load_space(write_space(tmp_path))
+    outcome = run_explore([MLP], space, tmp_path / "out", Runner("local", 2), progress=False, evaluate=killer)
+    assert (tmp_path / "killed").exists() and outcome.failures == []
+    keys = [json.loads(line)["key"] for line in (tmp_path / "out" / JOURNAL_NAME).read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 8
+    assert rows_without_timing(tmp_path / "out") == rows_without_timing(out)
+
+
+def test_an_interrupted_command_leaves_its_table_and_resumes(swept, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    space = write_space(
+        tmp_path, 'preset = "tiny"\npolicies = ["none", "dynamic"]\n[fields]\narray_size = [4, 8, 16]\n'
+    )
+    cmd = [sys.executable, "-m", "dynfuse", "explore", str(MLP), "--space", str(space), "-o", str(out),
+           "--backend", "local", "--workers", "1", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    journal = out / JOURNAL_NAME
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not journal.exists() or journal.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130 and b"interrupted" in proc.stderr.read()
+    done = len(read_table(out))
+    assert 2 <= done < 6, "interrupted mid-way, the table holds what finished"
+    outcome = run_explore([MLP], load_space(space), out, Runner("inline", 1), progress=False)
+    assert outcome.measured_now == 6 - done and len(read_table(out)) == 6
 
 
 def test_given_inputs_are_used_and_change_the_key(swept, tmp_path: Path) -> None:
