@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from assembler.link import ADDRESS_LIMIT, LOCAL_PREFIX, NAME_RE
-from assembler.objfile import KernelMeta, ObjectFile, Section, Symbol, TensorDecl
+from assembler.objfile import MAX_TENSOR_RANK, KernelMeta, ObjectFile, Section, Symbol, TensorDecl
 from assembler.operands import REGISTER_NAMES
-from isa import INSTRUCTIONS, DType, EncodingError, decode
+from isa import INSTRUCTIONS, DType, EncodingError, Kind, decode
 from isa.enums import UNIT_SHORT_NAMES
 from isa.errors import DynfuseError
 from isa.fields import ENUM_KINDS
@@ -290,6 +290,8 @@ def _read_kernel(r: _Reader) -> KernelMeta:
 
 # --- validation -------------------------------------------------------------------------------
 
+_TARGETS = (Kind.target, Kind.loop_end)
+
 
 def validate(obj: ObjectFile, source: str) -> None:
     """Check the cross-references a disassembly relies on; raises BinaryFormatError."""
@@ -321,6 +323,7 @@ def _problems(obj: ObjectFile) -> list[str]:
         seen.add(sym.name)
         if problem:
             problems.append(problem)
+    problems += _order_problems(obj.symbols) + _target_problems(obj)
     previous_end, names = 0, set()
     for k in obj.kernels:
         problem = _name_problem("kernel", k.name)
@@ -337,6 +340,26 @@ def _problems(obj: ObjectFile) -> list[str]:
     return problems
 
 
+def _order_problems(symbols: tuple[Symbol, ...]) -> list[str]:
+    """Symbols are stored in address order, text first (as the linker writes them): a listing re-assembles to
+    the same order only then."""
+    keys = [(sym.section is Section.data, sym.value) for sym in symbols]
+    for i in range(1, len(keys)):
+        if keys[i] < keys[i - 1]:
+            return [f"symbol {symbols[i].name!r} is out of address order (text first, then data, by address)"]
+    return []
+
+
+def _target_problems(obj: ObjectFile) -> list[str]:
+    """Branch targets and loop ends inside the program ([0, instruction count]), as the assembler makes them."""
+    size = len(obj.text)
+    for pc, ins in enumerate(obj.instructions()):
+        for field, value in zip(ins.spec.fields, ins.values, strict=True):
+            if field.kind in _TARGETS and not 0 <= pc + value <= size:
+                return [f"instruction {pc} ({ins.spec.mnemonic}): {field.name} {pc + value} is outside [0, {size}]"]
+    return []
+
+
 def _kernel_problems(k: KernelMeta) -> list[str]:
     problems = []
     tensor_names = [t.name for t in (*k.inputs, *k.outputs)]
@@ -348,6 +371,8 @@ def _kernel_problems(k: KernelMeta) -> list[str]:
     if len(set(tensor_names)) != len(tensor_names) or len(set(keys)) != len(keys):
         problems.append(f"kernel {k.name!r} repeats a tensor name or attribute key")
     for t in (*k.inputs, *k.outputs):
-        if len(t.shape) > 255 or not all(0 <= d < ADDRESS_LIMIT for d in (*t.shape, t.address)):
+        if len(t.shape) > MAX_TENSOR_RANK or not all(0 <= d < ADDRESS_LIMIT for d in (*t.shape, t.address)):
             problems.append(f"kernel {k.name!r} tensor {t.name!r}: shape or address out of range")
+        elif t.address + t.nbytes > ADDRESS_LIMIT:
+            problems.append(f"kernel {k.name!r} tensor {t.name!r}: extends past the 4 GiB address space")
     return [p for p in problems if p]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assembler.diagnostics import AssemblyError, Diagnostic, Problem, nearest
-from assembler.objfile import KernelMeta, ObjectFile, Section, Symbol, TensorDecl
+from assembler.objfile import MAX_TENSOR_RANK, KernelMeta, ObjectFile, Section, Symbol, TensorDecl
 from assembler.operands import ENUM_NAMES, REGISTER_NAMES, evaluate, f32_bits, field_value
 from assembler.program import (
     DATA_SIZES,
@@ -40,6 +40,7 @@ NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
 LOCAL_PREFIX = ".L"
 MAX_DATA_BYTES = 1 << 28
 ADDRESS_LIMIT = 1 << 32
+MAX_EQU_DEPTH = 128  # .equ symbols resolved through one another (each level is a few Python frames)
 TARGET_KINDS = (Kind.target, Kind.loop_end)
 DATA_RANGES = {"i8": (-(1 << 7), (1 << 8) - 1), "i32": (-(1 << 31), (1 << 32) - 1)}
 
@@ -93,6 +94,12 @@ class _Linker:
             return self.equ_values[equ.name]
         if equ.name in self.evaluating:
             raise Problem(f".equ {equ.name} is defined in terms of itself", "", col)
+        if len(self.evaluating) >= MAX_EQU_DEPTH:
+            raise Problem(
+                f".equ {equ.name}: symbols defined through more than {MAX_EQU_DEPTH} other .equ symbols",
+                "define long chains in steps that use numbers",
+                col,
+            )
         self.evaluating.add(equ.name)
         try:
             value = evaluate(equ.value, self.lookup)
@@ -102,8 +109,7 @@ class _Linker:
             raise
         finally:
             self.evaluating.discard(equ.name)
-        if not self.first_pass:
-            self.equ_values[equ.name] = value
+        self.equ_values[equ.name] = value  # (cleared when data labels move: `.data_base`, and after pass 1)
         return value
 
     def define(self, name: str, loc: Any, col: int) -> bool:
@@ -145,6 +151,7 @@ def link(items: list[Item], report: Reporter) -> ObjectFile:
     state = _Linker(report)
     placed, data_size, kernels = _layout(state, items)
     state.first_pass = False
+    state.equ_values.clear()
     words = _encode(state, placed)
     data = _fill_data(state, placed, data_size)
     metas = [_kernel_meta(state, kernel) for kernel in kernels]
@@ -242,6 +249,7 @@ def _set_data_base(state: _Linker, item: DataBase, offset: int) -> None:
     base = state.integer(item.address, item.loc, ".data_base", 0, ADDRESS_LIMIT - 1)
     if base is not None:
         state.data_base, state.data_base_set = base, True
+        state.equ_values.clear()  # data label values moved
 
 
 def _kernel_name_ok(state: _Linker, item: KernelBegin, kernels: list[_Kernel]) -> bool:
@@ -400,11 +408,21 @@ def _tensor_decl(state: _Linker, tensor: KernelTensor) -> TensorDecl | None:
         allowed = ", ".join(d.name for d in DType)
         state.fail(tensor.loc, getattr(dtype, "col", 0), Problem(f"unknown dtype {name!r}", f"dtypes: {allowed}"))
         return None
+    if len(tensor.shape) > MAX_TENSOR_RANK:
+        problem = Problem(f"a tensor has at most {MAX_TENSOR_RANK} dimensions, got {len(tensor.shape)}")
+        state.fail(tensor.loc, 0, problem)
+        return None
     dims = [state.integer(dim, tensor.loc, "a dimension", 0, ADDRESS_LIMIT - 1) for dim in tensor.shape]
     address = state.integer(tensor.address, tensor.loc, "a tensor address", 0, ADDRESS_LIMIT - 1)
     if address is None or None in dims:
         return None
-    return TensorDecl(tensor.name, value, tuple(dims), address)
+    decl = TensorDecl(tensor.name, value, tuple(dims), address)
+    if address + decl.nbytes > ADDRESS_LIMIT:
+        state.fail(
+            tensor.loc, 0, Problem(f"tensor {tensor.name!r} ({decl.nbytes} bytes) extends past the 4 GiB address space")
+        )
+        return None
+    return decl
 
 
 def _symbols(state: _Linker) -> tuple[Symbol, ...]:

@@ -24,6 +24,9 @@ class Symbol:
     value: int  # instruction index (text) or DRAM byte address (data)
 
 
+MAX_TENSOR_RANK = 32  # dimensions of a kernel tensor (numpy holds at most 64)
+
+
 @dataclass(frozen=True)
 class TensorDecl:
     """A kernel input or output living in DRAM."""

@@ -58,31 +58,65 @@ def f32_bits(value: float, col: int = 0) -> int:
         raise Problem(f"fp32 literal {value!r} is too large for single precision", col=col) from None
 
 
+EXPR_BITS = 128  # constant expressions are bounded: wider integers are an error, not an unbounded computation
+
+
 def evaluate(arg: object, lookup: Lookup) -> int | float:
-    """Value of a constant expression (node or plain value); names resolve through `lookup`."""
+    """Value of a constant expression (node or plain value); names resolve through `lookup`. Iterative (a
+    1000-term sum is a 1000-deep tree) and bounded: every integer must fit EXPR_BITS bits (signed)."""
+    kind = type(arg)
+    if kind is not BinOp and kind is not UnOp:
+        return _leaf(arg, lookup)
+    values: list[int | float] = []
+    stack: list[tuple[object, bool]] = [(arg, False)]
+    while stack:
+        node, ready = stack.pop()
+        kind = type(node)
+        if kind is BinOp:
+            if ready:
+                right = values.pop()
+                values.append(_bounded(_binary(node.op, values.pop(), right, node.op_col), node.op_col))
+            else:
+                stack += ((node, True), (node.right, False), (node.left, False))
+        elif kind is UnOp:
+            if ready:
+                values.append(_bounded(_unary(node.op, values.pop(), node.col), node.col))
+            else:
+                stack += ((node, True), (node.arg, False))
+        else:
+            values.append(_leaf(node, lookup))
+    return values[0]
+
+
+def _leaf(arg: object, lookup: Lookup) -> int | float:
     kind = type(arg)
     if kind is Num:
-        return arg.value
+        return _bounded(arg.value, arg.col)
     if kind is Name:
         return lookup(arg.name, arg.col)
-    if kind is BinOp:
-        return _binary(arg.op, evaluate(arg.left, lookup), evaluate(arg.right, lookup), arg.op_col)
-    if kind is UnOp:
-        value = evaluate(arg.arg, lookup)
-        if arg.op == "-":
-            return -value
-        if arg.op == "~":
-            return ~_integer(value, "~", arg.col)
-        return value
     if isinstance(arg, enum.Enum | bool):
         raise Problem(f"expected a number, got {arg!r}")
     if isinstance(arg, numbers.Integral):  # also numpy integers
-        return int(arg)
+        return _bounded(int(arg), 0)
     if isinstance(arg, numbers.Real):
         return float(arg)
     if isinstance(arg, str):
         return lookup(arg, 0)
     raise Problem(f"expected a number or a symbol name, got {type(arg).__name__} {arg!r}")
+
+
+def _bounded(value: int | float, col: int) -> int | float:
+    if type(value) is int and value.bit_length() >= EXPR_BITS:  # (never printed: its digits could be huge)
+        raise Problem(f"integer wider than {EXPR_BITS} bits in a constant expression", col=col)
+    return value
+
+
+def _unary(op: str, value: int | float, col: int) -> int | float:
+    if op == "-":
+        return -value
+    if op == "~":
+        return ~_integer(value, "~", col)
+    return value
 
 
 def _integer(value: int | float, op: str, col: int) -> int:

@@ -19,6 +19,7 @@ from assembler.diagnostics import Diagnostic
 from assembler.nodes import BinOp, Expr, LabelDef, Mem, Name, Num, Pair, Statement, Str, Tensor, UnOp
 
 Item = LabelDef | Statement
+MAX_DECIMAL_DIGITS = 100  # far beyond any in-range constant (`operands.EXPR_BITS`)
 
 
 @v_args(inline=True)
@@ -78,7 +79,10 @@ class _ToNodes(Transformer):
 
     def int_(self, token: Token) -> Num:
         text = token.replace("_", "")
-        return Num(int(text, 0) if text[1:2] in ("x", "X", "b", "B") else int(text, 10), token.column)
+        if text[1:2] in ("x", "X", "b", "B"):
+            return Num(int(text, 0), token.column)
+        # A longer decimal is out of range anyway (`operands.evaluate` says so); Python refuses > 4300 digits.
+        return Num(int(text[:MAX_DECIMAL_DIGITS]), token.column)
 
     def float_(self, token: Token) -> Num:
         return Num(float(token), token.column)
@@ -160,7 +164,7 @@ def _syntax_diagnostic(err: UnexpectedInput, text: str, lineno: int, filename: s
         message = f"unexpected character {char!r}"
         hint = "'#' and ';' start comments; names are [A-Za-z_.$][A-Za-z0-9_.$]*"
     else:
-        label = err.match_examples(_parser().parse, _EXAMPLES, use_accepts=True)
+        label = _match_examples(err)
         found = _describe(err.token) if isinstance(err, UnexpectedToken) else "end of input"
         message = label or f"unexpected {found}"
         expected = sorted({_expected_name(name) for name in getattr(err, "expected", ())})
@@ -168,6 +172,27 @@ def _syntax_diagnostic(err: UnexpectedInput, text: str, lineno: int, filename: s
         if isinstance(err, UnexpectedEOF):
             col = len(text) + 1
     return Diagnostic(filename, lineno, col, f"syntax error: {message}", hint, text)
+
+
+def _match_examples(err: UnexpectedInput) -> str | None:
+    """The `_EXAMPLES` label whose example fails in the same parser state (and, for a wrong token, with the same
+    accepted tokens; the same token wins outright). Lark's `UnexpectedInput.match_examples` does this too, but
+    in lark 1.3.1 it raises TypeError formatting a debug message whenever accepted tokens differ."""
+    candidate = None
+    for label, examples in _EXAMPLES.items():
+        for example in examples:
+            try:
+                _parser().parse(example)
+            except UnexpectedInput as other:
+                if other.state != err.state:
+                    continue
+                tokens = isinstance(err, UnexpectedToken) and isinstance(other, UnexpectedToken)
+                if tokens and other.accepts != err.accepts:
+                    continue
+                if getattr(other, "token", None) == getattr(err, "token", None) is not None:
+                    return label
+                candidate = candidate or label
+    return candidate
 
 
 def _describe(token: Token) -> str:

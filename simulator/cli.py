@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from simulator.config import PRESETS
+from isa.errors import DynfuseError
+from simulator.config import PRESETS, MachineConfig, load_config
+from simulator.errors import SimulatorTrap
 from simulator.inputs import parse_input_args, random_inputs
-from simulator.run import RunResult, load_program, simulate
+from simulator.run import RunResult, check_tensors_fit, load_program, simulate
+
+DEFAULT_MAX_CYCLES = 10_000_000  # ~8 s of a runaway loop on this simulator (the presets' watchdogs allow ~12 min)
+
+
+def cycle_limited(cfg: MachineConfig, max_cycles: int | None) -> MachineConfig:
+    """The config with the run's cycle budget: --max-cycles, else the config's watchdog capped at the default."""
+    if max_cycles is not None and (isinstance(max_cycles, bool) or max_cycles < 1):
+        raise DynfuseError(f"--max-cycles must be >= 1, got {max_cycles}")
+    return replace(cfg, max_cycles=max_cycles or min(cfg.max_cycles, DEFAULT_MAX_CYCLES))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,15 +49,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--trace", type=Path, help="write a Chrome trace-event JSON timeline (open in Perfetto)")
     sim.add_argument("--checked", action="store_true", help="detect unsynchronised data races between units")
     sim.add_argument("--json", action="store_true", help="print machine-readable counters instead of a table")
+    sim.add_argument(
+        "--max-cycles",
+        type=int,
+        metavar="N",
+        help=f"stop a run past N cycles (default: the config's watchdog, at most {DEFAULT_MAX_CYCLES:,})",
+    )
     sim.set_defaults(run=run_sim)
 
 
 def run_sim(args: argparse.Namespace) -> int:
+    cfg = cycle_limited(load_config(args.config), args.max_cycles)
     program = load_program(args.program)
+    check_tensors_fit(program, cfg)  # before random inputs are allocated for the declared shapes
     inputs = parse_input_args(args.input)
     if args.random_inputs is not None:
         inputs = random_inputs(program, args.random_inputs, inputs)
-    result = simulate(program, args.config, inputs, checked=args.checked, trace=bool(args.trace))
+    try:
+        result = simulate(program, cfg, inputs, checked=args.checked, trace=bool(args.trace))
+    except SimulatorTrap as trap:
+        if "watchdog" in trap.reason and args.max_cycles is None:
+            raise DynfuseError(f"{trap} (a longer run: --max-cycles N)") from None
+        raise
     if args.output_dir:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         for name, value in result.outputs.items():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -74,8 +75,9 @@ class MachineConfig:
             _check_int(name, getattr(self, name), 1)
         _check_int("dram_latency", self.dram_latency, 0)
         _check_int("branch_penalty", self.branch_penalty, 0)
-        if isinstance(self.clock_mhz, bool) or not isinstance(self.clock_mhz, int | float) or self.clock_mhz <= 0:
-            raise ConfigError(f"clock_mhz must be a positive number, got {self.clock_mhz!r}")
+        clock = self.clock_mhz
+        if isinstance(clock, bool) or not isinstance(clock, int | float) or not 0 < clock < math.inf:
+            raise ConfigError(f"clock_mhz must be a finite positive number, got {clock!r}")
         if self.array_size > MAX_ARRAY_SIZE:
             raise ConfigError(f"array_size must be at most {MAX_ARRAY_SIZE}, got {self.array_size}")
         for name in ("spad_banks", "acc_banks", "burst_bytes"):
@@ -201,7 +203,9 @@ def load_config(name_or_path: str | Path | MachineConfig) -> MachineConfig:
     if path.suffix != ".toml":
         raise ConfigError(f"unknown machine config {text!r}: use a preset ({', '.join(PRESETS)}) or a .toml file")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: TOML must be UTF-8 text (byte {err.start} is not)") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML: {err}") from None
     return config_from_dict(data, default_name=path.stem)
@@ -210,7 +214,7 @@ def load_config(name_or_path: str | Path | MachineConfig) -> MachineConfig:
 def config_from_dict(data: dict[str, Any], default_name: str = "custom") -> MachineConfig:
     data = dict(data)
     preset = data.pop("preset", None)
-    if preset is not None and preset not in PRESETS:
+    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
         raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     energy = data.pop("energy", {})
     if not isinstance(energy, dict):

@@ -15,6 +15,7 @@ Override any of them in a TOML config (`[energy]` table) or with `dataclasses.re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from simulator.errors import ConfigError
@@ -36,5 +37,5 @@ class EnergyTable:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"energy.{f.name} must be a non-negative number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ConfigError(f"energy.{f.name} must be a finite non-negative number, got {value!r}")

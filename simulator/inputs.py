@@ -23,6 +23,8 @@ def parse_input_args(specs: Iterable[str]) -> dict[str, np.ndarray]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise DynfuseError(f"--input expects NAME=FILE.npy, got {spec!r}")
+        if name in inputs:
+            raise DynfuseError(f"--input {name} is given twice")
         try:
             array = np.load(path, allow_pickle=False)
         except (OSError, ValueError, EOFError) as err:
@@ -39,6 +41,8 @@ def random_inputs(obj: ObjectFile, seed: int, given: dict[str, np.ndarray] | Non
 
     i8: the full range; i32: [-1000, 1000]; f32: standard normal. Same seed, same values.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise DynfuseError(f"the random-input seed must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(seed)
     inputs = dict(given or {})
     for decl in (t for k in obj.kernels for t in k.inputs):

@@ -115,8 +115,22 @@ def _place_inputs(m: Machine, inputs: dict[str, np.ndarray]) -> None:
 
 
 def _check_fits(m: Machine, decl: TensorDecl) -> None:
-    if decl.address < 0 or decl.address + decl.nbytes > m.cfg.dram_bytes:
-        raise DynfuseError(f"tensor {decl.name!r} at {decl.address:#x} ({decl.nbytes} bytes) does not fit DRAM")
+    _fits(decl, m.cfg)
+
+
+def _fits(decl: TensorDecl, cfg: MachineConfig) -> None:
+    if decl.address < 0 or decl.address + decl.nbytes > cfg.dram_bytes:
+        raise DynfuseError(
+            f"tensor {decl.name!r} at {decl.address:#x} ({decl.nbytes} bytes) does not fit the "
+            f"{cfg.dram_bytes}-byte DRAM of {cfg.name}"
+        )
+
+
+def check_tensors_fit(obj: ObjectFile, config: MachineConfig) -> None:
+    """Every declared kernel tensor lies inside DRAM: checked before anything is allocated for it."""
+    for kernel in obj.kernels:
+        for decl in (*kernel.inputs, *kernel.outputs):
+            _fits(decl, config)
 
 
 def _outputs(m: Machine) -> dict[str, np.ndarray]:
@@ -140,6 +154,7 @@ def simulate(
     """Run a program to halt. Traps raise SimulatorTrap; bad inputs raise DynfuseError."""
     cfg = load_config(config)
     obj = load_program(program)
+    check_tensors_fit(obj, cfg)
     collecting = gc.isenabled()
     gc.disable()  # a run allocates many small long-lived objects; generational GC passes only slow it down
     m: Machine | None = None

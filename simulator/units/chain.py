@@ -91,6 +91,8 @@ def chain_stream(m: Machine, pc: int, ins: Instruction) -> Step:
     nxt, row, lat = pc + 1, m.row(pc), ins.spec.latency
 
     def step() -> int:
+        if n < 1:
+            raise Fault(f"vc.lds takes at least 1 element from the matrix stream, got n={n}")
         parts, need, last, completed = [], n, None, 0
         stream = m.stream
         while need:

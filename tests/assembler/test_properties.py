@@ -3,7 +3,8 @@
 - asm -> bin -> disasm -> asm -> bin is byte-identical, every word equals isa.encode(isa.make(...)) of the
   values the generator meant (an oracle independent of the assembler's resolver), and the same program
   written as ProgramBuilder calls gives the same bytes.
-- random bytes, mutated binaries and random text only ever raise the project's own error types.
+- random bytes, mutated binaries and random text only ever raise the project's own error types; a mutated
+  binary the loader accepts lists as assembly that re-assembles to its exact bytes.
 """
 
 from __future__ import annotations
@@ -216,7 +217,8 @@ def test_mutated_binaries_raise_only_binary_format_errors(program: Generated, da
     except BinaryFormatError:
         return
     assert to_bytes(loaded) == bytes(blob)  # whatever loads is a faithful, writable object
-    disassemble(loaded)
+    listing = disassemble(loaded)
+    assert to_bytes(assemble(listing)) == bytes(blob)  # and its listing re-assembles to the same bytes
 
 
 ASM_ALPHABET = st.sampled_from(list('abx0123v .,:;#()[]@+-*/%<>&|^~"\n\t$_') + ["add", ".kernel", "li", "x1"])

@@ -18,7 +18,9 @@ def test_presets_have_the_documented_arrays() -> None:
         ("array_size", 300, "array_size must be at most"),
         ("spad_banks", 3, "spad_banks must be a power of two"),
         ("dram_bytes_per_cycle", 2.5, "dram_bytes_per_cycle must be an integer"),
-        ("clock_mhz", -1.0, "clock_mhz must be a positive number"),
+        ("clock_mhz", -1.0, "clock_mhz must be a finite positive number"),
+        ("clock_mhz", float("nan"), "clock_mhz must be a finite positive number"),
+        ("clock_mhz", float("inf"), "clock_mhz must be a finite positive number"),
         ("acc_bytes", 1000, "acc_bytes (1000) must divide"),
         ("queue_depth", True, "queue_depth must be an integer"),
         ("stream_fifo_depth", 0, "stream_fifo_depth must be >= 1"),
@@ -39,9 +41,10 @@ def test_every_preset_streams_one_array_of_rows_and_toml_can_change_it(tmp_path)
     assert deep.config_hash() != replace(deep, stream_fifo_depth=4).config_hash()
 
 
-def test_energy_values_are_validated() -> None:
-    with pytest.raises(ConfigError, match="energy.dram_byte"):
-        EnergyTable(dram_byte=-1)
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf")])
+def test_energy_values_are_validated(value: float) -> None:
+    with pytest.raises(ConfigError, match="energy.dram_byte must be a finite non-negative number"):
+        EnergyTable(dram_byte=value)
 
 
 def test_toml_overrides_a_preset_and_the_energy_table(tmp_path) -> None:
@@ -60,11 +63,15 @@ def test_toml_overrides_a_preset_and_the_energy_table(tmp_path) -> None:
         ("array_size = 8\n", "missing config fields"),
         ('preset = "base"\n[energy]\nfoo = 1.0\n', "unknown energy field 'foo'"),
         ("array_size = [\n", "invalid TOML"),
+        ('preset = ["base"]\n', "preset must be one of"),
+        ('preset = "base"\nclock_mhz = nan\n', "clock_mhz must be a finite"),
+        ('preset = "base"\n[energy]\ndram_byte = inf\n', "energy.dram_byte must be a finite"),
+        (b'preset = "base"\n# \xff\n', "TOML must be UTF-8 text"),
     ],
 )
-def test_bad_toml_is_a_clear_error(tmp_path, text: str, message: str) -> None:
+def test_bad_toml_is_a_clear_error(tmp_path, text: str | bytes, message: str) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ConfigError, match=message):
         load_config(path)
 
