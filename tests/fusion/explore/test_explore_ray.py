@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,19 @@ def test_explore_on_ray_equals_local_processes_even_when_a_worker_is_killed(ray_
     keys = [json.loads(line)["key"] for line in (tmp_path / "ray" / JOURNAL_NAME).read_text().splitlines()]
     assert len(keys) == len(set(keys)) == 8, "nothing lost, nothing duplicated"
     assert rows_without_timing(tmp_path / "ray") == rows_without_timing(tmp_path / "local")
+
+
+def test_a_command_joins_a_running_cluster_and_leaves_it_running(ray_instance, tmp_path: Path) -> None:
+    space = write_space(tmp_path)
+    address = ray_instance.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "dynfuse", "explore", str(MLP), "--space", str(space), "-o", str(tmp_path / "joined"),
+           "--address", address, "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "8 points (8 measured now), 4 invalid machines" in done.stdout
+    run_explore([MLP], load_space(space), tmp_path / "local", Runner("local", 2), progress=False)
+    assert rows_without_timing(tmp_path / "joined") == rows_without_timing(tmp_path / "local")
+    assert ray_instance.get(ray_instance.remote(lambda: 7).remote()) == 7, "the cluster outlives the command"
 
 
 def test_calibration_on_ray_equals_local_processes(ray_instance, tmp_path: Path) -> None:
