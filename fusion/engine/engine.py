@@ -42,6 +42,7 @@ from fusion.engine.drift import Drift, DriftThresholds, detect_drift, outgrew_ca
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import KernelRun, run_kernel, to_real
 from fusion.engine.features import kernel_features
+from fusion.engine.footprint import check_fits_dram
 from fusion.engine.guards import check_guard
 from fusion.engine.kernel import Kernel, build_kernel, expected_guard, group_subgraph
 from fusion.engine.pairing import plan_pipelines
@@ -50,7 +51,7 @@ from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan, baseline
 from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.validation import ValidationPolicy, compare
-from fusion.engine.workers import CompilePool, default_workers
+from fusion.engine.workers import CompilePool, capped, default_workers
 from fusion.errors import ShapeError
 from fusion.graph.hashing import structural_hash
 from fusion.graph.ir import Graph
@@ -78,10 +79,14 @@ class EngineOptions:
     policy: str = "dynamic"
     validation: ValidationPolicy = field(default_factory=ValidationPolicy)
     drift: DriftThresholds = field(default_factory=DriftThresholds)
-    workers: int = field(default_factory=default_workers)  # compile processes (1: build in this process)
+    workers: int = field(default_factory=default_workers)  # compile processes (1: none; capped at the cores)
     allow_rounding_change: bool = False
     checked: bool = False  # run the simulator's race checker on every kernel
     pipeline: bool = True  # dynamic: run complementary consecutive groups as one pipelined program
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise EngineError(f"workers must be an integer >= 1, got {self.workers!r}")
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ class FusionEngine:
     ) -> None:
         self.graph = load_model(model)
         self.config = load_config(config)
+        check_fits_dram(self.graph, self.config)
         self.config_hash = self.config.config_hash()
         self.dtype = dtype
         self.options = options or EngineOptions()
@@ -211,6 +217,7 @@ class FusionEngine:
         self._oracle_values: dict[str, np.ndarray] | None = None  # live values the oracle measures kernels on
         self._zero_fraction: dict[str, float] = {}  # live zero-tile fraction of each GEMM group's operand
         self._evaluator: Evaluator | None = None
+        self._costs: object = None  # the cost model's `generation` the plan was made with (online learning)
         self._pool: CompilePool | None = None  # compile workers of the current model context
         self._by_shape: dict[tuple, FusionEngine] = {}  # specialisations for other input shapes (`for_inputs`)
         self._last_engine: FusionEngine | None = None  # the specialisation of the previous call (shape drift)
@@ -255,7 +262,7 @@ class FusionEngine:
         """The current context's worker processes, started on first use (from the calling thread, before any
         planning thread exists)."""
         assert self.mc is not None
-        if self._pool is None and self.options.workers > 1:
+        if self._pool is None and capped(self.options.workers) > 1:
             self._pool = CompilePool(self.mc, self.options.workers)
             weakref.finalize(self, self._pool.close)
         return self._pool
@@ -300,6 +307,7 @@ class FusionEngine:
         pairs (`pipelines`: the function did not) and compile the plan. Called under the lock."""
         assert self._state is not None
         start = time.perf_counter()
+        self._costs = getattr(self.cost_model, "generation", None)
         ev = Evaluator(self._state.mc, self.cost_model, self.profiles, pool=self._compile_pool())
         plan = policy(ev)
         if plan.policy == "dynamic" and self.options.pipeline and pipelines:
@@ -319,7 +327,7 @@ class FusionEngine:
         """JIT: every planned kernel through the cache, on a worker pool, most expensive first."""
         start = time.perf_counter()
         choices = sorted(plan.choices, key=lambda c: -c.predicted_cycles)
-        with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
+        with ThreadPoolExecutor(max_workers=capped(self.options.workers)) as pool:
             kernels = list(pool.map(lambda c: self._kernel(st, c.group, "any", ev, build=True)[0], choices))
             kernels += list(pool.map(lambda p: self._pair_kernel(st, p)[0], plan.pipelined))
         self.compile_seconds = time.perf_counter() - start
@@ -419,7 +427,7 @@ class FusionEngine:
             if self._state is None:
                 self._set_context(self._params([checked_inputs]), self._profiles(live))
             drifts = self._observe(live)
-            replanned = self._replan(drifts, checked_inputs)
+            replanned = (*self._replan_for_costs(), *self._replan(drifts, checked_inputs))
             if self.plan is None:
                 self._oracle_values = self._oracle_env(checked_inputs)
                 self.plan = self.make_plan()
@@ -472,6 +480,15 @@ class FusionEngine:
         drifts = detect_drift(self.profiles, new, self.options.drift)
         self.profiles.update(new)
         return drifts
+
+    def _replan_for_costs(self) -> tuple[tuple[str, ...], ...]:
+        """An online-learning cost model swapped in a retrained model (its `generation` moved since the plan was
+        made): plan again with the new predictions. Returns the groups whose choice changed."""
+        if self.plan is None or getattr(self.cost_model, "generation", None) == self._costs:
+            return ()
+        old = {c.group for c in self.plan.choices}
+        self.plan = self.make_plan()
+        return tuple(c.group.nodes for c in self.plan.choices if c.group not in old)
 
     def _replan(self, drifts: tuple[Drift, ...], inputs: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], ...]:
         """Re-plan on drift. int8 range drift re-calibrates: new scales change every kernel downstream of the

@@ -75,10 +75,11 @@ def profile_tensor(x: np.ndarray, tile: int, seed: int = 0) -> TensorProfile:
     """Profile one tensor; `tile` is the matrix unit's array size."""
     array = np.asarray(x)
     sample = _sample(array, tile, np.random.default_rng(seed))
-    finite = sample[np.isfinite(sample)] if sample.dtype.kind == "f" else sample.reshape(-1)
+    finite = (sample[np.isfinite(sample)] if sample.dtype.kind == "f" else sample.reshape(-1)).astype(np.float64)
     lo = float(finite.min()) if finite.size else 0.0
     hi = float(finite.max()) if finite.size else 0.0
-    hist, _ = np.histogram(finite, bins=HIST_BINS, range=(lo, hi if hi > lo else lo + 1.0))
+    top = hi if hi > lo else lo + max(1.0, abs(lo))  # (float64: a float32 range near 3.4e38 has room to widen)
+    hist, _ = np.histogram(finite, bins=HIST_BINS, range=(lo, top))
     return TensorProfile(
         shape=tuple(int(d) for d in array.shape),
         dtype=str(array.dtype),

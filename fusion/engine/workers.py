@@ -7,12 +7,19 @@ few milliseconds with the context already in memory, and the user's `__main__` i
 workers would re-run an unguarded script). All workers fork when the pool is made (a first no-op task), which
 the engine does before any of its planning threads exist. Pricing stays in the parent: the cost model may be
 learning online.
+
+Bounds: a pool never has more workers than the cores this process may run on (`available_cores`), and each
+worker watches its parent's pid and exits when the parent is gone (killed, SIGTERM during planning): no orphans.
+(PR_SET_PDEATHSIG would fire when the parent *thread* that forked exits, and the engine may be driven from
+short-lived threads.)
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from fusion.cost.interface import KernelFeatures
@@ -25,6 +32,7 @@ Built = tuple[Kernel | str, KernelFeatures | None]
 
 _context: ModelContext | None = None  # the worker's model (set by `_install`)
 MIN_PARALLEL_CORES = 4  # below this, forked builders do not beat building in-process (bench/results/fusion.md)
+PARENT_POLL_SECONDS = 0.2  # how often a worker checks that its parent is alive
 
 
 def default_workers() -> int:
@@ -48,9 +56,22 @@ def build_and_count(mc: ModelContext, group: Group, sparsity: str, zero_fraction
     return built, kernel_features(mc, built, zero_fraction)
 
 
-def _install(mc: ModelContext) -> None:
+def capped(workers: int) -> int:
+    """At most one worker per available core (asking for more only adds processes competing for them)."""
+    return max(1, min(workers, available_cores()))
+
+
+def _install(mc: ModelContext, parent: int) -> None:
     global _context
     _context = mc
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit when the parent is gone (the worker is re-parented): a worker must not outlive the engine."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
 
 
 def _build(group: Group, sparsity: str, zero_fraction: float) -> Built:
@@ -59,13 +80,16 @@ def _build(group: Group, sparsity: str, zero_fraction: float) -> Built:
 
 
 class CompilePool:
-    """`workers` processes building kernels of one model context; `submit` returns a future of `Built`."""
+    """`workers` processes (capped at the available cores) building kernels of one model context; `submit`
+    returns a future of `Built`."""
 
     def __init__(self, mc: ModelContext, workers: int) -> None:
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else None)
-        self.workers = workers
-        self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(mc,))
+        self.workers = capped(workers)
+        self._executor = ProcessPoolExecutor(
+            self.workers, mp_context=context, initializer=_install, initargs=(mc, os.getpid())
+        )
         self._executor.submit(int).result()  # forks every worker now (see the module docstring)
 
     def submit(self, group: Group, sparsity: str, zero_fraction: float) -> Future[Built]:

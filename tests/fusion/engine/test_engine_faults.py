@@ -18,6 +18,7 @@ from assembler.source import assemble
 from dynfuse.cli import main
 from fusion.engine.cache import KernelCache, decode_entry, encode_kernel
 from fusion.engine.engine import EngineOptions, FusionEngine, cycle_budget
+from fusion.engine.errors import EngineError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
 from fusion.engine.validation import ValidationPolicy
@@ -230,3 +231,41 @@ def test_encode_kernel_names_its_key(kernel) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         KernelCache()  # no disk, no warning
+
+
+def _matmul_model(path: Path, m: int, k: int, n: int) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        "mm",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_fuse_refuses_a_model_too_big_for_dram_before_allocating_inputs(tmp_path: Path, capsys) -> None:
+    import resource
+
+    model = _matmul_model(tmp_path / "big.onnx", 1, 1_000_000, 1000)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert main(["fuse", str(model), "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "graph input 'b' (3.73 GiB) does not fit the base machine's 64 MiB of DRAM" in err
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 << 10  # KiB: no 7 GiB of inputs
+    with pytest.raises(EngineError, match="does not fit the tiny machine"):
+        FusionEngine(model, "tiny", "fp32", EngineOptions(workers=1))
+
+
+@pytest.mark.parametrize("value", [3e38, -3.4e38, 1e-45])
+def test_inputs_near_the_float32_limits_are_profiled(tmp_path: Path, capsys, value: float) -> None:
+    model = _matmul_model(tmp_path / "small.onnx", 8, 16, 8)
+    np.save(tmp_path / "a.npy", np.full((8, 16), value, np.float32))
+    assert main(["fuse", str(model), "--workers", "1", "--input", f"a={tmp_path / 'a.npy'}"]) == 0
+    assert "Traceback" not in capsys.readouterr().err

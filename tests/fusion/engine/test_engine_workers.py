@@ -4,17 +4,20 @@ pool, and the workers go away with the engine's context."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from engine_helpers import context, gemm_graph, model
 
 from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.errors import EngineError
 from fusion.engine.plan import Group
-from fusion.engine.workers import CompilePool, build_and_count
+from fusion.engine.workers import CompilePool, available_cores, build_and_count
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -83,3 +86,58 @@ def test_an_unguarded_script_from_stdin_plans_with_workers() -> None:
     done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_workers_are_capped_at_the_available_cores() -> None:
+    mc = context(gemm_graph(m=8), {}, "fp32")
+    pool = CompilePool(mc, 1_000_000)
+    try:
+        assert pool.workers == available_cores()
+        pids = {pool._executor.submit(os.getpid).result() for _ in range(20)}
+        assert len(pids) <= available_cores()
+    finally:
+        pool.close()
+    with pytest.raises(EngineError, match="workers must be an integer >= 1"):
+        EngineOptions(workers=0)
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists() or available_cores() < 2, reason="needs Linux /proc, 2 cores")
+def test_sigterm_during_planning_leaves_no_orphan_workers() -> None:
+    model_path = ROOT / "tests" / "fusion" / "models" / "encoder_post_d128.onnx"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dynfuse.cli", "fuse", str(model_path), "--workers", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        workers = _children(proc.pid)
+        time.sleep(0.05)
+    assert len(workers) >= 2, "the compile workers never started"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers), "orphaned compile workers"
