@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -37,6 +40,7 @@ from fusion.errors import FusionError
 T = TypeVar("T")
 BACKENDS = ("auto", "ray", "local")
 MAX_RETRIES = 3  # re-runs of an item whose worker died (Ray's default for tasks)
+PARENT_POLL_SECONDS = 0.5  # how often a local worker checks that the sweep that started it is alive
 
 
 class TaskError(FusionError):
@@ -132,9 +136,18 @@ def _inline(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[
 _shared: Any = None  # the sweep's shared data in a local worker (set by `_install`)
 
 
-def _install(shared: Any) -> None:
+def _install(shared: Any, parent: int) -> None:
+    """A local worker's start: the sweep's shared data, and a watch on the parent process (a sweep killed with
+    SIGKILL cannot stop its workers; they notice they were re-parented and exit instead of lingering)."""
     global _shared
     _shared = shared
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _call(fn: Callable, item: Any) -> Any:
@@ -144,7 +157,7 @@ def _call(fn: Callable, item: Any) -> Any:
 def _pool(workers: int, shared: Any) -> ProcessPoolExecutor:
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    return ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(shared,))
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(shared, os.getpid()))
 
 
 def _on_processes(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[tuple[Any, Any]]:

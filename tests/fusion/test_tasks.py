@@ -7,6 +7,9 @@ worker. Ray shares one local instance per module (the runner uses an instance th
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,39 @@ def test_ray_tasks_equal_local_ones_and_a_killed_worker_is_retried(ray_instance,
     local = outcomes(Runner("local", 2), {"raise": 7}, items)
     assert {i: v for i, v in on_ray.items() if i != 7} == {i: v for i, v in local.items() if i != 7}
     assert isinstance(on_ray[7], TaskFailure) and "bad item 7" in on_ray[7].reason, "a bug is not retried"
+
+
+def test_local_workers_exit_when_the_sweep_is_killed(tmp_path: Path) -> None:
+    """SIGKILL the process running a local sweep: its pool workers notice and exit (no orphans)."""
+    script = tmp_path / "sweep.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from fusion.tasks import Runner, run_tasks\n"
+        "def slow(shared, item):\n"
+        "    open(os.path.join(shared, f'{os.getpid()}'), 'w').close()\n"
+        "    time.sleep(60)\n"
+        "list(run_tasks(slow, [1, 2], Runner('local', 2), sys.argv[1], progress=False))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this tree's fusion
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    deadline = time.monotonic() + 60
+    while (
+        time.monotonic() < deadline and len(pids := [int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()]) < 2
+    ):
+        time.sleep(0.05)
+    assert len(pids) == 2, "both workers started"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "the workers outlived the sweep"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited (its parent, init, reaps it)
+        return f.read().split(")")[-1].split()[0] != "Z"
