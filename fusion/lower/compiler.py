@@ -27,7 +27,7 @@ from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, 
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, matrix, movement, normalize, windows
-from fusion.lower.kernels.recipes import RECIPES, refusal, where_masks
+from fusion.lower.kernels.recipes import RECIPES, refusal, trilu_mask, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
@@ -81,6 +81,10 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
     """Every constant as the kernels read it: float32, or (int8 path) pre-quantized matrix operands and biases."""
     forms: dict[str, np.ndarray] = {}
     for node in graph.nodes:
+        if node.op == OpType.Trilu:
+            out = node.outputs[0]
+            masks = where_masks(trilu_mask(node, graph.types[out].shape))
+            forms.update({const_key(out, form): mask for form, mask in masks.items()})
         for pos, value in enumerate(node.inputs):
             if not graph.is_constant(value):
                 continue

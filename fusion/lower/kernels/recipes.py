@@ -7,8 +7,8 @@ follows the reference (`fusion.reference.kernels`) operation by operation, so fl
 to it and the int8 path (float32 on dequantized inputs) stays bit-exact against the quantized reference.
 
 `Recipe.reads` names what a recipe reads, in operand order: graph values, or a constant form key (Where reads its
-constant condition as two float masks, see `where_masks`). `Recipe.check` refuses, with a reason, a node the
-recipe cannot run (checked before any instruction is emitted).
+constant condition as two float masks, see `where_masks`; Trilu its triangle, keyed by its output).
+`Recipe.check` refuses, with a reason, a node the recipe cannot run (checked before any instruction is emitted).
 """
 
 from __future__ import annotations
@@ -287,6 +287,24 @@ def _where(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
     f.release(t)
 
 
+def trilu_mask(node: Node, shape: tuple[int, ...]) -> np.ndarray:
+    """Where Trilu keeps its input: the lower (upper) triangle of the last two axes from diagonal k, broadcast."""
+    rows, cols = shape[-2:]
+    keep = (np.triu if node.attr("upper") else np.tril)(np.ones((rows, cols), bool), node.attr("k"))
+    return np.broadcast_to(keep, shape)
+
+
+def _trilu_reads(graph: Graph, node: Node) -> tuple[str, ...]:
+    out = node.outputs[0]
+    return node.inputs[0], const_key(out, SEL_TRUE), const_key(out, SEL_FALSE)
+
+
+def _trilu(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """where(triangle, x, 0) with the triangle as compile-time clamps (see where_masks)."""
+    x, on, off = ins
+    _where(f, node, out, [x, Scalar(0), on, off])
+
+
 def _min_into(f: Form, dst: int, value: Operand, mask: Operand) -> None:
     """min(value, mask) with a scalar value as the `.vs` operand."""
     if isinstance(value, Scalar):
@@ -320,6 +338,7 @@ RECIPES: dict[OpType, Recipe] = {
     OpType.HardSwish: Recipe(_hard_swish, _first, temps=1),
     OpType.Pow: Recipe(_pow, scalars=frozenset({1}), check=_pow_check),
     OpType.Where: Recipe(_where, _where_reads, frozenset({0, 1}), _where_check, temps=1),
+    OpType.Trilu: Recipe(_trilu, _trilu_reads, temps=1),
     OpType.BatchNorm: Recipe(_batchnorm, temps=1),
 }
 

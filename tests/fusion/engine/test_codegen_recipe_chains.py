@@ -38,6 +38,11 @@ def _graph(kind: str):
         h = b.op(OpType.Where, mask, h, b.constant(np.array(np.finfo(np.float32).min, np.float32)), name="mask")
         h = b.op(OpType.Softmax, h, name="softmax", axis=2)
         chain = ("scale", "mask", "softmax")
+    elif kind == "trilu":
+        h = b.op(OpType.Mul, h, b.constant(np.array(0.5, np.float32)), name="half")
+        h = b.op(OpType.Trilu, h, name="tril", upper=0, k=0)
+        h = b.op(OpType.Abs, h, name="abs")
+        chain = ("half", "tril", "abs")
     else:  # expand: a [2, 1, 12] row broadcast over 12 rows, then arithmetic
         r = b.op(OpType.ReduceMean, h, name="mean", axes=(1,), keepdims=1)
         e = b.op(OpType.Expand, r, name="expand", shape=(2, 12, 12))
@@ -49,7 +54,7 @@ def _graph(kind: str):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-@pytest.mark.parametrize("kind", ["mobilenet", "silu", "masked_softmax", "expand"])
+@pytest.mark.parametrize("kind", ["mobilenet", "silu", "masked_softmax", "trilu", "expand"])
 def test_chain_equals_unfused_kernels(kind: str, dtype: str) -> None:
     graph, chain = _graph(kind)
     inputs = {"x": np.random.default_rng(1).standard_normal((2, 12, 12)).astype(np.float32)}

@@ -221,3 +221,13 @@ def test_recipe_cost_is_counted_from_what_it_emits(op, consts, attrs, expected) 
     model = compile(graph, "tiny", "fp32", cleanup=False)
     vector = [i.mnemonic for i in model.program.instructions() if i.mnemonic.startswith("v.")]
     assert len(vector) == expected  # one tile of 15 elements: each instruction once
+
+
+@pytest.mark.parametrize(("upper", "k"), [(0, 0), (1, 0), (0, -1), (1, 2)])
+def test_trilu_keeps_a_triangle_of_the_last_two_axes(upper, k) -> None:
+    graph = _graph(OpType.Trilu, (2, 5, 7), matmul=True, upper=upper, k=k)
+    check_exact(graph, random_inputs(graph))
+    graph = _graph(OpType.Trilu, (3, 4), upper=upper, k=k)  # infinities kept or zeroed exactly (fp32 only)
+    inputs = {"x": np.array(np.arange(12).reshape(3, 4) - 5.5, np.float32) * np.float32(np.inf)}
+    got, _ = compile(graph, "tiny", "fp32", cleanup=False).run(inputs, checked=True)
+    np.testing.assert_array_equal(got[graph.outputs[0]], run(graph, inputs)[graph.outputs[0]])
