@@ -7,6 +7,7 @@ input shapes it was built or imported for. Constants are read-only numpy arrays.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,6 +46,9 @@ class DataType(enum.Enum):
             raise GraphError(f"dtype {name} is not supported (supported: {[d.value for d in cls]})") from None
 
 
+MAX_RANK = 32  # numpy allows 64; no model has more than a handful
+
+
 @dataclass(frozen=True)
 class TensorType:
     """Concrete shape and element type of one value."""
@@ -55,10 +59,12 @@ class TensorType:
     def __post_init__(self) -> None:
         if any(not isinstance(d, int) or d < 0 for d in self.shape):
             raise GraphError(f"shape {self.shape} must be non-negative integers")
+        if len(self.shape) > MAX_RANK:
+            raise GraphError(f"a tensor of rank {len(self.shape)} exceeds the supported rank {MAX_RANK}")
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # exact: an int64 product would wrap for absurd shapes
 
     @property
     def nbytes(self) -> int:

@@ -26,7 +26,7 @@ import onnx
 from onnx import helper
 
 from fusion.errors import GraphError
-from fusion.graph.ir import DataType
+from fusion.graph.ir import MAX_RANK, DataType
 from fusion.graph.ops import OpType
 from fusion.onnx_import.attributes import Attrs
 from fusion.onnx_import.context import ImportContext, Malformed, Unsupported, norm_axis
@@ -389,6 +389,8 @@ def _global_average_pool(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: s
 def _expand(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
     target = _ints(cx.const(_input(n, 1, "shape"), "Expand shape"))
     src = cx.shape(n.input[0])  # the output shape broadcasts the input's dims with the target
+    if len(target) > MAX_RANK:
+        raise Unsupported(f"Expand shape has {len(target)} dims (at most {MAX_RANK})")
     try:
         shape = tuple(int(d) for d in np.broadcast_shapes(src, target))
     except ValueError:

@@ -112,7 +112,7 @@ def import_model(
     for tensor in graph.initializer:
         try:
             cx.add_constant(tensor.name, _constant(tensor))
-        except Unsupported as err:
+        except (Unsupported, GraphError) as err:
             kind = "malformed" if isinstance(err, Malformed) else "feature"
             problems.append(Problem(f"<initializer {tensor.name}>", "initializer", kind, str(err)))
             broken.add(tensor.name)

@@ -42,8 +42,8 @@ def inferred_types(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]
     for domain in sorted({n.domain for n in copy.graph.node} - known - {"ai.onnx"}):
         copy.opset_import.add(domain=domain, version=1)  # else inference refuses the whole model
     try:
-        inferred = shape_inference.infer_shapes(copy, strict_mode=False, data_prop=True)
-    except (shape_inference.InferenceError, onnx.checker.ValidationError, ValueError, RuntimeError):
+        inferred = shape_inference.infer_shapes(copy, strict_mode=False)
+    except (shape_inference.InferenceError, onnx.checker.ValidationError, ValueError, RuntimeError, MemoryError):
         return {}
     values = (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input)
     return {info.name: t for info in values if (t := _concrete(info)) is not None}

@@ -48,6 +48,13 @@ def clip(x: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.clip(x, x.dtype.type(low), x.dtype.type(high))
 
 
+def power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.power, except that integers to negative powers truncate toward zero (numpy refuses them)."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu" and np.any(b < 0):
+        return np.trunc(np.power(a.astype(np.float64), b.astype(np.float64))).astype(a.dtype)
+    return np.power(a, b)
+
+
 def divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Float division, or integer division truncating toward zero (ONNX Div on integers)."""
     if a.dtype.kind in "iu" and b.dtype.kind in "iu":
@@ -82,7 +89,7 @@ BINARY: dict[OpType, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     OpType.Sub: np.subtract,
     OpType.Mul: np.multiply,
     OpType.Div: divide,
-    OpType.Pow: np.power,
+    OpType.Pow: power,
     OpType.Equal: np.equal,
     OpType.Less: np.less,
     OpType.LessOrEqual: np.less_equal,
