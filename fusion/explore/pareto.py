@@ -24,7 +24,6 @@ FIGURE_NAMES = (
     "plan_seconds",
 )
 METRIC_NAMES = frozenset([*FIGURE_NAMES, *SWEEPABLE])  # what an objective may name (`Design.metrics`)
-MAX_FRONT_POINTS = 100_000  # the dominance test is O(n^2) in memory per row: bounded
 
 
 @dataclass(frozen=True)
@@ -93,17 +92,18 @@ def designs(rows: Iterable[dict[str, Any]], models: int | None = None) -> list[D
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:
-    """Rows of `values` (n x k, minimised) that no other row dominates (<= in all, < in one)."""
-    n = len(values)
-    if n > MAX_FRONT_POINTS:
-        raise ValueError(f"{n} designs: the Pareto front is computed for at most {MAX_FRONT_POINTS}")
-    keep = np.ones(n, dtype=bool)
-    for i in range(n):
-        if keep[i]:
-            le = np.all(values <= values[i], axis=1)
-            lt = np.any(values < values[i], axis=1)
-            if np.any(le & lt):
-                keep[i] = False
+    """Rows of `values` (n x k, minimised) that no other row dominates (<= in all, < in one).
+
+    Rows are visited in lexicographic order, so every row's dominators come before it; dominance is transitive,
+    so comparing with the front found so far is enough: O(n x front) instead of O(n^2)."""
+    n, k = values.shape
+    keep = np.zeros(n, dtype=bool)
+    found = np.empty((0, k), dtype=values.dtype)
+    for i in np.lexsort(values.T[::-1]):
+        row = values[i]
+        if not np.any(np.all(found <= row, axis=1) & np.any(found < row, axis=1)):
+            keep[i] = True
+            found = np.vstack([found, row])
     return keep
 
 
