@@ -28,13 +28,28 @@ VECTOR_OPS_PER_ELEMENT: dict[OpType, int] = {
     OpType.Erf: 1,
     OpType.Exp: 1,
     OpType.Sqrt: 1,
+    OpType.Neg: 1,
+    OpType.Abs: 1,
+    OpType.Reciprocal: 1,
+    OpType.Sin: 1,
+    OpType.Cos: 1,
+    OpType.Not: 1,
+    OpType.Cast: 1,
+    OpType.Clip: 2,  # max, min
+    OpType.HardSigmoid: 3,  # alpha * x + beta, max, min
+    OpType.HardSwish: 4,  # x / 6 + 0.5, max, min, * x
+    OpType.Where: 1,
+    OpType.Trilu: 1,  # a select against the triangle mask
     OpType.Gelu: 4,  # x * 1/sqrt(2), erf, + 1, * 0.5x
     **{op: 1 for op in BINARY_BROADCAST},
     OpType.BatchNorm: 2,  # a * x + b
     OpType.Softmax: 5,  # row max, subtract, exp, row sum, divide
     OpType.LayerNorm: 7,  # row sum, subtract, square, row sum, rsqrt, scale, shift
     OpType.ReduceMean: 1,  # per input element
+    OpType.ReduceSum: 1,
+    OpType.ReduceMax: 1,
 }
+REDUCTIONS = frozenset({OpType.ReduceMean, OpType.ReduceSum, OpType.ReduceMax})
 VIEWS = frozenset({OpType.Reshape, OpType.Identity})
 
 
@@ -82,7 +97,7 @@ def vector_ops(graph: Graph, node: Node) -> int:
     out = graph.types[node.outputs[0]]
     if node.op in (OpType.MaxPool, OpType.AveragePool):
         return out.size * int(np.prod(node.attr("kernel"), dtype=np.int64))
-    if node.op == OpType.ReduceMean:
+    if node.op in REDUCTIONS:
         return graph.types[node.inputs[0]].size
     if node.op == OpType.Gemm and len(node.inputs) > 2:
         return out.size  # bias add
