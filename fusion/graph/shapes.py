@@ -247,7 +247,10 @@ def _slice(node: Node, ins: Types) -> Types:
     ):
         if not 0 <= axis < len(shape) or step == 0:
             raise _fail(node, f"bad slice axis {axis} / step {step} for {ins[0]}")
-        shape[axis] = len(range(start, end, step))
+        picked = range(start, end, step)
+        if picked and not (min(picked[0], picked[-1]) >= 0 and max(picked[0], picked[-1]) < shape[axis]):
+            raise _fail(node, f"slice {start}:{end}:{step} of axis {axis} reaches outside {ins[0]}")
+        shape[axis] = len(picked)
     return (TensorType(tuple(shape), ins[0].dtype),)
 
 

@@ -187,3 +187,16 @@ def test_assumptions_survive_the_cleanup_passes_and_pickling() -> None:
     graph = cleanup(import_model(_mask_model(), input_shapes={"x": (2, S, H)}))
     assert graph.assumptions
     assert pickle.loads(pickle.dumps(graph)).assumptions == graph.assumptions
+
+
+def test_a_slice_reaching_past_a_smaller_dim_is_refused_at_re_typing() -> None:
+    """x[:, 0:5] imported for seq 6 (no clamping, so no assumption) cannot run at seq 4: a ShapeError names the
+    node instead of an IndexError at run time."""
+    model = _model(
+        [_n("Slice", ["x", "s", "e", "a"], ["y"])],
+        [_c("s", np.array([0], np.int64)), _c("e", np.array([5], np.int64)), _c("a", np.array([1], np.int64))],
+    )
+    graph = import_model(model, input_shapes={"x": (2, S, H)})
+    assert with_input_shapes(graph, {"x": (3, S, H)}).types["y"].shape == (3, 5, H)
+    with pytest.raises(ShapeError, match=r"'y'.*reaches outside"):
+        with_input_shapes(graph, {"x": (2, 4, H)})
