@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-test demo test lint docs
+.PHONY: install install-test demo test lint docs fuzz
 
 install:
 	$(PIP) -e .
@@ -34,3 +34,13 @@ lint:
 
 docs:
 	$(PYTHON) -m isa.render
+
+# The suite's fuzzers (tests/fuzz, a few seconds each) run for minutes before a release; their counts are
+# appended to build/fuzz-report.md (docs/robustness.md records a run). FUZZ_SECONDS per fuzzer, FUZZ_SEED to vary.
+FUZZ_SECONDS ?= 120
+FUZZ_SEED ?= 1
+fuzz:
+	mkdir -p build && rm -f build/fuzz-report.md
+	DYNFUSE_FUZZ_SECONDS=$(FUZZ_SECONDS) DYNFUSE_FUZZ_SEED=$(FUZZ_SEED) DYNFUSE_FUZZ_REPORT=$(CURDIR)/build/fuzz-report.md \
+		$(PYTHON) -m pytest tests/fuzz -q -p no:cacheprovider
+	cat build/fuzz-report.md
