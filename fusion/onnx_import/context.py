@@ -104,6 +104,10 @@ class ImportContext:
             self.deps[name] = deps
         return name
 
+    def add_computed(self, name: str, array: np.ndarray) -> str:
+        """A constant the converter computed from what it read (constants, input dims) so far."""
+        return self.add_constant(name, array, self._read)
+
     def fresh(self, stem: str) -> str:
         name, i = stem, 0
         while name in self._names or name in self.types:

@@ -427,13 +427,8 @@ def _shape(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
 
 
 def _size(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
-    cx.add_constant(
-        n.output[0],
-        np.int64(cx.type_of(n.input[0]).size),
-        frozenset((n.input[0], i) for i in range(cx.rank(n.input[0])))
-        if n.input[0] not in cx.constants
-        else frozenset(),
-    )
+    count = int(np.prod(cx.shape(_input(n, 0, "data")), dtype=np.int64))
+    cx.add_computed(n.output[0], np.int64(count))
 
 
 def _pad(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
