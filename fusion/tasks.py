@@ -240,6 +240,16 @@ def _call_with(fn: Callable, shared: Any, item: Any) -> Any:
     return fn(shared, item)
 
 
+@contextmanager
+def session(runner: Runner) -> Iterator[None]:
+    """Keeps the runner's Ray (if any) up across several `run_tasks` calls (a search's batches): one start."""
+    if runner.backend != "ray":
+        yield
+        return
+    with ray_session(runner):
+        yield
+
+
 def _on_ray(fn: Callable, items: list, runner: Runner, shared: Any) -> Iterator[tuple[Any, Any]]:
     with ray_session(runner) as ray:
         from ray.exceptions import RayTaskError

@@ -22,11 +22,11 @@ import pyarrow.parquet as pq
 from fusion.explore.errors import ExploreError
 from fusion.explore.objective import Constraint, Objective
 from fusion.explore.pareto import Design, designs
-from fusion.explore.point import Settings
+from fusion.explore.point import Settings, evaluate_point
 from fusion.explore.run import Evaluate, SweepOutcome, load_models, machine_points, measure, plot
 from fusion.explore.space import Space
 from fusion.explore.store import read_rows, write_table
-from fusion.tasks import Runner
+from fusion.tasks import Runner, session
 
 SEARCH_BATCH = 4  # trials proposed together (fixed: the proposals must not depend on the runner)
 MAX_TRIALS = 10_000
@@ -80,7 +80,7 @@ def run_search(
     inputs: Mapping[str, np.ndarray] | None = None,
     validate: str = "first:1",
     progress: bool = True,
-    evaluate: Evaluate | None = None,
+    evaluate: Evaluate = evaluate_point,
 ) -> SearchOutcome:
     try:
         import optuna
@@ -101,32 +101,31 @@ def run_search(
     done: list[Trial] = []
     rows: dict[str, dict[str, Any]] = {}
     measured, failures = 0, []
-    while len(done) < trials:
-        batch = [study.ask() for _ in range(min(SEARCH_BATCH, trials - len(done)))]
-        machines = [_suggest(t, space) for t in batch]
-        points = {t.number: machine_points(models, space, m, validate) for t, m in zip(batch, machines, strict=True)}
-        label = f"trials {len(done) + 1}-{len(done) + len(batch)}/{trials}"
-        kwargs = {"evaluate": evaluate} if evaluate is not None else {}
-        found, now, lost = measure(
-            [p for ps in points.values() for p in ps], settings, out, runner, label=label, progress=progress, **kwargs
-        )
-        rows.update(found)
-        measured, failures = measured + now, failures + lost
-        for trial, machine in zip(batch, machines, strict=True):
-            mine = [found[p.key] for p in points[trial.number] if p.key in found]
-            violation, value, design = _score(designs(mine, models=len(models)), objective, constraints)
-            if design is None:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                done.append(Trial(trial.number, machine, None, math.nan, math.inf))
-                continue
-            if constraints:
-                _ = (
+    with session(runner):  # one Ray for all batches
+        while len(done) < trials:
+            batch = [study.ask() for _ in range(min(SEARCH_BATCH, trials - len(done)))]
+            machines = [_suggest(t, space) for t in batch]
+            points = {
+                t.number: machine_points(models, space, m, validate) for t, m in zip(batch, machines, strict=True)
+            }
+            label = f"trials {len(done) + 1}-{len(done) + len(batch)}/{trials}"
+            todo = [p for ps in points.values() for p in ps]
+            found, now, lost = measure(todo, settings, out, runner, evaluate, label, progress)
+            rows.update(found)
+            measured, failures = measured + now, failures + lost
+            for trial, machine in zip(batch, machines, strict=True):
+                mine = [found[p.key] for p in points[trial.number] if p.key in found]
+                violation, value, design = _score(designs(mine, models=len(models)), objective, constraints)
+                if design is None:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    done.append(Trial(trial.number, machine, None, math.nan, math.inf))
+                    continue
+                if constraints and modern:
                     trial.set_constraint("violation", violation)
-                    if modern
-                    else trial.set_user_attr("violation", violation)
-                )
-            study.tell(trial, value)
-            done.append(Trial(trial.number, machine, design, value, violation))
+                elif constraints:
+                    trial.set_user_attr("violation", violation)
+                study.tell(trial, value)
+                done.append(Trial(trial.number, machine, design, value, violation))
     table = write_table(out, read_rows(out))
     mine = [rows[k] for k in dict.fromkeys(rows)]
     sweep = SweepOutcome(table, plot(mine, out, space), len(mine), measured, mine, failures)

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 from explore_helpers import MLP, die_once_on, rows_without_timing, write_space
 
+from fusion.explore.objective import parse_objective
+from fusion.explore.pareto import METRIC_NAMES
 from fusion.explore.run import run_explore
+from fusion.explore.search import run_search
 from fusion.explore.space import load_space
 from fusion.explore.store import JOURNAL_NAME
 from fusion.hpm.dataset import load_dataset
@@ -59,6 +62,19 @@ def test_a_command_joins_a_running_cluster_and_leaves_it_running(ray_instance, t
     run_explore([MLP], load_space(space), tmp_path / "local", Runner("local", 2), progress=False)
     assert rows_without_timing(tmp_path / "joined") == rows_without_timing(tmp_path / "local")
     assert ray_instance.get(ray_instance.remote(lambda: 7).remote()) == 7, "the cluster outlives the command"
+
+
+def test_search_on_ray_proposes_and_finds_what_it_does_locally(ray_instance, tmp_path: Path) -> None:
+    space = load_space(
+        write_space(tmp_path, 'preset = "tiny"\n[fields]\narray_size = [4, 8, 16]\nvector_lanes = [4, 8]\n')
+    )
+    objective = parse_objective("cycles * area_mm2", METRIC_NAMES)
+    got = {
+        name: run_search([MLP], space, tmp_path / name, runner, 5, objective, seed=1, progress=False)
+        for name, runner in (("ray", Runner("ray", 2)), ("local", Runner("local", 2)))
+    }
+    trials = {name: [(t.number, t.machine, t.value) for t in found.trials] for name, found in got.items()}
+    assert trials["ray"] == trials["local"] and len(trials["ray"]) == 5
 
 
 def test_calibration_on_ray_equals_local_processes(ray_instance, tmp_path: Path) -> None:
