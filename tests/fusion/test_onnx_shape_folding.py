@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from fusion.errors import ShapeError
@@ -200,3 +202,60 @@ def test_a_slice_reaching_past_a_smaller_dim_is_refused_at_re_typing() -> None:
     assert with_input_shapes(graph, {"x": (3, S, H)}).types["y"].shape == (3, 5, H)
     with pytest.raises(ShapeError, match=r"'y'.*reaches outside"):
         with_input_shapes(graph, {"x": (2, 4, H)})
+
+
+def _shape_dependent_models() -> dict:
+    """Small models whose import resolves something against the input's dims."""
+    i64 = lambda name, v: _c(name, np.array(v, np.int64))  # noqa: E731
+    return {
+        "position_ids": _position_ids_model(),
+        "masks": _mask_model(),
+        "reshape_copy_infer": _model([_n("Reshape", ["x", "t"], ["y"])], [i64("t", [0, -1])]),
+        "flatten": _model([_n("Flatten", ["x"], ["y"], axis=2)], []),
+        "slice_to_end": _model(
+            [_n("Slice", ["x", "s", "e", "a"], ["y"])], [i64("s", [1]), i64("e", [2**62]), i64("a", [1])]
+        ),
+        "slice_from_back": _model(
+            [_n("Slice", ["x", "s", "e", "a"], ["y"])], [i64("s", [-2]), i64("e", [-1]), i64("a", [1])]
+        ),
+        "split_even": _model([_n("Split", ["x"], ["y", "z"], axis=2)], []),
+        "expand_from_shape": _model(
+            [_n("Shape", ["x"], ["s"]), _n("Expand", ["b", "s"], ["e"]), _n("Add", ["x", "e"], ["y"])],
+            [_c("b", RNG.standard_normal((1, 1, H)).astype(np.float32))],
+        ),
+        "constant_reshape": _model([_n("Reshape", ["x", "t"], ["y"])], [i64("t", [-1, H])]),
+    }
+
+
+def _symbolic_sequence(models: dict) -> dict:
+    for model in models.values():
+        model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "T"
+    return models
+
+
+MODELS = _symbolic_sequence(_shape_dependent_models())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(sorted(MODELS)),
+    st.tuples(st.integers(1, 3), st.integers(2, 5)),
+    st.tuples(st.integers(1, 3), st.integers(2, 5)),
+)
+def test_re_typing_is_refused_or_equal_to_a_fresh_import(name, first, second) -> None:
+    """The oracle: importing the model afresh at the new shapes. Whenever with_input_shapes accepts the new shapes,
+    the re-typed graph computes exactly what the fresh import does (and onnxruntime)."""
+    model = MODELS[name]
+    seq_first, seq_second = first[1] * 2, second[1] * 2  # even, for the Split
+    graph = cleanup(import_model(model, input_shapes={"x": (first[0], seq_first, H)}))
+    shape = (second[0], seq_second, H)
+    try:
+        retyped = with_input_shapes(graph, {"x": shape})
+    except ShapeError:
+        return
+    x = RNG.standard_normal(shape).astype(np.float32)
+    fresh = run(import_model(model, input_shapes={"x": shape}), {"x": x})
+    got = run(retyped, {"x": x})
+    for out in graph.outputs:
+        np.testing.assert_array_equal(got[out], fresh[out])
+    np.testing.assert_allclose(got["y"], _ort(model, x), rtol=1e-5, atol=1e-6)
