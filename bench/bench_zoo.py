@@ -146,6 +146,28 @@ def _cell(text: str) -> str:
     return "failed: " + text.replace("|", "\\|")[:300] + " |"
 
 
+def write_results(args: argparse.Namespace, rows: list, planned: int, seconds: float) -> None:
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f} at the end (timings are wall time on a shared machine)"
+    )
+    command = "python bench/bench_zoo.py" + (" --full" if args.full else "")
+    partial = "" if len(rows) == planned else f" (partial: {len(rows)} of {planned} rows)"
+    args.out.write_text(
+        "# Model zoo benchmark\n\n"
+        f"`{command}` on `{args.config}`, {machine}; {seconds:.0f} s{partial}. "
+        "Models: `bench/zoo` (random weights, seeded; docs/zoo.md), small inputs unless marked. Cycles are "
+        "simulated (sum over the plan's kernels, validation off); `(roofline)` is the model's roofline bound / "
+        "cycles, the bound being max(total MACs / peak MACs per cycle, compulsory DRAM bytes / DRAM bytes per "
+        "cycle) with compulsory = graph inputs, weights as the kernels read them and outputs, each once "
+        "(`fusion.cost.roofline`, the number `dynfuse fuse --report/--compare/--json` prints). DRAM MB are per "
+        "policy with their ratio to the compulsory bytes. `plan s` / `JIT s` are the dynamic policy's planning "
+        "and kernel compile (wall), `sim s` the rest of its run (simulating the kernels, host data movement), "
+        "`peak RSS` the measuring process's maximum resident set over its three policies. A failed model is a "
+        "row with the error its run ended with.\n\n" + "\n".join(table(rows)) + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="base")
@@ -172,26 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, size, dtype, row))
         status = row.get("error") or f"dynamic {row['policies']['dynamic']['cycles']:,} cycles"
         print(f"{name} {size} {dtype}: {status} ({row.get('wall_s', 0):.0f} s)", flush=True)
-    lines = table(rows)
-    print("\n".join(lines))
-    machine = (
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"load average {os.getloadavg()[0]:.1f} at the end (timings are wall time on a shared machine)"
-    )
-    command = "python bench/bench_zoo.py" + (" --full" if args.full else "")
-    args.out.write_text(
-        "# Model zoo benchmark\n\n"
-        f"`{command}` on `{args.config}`, {machine}; {time.perf_counter() - start:.0f} s. "
-        "Models: `bench/zoo` (random weights, seeded; docs/zoo.md), small inputs unless marked. Cycles are "
-        "simulated (sum over the plan's kernels, validation off); `(roofline)` is the model's roofline bound / "
-        "cycles, the bound being max(total MACs / peak MACs per cycle, compulsory DRAM bytes / DRAM bytes per "
-        "cycle) with compulsory = graph inputs, weights as the kernels read them and outputs, each once "
-        "(`fusion.cost.roofline`, the number `dynfuse fuse --report/--compare/--json` prints). DRAM MB are per "
-        "policy with their ratio to the compulsory bytes. `plan s` / `JIT s` are the dynamic policy's planning "
-        "and kernel compile (wall), `sim s` the rest of its run (simulating the kernels, host data movement), "
-        "`peak RSS` the measuring process's maximum resident set over its three policies. A failed model is a "
-        "row with the error its run ended with.\n\n" + "\n".join(lines) + "\n"
-    )
+        write_results(args, rows, len(jobs), time.perf_counter() - start)  # a partial table survives a stop
+    print("\n".join(table(rows)))
     return 0
 
 
