@@ -153,8 +153,11 @@ def _reshape_to(cx: ImportContext, n: onnx.NodeProto, base: str, shape: tuple[in
 def _reshape(cx: ImportContext, n: onnx.NodeProto, a: Attrs, base: str) -> None:
     target = list(_ints(cx.const(_input(n, 1, "shape"), "Reshape shape")))
     copies = not a.int("allowzero", 0) and 0 in target
-    resolved = copies or -1 in target  # then the target is computed from the input's dims
-    src = cx.shape(n.input[0]) if resolved else cx.dims(n.input[0])
+    src = cx.dims(n.input[0])
+    if -1 in target:  # the inferred dim is computed from every dim of the input
+        cx.shape(n.input[0])
+    elif copies:  # a 0 copies the input's dim at its position
+        cx.shape(n.input[0], tuple(i for i, d in enumerate(target) if d == 0 and i < len(src)))
     if copies:
         target = [src[i] if d == 0 and i < len(src) else d for i, d in enumerate(target)]
     if target.count(-1) > 1 or any(d < -1 for d in target):

@@ -211,6 +211,7 @@ def _shape_dependent_models() -> dict:
         "position_ids": _position_ids_model(),
         "masks": _mask_model(),
         "reshape_copy_infer": _model([_n("Reshape", ["x", "t"], ["y"])], [i64("t", [0, -1])]),
+        "reshape_copy": _model([_n("Reshape", ["x", "t"], ["y"])], [i64("t", [0, 0, 2, H // 2])]),
         "flatten": _model([_n("Flatten", ["x"], ["y"], axis=2)], []),
         "slice_to_end": _model(
             [_n("Slice", ["x", "s", "e", "a"], ["y"])], [i64("s", [1]), i64("e", [2**62]), i64("a", [1])]
