@@ -85,7 +85,7 @@ def run_search(
     try:
         import optuna
     except ImportError:
-        raise ExploreError('--search needs Optuna: pip install "optuna>=3.5"') from None
+        raise ExploreError('--search needs Optuna: pip install "dynfuse[explore]"') from None
     if not 1 <= trials <= MAX_TRIALS:
         raise ExploreError(f"--search must be between 1 and {MAX_TRIALS}, got {trials}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
