@@ -3,9 +3,9 @@
 A tile of the group's output is produced by loading each external input once (`vc.ld`, dequantized in registers
 on the int8 path), applying the nodes' operations register to register, and storing once (`vc.st`). Softmax and
 LayerNorm over the last axis are chains too (row reductions `vc.rmax`/`vc.rsum` with per-row `.vc` broadcasts),
-so "Add -> LayerNorm" or "Mul -> Softmax" is one kernel and one DRAM round trip. Elementwise ops emit the same
-recipe as the unfused kernels (`fusion.lower.kernels.recipes`, in register form), so float32 results are
-bit-identical to the unfused path.
+so "Add -> LayerNorm" or "Mul -> Softmax" is one kernel and one DRAM round trip. Every op emits the same recipe
+as the unfused kernels (`fusion.lower.kernels.recipes`, in register form), so float32 results are bit-identical
+to the unfused path.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_scalar
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.kernels.recipes import BINARY_INSTRUCTION, RECIPES, RegisterForm, Row, Scalar, refusal
+from fusion.lower.kernels.recipes import BINARY_INSTRUCTION, RECIPES, ROW_RECIPES, RegisterForm, Row, Scalar, refusal
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
 
-ROWS = frozenset({OpType.Softmax, OpType.LayerNorm})
+ROWS = frozenset(ROW_RECIPES)
 ELEMENTWISE = frozenset(RECIPES) - {OpType.BatchNorm}  # per-channel parameters need a [1, C, 1, 1] broadcast
 CHAIN_OPS = frozenset({*ELEMENTWISE, *ROWS})
 VREGS = 8
@@ -198,9 +198,10 @@ def _emit_node(em: Emitter, node: Node, ins: list[Operand], regs: Registers, per
         out = regs.temp()
         RECIPES[node.op].emit(RegisterForm(em, regs), node, out, [_register_operand(o, regs) for o in ins])
         return out
-    if node.op == OpType.Softmax:
-        return _softmax(em, x, regs, period)
-    return _layernorm(em, node, x, [regs.of[o.value] for o in ins[1:]], regs, period)
+    out = regs.temp()
+    params = [Row(regs.of[o.value]) for o in ins[1:]]
+    ROW_RECIPES[node.op](RegisterForm(em, regs, period), node, out, [x, *params])
+    return out
 
 
 def _register_operand(o: Operand, regs: Registers) -> int | Scalar | Row:
@@ -209,36 +210,3 @@ def _register_operand(o: Operand, regs: Registers) -> int | Scalar | Row:
     if o.kind == "row":
         return Row(regs.of[o.value])
     return regs.of[o.value]
-
-
-def _softmax(em: Emitter, x: int, regs: Registers, period: int) -> int:
-    b = em.b
-    m, y = regs.temp(), regs.temp()
-    b.vc_rmax(m, x, period)
-    b.vc_sub_vc(y, x, m)
-    b.vc_exp(y, y)
-    b.vc_rsum(m, y, period)
-    b.vc_div_vc(y, y, m)
-    regs.release(m)
-    return y
-
-
-def _layernorm(em: Emitter, node: Node, x: int, params: list[int], regs: Registers, period: int) -> int:
-    """mean = sum / count; x / sqrt(var + eps) * scale + bias, in the unfused kernel's order."""
-    b = em.b
-    m, c, y = regs.temp(), regs.temp(), regs.temp()
-    b.vc_rsum(m, x, period)
-    b.vc_div_vs(m, m, em.reg(f32_bits(float(period))))
-    b.vc_sub_vc(c, x, m)
-    b.vc_mul(y, c, c)
-    b.vc_rsum(m, y, period)
-    b.vc_div_vs(m, m, em.reg(f32_bits(float(period))))
-    b.vc_add_vs(m, m, em.reg(f32_bits(node.attr("epsilon"))))
-    b.vc_sqrt(m, m)
-    b.vc_div_vc(y, c, m)
-    b.vc_mul_vr(y, y, params[0])
-    if len(params) > 1:
-        b.vc_add_vr(y, y, params[1])
-    regs.release(m)
-    regs.release(c)
-    return y

@@ -22,6 +22,7 @@ from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import MemoryPlanError
 from fusion.lower.kernels.movement import copy_steps
+from fusion.lower.kernels.recipes import ROW_RECIPES, MemoryForm, Row
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import blocks
@@ -79,7 +80,7 @@ def lower_rows(cx: LowerContext, node: Node, axes: tuple[int, ...]) -> list[list
     rows = largest_fitting(max(1, src.size // max(period, 1)), fits)
     if rows == 0:
         raise MemoryPlanError(f"node {node.name!r}: a row of {period} elements does not fit the scratchpad")
-    body = {OpType.Softmax: _softmax, OpType.LayerNorm: _layernorm}.get(node.op, partial(_reduce, dt=out.dtype))
+    body = _row_recipe if node.op in ROW_RECIPES else partial(_reduce, dt=out.dtype)
     steps = []
     for block in blocks(src.shape, rows * period, whole=period):
         arena = TileArena(cx.config, len(steps))
@@ -172,13 +173,10 @@ def _column_fold(em: Emitter, method: str, dst: int, src: int, length: int, r: i
         getattr(em.b, method)(*em.regs(dst, dst, src + index * r * dt.size), r, dt.name)
 
 
-def _softmax(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int]) -> None:
-    b = em.b
-    b.v_rmax(*em.regs(m, x), n, p, "f32")
-    b.v_sub_vc(*em.regs(y, x, m), n, p, "f32")
-    b.v_exp(*em.regs(y, y), n, "f32")
-    b.v_rsum(*em.regs(s, y), n, p, "f32")
-    b.v_div_vc(*em.regs(y, y, s), n, p, "f32")
+def _row_recipe(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int]) -> None:
+    """Softmax / LayerNorm: the recipe chains emit too, in memory form (x is the kernel's private copy)."""
+    form = MemoryForm(em, n, period=p, row_temps=[m, s])
+    ROW_RECIPES[node.op](form, node, y, [x, *(Row(t) for t in tiles)])
 
 
 def _mean_rows(em: Emitter, dst: int, src: int, n: int, p: int) -> None:
@@ -196,21 +194,6 @@ def _reduce(
         em.b.v_rsum(*em.regs(m, x), n, p, "f32")
     else:
         em.b.v_rmax(*em.regs(m, x), n, p, dt.name)
-
-
-def _layernorm(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int]) -> None:
-    b = em.b
-    rows = n // p
-    _mean_rows(em, m, x, n, p)
-    b.v_sub_vc(*em.regs(x, x, m), n, p, "f32")  # x is now centred
-    b.v_mul(*em.regs(y, x, x), n, "f32")
-    _mean_rows(em, s, y, n, p)
-    b.v_add_vs(*em.regs(s, s, f32_bits(node.attr("epsilon"))), rows, "f32")
-    b.v_sqrt(*em.regs(s, s), rows, "f32")
-    b.v_div_vc(*em.regs(y, x, s), n, p, "f32")
-    b.v_mul_vr(*em.regs(y, y, tiles[0]), n, p, "f32")
-    if len(tiles) > 1:
-        b.v_add_vr(*em.regs(y, y, tiles[1]), n, p, "f32")
 
 
 LOWERINGS = dict.fromkeys((OpType.Softmax, OpType.LayerNorm, *REDUCE), lower_reduction)

@@ -48,48 +48,99 @@ class Row:
     handle: int
 
 
-Operand = int | Scalar | Row
+@dataclass(frozen=True)
+class Col:
+    """One value per row of the other operand (`.vc`): a row reduction's result broadcast back over its row."""
+
+    handle: int
+
+
+Operand = int | Scalar | Row | Col
 
 
 class Form(Protocol):
+    period: int
+
     def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None: ...
+
+    def row_op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None: ...
+
+    def reduce(self, name: str, dst: int, src: int) -> None: ...
 
     def clip(self, dst: int, a: int, lo: float, hi: float) -> None: ...
 
     def temp(self) -> int: ...
 
+    def row_temp(self) -> int: ...
+
+    def reuse(self, handle: int) -> int: ...
+
     def release(self, handle: int) -> None: ...
+
+
+_SUFFIX = {Scalar: "_vs", Row: "_vr", Col: "_vc"}
 
 
 @dataclass
 class MemoryForm:
-    """`v.*` over n float32 elements of local tiles; temps are the scratch tiles the kernel reserved."""
+    """`v.*` over n float32 elements of local tiles (rows of `period` for reductions and `.vr`/`.vc` operands);
+    temps are the scratch tiles the kernel reserved: full tiles and, for row recipes, per-row tiles. An input tile
+    is the kernel's private copy, so `reuse` overwrites it in place."""
 
     em: Emitter
     n: int
     temps: list[int] = field(default_factory=list)
+    period: int = 1
+    row_temps: list[int] = field(default_factory=list)
+    _lent: set[int] = field(default_factory=set)
+    _row_tiles: set[int] = field(default_factory=set)
 
-    def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+    def __post_init__(self) -> None:
+        self._row_tiles = set(self.row_temps)
+
+    def _emit(self, name: str, dst: int, a: int, b: Operand | None, count: int) -> None:
         em = self.em
         if b is None:
-            getattr(em.b, f"v_{name}")(*em.regs(dst, a), self.n, "f32")
+            getattr(em.b, f"v_{name}")(*em.regs(dst, a), count, "f32")
         elif isinstance(b, Scalar):
-            getattr(em.b, f"v_{name}_vs")(*em.regs(dst, a, b.bits), self.n, "f32")
-        elif isinstance(b, Row):
-            raise AssertionError("memory-form operands are broadcast by the DMA, never row vectors")
+            getattr(em.b, f"v_{name}_vs")(*em.regs(dst, a, b.bits), count, "f32")
+        elif isinstance(b, Row | Col):
+            getattr(em.b, f"v_{name}{_SUFFIX[type(b)]}")(*em.regs(dst, a, b.handle), count, self.period, "f32")
         else:
-            getattr(em.b, f"v_{name}")(*em.regs(dst, a, b), self.n, "f32")
+            getattr(em.b, f"v_{name}")(*em.regs(dst, a, b), count, "f32")
+
+    def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        self._emit(name, dst, a, b, self.n)
+
+    def row_op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        self._emit(name, dst, a, b, self.n // self.period)
+
+    def reduce(self, name: str, dst: int, src: int) -> None:
+        getattr(self.em.b, f"v_{name}")(*self.em.regs(dst, src), self.n, self.period, "f32")
 
     def clip(self, dst: int, a: int, lo: float, hi: float) -> None:
         self.em.b.v_clip(*self.em.regs(dst, a, f32_bits(lo), f32_bits(hi)), self.n, "f32")
 
-    def temp(self) -> int:
-        if not self.temps:
+    def _take(self, pool: list[int]) -> int:
+        if not pool:
             raise AssertionError("recipe needs more scratch tiles than its kernel reserved")
-        return self.temps.pop(0)
+        self._lent.add(pool[0])
+        return pool.pop(0)
+
+    def temp(self) -> int:
+        return self._take(self.temps)
+
+    def row_temp(self) -> int:
+        return self._take(self.row_temps)
+
+    def reuse(self, handle: int) -> int:
+        return handle
 
     def release(self, handle: int) -> None:
-        self.temps.insert(0, handle)
+        """Back to the end of its pool: the next take rotates to another tile (a reused input goes nowhere)."""
+        if handle in self._lent:
+            self._lent.discard(handle)
+            (self.row_temps if handle in self._row_tiles else self.temps).append(handle)
 
 
 class Registers(Protocol):
@@ -100,10 +151,12 @@ class Registers(Protocol):
 
 @dataclass
 class RegisterForm:
-    """`vc.*` register to register; temps come from the chain's register free list."""
+    """`vc.*` register to register (a register holds whole rows of `period`); temps come from the chain's
+    register free list."""
 
     em: Emitter
     regs: Registers
+    period: int = 1
 
     def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
         b_ = self.em.b
@@ -111,16 +164,28 @@ class RegisterForm:
             getattr(b_, f"vc_{name}")(dst, a)
         elif isinstance(b, Scalar):
             getattr(b_, f"vc_{name}_vs")(dst, a, self.em.reg(b.bits))
-        elif isinstance(b, Row):
-            getattr(b_, f"vc_{name}_vr")(dst, a, b.handle)
+        elif isinstance(b, Row | Col):
+            getattr(b_, f"vc_{name}{_SUFFIX[type(b)]}")(dst, a, b.handle)
         else:
             getattr(b_, f"vc_{name}")(dst, a, b)
+
+    def row_op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        self.op(name, dst, a, b)  # a register's length is its own
+
+    def reduce(self, name: str, dst: int, src: int) -> None:
+        getattr(self.em.b, f"vc_{name}")(dst, src, self.period)
 
     def clip(self, dst: int, a: int, lo: float, hi: float) -> None:
         self.em.b.vc_clip(dst, a, self.em.reg(f32_bits(lo)), self.em.reg(f32_bits(hi)))
 
     def temp(self) -> int:
         return self.regs.temp()
+
+    def row_temp(self) -> int:
+        return self.regs.temp()
+
+    def reuse(self, handle: int) -> int:
+        return self.regs.temp()  # the chain may still read the value: a register of its own
 
     def release(self, handle: int) -> None:
         self.regs.release(handle)
@@ -374,6 +439,50 @@ def instructions_per_element(graph: Graph, node: Node) -> int:
     form = CountingForm()
     recipe.emit(form, node, -1, ins)
     return form.count
+
+
+def _softmax(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """exp(x - max) / sum over each row, as the reference."""
+    x = ins[0]
+    m = f.row_temp()
+    f.reduce("rmax", m, x)
+    f.op("sub", out, x, Col(m))
+    f.release(m)
+    f.op("exp", out, out)
+    s = f.row_temp()
+    f.reduce("rsum", s, out)
+    f.op("div", out, out, Col(s))
+    f.release(s)
+
+
+def _mean_into(f: Form, dst: int, src: int, period: float) -> None:
+    f.reduce("rsum", dst, src)
+    f.row_op("div", dst, dst, Scalar(f32_bits(period)))
+
+
+def _layernorm(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """mean = sum / count; (x - mean) / sqrt(var + eps) * scale + bias, in the reference's order."""
+    x, params = ins[0], ins[1:]
+    period = float(f.period)
+    m = f.row_temp()
+    c = f.reuse(x)
+    _mean_into(f, m, x, period)
+    f.op("sub", c, x, Col(m))
+    f.release(m)
+    f.op("mul", out, c, c)
+    v = f.row_temp()
+    _mean_into(f, v, out, period)
+    f.row_op("add", v, v, Scalar(f32_bits(node.attr("epsilon"))))
+    f.row_op("sqrt", v, v)
+    f.op("div", out, c, Col(v))
+    f.op("mul", out, out, params[0])
+    if len(params) > 1:
+        f.op("add", out, out, params[1])
+    f.release(v)
+    f.release(c)
+
+
+ROW_RECIPES: dict[OpType, Emit] = {OpType.Softmax: _softmax, OpType.LayerNorm: _layernorm}  # over the last axis
 
 
 def refusal(graph: Graph, node: Node) -> str | None:
