@@ -294,3 +294,15 @@ def test_onnx_model_with_only_a_shape_output_stays_a_node() -> None:
     graph = import_model(model)
     assert [n.op.value for n in graph.nodes] == ["Shape"]
     np.testing.assert_array_equal(run(graph, {"x": _x(2, 3)})["y"], [2, 3])
+
+
+def test_integer_clip_and_casts_truncate_like_onnx() -> None:
+    x = np.array([[-2.7, -0.5, 0.0, 0.4, 3.9, 100.0]], np.float32)
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT64),
+        helper.make_node("Clip", ["xi", "lo", "hi"], ["ci"]),
+        helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BOOL),
+        helper.make_node("Cast", ["xb"], ["bf"], to=F),
+        helper.make_node("Cast", ["ci"], ["y"], to=TensorProto.INT32),
+    ]
+    check(nodes, {"x": x}, ["xi", "ci", "bf", "y"], [_const("lo", np.int64(-1)), _const("hi", np.int64(3))])
