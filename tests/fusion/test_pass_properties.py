@@ -23,7 +23,11 @@ def graphs(draw):
     values = [b.input("x", SHAPE)]
     for _ in range(draw(st.integers(1, 12))):
         v = draw(st.sampled_from(values))
-        kind = draw(st.sampled_from(["relu", "tanh", "add0", "mul1", "id", "tpair", "bn", "const", "dup", "addv"]))
+        kind = draw(
+            st.sampled_from(
+                ["relu", "tanh", "add0", "mul1", "id", "tpair", "bn", "const", "dup", "addv", "noops", "shape", "act"]
+            )
+        )
         if kind in ("relu", "tanh"):
             values.append(b.op(OpType.Relu if kind == "relu" else OpType.Tanh, v))
         elif kind == "add0":
@@ -42,6 +46,17 @@ def graphs(draw):
         elif kind == "const":
             c = b.op(OpType.Sqrt, b.constant(rng.uniform(1, 2, SHAPE).astype(np.float32)))
             values.append(b.op(OpType.Mul, v, c))
+        elif kind == "noops":  # exporters' float32 casts, same-shape expands, empty pads, open clips
+            w = b.op(OpType.Expand, b.op(OpType.Cast, v, to="float32"), shape=SHAPE)
+            w = b.op(OpType.Pad, w, pads=(0,) * 8, mode="constant", value=0.0)
+            values.append(b.op(OpType.Clip, w, min=-np.inf, max=np.inf))
+        elif kind == "shape":  # v * float(v.shape[3]): a shape computation the constant folder removes
+            dim = b.op(OpType.Cast, b.op(OpType.Shape, v, start=3, end=4), to="float32")
+            values.append(b.op(OpType.Mul, v, dim))
+        elif kind == "act":
+            op = draw(st.sampled_from([OpType.HardSwish, OpType.HardSigmoid, OpType.Clip, OpType.Neg, OpType.Sin]))
+            attrs = {OpType.HardSigmoid: {"alpha": 0.2, "beta": 0.5}, OpType.Clip: {"min": 0.0, "max": 6.0}}
+            values.append(b.op(op, v, **attrs.get(op, {})))
         elif kind == "dup":
             values.append(b.op(OpType.Add, b.op(OpType.Sigmoid, v), b.op(OpType.Sigmoid, v)))
         else:
@@ -61,7 +76,7 @@ def test_each_pass_preserves_results(run_pass, graph) -> None:
 @settings(max_examples=40, deadline=None)
 def test_pipeline_removes_all_removable_structure(graph) -> None:
     out = check_pass(graph, cleanup, atol=1e-4)
-    assert not {"BatchNorm", "Transpose"} & set(op_names(out))
+    assert not {"BatchNorm", "Transpose", "Cast", "Expand", "Pad", "Shape"} & set(op_names(out))
     for node in out.nodes:  # an Identity survives only to give a graph input a graph output's name
         assert node.op != OpType.Identity or (node.inputs[0] in out.inputs and node.outputs[0] in out.outputs)
     assert len(out.constants) == len({(a.shape, a.tobytes()) for a in out.constants.values()})
