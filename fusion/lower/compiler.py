@@ -113,7 +113,8 @@ def refusals(graph: Graph) -> list[tuple[Node, str]]:
     return out
 
 
-def _check_supported(graph: Graph) -> None:
+def check_supported(graph: Graph) -> None:
+    """One UnsupportedOpError listing every node no kernel generator runs, with its reason."""
     problems = refusals(graph)
     if problems:
         listing = "; ".join(f"{n.name!r} ({n.op.value}: {why})" for n, why in problems)
@@ -253,14 +254,14 @@ def compile(
     graph = load_graph(model_or_graph, cleanup)
     cfg = load_config(config)
     if dtype == "int8" and samples is None:
-        _check_supported(graph)
+        check_supported(graph)
         return LazyInt8Model(graph, cfg)
     return compile_graph(graph, cfg, dtype, samples)
 
 
 def compile_graph(graph: Graph, cfg: MachineConfig, dtype: str, samples: Samples | None = None) -> CompiledModel:
     start = time.perf_counter()
-    _check_supported(graph)
+    check_supported(graph)
     params = calibrate(graph, [check_inputs(graph, s) for s in samples]) if dtype == "int8" else None
     plan = None if params is None else plan_quantization(graph, params)
     data, addresses, memory = plan_dram(graph, plan, cfg)
