@@ -56,7 +56,7 @@ from fusion.errors import ShapeError
 from fusion.graph.hashing import structural_hash
 from fusion.graph.ir import Graph
 from fusion.graph.shapes import with_input_shapes
-from fusion.lower.compiler import check_inputs, load_graph
+from fusion.lower.compiler import check_inputs, check_supported, load_graph
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams
 from simulator.config import MachineConfig, load_config
@@ -142,7 +142,10 @@ class CallResult:
 
 
 def load_model(model: Graph | onnx.ModelProto | str | Path) -> Graph:
-    return load_graph(model)
+    """The model's graph; an UnsupportedOpError listing every node the accelerator cannot run."""
+    graph = load_graph(model)
+    check_supported(graph)
+    return graph
 
 
 @dataclass(eq=False)
