@@ -71,6 +71,11 @@ def dynfuse_counts(path: Path, dtype: str) -> dict[str, object]:
     return row
 
 
+def model_name(path: Path) -> str:
+    """A model's name: its file's stem, or a zoo cache entry's (`<name>-<size>-s<seed>-<key>/model.onnx`)."""
+    return path.parent.name.rsplit("-", 1)[0] if path.stem == "model" else path.stem
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--zoo", nargs="*", default=[], help="directories searched for *.onnx")
@@ -87,18 +92,20 @@ def main() -> None:
     for path in models:
         try:
             tvm = tvm_kernels(path)
+            count = str(len(tvm))
         except Exception as err:  # TVM's importer refusing a model is a result here, not a failure
-            tvm = [f"(TVM failed: {type(err).__name__}: {str(err).splitlines()[0][:80]})"]
+            tvm, count = [f"(TVM failed: {type(err).__name__}: {str(err).splitlines()[0][:80]})"], "failed"
         try:
             row = dynfuse_counts(path, args.dtype)
         except Exception as err:  # likewise dynfuse's importer or planner
-            lines.append(f"| {path.stem} | {len(tvm)} | dynfuse failed: {type(err).__name__}: {err} | | | | |")
+            why = f"{type(err).__name__}: {str(err).splitlines()[0][:100]}"
+            lines.append(f"| {model_name(path)} | {count} | dynfuse failed: {why} | | | | |")
             continue
-        cells = [path.stem, len(tvm), row["rules"], row["static"], row["dynamic"]]
+        cells = [model_name(path), count, row["rules"], row["static"], row["dynamic"]]
         cells += [row["static_cycles"], row["dynamic_cycles"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
         print(lines[-1], flush=True)
-        details.append(f"- {path.stem}: TVM {', '.join(tvm)}\n  - static: {', '.join(row['static_groups'])}")
+        details.append(f"- {model_name(path)}: TVM {', '.join(tvm)}\n  - static: {', '.join(row['static_groups'])}")
     RESULTS.write_text(
         "# dynfuse static vs TVM FuseOps\n\n"
         f"`python bench/bench_tvm.py --dtype {args.dtype}` ({time.perf_counter() - start:.0f} s). TVM kernels: "
