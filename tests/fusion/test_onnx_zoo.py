@@ -93,3 +93,21 @@ def test_transformer_specifics(cleaned) -> None:
     assert OpType.Clip in {n.op for n in cleaned["mobilenet_v2"][1].nodes}
     assert any(n.op == OpType.Conv and len(cleaned["whisper_encoder"][1].types[n.inputs[0]].shape) == 3
                for n in cleaned["whisper_encoder"][1].nodes)  # fmt: skip
+
+
+def test_a_real_model_lists_every_unsupported_node_of_every_layer(monkeypatch) -> None:
+    """GPT-2 with Tanh, Softmax and Split made unknown: one error names each of them in both layers (the
+    importer goes on past each unknown node with outputs typed by ONNX shape inference)."""
+    import onnx
+
+    from fusion.errors import UnsupportedModelError
+    from fusion.onnx_import import converters
+
+    path = zoo_model("gpt2").onnx_path
+    wanted = {n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("Tanh", "Softmax", "Split")}
+    for op in ("Tanh", "Softmax", "Split"):
+        monkeypatch.delitem(converters.CONVERTERS, op)
+    with pytest.raises(UnsupportedModelError) as info:
+        import_model(path)
+    assert {p.node for p in info.value.problems} == wanted and len(wanted) == 6
+    assert {p.node.split("/")[2] for p in info.value.problems} == {"h.0", "h.1"}
