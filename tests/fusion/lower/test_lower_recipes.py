@@ -231,3 +231,30 @@ def test_trilu_keeps_a_triangle_of_the_last_two_axes(upper, k) -> None:
     inputs = {"x": np.array(np.arange(12).reshape(3, 4) - 5.5, np.float32) * np.float32(np.inf)}
     got, _ = compile(graph, "tiny", "fp32", cleanup=False).run(inputs, checked=True)
     np.testing.assert_array_equal(got[graph.outputs[0]], run(graph, inputs)[graph.outputs[0]])
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"strides": (1,), "pads": (1, 1), "dilations": (1,), "group": 1},
+        {"strides": (2,), "pads": (1, 0), "dilations": (1,), "group": 1},
+        {"strides": (1,), "pads": (2, 2), "dilations": (2,), "group": 3},
+    ],
+)
+def test_conv1d(attrs) -> None:
+    """A speech front end's Conv1d: the baseline's windows are 1-D views of the padded input."""
+    w = (np.random.default_rng(3).standard_normal((6, 6 // attrs["group"], 3)) * 0.3).astype(np.float32)
+    bias = np.random.default_rng(4).standard_normal(6).astype(np.float32)
+    graph = _graph(OpType.Conv, (2, 6, 11), [w, bias], **attrs)
+    inputs = random_inputs(graph)
+    check_fp32(graph, inputs)
+    check_int8(graph, inputs)
+
+
+@pytest.mark.parametrize("op", [OpType.MaxPool, OpType.AveragePool])
+def test_pooling_1d(op) -> None:
+    attrs = {"kernel": (3,), "strides": (2,), "pads": (1, 1), "dilations": (1,), "ceil_mode": 0}
+    if op == OpType.AveragePool:
+        attrs["count_include_pad"] = 0
+    graph = _graph(op, (1, 4, 9), matmul=True, **attrs)
+    check_exact(graph, random_inputs(graph))
