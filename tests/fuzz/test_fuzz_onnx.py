@@ -1,7 +1,8 @@
-"""Fuzzing the front door: mutated bundled ONNX models through `dynfuse fuse` (import, passes, planning,
-kernels, simulation). Mutations change attribute values and types, shapes and dimensions, op types, node
-wiring, initializer data and types, and add external-data references. Only the project's errors may escape:
-`dynfuse.cli.main` turns those into exit code 1; anything else propagates and fails the fuzzer."""
+"""Fuzzing the front door: mutated bundled ONNX models through `dynfuse fuse` (import, passes, planning under
+each policy, fp32 and int8, kernels, simulation). Mutations change attribute values and types, shapes and
+dimensions, op types, node wiring, initializer data and types, and add external-data references. Only the
+project's errors may escape: `dynfuse.cli.main` turns those into exit code 1; anything else propagates and fails
+the fuzzer."""
 
 from __future__ import annotations
 
@@ -81,7 +82,9 @@ def test_fuzz_onnx_models_through_fuse(tmp_path: Path) -> None:
         _mutate(model, rng)
         path.write_bytes(model.SerializeToString())
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code = main(["fuse", str(path), "--config", "tiny", "--workers", "1", "--validate", "always"])
+            policy, dtype = pick(rng, ["none", "static", "dynamic"]), pick(rng, ["fp32", "int8"])
+            argv = ["fuse", str(path), "--config", "tiny", "--workers", "1", "--validate", "always"]
+            code = main([*argv, "--policy", policy, "--dtype", dtype])
         return "fused" if code == 0 else "rejected"
 
     counts = fuzz("ONNX models through fuse", case, ())
