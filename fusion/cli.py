@@ -49,7 +49,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_graph(args: argparse.Namespace) -> int:
     if not args.model.exists():
         raise FusionError(f"no such model file: {args.model}")
-    g = import_model(args.model, input_shapes=dict(args.input_shape))
+    shapes = dict(args.input_shape)
+    if len(shapes) != len(args.input_shape):
+        twice = sorted({n for n, _ in args.input_shape if [m for m, _ in args.input_shape].count(n) > 1})
+        raise FusionError(f"--input-shape {twice[0]} is given twice")
+    g = import_model(args.model, input_shapes=shapes)
+    unknown = sorted(set(shapes) - set(g.inputs))
+    if unknown:
+        raise FusionError(
+            f"--input-shape {unknown[0]}: the model has no input of that name (inputs: {', '.join(g.inputs)})"
+        )
     if args.cleanup:
         g = cleanup(g)
     config = load_config(args.config)

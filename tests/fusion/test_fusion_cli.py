@@ -33,3 +33,11 @@ def test_conformance_command_prints_the_table(request, capsys) -> None:
     assert main(["onnx-conformance", "--cache", str(cache)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["operator", "pass", "skip", "fail"] and "Conv" in out
+
+
+def test_input_shape_for_no_input_or_given_twice_is_an_error(capsys) -> None:
+    model = str(MODELS_DIR / "mlp.onnx")
+    assert main(["graph", model, "--input-shape", "bogus=1,2"]) == 1
+    assert "--input-shape bogus: the model has no input of that name (inputs: input)" in capsys.readouterr().err
+    assert main(["graph", model, "--input-shape", "input=4,32", "--input-shape", "input=2,32"]) == 1
+    assert "--input-shape input is given twice" in capsys.readouterr().err
