@@ -3,7 +3,7 @@
 Each listed module exposes `register(subparsers)`, adding parsers whose
 defaults carry `run=callable(args) -> int`. User mistakes arrive here as
 DynfuseError (or OSError for paths) and leave as one message and a non-zero
-exit code, never a traceback.
+exit code, never a traceback; warnings are one `warning:` line each.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from isa.errors import DynfuseError
 
@@ -43,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings():  # (restores the hook on the way out)
+            warnings.showwarning = _one_line_warning
+            return int(args.run(args) or 0)
     except DynfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -53,6 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: object = None,
+    line: object = None,
+) -> None:
+    """A warning to a command-line user is one line (e.g. a kernel cache that fell back to memory)."""
+    print(f"warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

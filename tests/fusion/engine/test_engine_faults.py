@@ -269,3 +269,12 @@ def test_inputs_near_the_float32_limits_are_profiled(tmp_path: Path, capsys, val
     np.save(tmp_path / "a.npy", np.full((8, 16), value, np.float32))
     assert main(["fuse", str(model), "--workers", "1", "--input", f"a={tmp_path / 'a.npy'}"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_fuse_with_an_unusable_cache_dir_warns_once_in_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("")
+    assert main(["fuse", str(MODELS / "mlp.onnx"), "--workers", "1", "--cache-dir", str(tmp_path / "file" / "kc")]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line.lower()]
+    assert warned == [
+        f"warning: kernel cache {tmp_path / 'file' / 'kc'} is not usable (Not a directory); continuing in memory only"
+    ]
