@@ -114,20 +114,61 @@ def padded_input(cx: LowerContext, node: Node, w: Window, value: float) -> tuple
 
 
 def lower_pad(cx: LowerContext, node: Node) -> list[list[Step]]:
-    """Constant-mode Pad: the output filled with the pad value, then the input copied into its interior (an int8
-    output is int8-preserving only for a zero pad value, see `fusion.quant.plan`)."""
-    if node.attr("mode") != "constant":
-        raise UnsupportedOpError(node.name, node.op.value, f"pad mode {node.attr('mode')!r} (only 'constant')")
+    """Pad: the input copied into the output's interior, then the borders: filled with the value (constant mode;
+    an int8 output is int8-preserving only for a zero value, see `fusion.quant.plan`), or copied from the
+    interior's edge or mirror rows, one axis per phase (each later axis copies the rows the earlier ones filled,
+    so corners come out as numpy's)."""
+    mode = node.attr("mode")
+    if mode not in ("constant", "edge", "reflect"):
+        raise UnsupportedOpError(node.name, node.op.value, f"pad mode {mode!r}")
     x = node.inputs[0]
     src, out = cx.view(x), cx.view(node.outputs[0])
-    pads = node.attr("pads")
-    rank = len(out.shape)
+    pads, rank = node.attr("pads"), len(out.shape)
     interior = out
     for axis in range(rank):
         interior = interior.slice(axis, pads[axis], src.shape[axis])
-    value = 0.0 if out.dtype is DType.i8 else float(node.attr("value"))
     scale = cx.scale(x) if src.dtype is DType.i8 and out.dtype is DType.f32 else None
-    return [_fill_steps(cx, out, value), copy_steps(cx, [(src, interior, scale)])]
+    if mode == "constant":
+        value = 0.0 if out.dtype is DType.i8 else float(node.attr("value"))
+        return [_fill_steps(cx, out, value), copy_steps(cx, [(src, interior, scale)])]
+    phases = [copy_steps(cx, [(src, interior, scale)])]
+    filled = interior  # the region already holding data, growing axis by axis
+    for axis in range(rank):
+        begin, size = pads[axis], src.shape[axis]
+        copies = []
+        for j in range(pads[axis]):  # before the interior, nearest first
+            source = begin if mode == "edge" else begin + j + 1
+            copies.append((filled.slice(axis, source - begin, 1), _rows_at(filled, out, axis, begin - 1 - j), None))
+        for j in range(pads[rank + axis]):
+            source = begin + size - 1 if mode == "edge" else begin + size - 2 - j
+            copies.append((filled.slice(axis, source - begin, 1), _rows_at(filled, out, axis, begin + size + j), None))
+        if copies:
+            phases.append(copy_steps(cx, copies))
+        filled = _span(filled, out, axis)
+    return phases
+
+
+def _rows_at(filled: View, out: View, axis: int, index: int) -> View:
+    """The output's `index` along `axis`, over the extent `filled` covers on every other axis."""
+    address = filled.address + (index - _start(filled, out)[axis]) * out.strides[axis]
+    return View(address, (*filled.shape[:axis], 1, *filled.shape[axis + 1 :]), filled.strides, filled.dtype)
+
+
+def _start(filled: View, out: View) -> tuple[int, ...]:
+    """The output index `filled` starts at (`out` is dense, strides decreasing)."""
+    rest, index = filled.address - out.address, []
+    for stride in out.strides:
+        index.append(rest // stride)
+        rest %= stride
+    return tuple(index)
+
+
+def _span(filled: View, out: View, axis: int) -> View:
+    """`filled` widened to the whole output along `axis`."""
+    start = list(_start(filled, out))
+    address = filled.address - start[axis] * out.strides[axis]
+    shape = (*filled.shape[:axis], out.shape[axis], *filled.shape[axis + 1 :])
+    return View(address, shape, filled.strides, filled.dtype)
 
 
 def _window_view(padded: View, w: Window, offset: tuple[int, ...]) -> View:

@@ -258,3 +258,10 @@ def test_pooling_1d(op) -> None:
         attrs["count_include_pad"] = 0
     graph = _graph(op, (1, 4, 9), matmul=True, **attrs)
     check_exact(graph, random_inputs(graph))
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect"])
+@pytest.mark.parametrize("pads", [(0, 1, 2, 0, 2, 1), (1, 0, 3, 1, 2, 0)])
+def test_pad_edge_and_reflect(mode, pads) -> None:
+    graph = _graph(OpType.Pad, (2, 3, 5), matmul=True, pads=pads, mode=mode, value=0.0)
+    check_exact(graph, random_inputs(graph))
