@@ -1,4 +1,4 @@
-"""Sliding-window nodes: Conv (im2col + GEMM), MaxPool and AveragePool.
+"""Sliding-window nodes: Conv (im2col + GEMM), MaxPool and AveragePool; and Pad, built like their padded input.
 
 Padding is a phase of its own: a DRAM scratch tensor is filled with the pad value (0, or -inf / -128 for max)
 from one vector-filled tile, then the input is copied into its interior. A window position (k_1, ..., k_s)
