@@ -430,6 +430,7 @@ class FusionEngine:
             if self._state is None:
                 self._set_context(self._params([checked_inputs]), self._profiles(live))
             drifts = self._observe(live)
+            drifts = (*drifts, *self._outgrown(drifts))
             replanned = (*self._replan_for_costs(), *self._replan(drifts, checked_inputs))
             if self.plan is None:
                 self._oracle_values = self._oracle_env(checked_inputs)
@@ -484,6 +485,20 @@ class FusionEngine:
         self.profiles.update(new)
         return drifts
 
+    def _outgrown(self, drifts: tuple[Drift, ...]) -> tuple[Drift, ...]:
+        """int8: inputs whose live range outgrew the calibration's (`outgrew_calibration`), as range drifts, unless
+        this call's drift already says so. Measured from the calibration, so a range creeping call by call, or
+        changing together with the sparsity class (which `detect_drift` reports instead), is caught."""
+        st = self._state
+        if st is None or not st.mc.int8:
+            return ()
+        said = {d.tensor for d in drifts if d.reason.startswith("range")}
+        return tuple(
+            Drift(v, f"range max|x| {cal.max_abs:.3g} at calibration -> {self.profiles[v].max_abs:.3g}")
+            for v, cal in st.calibrated.items()
+            if v not in said and outgrew_calibration(cal, self.profiles[v], self.options.drift)
+        )
+
     def _replan_for_costs(self) -> tuple[tuple[str, ...], ...]:
         """An online-learning cost model swapped in a retrained model (its `generation` moved since the plan was
         made): plan again with the new predictions. Returns the groups whose choice changed."""
@@ -505,9 +520,7 @@ class FusionEngine:
         st = self._state
         if self.plan is None or st is None:
             return ()
-        if st.mc.int8 and any(
-            outgrew_calibration(st.calibrated[v], self.profiles[v], self.options.drift) for v in st.calibrated
-        ):
+        if st.mc.int8 and any(d.reason.startswith("range") for d in drifts):
             everything = tuple(c.group.nodes for c in self.plan.choices)
             self._set_context(self._params([inputs]), {v: self.profiles[v] for v in self.graph.inputs})
             return everything
