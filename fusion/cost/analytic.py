@@ -47,11 +47,14 @@ class UnitTimes:
 
     @property
     def cycles(self) -> float:
-        """The pace of the busiest stage, plus the other stages' share of one step once per phase."""
+        """The pace of the busiest stage (or channel, or issue), plus the other stages' share of one step once per
+        phase."""
         stages = (self.load, self.matrix, self.vector, self.store)
         top, steps = max(stages), max(self.steps, 1)
         restarts = min(max(self.phases, 1), steps)
-        return max(top, self.transfer, self.issue) + (sum(stages) - top) * restarts / steps
+        # the channel's time beyond the busiest stage is other stages' DMA traffic, already paid on the channel
+        rest = sum(stages) - top - max(0.0, self.transfer - top)
+        return max(top, self.transfer, self.issue) + rest * restarts / steps
 
 
 def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:

@@ -417,19 +417,26 @@ def plan_dynamic(
         if best is None:
             rejected.append((cand.nodes, reason))
             continue
-        base = sum(alone[n][0].score if alone[n][0] else float("inf") for n in cand.nodes)
-        scored.append((base - best.score, base, best, alts, cand))
+        parts = [alone[n][0] for n in cand.nodes]
+        if any(p is None for p in parts):
+            scored.append((float("inf"), float("inf"), best, alts, cand))
+            continue
+        base = sum(p.score for p in parts)
+        scored.append((fusion_gain(ev, best, parts, threshold), base, best, alts, cand))
+    scored = _settle_rivals(ev, scored, alone)
     scored.sort(key=lambda s: -s[0])
     taken: set[str] = set()
     picked: dict[str, GroupChoice] = {}
     for gain, base, best, alts, cand in scored:
         if gain <= threshold * base:
-            rejected.append((best.group.nodes, f"predicted gain {gain:.0f} (score) is below the threshold"))
+            rejected.append(
+                (best.group.nodes, f"gain {gain:.0f} (score, predicted or measured) is below the threshold")
+            )
             continue
         if taken & set(best.group.nodes):
             continue
         taken.update(best.group.nodes)
-        picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"predicted gain {gain:.0f} (score)")
+        picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"gain {gain:.0f} (score)")
     for node in mc.graph.nodes:
         if node.name in taken or node.name not in region:
             continue
@@ -439,6 +446,48 @@ def plan_dynamic(
         picked[node.name] = _choice(ev, Candidate((node.name,), "single"), best, alts, "cheapest single-node schedule")
     plan = Plan("dynamic", in_execution_order(mc, picked.values()), tuple(rejected))
     return guard_plan(ev, plan, region) if guard else replace(plan, measured=ev.measurement())
+
+
+def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], threshold: float) -> float:
+    """The score the fused kernel saves over its nodes' best single kernels: predicted, or measured (each kernel
+    simulated once on zero inputs) when the expected regret of the decision the prediction makes (fuse when the
+    gain exceeds `threshold` of the separate score) is at least REGRET_FLOOR of that score. Zero-skip kernels,
+    whose timing depends on the data, are never measured."""
+    base, base_sd = sum(p.score for p in parts), sum(p.sd for p in parts)
+    gain = base - fused.score
+    if gain > threshold * base:
+        regret = expected_regret(fused.score, fused.sd, base, base_sd)
+    else:
+        regret = expected_regret(base, base_sd, fused.score, fused.sd)
+    if regret < REGRET_FLOOR * base or any(e.group.strategy == "zero_skip" for e in (fused, *parts)):
+        return gain
+    return sum(map(ev.measured_score, parts)) - ev.measured_score(fused)
+
+
+def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> list:
+    """Candidates sharing nodes compete (the larger gain is taken first): where the expected regret of that order,
+    from the gains' predicted spreads, is at least REGRET_FLOOR of the separate score, both gains are measured."""
+
+    def spread(s: tuple) -> float:
+        return s[2].sd + sum(alone[n][0].sd for n in s[4].nodes)
+
+    finite = [s for s in scored if s[1] != float("inf")]
+    uncertain: set[int] = set()
+    for i, a in enumerate(finite):
+        for j, b in enumerate(finite[i + 1 :], i + 1):
+            if set(a[4].nodes).isdisjoint(b[4].nodes):
+                continue
+            first, second = (a, b) if a[0] >= b[0] else (b, a)
+            regret = expected_regret(-first[0], spread(first), -second[0], spread(second))
+            if regret >= REGRET_FLOOR * min(a[1], b[1]):
+                uncertain.update((i, j))
+    settled = []
+    for i, s in enumerate(finite):
+        parts = [alone[n][0] for n in s[4].nodes]
+        measurable = i in uncertain and all(e.group.strategy != "zero_skip" for e in (s[2], *parts))
+        gain = sum(map(ev.measured_score, parts)) - ev.measured_score(s[2]) if measurable else s[0]
+        settled.append((gain, *s[1:]))
+    return settled + [s for s in scored if s[1] == float("inf")]
 
 
 def _regions(names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:
@@ -465,12 +514,11 @@ def _regions(names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[st
 
 def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
     """The dynamic plan, except in the regions (`_regions` of it, `static` and `none`) where static's or none's
-    groups would take fewer cycles: there the rival's groups are taken. A region where the plans differ is
-    measured (its kernels simulated on zero inputs) unless the expected regret of keeping dynamic's groups, from
-    the predicted cycles and their spreads (summed per region: the errors of one model's kernels are
-    correlated), is below REGRET_FLOOR of them; a region with a zero-skip group (its timing depends on the data)
-    keeps dynamic's. `region`: the nodes planned (local re-planning), rivals' groups reaching outside it are not
-    candidates."""
+    groups take fewer cycles: there the rival's groups are taken. Every region where the plans differ is measured
+    (its kernels simulated once on zero inputs; most are already measured or built), whatever the cost model
+    says: a model confidently wrong escapes the regret tests but not this one. A region with a zero-skip group
+    (its timing depends on the data) keeps dynamic's. `region`: the nodes planned (local re-planning); rivals'
+    groups reaching outside it are not candidates."""
     rivals = [plan_none(ev, region), plan_static(ev, region)]
     choices: list[GroupChoice] = []
     for part in _regions(region, [plan, *rivals]):
@@ -494,12 +542,6 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
     def priced(cs: list[GroupChoice]) -> list[Evaluated]:
         return [e for c in cs if isinstance(e := ev.evaluate(c.group), Evaluated)]
 
-    def predicted(es: list[Evaluated]) -> tuple[float, float]:
-        return sum(e.cycles for e in es), sum(e.sd for e in es)
-
-    own = predicted(priced(mine))
-    if max(expected_regret(*own, *predicted(priced(cs))) for cs in others) < REGRET_FLOOR * own[0]:
-        return mine
     measured = [sum(ev.measured_cycles(e) for e in priced(cs)) for cs in (mine, *others)]
     ev.count("measured")
     best = min(range(len(measured)), key=lambda i: (measured[i], i))
