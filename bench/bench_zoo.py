@@ -9,6 +9,7 @@ the model (each model and dtype runs in its own child process). A model that fai
     python bench/bench_zoo.py                 # small inputs, both dtypes -> bench/results/zoo.md
     python bench/bench_zoo.py --full          # also resnet18 at 224x224 (slow: minutes per policy)
     python bench/bench_zoo.py --models bert,gpt2 --dtypes int8 --out /tmp/zoo.md
+    python bench/bench_zoo.py --sizes full --dtypes int8 --out bench/results/zoo_full.md
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def write_results(args: argparse.Namespace, rows: list, planned: int, seconds: f
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f} at the end (timings are wall time on a shared machine)"
     )
-    command = "python bench/bench_zoo.py" + (" --full" if args.full else "")
+    command = "python bench/bench_zoo.py " + " ".join(sys.argv[1:])
     partial = "" if len(rows) == planned else f" (partial: {len(rows)} of {planned} rows)"
     args.out.write_text(
         "# Model zoo benchmark\n\n"
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", help=f"comma-separated (default: all): {', '.join(NAMES)}")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--full", action="store_true", help="also the full-size inputs (resnet18 at 224x224)")
+    ap.add_argument("--sizes", help="comma-separated sizes to measure (default: small, plus full with --full)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--child", nargs=3, metavar=("NAME", "SIZE", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = args.models.split(",") if args.models else list(NAMES)
     dtypes = args.dtypes.split(",")
-    sizes = ("small", "full") if args.full else ("small",)
+    sizes = tuple(args.sizes.split(",")) if args.sizes else ("small", "full") if args.full else ("small",)
     jobs = [(n, s, d) for s in sizes for n in names if s in spec(n).sizes for d in dtypes]
     start = time.perf_counter()
     for size in sizes:
