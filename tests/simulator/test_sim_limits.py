@@ -63,7 +63,7 @@ def test_max_cycles_must_be_positive(tmp_path: Path, capsys) -> None:
     [
         (f"a: f32[{','.join(['1'] * 70)}] @ 0", "at most 32 dimensions"),
         ("a: f32[4294967295, 4294967295] @ 0", "extends past the 4 GiB address space"),
-        ("a: f32[65536, 1024] @ 0", "does not fit the 67108864-byte DRAM of base"),
+        ("a: f32[262144, 1024] @ 0", "does not fit the 536870912-byte DRAM of base"),
     ],
 )
 def test_tensors_that_cannot_exist_are_refused_before_allocation(

@@ -257,7 +257,7 @@ def test_fuse_refuses_a_model_too_big_for_dram_before_allocating_inputs(tmp_path
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert main(["fuse", str(model), "--workers", "1"]) == 1
     err = capsys.readouterr().err
-    assert "graph input 'b' (3.73 GiB) does not fit the base machine's 64 MiB of DRAM" in err
+    assert "graph input 'b' (3.73 GiB) does not fit the base machine's 512 MiB of DRAM" in err
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 << 10  # KiB: no 7 GiB of inputs
     with pytest.raises(EngineError, match="does not fit the tiny machine"):
         FusionEngine(model, "tiny", "fp32", EngineOptions(workers=1))
