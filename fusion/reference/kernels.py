@@ -48,10 +48,25 @@ def clip(x: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.clip(x, x.dtype.type(low), x.dtype.type(high))
 
 
+MAX_PRODUCT_POW = 8  # float32 x^k for an integer |k| up to this is defined as a product (the accelerator's arithmetic)
+
+
 def power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.power, except that integers to negative powers truncate toward zero (numpy refuses them)."""
+    """np.power, with two definitions of our own.
+
+    Integers to negative powers truncate toward zero (numpy refuses them). A float32 base to one integer exponent
+    k with 2 <= |k| <= MAX_PRODUCT_POW is x * x * ... * x, rounded after each product, left to right (and 1 / that
+    for k < 0): what a vector unit without a log computes, and what int8 bit-exactness needs to be defined as.
+    """
     if a.dtype.kind in "iu" and b.dtype.kind in "iu" and np.any(b < 0):
         return np.trunc(np.power(a.astype(np.float64), b.astype(np.float64))).astype(a.dtype)
+    if a.dtype == np.float32 and b.size == 1:
+        k = float(b.reshape(-1)[0])
+        if k == int(k) and 2 <= abs(k) <= MAX_PRODUCT_POW:
+            out = a * a
+            for _ in range(int(abs(k)) - 2):
+                out = out * a
+            return np.reciprocal(out) if k < 0 else out
     return np.power(a, b)
 
 
