@@ -1,4 +1,11 @@
-"""Post-training calibration: run the fp32 reference on sample inputs and take each value's max magnitude.
+"""Post-training calibration: run the fp32 reference on sample inputs and choose each value's int8 scale.
+
+Methods (`METHODS`):
+- "mse" (default): per tensor, the clipping range with the least squared round-trip error over all samples'
+  values (`mse_scale`), never more error than "max" on the same data; it keeps every sample's values in memory.
+  Chosen by measurement on the whole zoo (docs/fusion.md, "int8 calibration"): against onnxruntime it lowers the
+  RMS error of every model (resnet18 1.31% -> 1.20% of max|y|, vit 1.46% -> 1.29%) and the max error of 7 of 8;
+- "max": max|x| / 127 over all samples (nothing saturates).
 
 Non-finite data is an error, never folded in: `max(0.0, nan)` is 0, so one NaN would silently give a scale of 1.0
 and finite garbage downstream."""
@@ -10,14 +17,20 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from fusion.graph.ir import DataType, Graph
-from fusion.quant.params import QuantizationError, QuantParams, scale_for
+from fusion.quant.params import QuantizationError, QuantParams, mse_scale, scale_for
 from fusion.reference.interpreter import evaluate
 
+METHODS = ("max", "mse")
+DEFAULT_METHOD = "mse"
 
-def calibrate(graph: Graph, samples: Iterable[Mapping[str, np.ndarray]]) -> QuantParams:
-    """Scales (max|x| / 127) for every float32 value, over all samples; constants from their own data."""
+
+def calibrate(graph: Graph, samples: Iterable[Mapping[str, np.ndarray]], method: str = DEFAULT_METHOD) -> QuantParams:
+    """A scale for every float32 value, over all samples, by `method`; constants from their own data."""
+    if method not in METHODS:
+        raise QuantizationError(f"calibration method must be one of {', '.join(METHODS)}, got {method!r}")
     floats = [v for v, t in graph.types.items() if t.dtype == DataType.float32]
     floats.sort(key=lambda v: v not in graph.inputs)  # a bad input is named before the values it spoils
+    seen: dict[str, list[np.ndarray]] = {v: [] for v in floats}
     peak = dict.fromkeys(floats, 0.0)
     count = 0
     for sample in samples:
@@ -28,9 +41,13 @@ def calibrate(graph: Graph, samples: Iterable[Mapping[str, np.ndarray]]) -> Quan
                 if not np.isfinite(top):
                     raise QuantizationError(_non_finite(graph, v, env[v], count))
                 peak[v] = max(peak[v], top)
+                if method == "mse" and (count == 0 or v not in graph.constants):
+                    seen[v].append(np.ravel(env[v]))
         count += 1
     if count == 0:
         raise QuantizationError("calibration needs at least one sample input")
+    if method == "mse":
+        return QuantParams({v: mse_scale(np.concatenate(seen[v])) if seen[v] else 1.0 for v in floats})
     return QuantParams({v: scale_for(m) for v, m in peak.items()})
 
 

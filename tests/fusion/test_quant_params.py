@@ -7,12 +7,14 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusion.quant.params import (
     QuantizationError,
     QuantParams,
+    mse_scale,
+    quantization_mse,
     quantize_bias,
     quantize_tensor,
     requant_params,
@@ -61,3 +63,26 @@ def test_bias_and_scales() -> None:
         params.scale("b")
     with pytest.raises(QuantizationError):
         QuantParams({"a": 0.0})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=200),
+    st.floats(0.0, 1e3),
+)
+def test_mse_scale_never_has_more_error_than_max_abs(values, outlier) -> None:
+    x = np.array([*values, outlier], np.float32)
+    chosen = mse_scale(x)
+    assert math.isfinite(chosen) and chosen > 0
+    assert chosen <= scale_for(float(np.max(np.abs(x))))
+    assert quantization_mse(x, chosen) <= quantization_mse(x, scale_for(float(np.max(np.abs(x)))))
+
+
+def test_mse_scale_clips_a_tail_and_keeps_a_grid() -> None:
+    bulk = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    top = scale_for(float(np.max(np.abs(bulk))))
+    assert mse_scale(bulk) < top  # a Gaussian's few largest values saturate: finer steps for the rest
+    assert quantization_mse(bulk, mse_scale(bulk)) < quantization_mse(bulk, top)
+    uniform = np.linspace(-1, 1, 255, dtype=np.float32)
+    assert mse_scale(uniform) == scale_for(1.0)  # on the grid already: max-abs is exact
+    assert mse_scale(np.zeros(3, np.float32)) == 1.0

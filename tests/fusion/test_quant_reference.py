@@ -9,9 +9,9 @@ import pytest
 
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
-from fusion.quant.calibrate import calibrate
-from fusion.quant.params import QuantizationError, QuantParams
-from fusion.reference.interpreter import run
+from fusion.quant.calibrate import METHODS, calibrate
+from fusion.quant.params import QuantizationError, QuantParams, quantization_mse
+from fusion.reference.interpreter import evaluate, run
 from fusion.reference.quantized import evaluate_quantized, run_quantized
 
 
@@ -80,8 +80,34 @@ def test_missing_scale_is_a_clear_error() -> None:
 
 def test_calibration_scales_cover_the_observed_range() -> None:
     graph, x = _gemm_graph()
-    params = calibrate(graph, [{"x": x}, {"x": 2 * x}])
+    params = calibrate(graph, [{"x": x}, {"x": 2 * x}], method="max")
     assert params.scale("x") == pytest.approx(np.max(np.abs(2 * x)) / 127)
     assert params.scale("w") == pytest.approx(np.max(np.abs(graph.constants["w"])) / 127)
     with pytest.raises(QuantizationError, match="at least one"):
         calibrate(graph, [])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_calibration_method_refuses_non_finite_data(method) -> None:
+    graph, x = _gemm_graph()
+    bad = x.copy()
+    bad.flat[0] = np.nan
+    with pytest.raises(QuantizationError, match="'x'.*non-finite"):
+        calibrate(graph, [{"x": x}, {"x": bad}], method=method)
+    with pytest.raises(QuantizationError, match="method"):
+        calibrate(graph, [{"x": x}], method="entropy")
+
+
+def test_mse_calibration_has_no_more_round_trip_error_than_max_abs() -> None:
+    """Per value over all samples (constants once): the MSE method's scale never adds squared error."""
+    graph, x = _gemm_graph()
+    samples = [{"x": x}, {"x": 3 * x}]
+    by_max, by_mse = calibrate(graph, samples), calibrate(graph, samples, method="mse")
+    envs = [evaluate(graph, s) for s in samples]
+    for value, scale in by_mse.scales.items():
+        data = graph.constants[value] if value in graph.constants else np.concatenate([e[value].ravel() for e in envs])
+        assert scale <= by_max.scale(value)
+        assert quantization_mse(data, scale) <= quantization_mse(data, by_max.scale(value))
+    y = graph.outputs[0]
+    want = evaluate(graph, samples[0])[y]
+    assert np.max(np.abs(run_quantized(graph, samples[0], by_mse)[y] - want)) <= 0.05 * np.max(np.abs(want))
