@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cost-model",
         default="analytic",
-        help="cost model ranking candidates: analytic, hpm ($DYNFUSE_HPM_MODEL or hpm.model) or a model file",
+        help="cost model ranking kernels: analytic, hpm ($DYNFUSE_HPM_MODEL, else the shipped model) or a model path",
     )
     p.add_argument(
         "--allow-rounding-change",
