@@ -25,9 +25,13 @@ class QuantizationError(FusionError):
     """A value has no calibrated scale, or a rescale factor does not fit (mult, shift)."""
 
 
+MIN_SCALE = 2.0**-100  # 1 / scale must be a finite float32 (`v.qnt` multiplies by it): below, 0 * inf is NaN
+
+
 def scale_for(max_abs: float) -> float:
-    """The symmetric int8 scale for a tensor whose largest magnitude is max_abs (1.0 for an all-zero tensor)."""
-    return float(max_abs) / QMAX if max_abs > 0 else 1.0
+    """The symmetric int8 scale for a tensor whose largest magnitude is max_abs (1.0 for an all-zero tensor);
+    at least MIN_SCALE (values below it, under 1e-30, quantize to 0)."""
+    return max(float(max_abs) / QMAX, MIN_SCALE) if max_abs > 0 else 1.0
 
 
 MSE_CANDIDATES = 64  # clipping ranges tried by `mse_scale`: max|x| * f, f evenly spaced in [MSE_LOWEST, 1]

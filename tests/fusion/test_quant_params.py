@@ -86,3 +86,10 @@ def test_mse_scale_clips_a_tail_and_keeps_a_grid() -> None:
     uniform = np.linspace(-1, 1, 255, dtype=np.float32)
     assert mse_scale(uniform) == scale_for(1.0)  # on the grid already: max-abs is exact
     assert mse_scale(np.zeros(3, np.float32)) == 1.0
+
+
+def test_a_tiny_tensor_gets_a_scale_whose_reciprocal_is_finite() -> None:
+    tiny = np.array([1e-40, 0.0, -3e-41], np.float32)
+    for scale in (scale_for(float(np.max(np.abs(tiny)))), mse_scale(tiny)):
+        assert np.isfinite(np.float32(1.0 / scale))
+        assert quantize_tensor(tiny, scale).tolist() == [0, 0, 0]
