@@ -8,34 +8,16 @@ from pathlib import Path
 from fusion.errors import FusionError
 from fusion.graph.dot import to_dot
 from fusion.graph.dump import dump
+from fusion.input_shapes import add_input_shape_option, import_with_shapes
 from fusion.onnx_import.conformance import ensure_node_tests, format_table, run_all
-from fusion.onnx_import.importer import import_model
 from fusion.passes.pipeline import cleanup
 from simulator.config import load_config
-
-
-def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    """NAME=D1,D2,... -> (NAME, (D1, D2, ...))."""
-    name, sep, dims = text.partition("=")
-    try:
-        if not sep or not name:
-            raise ValueError
-        return name, tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=D1,D2,..., got {text!r}") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     graph = subparsers.add_parser("graph", help="import an ONNX model and print its dataflow graph with costs")
     graph.add_argument("model", type=Path, help="ONNX model file (opset >= 13)")
-    graph.add_argument(
-        "--input-shape",
-        type=_shape_arg,
-        action="append",
-        default=[],
-        metavar="NAME=D1,D2,...",
-        help="concrete shape for an input with symbolic dims (repeatable)",
-    )
+    add_input_shape_option(graph)
     graph.add_argument("--cleanup", action="store_true", help="run the clean-up passes first")
     graph.add_argument("--config", default="base", help="machine preset or .toml for the cost column")
     graph.add_argument("--dot", type=Path, help="also write Graphviz DOT to this file")
@@ -49,16 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_graph(args: argparse.Namespace) -> int:
     if not args.model.exists():
         raise FusionError(f"no such model file: {args.model}")
-    shapes = dict(args.input_shape)
-    if len(shapes) != len(args.input_shape):
-        twice = sorted({n for n, _ in args.input_shape if [m for m, _ in args.input_shape].count(n) > 1})
-        raise FusionError(f"--input-shape {twice[0]} is given twice")
-    g = import_model(args.model, input_shapes=shapes)
-    unknown = sorted(set(shapes) - set(g.inputs))
-    if unknown:
-        raise FusionError(
-            f"--input-shape {unknown[0]}: the model has no input of that name (inputs: {', '.join(g.inputs)})"
-        )
+    g = import_with_shapes(args.model, args.input_shape, {})
     if args.cleanup:
         g = cleanup(g)
     config = load_config(args.config)

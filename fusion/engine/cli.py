@@ -22,6 +22,8 @@ from fusion.engine.planner import POLICIES
 from fusion.engine.report import PolicyReport, build_report, format_comparison, format_report
 from fusion.engine.validation import ValidationPolicy
 from fusion.engine.workers import default_workers
+from fusion.graph.ir import Graph
+from fusion.input_shapes import add_input_shape_option, import_with_shapes
 from fusion.lower.cli import safe_name
 from fusion.lower.compiler import load_graph
 from simulator.config import PRESETS, load_config
@@ -34,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("fuse", help="run an ONNX model under a fusion plan policy and report the plan")
     p.add_argument("model", type=Path, help="ONNX model file")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="a model input (repeatable)")
+    add_input_shape_option(p)
     p.add_argument("--policy", default="dynamic", choices=POLICIES, help="plan policy (default: dynamic)")
     p.add_argument("--compare", help="comma-separated policies to run side by side, e.g. none,static,dynamic")
     p.add_argument("--config", default="base", help=f"machine preset ({', '.join(PRESETS)}) or a .toml file")
@@ -71,18 +74,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_container(MAGIC, "kernel cache entry", read_cache_entry)  # `dynfuse disasm <key>.dfk`
 
 
-def _inputs(model: Path, specs: list[str], config: str) -> dict[str, np.ndarray]:
-    graph = load_graph(model)
-    check_fits_dram(graph, load_config(config))  # before allocating any random input
-    given = parse_input_args(specs)
+def _inputs(args: argparse.Namespace) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The model's graph at the shapes `--input-shape`/`--input` give, and an array for every input."""
+    given = parse_input_args(args.input)
+    graph = load_graph(import_with_shapes(args.model, args.input_shape, given))
+    check_fits_dram(graph, load_config(args.config))  # before allocating any random input
     rng = np.random.default_rng(INPUT_SEED)
     for name in graph.inputs:
         if name not in given:
             given[name] = rng.standard_normal(graph.types[name].shape).astype(np.float32)
-    return given
+    return graph, given
 
 
-def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndarray]) -> tuple[PolicyReport, dict]:
+def _run_policy(
+    args: argparse.Namespace, graph: Graph, policy: str, inputs: dict[str, np.ndarray]
+) -> tuple[PolicyReport, dict]:
     if args.workers < 1:
         raise EngineError(f"--workers must be >= 1, got {args.workers}")
     options = EngineOptions(
@@ -95,7 +101,7 @@ def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndar
 
     cache = (RecordingCache if args.emit_asm is not None else KernelCache)(disk_dir=args.cache_dir)
     cost_model = load_cost_model(args.cost_model)
-    engine = FusionEngine(args.model, args.config, args.dtype, options, cost_model=cost_model, cache=cache)
+    engine = FusionEngine(graph, args.config, args.dtype, options, cost_model=cost_model, cache=cache)
     if args.calls < 1:
         raise EngineError(f"--calls must be >= 1, got {args.calls}")
     result = None
@@ -110,14 +116,14 @@ def _run_policy(args: argparse.Namespace, policy: str, inputs: dict[str, np.ndar
 def run_fuse(args: argparse.Namespace) -> int:
     if not args.model.exists():
         raise EngineError(f"no such model file: {args.model}")
-    inputs = _inputs(args.model, args.input, args.config)
+    graph, inputs = _inputs(args)
     policies = [p.strip() for p in args.compare.split(",")] if args.compare else [args.policy]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise EngineError(f"unknown policy {unknown[0]!r} in --compare (known: {', '.join(POLICIES)})")
     reports, outputs = [], {}
     for policy in policies:
-        rep, outs = _run_policy(args, policy, inputs)
+        rep, outs = _run_policy(args, graph, policy, inputs)
         reports.append(rep)
         outputs = outputs or outs
     if args.output_dir:

@@ -12,6 +12,7 @@ import numpy as np
 
 from assembler.binary import save
 from fusion.errors import FusionError
+from fusion.input_shapes import add_input_shape_option, import_with_shapes
 from fusion.lower.compiler import DTYPES, CompiledModel, compile, load_graph
 from simulator.config import PRESETS
 from simulator.inputs import parse_input_args
@@ -52,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="ONNX model file")
+    add_input_shape_option(p)
     p.add_argument("--config", default="base", help=f"machine preset ({', '.join(PRESETS)}) or a .toml file")
     p.add_argument(
         "--dtype",
@@ -68,10 +70,10 @@ def _model_path(path: Path) -> Path:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    graph = load_graph(_model_path(args.model))
+    given = parse_input_args(args.calibrate)
+    graph = load_graph(import_with_shapes(_model_path(args.model), args.input_shape, given, "--calibrate"))
     samples = None
     if args.dtype == "int8":
-        given = parse_input_args(args.calibrate)
         rng = np.random.default_rng(CALIBRATION_SEED)
         samples = [given or {v: rng.standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs}]
     model = compile(graph, args.config, args.dtype, samples=samples, cleanup=False)
@@ -93,8 +95,9 @@ def safe_name(name: str) -> str:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    model = compile(_model_path(args.model), args.config, args.dtype)
-    outputs, counters = model.run(parse_input_args(args.input), checked=args.checked)
+    given = parse_input_args(args.input)
+    model = compile(import_with_shapes(_model_path(args.model), args.input_shape, given), args.config, args.dtype)
+    outputs, counters = model.run(given, checked=args.checked)
     if args.output_dir:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         for name, value in outputs.items():
