@@ -112,6 +112,7 @@ def resolve_input_shapes(
                     f"or {array_option} {name}=FILE.npy"
                 )
             shapes[name] = _array_shape(name, dims, np.shape(array), array_option)
+    _check_symbols(declared, shapes)
     return shapes
 
 
@@ -136,6 +137,21 @@ def _array_shape(name: str, dims: Dims | None, shape: tuple[int, ...], option: s
                 f"input {name!r} {_shown(dims or ())} fixes dim {axis} to {want}"
             )
     return tuple(int(d) for d in shape)
+
+
+def _check_symbols(declared: Mapping[str, Dims | None], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """A dim name shared by inputs (ONNX: one size, e.g. the batch "N" of `ids` and `mask`) gets one value."""
+    bound: dict[str, tuple[int, str, int]] = {}  # symbol -> (size, input, axis) first seen
+    for name, dims in declared.items():
+        for axis, (dim, size) in enumerate(zip(dims or (), shapes.get(name, ()), strict=False)):
+            if not isinstance(dim, str) or dim == "?":
+                continue
+            first = bound.setdefault(dim, (size, name, axis))
+            if first[0] != size:
+                raise FusionError(
+                    f"input {name!r} has {dim} = {size} at dim {axis}, but input {first[1]!r} has {dim} = {first[0]} "
+                    f"at dim {first[2]}; a dim name shared by inputs is one size"
+                )
 
 
 def _text(shape: tuple[int, ...]) -> str:

@@ -145,3 +145,21 @@ def test_array_mistakes_are_one_line_errors(seq_model, tmp_path, capsys, command
     )
     disagree = _error(capsys, [command, m, "--input-shape", "x=2,6,8", "--input", f"x={_npy(tmp_path, (2, 5, 8))}"])
     assert "--input-shape x=2,6,8 disagrees with --input x: the array's shape is (2, 5, 8)" in disagree
+
+
+def test_a_dim_name_shared_by_inputs_is_one_size(tmp_path, capsys) -> None:
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Add", ["h", "r"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    r = helper.make_tensor_value_info("r", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    model = tmp_path / "two.onnx"
+    graph = helper.make_graph(nodes, "two", [x, r], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    xs, rs, out = _npy(tmp_path, (3, 8)), _npy(tmp_path, (3, 4), seed=3), tmp_path / "out"
+    assert main(["fuse", str(model), "--input", f"x={xs}", "--input", f"r={rs}", "--output-dir", str(out)]) == 0
+    inputs = {"x": np.load(xs), "r": np.load(rs)}
+    want = reference(import_model(model, input_shapes={"x": (3, 8), "r": (3, 4)}), inputs)["y"]
+    np.testing.assert_allclose(np.load(out / "y.npy"), want, rtol=1e-4, atol=1e-4)
+    err = _error(capsys, ["fuse", str(model), "--input", f"x={xs}", "--input-shape", "r=5,4"])
+    assert "input 'r' has N = 5 at dim 0, but input 'x' has N = 3 at dim 0; a dim name shared by inputs is" in err
