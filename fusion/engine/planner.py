@@ -100,7 +100,7 @@ class Evaluator:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
         self.pool = pool
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
-        self._measured: dict[Group, int] = {}  # simulated cycles (see `measured_cycles`)
+        self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
         self.measure_seconds = 0.0  # host time of those simulations
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
@@ -242,16 +242,20 @@ class Evaluator:
         return self.measured_cycles(e) + self.priced_traffic(e.features)
 
     def measured_cycles(self, e: Evaluated) -> int:
-        """A built kernel's cycles simulated on zero inputs (`execute.timing_cycles`), memoised: `settle`, the plan
-        guard and the pipelining pass measure the same kernels (a view runs no kernel: 0)."""
+        """A built kernel's cycles simulated on zero inputs (`execute.timing_cycles`), memoised by program: the
+        regret tests, the plan guard and the pipelining pass measure the same kernels, and a model's repeated
+        layers generate the same programs (same instructions and input shapes: the same timing, since only
+        zero-skip kernels, never measured, test data). A view runs no kernel: 0."""
         if e.kernel.program is None:  # a view: no kernel runs
             return 0
+        guard = e.kernel.guard
+        key = (e.kernel.program.text, tuple(s for _, s in guard.shapes), tuple(d for _, d in guard.dtypes))
         with self._lock:
-            found = self._measured.get(e.group)
+            found = self._measured.get(key)
         if found is None:
             found = self.timed(lambda: timing_cycles(self.mc, e.kernel))
             with self._lock:
-                self._measured[e.group] = found
+                self._measured[key] = found
         return found
 
     def timed(self, simulate: Callable[[], int]) -> int:
