@@ -6,6 +6,7 @@ candidate the model picks vs the best one by simulating all), per held-out set; 
 the dynamic plan under each cost model (and the unfused `none` plan), plus each model's kernel-level error on
 the kernels the engine actually dispatched. The sweep resumes from --data if it exists.
 Usage: python bench/bench_hpm.py [--samples 4000] [--data /tmp/hpm_bench] [--configs base,tiny] [--jobs 2]
+       python bench/bench_hpm.py --data DIR --no-sweep --model fusion/hpm/data/hpm.npz   # score a trained model
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +29,8 @@ from fusion.hpm.cost_model import HpmCostModel
 from fusion.hpm.dataset import load_dataset
 from fusion.hpm.evaluate import evaluate, split, write_plots
 from fusion.hpm.metrics import mape
-from fusion.hpm.model import save_model, train_on
+from fusion.hpm.model import train_on
+from fusion.hpm.modelfile import load_model, save_model
 from fusion.hpm.sweep import run_sweep
 from fusion.lower.compiler import load_graph
 
@@ -39,14 +42,14 @@ PLOTS = Path(__file__).parent / "results" / "hpm"
 TARGET_TEXT = {"heldout_kernels": "<= 5%", "heldout_config": "<= 10%"}
 
 
-def quality(data: Path, algos: list[str]) -> tuple[list[list[str]], dict, object]:
+def quality(data: Path, algos: list[str], given: Path | None) -> tuple[list[list[str]], dict, object]:
     ds = load_dataset(data)
     part = ds.subset(split(ds)["train"])
     rows, main_eval, main_model = [], None, None
     for algo in algos:
         start = time.perf_counter()
-        model = train_on(part, algo, 0)
-        seconds = time.perf_counter() - start
+        model = load_model(given, check_generators=False) if given else train_on(part, algo, 0)
+        seconds = float(model.meta["train_seconds"]) if given else time.perf_counter() - start
         ev = evaluate(ds, model)
         for name, models in ev.sets.items():
             for label in ("hpm", "analytic"):
@@ -120,14 +123,19 @@ def main() -> None:
     p.add_argument("--algos", default="gbt,forest", help="first one is used end to end")
     p.add_argument("--e2e-config", default="base")
     p.add_argument("--dtypes", default="fp32,int8")
+    p.add_argument("--no-sweep", action="store_true", help="score on the dataset in --data as it is")
+    p.add_argument("--model", type=Path, help="score this model file (e.g. the shipped one) instead of training")
     args = p.parse_args()
     console = Console()
     start = time.perf_counter()
-    sweep = run_sweep(args.data, args.configs.split(","), args.samples, 0, args.jobs, 0.1, progress=True)
+    measured_now = 0
+    if not args.no_sweep:
+        measured_now = run_sweep(args.data, args.configs.split(","), args.samples, 0, args.jobs, 0.1).measured_now
     sweep_s = time.perf_counter() - start
-    algos = args.algos.split(",")
-    q_rows, info, model = quality(args.data, algos)
-    save_model(model, args.data / "hpm.model")
+    algos = [args.model.name] if args.model else args.algos.split(",")
+    q_rows, info, model = quality(args.data, algos, args.model)
+    if not args.model:
+        save_model(model, args.data / "hpm.npz")
     plots = write_plots(info["eval"], PLOTS)
     q_head = ["set", "model", "kernels", "cycle MAPE", "energy MAPE", "Kendall tau", "mean regret", "groups", "train s"]
     q_md = _table(console, "held-out quality", q_head, q_rows)
@@ -143,10 +151,9 @@ def main() -> None:
             [
                 "# Hardware performance model (HPM)",
                 "",
-                f"`python bench/bench_hpm.py --samples {args.samples} --configs {args.configs} --algos {args.algos}` "
-                f"on {machine}.",
+                f"`python bench/bench_hpm.py {' '.join(sys.argv[1:])}` on {machine}.",
                 f"Calibration: {info['groups']} seeded groups -> {info['rows']} simulated candidate kernels "
-                f"({sweep.measured_now} measured in this run, {sweep_s:.0f} s, {args.jobs} workers); "
+                f"({measured_now} measured in this run, {sweep_s:.0f} s, {args.jobs} workers); "
                 f"{info['train_rows']} in the training split. Held-out kernels: whole seeds (their shapes and every "
                 "candidate) never seen in training; held-out machine: array 12, 24 lanes, 24 B/cycle, 192 KiB "
                 "scratchpad, 80-cycle DRAM latency (off every training grid). Targets: cycle MAPE "

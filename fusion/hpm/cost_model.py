@@ -1,25 +1,30 @@
 """The HPM as a `CostModel` for the planner, and `load_cost_model`, the `--cost-model` resolver.
 
-`load_cost_model("analytic")` is the timing-rule model, `load_cost_model("hpm")` the model file named by
-$DYNFUSE_HPM_MODEL (default `hpm.model`), any other argument a model file path.
+`load_cost_model("analytic")` is the timing-rule model; `load_cost_model("hpm")` the model file named by
+$DYNFUSE_HPM_MODEL, else the model shipped in the package (`fusion/hpm/data/`) — never a file found in the
+current directory, which anyone able to write there could plant; any other argument is a model file's path. A model
+file that does not parse or is stale (other schema or kernel generators) gives a one-line warning and the analytic
+model; a file that is not an HPM model is an error (`fusion.hpm.modelfile`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from fusion.cost.analytic import AnalyticCostModel
 from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
-from fusion.hpm.errors import HpmError
-from fusion.hpm.model import HpmModel, load_model
+from fusion.hpm.errors import ModelFileError, UnusableModelError
+from fusion.hpm.model import HpmModel
+from fusion.hpm.modelfile import load_model
 from simulator.config import MachineConfig
 
 MODEL_ENV = "DYNFUSE_HPM_MODEL"
-DEFAULT_MODEL = "hpm.model"
+SHIPPED_MODEL = Path(__file__).resolve().parent / "data" / "hpm.npz"  # `make hpm` writes it
 COST_MODELS = ("analytic", "hpm")
 MEMO_ENTRIES = 65_536  # a long-running engine sees new shapes; the memo restarts rather than grows without end
 
@@ -60,16 +65,28 @@ class HpmCostModel:
 
 
 def default_model_path() -> Path:
-    return Path(os.environ.get(MODEL_ENV, DEFAULT_MODEL))
+    """$DYNFUSE_HPM_MODEL when set (and not empty), else the shipped model."""
+    return Path(os.environ.get(MODEL_ENV) or SHIPPED_MODEL)
 
 
-def load_cost_model(name_or_path: str | Path) -> CostModel:
-    """ "analytic", "hpm" (the default model file), or the path of a model file."""
+def print_warning(message: str) -> None:
+    print(f"warning: {' '.join(message.split())}", file=sys.stderr)
+
+
+def load_cost_model(name_or_path: str | Path, warn: Callable[[str], None] = print_warning) -> CostModel:
+    """ "analytic", "hpm" (the default model file), or the path of a model file; an unusable model file is
+    `warn`ed about (one line) and the analytic model returned."""
     text = str(name_or_path)
     if text == "analytic":
         return AnalyticCostModel()
     path = default_model_path() if text == "hpm" else Path(text)
     if not path.exists():
         hint = f" (set ${MODEL_ENV} or train one with `dynfuse hpm train DATA -o {path}`)" if text == "hpm" else ""
-        raise HpmError(f"no HPM model file at {path}{hint}; cost models: {', '.join(COST_MODELS)} or a model path")
-    return HpmCostModel(load_model(path))
+        raise ModelFileError(
+            f"no HPM model file at {path}{hint}; cost models: {', '.join(COST_MODELS)} or a model path"
+        )
+    try:
+        return HpmCostModel(load_model(path))
+    except UnusableModelError as err:
+        warn(f"{err}; planning with the analytic cost model")
+        return AnalyticCostModel()

@@ -14,8 +14,20 @@ class DatasetError(HpmError):
 
 
 class ModelFileError(HpmError):
-    """A model file is not an HPM model, is corrupted (checksum), or of another container version."""
+    """A file is not an HPM model (wrong kind of file, missing, not a regular file, too large): an error."""
 
 
-class SchemaMismatchError(ModelFileError):
+class UnusableModelError(ModelFileError):
+    """An HPM model file this code cannot use: the cost-model resolver warns and plans with the analytic model."""
+
+
+class CorruptModelError(UnusableModelError):
+    """An HPM model file that does not parse (truncated, damaged, arrays of the wrong type or structure)."""
+
+
+class StaleModelError(UnusableModelError):
+    """An HPM model of another format version, or calibrated on other kernel generators than this code's."""
+
+
+class SchemaMismatchError(StaleModelError):
     """A model was trained on another feature schema than the one this code computes."""

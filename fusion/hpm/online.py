@@ -5,19 +5,25 @@ records of a call made with another cost model); the model is retrained in a bac
 
 With `log_path`, every recorded sample is also appended to a JSON-lines file (fsync'ed, torn tail dropped),
 and the samples already in it are loaded on start, so what the engine learned survives a restart.
+
+`generation` counts the models swapped in: an engine planning with this model re-plans when it changes
+(`FusionEngine` compares it with the generation its plan was made with), so a retrain that changes which kernel
+is predicted fastest changes the plan of a running engine. `OnlineHpm.load` starts from a model file like
+`--cost-model` does; with no usable model it predicts analytically until its first retrain.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fusion.cost.interface import CostEstimate, KernelFeatures
-from fusion.hpm.cost_model import HpmCostModel
+from fusion.cost.analytic import AnalyticCostModel
+from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
+from fusion.hpm.cost_model import HpmCostModel, load_cost_model, print_warning
 from fusion.hpm.dataset import Dataset, SampleLog, feature_row, features_from_row
 from fusion.hpm.errors import HpmError
 from fusion.hpm.machines import config_from_json, config_to_json
@@ -33,7 +39,7 @@ class OnlineHpm:
 
     def __init__(
         self,
-        model: HpmModel,
+        model: HpmModel | None,
         calibration: Dataset | None = None,
         retrain_every: int = 256,
         log_path: Path | None = None,
@@ -41,9 +47,9 @@ class OnlineHpm:
     ) -> None:
         if retrain_every < 1:
             raise HpmError(f"retrain_every must be at least 1, got {retrain_every}")
-        self._current = HpmCostModel(model)
+        self._current: CostModel = HpmCostModel(model) if model is not None else AnalyticCostModel()
         self.retrain_every = retrain_every
-        self.algo = algo or str(model.meta.get("algorithm", ALGORITHMS[0]))
+        self.algo = algo or str(model.meta.get("algorithm", ALGORITHMS[0]) if model is not None else ALGORITHMS[0])
         self._features: list[KernelFeatures] = calibration.features() if calibration is not None else []
         self._configs: list[MachineConfig] = calibration.configs() if calibration is not None else []
         self._measured = {t: list(calibration.measured(t)) if calibration is not None else [] for t in TARGETS}
@@ -59,9 +65,24 @@ class OnlineHpm:
         self.retrains = 0
         self.last_error: str | None = None
 
+    @classmethod
+    def load(
+        cls, name_or_path: str | Path = "hpm", warn: Callable[[str], None] = print_warning, **options: Any
+    ) -> OnlineHpm:
+        """Start from a model file ("hpm": $DYNFUSE_HPM_MODEL or the shipped model), resolved and checked as
+        `--cost-model` resolves it; an unusable file is warned about and the analytic model starts."""
+        start = load_cost_model(name_or_path, warn)
+        return cls(start.model if isinstance(start, HpmCostModel) else None, **options)
+
     @property
-    def model(self) -> HpmModel:
-        return self._current.model
+    def generation(self) -> int:
+        """Which model predicts: changes with every swap (what a planning engine compares)."""
+        return self.retrains
+
+    @property
+    def model(self) -> HpmModel | None:
+        """The current learned model (None while predicting analytically, before the first retrain)."""
+        return getattr(self._current, "model", None)
 
     def predict(self, features: KernelFeatures, config: MachineConfig) -> CostEstimate:
         return self._current.predict(features, config)

@@ -25,14 +25,19 @@ import numpy as np
 
 from fusion.cost.analytic import UnitTimes, energy_pj, unit_times
 from fusion.cost.interface import KernelFeatures
-from fusion.engine.plan import STRATEGIES as ENGINE_STRATEGIES
-from fusion.graph.ops import OpType
 from simulator.config import MachineConfig
 
-SCHEMA_VERSION = 4
-STRATEGIES = tuple(s for s in ENGINE_STRATEGIES if s != "alias")  # alias groups run on the host: no kernel
+SCHEMA_VERSION = 5
+# Fixed lists, not the engine's: an op type or strategy added to the engine later counts under "other" instead of
+# changing the schema (and making every trained model stale). Schema 5 froze them.
+STRATEGIES = ("unfused", "epilogue", "zero_skip", "swapped", "implicit_gemm", "chain", "transpose_load", "stream")
 LOOP_ORDERS = ("", "mn", "nm", *("".join(p) for p in permutations("mnk")))
-OPS = tuple(op.value for op in OpType)
+OPS = (
+    *("Identity", "Relu", "Sigmoid", "Tanh", "Erf", "Gelu", "Exp", "Sqrt"),
+    *("Add", "Sub", "Mul", "Div", "Pow", "BatchNorm"),
+    *("Transpose", "Reshape", "Concat", "Split", "Slice", "Gather"),
+    *("ReduceMean", "Softmax", "LayerNorm", "MatMul", "Gemm", "Conv", "MaxPool", "AveragePool"),
+)
 UNITS = ("load", "store", "matrix", "vector", "issue", "transfer")  # `UnitTimes` fields with a busy time
 
 NUMERIC = (
@@ -111,6 +116,7 @@ NUMERIC = (
 FEATURE_NAMES: tuple[str, ...] = (
     *NUMERIC,
     *(f"op.{op}" for op in OPS),
+    "op.other",
     *(f"strategy.{s}" for s in (*STRATEGIES, "other")),
     *(f"loop.{o or 'none'}" for o in LOOP_ORDERS),
 )
@@ -234,7 +240,7 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "dma_per_bank": (f.dram_read_bytes + f.dram_write_bytes) / dmas / bank if dmas else 0.0,
     }
     values = [float(numeric[k]) for k in NUMERIC]
-    values += [float(f.ops.count(op)) for op in OPS]
+    values += [float(f.ops.count(op)) for op in OPS] + [float(sum(op not in OPS for op in f.ops))]
     values += [float(f.strategy == s) for s in STRATEGIES] + [float(f.strategy not in STRATEGIES)]
     values += [float(f.loop_order == o) for o in LOOP_ORDERS]
     return np.array(values, dtype=np.float64)

@@ -13,7 +13,8 @@ from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.validation import ValidationPolicy
 from fusion.hpm.cost_model import MODEL_ENV, HpmCostModel, load_cost_model
 from fusion.hpm.errors import HpmError
-from fusion.hpm.model import PAIRS, save_model, train_on
+from fusion.hpm.model import PAIRS, train_on
+from fusion.hpm.modelfile import save_model
 from fusion.hpm.online import OnlineHpm
 
 
@@ -148,7 +149,7 @@ def test_group_prices_come_from_the_pairwise_model_and_survive_online_retraining
     largest = max(set(groups), key=groups.count)
     idx = [i for i, g in enumerate(groups) if g == largest]
     feats, cfg = [half.features()[i] for i in idx], half.configs()[idx[0]]
-    assert len(feats) >= 3 and PAIRS in small_model.estimators
+    assert len(feats) >= 3 and PAIRS in small_model.predictors
     cost_model = HpmCostModel(small_model)
     joint = cost_model.predict_group(feats, cfg)
     want, _ = small_model.predict_many(feats, [cfg] * len(feats), ["one"] * len(feats))
@@ -160,4 +161,4 @@ def test_group_prices_come_from_the_pairwise_model_and_survive_online_retraining
     assert online.predict_group(feats, cfg) == joint
     online.record(feats[0], cfg, {"cycle": 1000.0, "energy_total_pj": 1e5})
     assert online.wait(timeout=120) and online.last_error is None
-    assert online.retrains == 1 and PAIRS in online.model.estimators
+    assert online.retrains == 1 and PAIRS in online.model.predictors

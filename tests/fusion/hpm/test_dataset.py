@@ -52,3 +52,46 @@ def test_version_mismatch_is_an_error(tmp_path: Path, small_dataset) -> None:
 def test_missing_dataset_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="no dataset"):
         load_dataset(tmp_path)
+
+
+def _columns(ds) -> tuple[dict, dict]:
+    return json.loads(json.dumps(ds.meta)), {k: v.copy() for k, v in ds.columns.items()}
+
+
+def _save(path: Path, meta: object, columns: dict) -> Path:
+    np.savez(path, meta=np.array(json.dumps(meta)), **columns)
+    return path
+
+
+def test_damaged_datasets_are_clear_errors(tmp_path: Path, small_dataset) -> None:
+    """Truncated, ragged, NaN or zero cycles, a meta that is not an object, a column of the wrong type, rows whose
+    features or machine do not decode: each a DatasetError naming what is wrong (never a model trained on it)."""
+    meta, columns = _columns(small_dataset)
+    good = _save(tmp_path / "good.npz", meta, columns)
+    assert len(load_dataset(good)) == len(small_dataset)
+    (tmp_path / "truncated.npz").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    nan, zero, ragged, typed = (dict(columns) for _ in range(4))
+    nan["measured.cycle"] = np.where(np.arange(len(small_dataset)) == 5, np.nan, columns["measured.cycle"])
+    zero["measured.cycle"] = np.zeros(len(small_dataset), dtype=np.int64)
+    ragged["macs"] = columns["macs"][:-1]
+    typed["macs"] = columns["macs"].astype(str)
+    cases = {
+        "truncated.npz": "damaged",
+        _save(tmp_path / "nan.npz", meta, nan).name: "'measured.cycle' is not finite in row 5",
+        _save(tmp_path / "zero.npz", meta, zero).name: "measured.cycle is not positive in",
+        _save(tmp_path / "ragged.npz", meta, ragged).name: "column 'macs' has shape",
+        _save(tmp_path / "typed.npz", meta, typed).name: "column 'macs' holds",
+        _save(tmp_path / "list.npz", [meta], columns).name: "meta is list, not a JSON object",
+        _save(tmp_path / "rows.npz", {**meta, "rows": "many"}, columns).name: "'rows' is 'many'",
+    }
+    for name, message in cases.items():
+        with pytest.raises(DatasetError, match=message):
+            load_dataset(tmp_path / name)
+    shapes = dict(columns)
+    shapes["shapes"] = np.array(["[[1, 2]"] * len(small_dataset))
+    with pytest.raises(DatasetError, match="row 0 .*bad kernel features"):
+        load_dataset(_save(tmp_path / "shapes.npz", meta, shapes)).features()
+    machine = dict(columns)
+    machine["config_json"] = np.array(['{"array_size": -3}'] * len(small_dataset))
+    with pytest.raises(DatasetError, match="row 0 .*bad machine"):
+        load_dataset(_save(tmp_path / "machine.npz", meta, machine)).configs()

@@ -1,27 +1,26 @@
-"""Training and prediction on a small seeded sweep; the model file container and its refusals."""
+"""Training and prediction on a small seeded sweep; the numpy predictors equal scikit-learn's."""
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fusion.cost.analytic import UnitTimes, unit_times
-from fusion.hpm.errors import ModelFileError, SchemaMismatchError
-from fusion.hpm.fastpath import DIRECT_ROWS, predict
+from fusion.hpm.errors import HpmError
 from fusion.hpm.metrics import mape
-from fusion.hpm.model import MAGIC, PAIRS, TARGETS, load_model, read_header, save_model, train, train_on
+from fusion.hpm.model import TARGETS, make_estimator, make_pair_estimator, train
+from fusion.hpm.modelfile import load_model, save_model
+from fusion.hpm.pairs import group_pairs, pair_matrix
+from fusion.hpm.predictors import from_sklearn
 from fusion.hpm.schema import (
     FEATURE_NAMES,
     UNITS,
     baselines,
     fill,
     matrix_of,
-    schema_hash,
     serial_dma_cycles,
     vectorize,
 )
@@ -102,47 +101,32 @@ def test_save_load_round_trip(tmp_path: Path, small_dataset, model) -> None:
     assert loaded.meta["algorithm"] == "gbt" and loaded.meta["samples"] == len(small_dataset)
 
 
-def _rewrite_header(path: Path, change: dict) -> None:
-    header, payload = read_header(path)
-    raw = json.dumps({**header, **change}).encode()
-    path.write_bytes(MAGIC + struct.pack("<Q", len(raw)) + raw + payload)
-
-
-def test_schema_mismatch_is_a_clear_error(tmp_path: Path, model) -> None:
-    path = save_model(model, tmp_path / "m.hpm")
-    names = [*FEATURE_NAMES[:-1], "feature_from_the_future"]
-    _rewrite_header(path, {"feature_names": names, "schema_hash": schema_hash(names)})
-    with pytest.raises(SchemaMismatchError, match="feature_from_the_future") as err:
-        load_model(path)
-    assert "retrain" in str(err.value)
-
-
-def test_corruption_and_foreign_files_are_refused(tmp_path: Path, model) -> None:
-    path = save_model(model, tmp_path / "m.hpm")
-    data = bytearray(path.read_bytes())
-    data[-10] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.raises(ModelFileError, match="checksum"):
-        load_model(path)
-    (tmp_path / "x.hpm").write_bytes(b"not a model")
-    with pytest.raises(ModelFileError, match="magic"):
-        load_model(tmp_path / "x.hpm")
-
-
-def test_fast_paths_equal_sklearn(small_dataset) -> None:
-    """Few-row predictions straight from the trees equal each estimator's own `predict`: the forest's, and the
-    flattened boosted trees' (cycles, energy and the pairwise estimator, on real and on far-off rows, with a
-    missing value)."""
+@pytest.mark.parametrize("algo", ["gbt", "forest", "mlp"])
+def test_numpy_predictors_equal_sklearn(small_dataset, algo: str) -> None:
+    """The array form of every estimator the model fits predicts what scikit-learn's own `predict` does: on real
+    rows, on one row, on rows far outside the training data, and (trees) with a missing value."""
     ds = small_dataset
-    for algo in ("forest", "gbt"):
-        fitted = train_on(ds, algo, seed=0)
-        assert PAIRS in fitted.estimators
-        x = matrix_of(ds.features()[:DIRECT_ROWS], ds.configs()[:DIRECT_ROWS])
-        far = x[:3] * np.array([[10.0], [-3.0], [0.5]])
-        for est in fitted.estimators.values():
-            for rows in (x, x[:1], far):
-                rows = np.hstack([rows, rows]) if est is fitted.estimators[PAIRS] else rows
-                np.testing.assert_allclose(predict(est, rows), est.predict(rows), rtol=1e-9, atol=1e-12)
-        pairs = np.hstack([x[:4], x[:4]])
-        pairs[1, 7] = np.nan
-        np.testing.assert_allclose(predict(fitted.estimators[PAIRS], pairs), fitted.estimators[PAIRS].predict(pairs))
+    x = matrix_of(ds.features(), ds.configs())
+    y = np.log(ds.measured("cycle") / baselines(ds.features(), ds.configs())[0])
+    fitted = make_estimator(algo, 0).fit(x, y)
+    far = x[:3] * np.array([[10.0], [-3.0], [0.5]])
+    for rows in (x, x[:1], far):
+        np.testing.assert_allclose(from_sklearn(fitted).predict(rows), fitted.predict(rows), rtol=1e-9, atol=1e-9)
+    first, second = group_pairs(list(ds.columns["group"]))
+    pairs = pair_matrix(x, first, second)
+    pair_est = make_pair_estimator(0).set_params(max_iter=50).fit(pairs, y[first] - y[second])
+    pairs[1, 7] = np.nan
+    np.testing.assert_allclose(from_sklearn(pair_est).predict(pairs), pair_est.predict(pairs), rtol=1e-9, atol=1e-12)
+
+
+def test_targets_must_be_positive_numbers(small_dataset) -> None:
+    """A model is never trained to predict 0 (or from NaN): all-zero, some-zero and NaN cycles are refused."""
+    ds = small_dataset
+    energy = ds.measured("energy_total_pj")
+    for bad in (np.zeros(len(ds)), np.where(np.arange(len(ds)) == 3, 0.0, ds.measured("cycle"))):
+        with pytest.raises(HpmError, match="not a positive number"):
+            train(ds.features(), ds.configs(), {"cycle": bad, "energy_total_pj": energy})
+    nan = ds.measured("cycle").copy()
+    nan[0] = np.nan
+    with pytest.raises(HpmError, match="cycle is not a positive number in 1 of"):
+        train(ds.features(), ds.configs(), {"cycle": nan, "energy_total_pj": energy})

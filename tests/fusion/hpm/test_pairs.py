@@ -51,8 +51,8 @@ def test_pairwise_estimator_ranks_the_training_groups(small_dataset) -> None:
     ds = small_dataset
     grouped_model = train_on(ds, "forest", seed=0)
     pointwise_model = train(ds.features(), ds.configs(), {t: ds.measured(t) for t in TARGETS}, "forest", seed=0)
-    assert PAIRS in grouped_model.estimators and grouped_model.meta["pairs"] > 0
-    assert PAIRS not in pointwise_model.estimators
+    assert PAIRS in grouped_model.predictors and grouped_model.meta["pairs"] > 0
+    assert PAIRS not in pointwise_model.predictors
     groups = list(ds.columns["group"])
     measured = ds.measured("cycle")
     alone, _ = grouped_model.predict_many(ds.features(), ds.configs())
