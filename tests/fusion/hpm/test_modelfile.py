@@ -198,3 +198,14 @@ def test_save_refuses_a_directory_and_leaves_no_temporary_file(
     save_model(model, tmp_path / "m.npz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]
     assert load_model(tmp_path / "m.npz").generators == generator_hash()
+
+
+def test_the_shipped_model_was_calibrated_on_these_kernel_generators() -> None:
+    """A change to the kernel generators, features or timing rules makes the shipped model stale (it would load
+    with a warning and plan analytically): this fails until `make hpm` recalibrates and retrains it."""
+    from fusion.hpm.cost_model import SHIPPED_MODEL
+    from fusion.hpm.stamp import generator_hash
+
+    header, _ = read_model_file(SHIPPED_MODEL)
+    assert header["generators"] == generator_hash(), "the shipped HPM is stale: run `make hpm` and commit it"
+    load_model(SHIPPED_MODEL)  # and it loads as a current model
