@@ -117,7 +117,7 @@ def test_processes_sharing_one_disk_cache(tmp_path: Path) -> None:
         for _ in range(4)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     stats = [tuple(int(v) for v in out.split()) for out, _ in outs]
     assert all(rejected == 0 for _, _, rejected in stats)  # no process read another's half-written entry
