@@ -28,6 +28,11 @@ from simulator.errors import ConfigError
 KIB = 1024
 MIB = 1024 * KIB
 MAX_ARRAY_SIZE = 256  # int8 products summed over K <= 256 stay exact in float32 (the fast matmul path)
+# A host-dispatched kernel launch: 5 us, the CUDA kernel launch overhead Volkov and Demmel measured ("Benchmarking
+# GPUs to Tune Dense Linear Algebra", SC 2008: 3-7 us per launch; ~4-5 us as quoted on
+# https://forums.developer.nvidia.com/t/cost-of-launching-a-kernel-function/18347). In cycles at the clock:
+LAUNCH_US = 5.0
+DEFAULT_LAUNCH_CYCLES = 5000  # LAUNCH_US at 1 GHz (`base`, `large`; `tiny` at 200 MHz: 1000)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class MachineConfig:
     clock_mhz: float
     max_cycles: int  # watchdog
     energy: EnergyTable = field(default_factory=EnergyTable)
+    # cycles the host pays to launch one kernel in host-dispatched execution (driver call, command queue, the
+    # device fetching it); a whole-model program launched once pays it once (`fusion.engine.program`)
+    launch_cycles: int = DEFAULT_LAUNCH_CYCLES
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -75,6 +83,7 @@ class MachineConfig:
             _check_int(name, getattr(self, name), 1)
         _check_int("dram_latency", self.dram_latency, 0)
         _check_int("branch_penalty", self.branch_penalty, 0)
+        _check_int("launch_cycles", self.launch_cycles, 0)
         clock = self.clock_mhz
         if isinstance(clock, bool) or not isinstance(clock, int | float) or not 0 < clock < math.inf:
             raise ConfigError(f"clock_mhz must be a finite positive number, got {clock!r}")
@@ -147,6 +156,7 @@ PRESETS: dict[str, MachineConfig] = {
         branch_penalty=2,
         clock_mhz=200.0,
         max_cycles=10_000_000,
+        launch_cycles=round(LAUNCH_US * 200.0),
     ),
     "base": MachineConfig(
         name="base",
@@ -166,6 +176,7 @@ PRESETS: dict[str, MachineConfig] = {
         branch_penalty=2,
         clock_mhz=1000.0,
         max_cycles=1_000_000_000,
+        launch_cycles=round(LAUNCH_US * 1000.0),
     ),
     "large": MachineConfig(
         name="large",
@@ -185,6 +196,7 @@ PRESETS: dict[str, MachineConfig] = {
         branch_penalty=2,
         clock_mhz=1000.0,
         max_cycles=1_000_000_000,
+        launch_cycles=round(LAUNCH_US * 1000.0),
     ),
 }
 
@@ -226,7 +238,7 @@ def config_from_dict(data: dict[str, Any], default_name: str = "custom") -> Mach
         if key not in _ENERGY_NAMES:
             raise ConfigError(f"unknown energy field {key!r}")
     if preset is None:
-        missing = sorted(_FIELD_NAMES - set(data) - {"name", "energy"})
+        missing = sorted(_FIELD_NAMES - set(data) - {"name", "energy", "launch_cycles"})
         if missing:
             raise ConfigError(f"missing config fields (or give preset = ...): {', '.join(missing)}")
         return MachineConfig(**{"name": default_name, **data}, energy=EnergyTable(**energy))
