@@ -1,0 +1,430 @@
+"""Attention as one kernel: scores, scale, position mask, softmax and the product with V; scores never leave
+local memory.
+
+The group is an `attention_match.AttentionMatch`. Per (leading index, block of query rows) one pipeline step:
+
+- loads: the block's Q (one DMA per head-dim chunk of at most N columns), each key tile's K^T (one transposing
+  `dma.ldt` of the tile's keys: keys are rows of K in DRAM), each (key tile, value chunk) tile of V, all read
+  straight from the tensors the layout nodes index (`attention_match.index_map`): the head split, K's transpose
+  and the grouped-query repeat of KV heads cost no copy, a shared KV head is read by each of its query heads;
+- matrix: per key tile, Q chunks x K^T chunks accumulated (`mx.mm` / `mx.mma`) and drained (int8: requantized
+  as the unfused MatMul does) as an m x (tile) block of scores;
+- vector: the blocks assembled into whole rows (`v.copy`), one chain in registers: dequantize, the scale node's
+  recipe, the mask regenerated from positions (see below), the Softmax recipe (the unfused kernels' recipes, so
+  the arithmetic is the reference's, operation for operation), int8: quantized as the second MatMul quantizes
+  its float operand; split back into key tiles;
+- matrix: P tiles x V tiles accumulated per value chunk of at most N columns, drained (requantized) and stored
+  at the output's place (the head merge is the store's view).
+
+Masks: the mask Add's constant is never loaded. Its rule (`PositionMask`) is rebuilt in registers from key and
+query positions: a vector of positions 0..P-1 (P = max(Sq, Sk); the kernel's only extra data, in place of an
+Sq x Sk mask: the ISA has no instruction producing a position), t = clip(j - i - offset, 0, 1) (causal) and/or
+clip(j - (len - 1), 0, 1) (padding), the score plus t * value: exactly the reference's score + mask.
+
+Tiling: the head dim and value dim in chunks of N, the keys in tiles of N, query rows in blocks of as many rows
+as fit a buffer slot (K and V of one head included) and a vector register (m x Sk). Limits (CodegenError): a
+row of scores longer than a vector register (the online softmax over key blocks is not implemented), one head's
+K and V beyond a buffer slot (not streamed over steps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.engine.attention_match import (
+    AttentionMatch,
+    HeadMaps,
+    PositionMask,
+    affine_heads,
+    index_map,
+    mask_of,
+    match_attention,
+    output_map,
+)
+from fusion.engine.codegen.chain import Registers, _emit_node, operands
+from fusion.engine.codegen.gemm import _load_operand, _quantizer
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import LowerContext, const_key
+from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.gemm import Operand
+from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.views import View, dense
+from isa.enums import Activation, DType, Unit
+
+POSITIONS = "positions"  # constant form: float32 0..P-1, the positions a generated mask is computed from
+
+
+def group_match(graph: Graph, nodes: Sequence[Node]) -> AttentionMatch:
+    """The attention the group's nodes are, exactly; CodegenError otherwise."""
+    softmax = [n for n in nodes if n.op == OpType.Softmax]
+    match = match_attention(graph, softmax[0]) if len(softmax) == 1 else None
+    if match is None or set(match.names()) != {n.name for n in nodes}:
+        raise CodegenError("the group is not one attention (MatMul, scale, mask, Softmax, MatMul and their layout)")
+    return match
+
+
+def positions_key(match: AttentionMatch) -> str:
+    return const_key(match.softmax, POSITIONS)
+
+
+def attention_forms(graph: Graph) -> dict[str, np.ndarray]:
+    """The constants an attention group's kernel reads beyond the graph's: the positions of a generated mask."""
+    match = group_match(graph, graph.nodes)
+    if match.mask is None:
+        return {}
+    *_, sq, sk = graph.types[graph.node(match.scores).outputs[0]].shape
+    return {positions_key(match): np.arange(max(sq, sk), dtype=np.float32)}
+
+
+@dataclass(frozen=True)
+class HeadOperand:
+    """One 2-D operand per leading index, read from `source` through the layout's index map."""
+
+    maps: HeadMaps
+    shape: tuple[int, int]
+    address: int
+    dtype: DType
+    quantize: float | None  # int8 path: a float32 source quantized at this scale on the way in
+
+    def view(self, head: int) -> View:
+        es = self.dtype.size
+        base = self.address + int(self.maps.bases[head]) * es
+        return View(base, self.shape, (self.maps.row_stride * es, self.maps.col_stride * es), self.dtype)
+
+
+def _operand(cx: LowerContext, value: str, layout: Sequence[str], lead: tuple[int, ...], scale: float | None):
+    nodes = [cx.graph.node(n) for n in layout]
+    if nodes:
+        source, idx = nodes[0].inputs[0], index_map(cx.graph, nodes)
+    else:
+        source = value
+        shape = cx.graph.types[value].shape
+        idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    if idx is None:
+        raise CodegenError(f"value {value!r}: its layout is not one strided view per head")
+    full = np.broadcast_to(idx, (*lead, *idx.shape[-2:]))
+    maps = affine_heads(full)
+    if maps is None:
+        raise CodegenError(f"value {value!r}: its layout is not one strided view per head")
+    view = cx.view(source)
+    if view.strides != dense(view.address, view.shape, view.dtype).strides:
+        raise CodegenError(f"value {source!r} is not a dense tensor")
+    quantize = scale if cx.int8 and cx.scale(source) is None else None
+    return HeadOperand(maps, idx.shape[-2:], view.address, view.dtype, quantize)
+
+
+def _output(cx: LowerContext, match: AttentionMatch, lead: tuple[int, ...]) -> HeadOperand:
+    context = cx.graph.node(match.context)
+    shape = cx.graph.types[context.outputs[0]].shape
+    layout = [cx.graph.node(n) for n in match.out_layout]
+    final = layout[-1].outputs[0] if layout else context.outputs[0]
+    if layout:
+        where = output_map(cx.graph, layout, shape)
+    else:
+        where = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    maps = affine_heads(np.broadcast_to(where, (*lead, *shape[-2:]))) if where is not None else None
+    if maps is None:
+        raise CodegenError(f"node {context.name!r}: the output's layout is not one strided view per head")
+    view = cx.view(final)
+    if cx.dtype(final) is not cx.dtype(context.outputs[0]):
+        raise CodegenError(f"value {final!r}: the head merge changes the storage dtype")
+    return HeadOperand(maps, shape[-2:], view.address, view.dtype, None)
+
+
+def chunks(total: int, size: int) -> list[tuple[int, int]]:
+    return [(s, min(size, total - s)) for s in range(0, total, size)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a step needs that does not depend on the head or the row block."""
+
+    q: HeadOperand
+    k: HeadOperand  # K^T: (d, Sk) per head
+    v: HeadOperand
+    out: HeadOperand
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    score_dt: DType  # the drained scores (i8 on the int8 path)
+    prob_dt: DType  # P as the second MatMul reads it
+    out_dt: DType
+    requant: tuple[tuple[int, int], tuple[int, int]] | None  # (mult, shift) of both MatMuls, int8
+    score_scale: float | None  # dequantization of the scores, int8
+    prob_scale: float | None  # quantization of P, int8
+    mask: PositionMask | None
+    positions: View | None
+
+
+def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
+    g = cx.graph
+    scores, context = g.node(match.scores), g.node(match.context)
+    *lead, sq, sk = g.types[scores.outputs[0]].shape
+    lead = tuple(lead)
+    q1 = cx.matrix(scores) if cx.int8 else None
+    q2 = cx.matrix(context) if cx.int8 else None
+    q = _operand(cx, scores.inputs[0], match.q_layout, lead, q1.input_scale if q1 else None)
+    k = _operand(cx, scores.inputs[1], match.k_layout, lead, q1.weight_scale if q1 else None)
+    v = _operand(cx, context.inputs[1], match.v_layout, lead, q2.weight_scale if q2 else None)
+    out = _output(cx, match, lead)
+    for name in (match.scale, match.mask, match.softmax):
+        if name is not None and cx.dtype(g.node(name).outputs[0]) is not DType.f32:
+            raise CodegenError(f"node {name!r}: an int8 value inside the attention's float chain")
+    mask = mask_of(g, g.node(match.mask)) if match.mask is not None else None
+    positions = None
+    if mask is not None:
+        key = positions_key(match)
+        if key not in cx.addresses:
+            raise CodegenError(f"node {match.mask!r}: the kernel's DRAM image has no positions for the mask")
+        positions = dense(cx.addresses[key], (max(sq, sk),), DType.f32)
+    i8 = cx.int8
+    return Plan(
+        q,
+        k,
+        v,
+        out,
+        sq,
+        sk,
+        q.shape[1],
+        v.shape[1],
+        DType.i8 if i8 else DType.f32,
+        DType.i8 if i8 else DType.f32,
+        out.dtype,
+        ((q1.mult, q1.shift), (q2.mult, q2.shift)) if q1 and q2 else None,
+        cx.scale(scores.outputs[0]),
+        q2.input_scale if q2 else None,
+        mask,
+        positions,
+    )
+
+
+def _op_dt(op: HeadOperand) -> DType:
+    return DType.i8 if op.quantize is not None else op.dtype
+
+
+def _tile_bytes(p: Plan, n: int, m: int) -> tuple[list[int], list[int]]:
+    """Scratchpad and accumulator tiles of a step of m query rows (as `_step` allocates them)."""
+    spad: list[int] = []
+
+    def operand(op: HeadOperand, elems: int) -> None:
+        spad.append(elems * op.dtype.size)
+        if op.quantize is not None:
+            spad.append(elems)
+
+    for _, kc in chunks(p.d, n):
+        operand(p.q, m * kc)
+    ktiles = chunks(p.sk, n)
+    for _, bk in ktiles:
+        operand(p.k, p.d * bk)
+        for _, ec in chunks(p.dv, n):
+            operand(p.v, bk * ec)
+    if p.positions is not None:
+        spad.append(p.positions.size * 4)
+    split = len(ktiles) > 1
+    spad += [m * p.sk * p.score_dt.size] * (2 if split else 1) + [m * p.sk * 4] * (2 if split else 1)
+    spad += [m * ec * p.out_dt.size for _, ec in chunks(p.dv, n)]
+    return spad, [m * n * len(chunks(p.dv, n)) * 4]
+
+
+def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
+    match = group_match(cx.graph, nodes)
+    p = _plan(cx, match)
+    n = cx.config.array_size
+    rows = min(p.sq, cx.config.vreg_elems // p.sk, 4095)
+    if rows == 0:
+        raise CodegenError(
+            f"node {match.softmax!r}: a row of {p.sk} scores does not fit a vector register "
+            "(the online softmax over key blocks is not implemented)"
+        )
+    probe = TileArena(cx.config, 0)
+    m = largest_fitting(rows, lambda r: probe.fits(*_tile_bytes(p, n, r)))
+    if m == 0:
+        raise CodegenError(f"node {match.softmax!r}: one head's K and V do not fit a buffer slot (not streamed)")
+    blocks = -(-p.sq // m)
+    m = -(-p.sq // blocks)  # even blocks
+    heads = len(p.q.maps.bases)
+    steps = []
+    for h in range(heads):
+        for i0, rows_i in chunks(p.sq, m):
+            steps.append(_step(cx, match, p, TileArena(cx.config, len(steps)), h, i0, rows_i))
+    return steps
+
+
+def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, h: int, i0: int, m: int) -> Step:
+    n = cx.config.array_size
+    g = cx.graph
+    loads: list[Callable[[Emitter], None]] = []
+    quants: list = []
+
+    def plain(op: HeadOperand, part: View) -> int:
+        views: list = []
+        addr, _ = _load_operand(arena, Operand(part, op.quantize), part, views, quants)
+        loads.extend(lambda em, v=v, a=a: em.dma_load(v, a) for v, a in views)
+        return addr
+
+    q_tiles = [(kc, plain(p.q, p.q.view(h).slice(0, i0, m).slice(1, c0, kc))) for c0, kc in chunks(p.d, n)]
+    ktiles = chunks(p.sk, n)
+    k_tiles = [_load_kt(arena, p.k, p.k.view(h).slice(1, j0, bk), loads, quants) for j0, bk in ktiles]
+    echunks = chunks(p.dv, n)
+    v_tiles = [[plain(p.v, p.v.view(h).slice(0, j0, bk).slice(1, e0, ec)) for e0, ec in echunks] for j0, bk in ktiles]
+    pos = 0
+    if p.positions is not None:
+        pos = arena.tile(p.positions.size * 4)
+        loads.append(lambda em: em.dma_load(p.positions, pos))
+    split = len(ktiles) > 1
+    ses = p.score_dt.size
+    s_tiles = [arena.tile(m * bk * ses) for _, bk in ktiles] if split else []
+    s_rows = arena.tile(m * p.sk * ses)
+    p_rows = arena.tile(m * p.sk * 4)
+    p_tiles = [arena.tile(m * bk * 4) for _, bk in ktiles] if split else [p_rows]
+    s_tiles = s_tiles or [s_rows]
+    acc = arena.acc_tile(m * n * len(echunks) * 4)  # scores (one key tile at a time), then one region per chunk
+    o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
+    (mult1, shift1), (mult2, shift2) = p.requant or ((f32_bits(1.0), 0), (f32_bits(1.0), 0))
+    kdt, vdt = _op_dt(p.k), _op_dt(p.v)
+
+    def load(em: Emitter) -> None:
+        for fn in loads:
+            fn(em)
+
+    def scores(em: Emitter) -> None:
+        for (_, bk), k_addr, s_addr in zip(ktiles, k_tiles, s_tiles, strict=True):
+            for ci, ((c0, kc), (_, q_addr)) in enumerate(zip(chunks(p.d, n), q_tiles, strict=True)):
+                em.b.mx_preload(em.reg(k_addr + c0 * bk * kdt.size), kc, bk, kdt.name)
+                (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
+            em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
+            em.b.mx_drain(*em.regs(s_addr, acc), m, bk)
+
+    def softmax(em: Emitter) -> None:
+        if split:
+            _gather_rows(em, s_tiles, s_rows, ktiles, m, p.sk, p.score_dt)
+        regs = Registers()
+        scores_out = g.node(match.scores).outputs[0]
+        r = regs.new(scores_out)
+        em.b.vc_ld(r, em.reg(s_rows), m * p.sk, p.score_dt.name)
+        if p.score_scale is not None:
+            em.b.vc_cvt(r, r, "f32")
+            em.b.vc_mul_vs(r, r, em.reg(f32_bits(p.score_scale)))
+        for name in (match.scale, match.mask, match.softmax):
+            if name is None:
+                continue
+            node = g.node(name)
+            if name == match.mask:
+                out = _emit_mask(em, regs, regs.of[_chain_input(g, node, regs)], p, i0, m, pos)
+            else:
+                out = _emit_recipe(cx, em, regs, node, p.sk)
+            regs.of[node.outputs[0]] = out
+        out = regs.of[g.node(match.softmax).outputs[0]]
+        if p.prob_scale is not None:
+            em.b.vc_qnt(out, out, em.reg(f32_bits(1.0 / p.prob_scale)))
+        em.b.vc_st(em.reg(p_rows), out)
+        if split:
+            _scatter_rows(em, p_rows, p_tiles, ktiles, m, p.sk, p.prob_dt)
+
+    def context(em: Emitter) -> None:
+        for e, (_, ec) in enumerate(echunks):
+            for j, (_, bk) in enumerate(ktiles):
+                em.b.mx_preload(em.reg(v_tiles[j][e]), bk, ec, vdt.name)
+                (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[j]), m)
+        em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
+        for e, (_, ec) in enumerate(echunks):
+            em.b.mx_drain(*em.regs(o_tiles[e], acc + e * m * n * 4), m, ec)
+
+    compute: list = [(Unit.load, load)]
+    if quants:
+        compute.append((Unit.vector, _quantizer(quants)))
+    compute += [(Unit.matrix, scores), (Unit.vector, softmax), (Unit.matrix, context)]
+    stores = [(o, p.out.view(h).slice(0, i0, m).slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)]
+    return Step([], compute, stores)
+
+
+def _load_kt(arena: TileArena, k: HeadOperand, part: View, loads: list, quants: list) -> int:
+    """K^T's (d, bk) tile, dense: one transposing load of the tile's keys when they are rows of K in DRAM (the
+    head dim contiguous), one plain load when K^T itself has contiguous rows, else the view's transfers."""
+    d, bk = part.shape
+    es = part.dtype.size
+    raw = arena.tile(d * bk * es)
+    if part.strides[0] == es and bk > 1:
+        loads.append(lambda em: em.b.dma_ldt(*em.regs(raw, part.address, part.strides[1]), bk, d, part.dtype.name))
+    else:
+        loads.append(lambda em: em.dma_load(part, raw))
+    if k.quantize is None:
+        return raw
+    q = arena.tile(d * bk)
+    quants.append((q, raw, d * bk, 1.0 / k.quantize))
+    return q
+
+
+def _gather_rows(em: Emitter, tiles: list[int], rows: int, ktiles: list, m: int, sk: int, dt: DType) -> None:
+    """Key tiles (m x bk each, dense) -> whole rows (m x sk)."""
+    for (j0, bk), tile in zip(ktiles, tiles, strict=True):
+        for r in range(m):
+            em.b.v_copy(*em.regs(rows + (r * sk + j0) * dt.size, tile + r * bk * dt.size), bk, dt.name)
+
+
+def _scatter_rows(em: Emitter, rows: int, tiles: list[int], ktiles: list, m: int, sk: int, dt: DType) -> None:
+    for (j0, bk), tile in zip(ktiles, tiles, strict=True):
+        for r in range(m):
+            em.b.v_copy(*em.regs(tile + r * bk * dt.size, rows + (r * sk + j0) * dt.size), bk, dt.name)
+
+
+def _chain_input(graph: Graph, node: Node, regs: Registers) -> str:
+    return next(v for v in node.inputs if v in regs.of)
+
+
+def _emit_recipe(cx: LowerContext, em: Emitter, regs: Registers, node: Node, period: int) -> int:
+    """The node's own recipe in registers (scale: Mul/Div by a scalar; Softmax over the row)."""
+    src = _chain_input(cx.graph, node, regs)
+    table = operands(cx, [node], frozenset({src}))
+    ins = [o for (name, _), o in table.items() if name == node.name]
+    if any(o.kind not in ("chain", "scalar") for o in ins):
+        raise CodegenError(f"node {node.name!r}: only a scalar constant scales the scores")
+    out = _emit_node(em, node, ins, regs, period)
+    regs.release(regs.of[src])
+    return out
+
+
+def _emit_mask(em: Emitter, regs: Registers, s: int, p: Plan, i0: int, m: int, pos: int) -> int:
+    """score + mask, the mask rebuilt from positions: t in {0, 1} (1 = masked), score + t * value."""
+    mask = p.mask
+    assert mask is not None
+    one, zero = em.reg(f32_bits(1.0)), 0
+    t = regs.temp()
+    em.b.vc_mul_vs(t, s, zero)
+    col = regs.temp()
+    em.b.vc_ld(col, em.reg(pos), p.sk, "f32")
+    em.b.vc_add_vr(t, t, col)  # t = key position j
+    regs.release(col)
+    hit = None
+    if mask.causal_offset is not None:
+        row = regs.temp()
+        em.b.vc_ld(row, em.reg(pos + i0 * 4), m, "f32")
+        hit = regs.temp()
+        em.b.vc_sub_vc(hit, t, row)  # j - i
+        regs.release(row)
+        em.b.vc_sub_vs(hit, hit, em.reg(f32_bits(mask.causal_offset)))
+        em.b.vc_clip(hit, hit, zero, one)
+    if mask.key_len < p.sk:
+        em.b.vc_sub_vs(t, t, em.reg(f32_bits(mask.key_len - 1)))
+        em.b.vc_clip(t, t, zero, one)
+        if hit is None:
+            hit, t = t, -1
+        else:
+            em.b.vc_max(hit, hit, t)
+    if t >= 0:
+        regs.release(t)
+    if hit is None:
+        return s
+    em.b.vc_mul_vs(hit, hit, em.reg(f32_bits(mask.value)))
+    out = regs.temp()
+    em.b.vc_add(out, s, hit)
+    regs.release(hit)
+    regs.release(s)
+    return out
