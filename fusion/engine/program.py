@@ -1,0 +1,400 @@
+"""A whole plan as ONE accelerator program: a scalar-core driver runs every kernel in plan order.
+
+Host-dispatched execution (`execute.run_kernel` per group) launches each kernel on its own and pays
+`MachineConfig.launch_cycles` per launch; every kernel also ends in a fence, so the next kernel's first loads
+start only when it has finished. Here the plan is linked into one binary:
+
+- one DRAM image for the whole graph (`plan_dram`, whole program: every value at its own address, so a kernel's
+  stores never overwrite bytes a kernel still in flight reads), with the constants every kernel variant reads;
+- the scalar core drives the kernels in plan order: the blocks are laid out in that order, so a call is a
+  fall-through (no jump: every register is the generators' scratch, none could hold a return address); only an
+  on-chip dispatch jumps (through its table to the zero-skip variant, or past it after the dense one);
+- per-kernel counters as in any program: each kernel is its own `.kernel` block (`RunResult.kernel_counters`),
+  plus a `program_io` block declaring the graph's inputs and outputs;
+- kernel boundaries ordered by tokens, not by a fence (`pipelined.join_phases`: `st -> ld` tokens after the
+  previous kernel's last stores; the next kernel's loads that read no byte written since the last fence, into
+  local slots the previous kernel's last steps do not use, are issued while it still computes). The previous
+  kernel's last phase and the next one's first are rewritten; a boundary the join refuses, one next to a
+  zero-tile test (`bz.tile` reads local memory at issue) or after a kernel that was itself joined at its start
+  within a single phase keeps the fence. Every joined boundary's tokens are all popped by the next kernel's
+  first steps, so the load queue (in order) holds any later load behind every earlier kernel's stores;
+- on-chip dispatch (`dispatcher`): for a group with dense and zero-skip variants the program measures the live
+  operand on chip (one DMA into the scratchpad, then `bnz.tile` over each N x N tile's rows, counting all-zero
+  tiles exactly as `profile.zero_tile_fraction` does) and jumps through a `dispatch` table to the variant: the
+  zero-skip one from `threshold` zero tiles up (the cost model's break-even at the live fraction), else the
+  dense one. The choice is made per call by the accelerator, without the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from assembler.builder import ProgramBuilder
+from assembler.objfile import ObjectFile
+from fusion.cost.interface import CostModel
+from fusion.engine.context import ModelContext
+from fusion.engine.errors import CodegenError
+from fusion.engine.features import kernel_features
+from fusion.engine.kernel import Kernel, build_kernel, dram_forms, group_phases, identifier
+from fusion.engine.pipelined import NOT_PIPELINED, join_phases
+from fusion.engine.plan import Group, GroupChoice
+from fusion.engine.profile import SPARSE_TILE_FRACTION
+from fusion.engine.views import is_view, slice_index
+from fusion.lower import declare, plan_dram, symbol_names
+from fusion.lower.context import LowerContext
+from fusion.lower.emitter import Emitter, Step, run_pipeline
+from fusion.lower.local_alloc import DEPTH, slot_rotation
+from fusion.lower.views import View
+from isa.enums import Unit
+from simulator.run import simulate
+
+MAX_TILE_TESTS = 1 << 16  # unrolled `bnz.tile` tests of one dispatcher (bounds the program's size)
+TABLE = "dispatch_table"  # data-section key prefix of a dispatch table (two words: zero-skip, dense)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A group dispatched on chip: which operand is measured and where the zero-skip variant starts to pay."""
+
+    index: int  # the choice's position in the plan
+    operand: str  # the GEMM's left operand (graph value)
+    tiles: int  # N x N tiles of its matrix view
+    threshold: int  # all-zero tiles from which the zero-skip variant runs
+    kernel: str  # the measuring code's `.kernel` name
+    dense: str  # the variants' `.kernel` names
+    zero_skip: str
+    dense_group: Group
+    zero_skip_group: Group
+
+
+@dataclass(frozen=True)
+class ProgramKernel:
+    name: str  # `.kernel` block name
+    index: int  # the choice's position in the plan
+    group: Group
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Between the kernel of plan position `before` and the next kernel in the program."""
+
+    before: int
+    after: int
+    joined: bool  # token-ordered (True) or a fence
+    reason: str  # why a fence ("" when joined)
+
+
+@dataclass(frozen=True)
+class LinkedProgram:
+    program: ObjectFile
+    symbols: dict[str, str]  # graph value -> tensor name in the program
+    kernels: tuple[ProgramKernel, ...]
+    dispatches: tuple[Dispatch, ...]
+    boundaries: tuple[Boundary, ...]
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    outputs: dict[str, np.ndarray]  # every value a kernel writes, and the graph outputs (storage dtype)
+    cycles: int
+    kernel_cycles: dict[str, int]  # `.kernel` name -> its share of the timeline
+    decisions: tuple[tuple[int, str], ...]  # (plan position, "zero_skip" / "dense") per on-chip dispatch
+    dispatch_cycles: int  # cycles of the measuring code (the on-chip dispatch overhead)
+    dram_bytes: int
+    energy_pj: float
+    counters: object
+
+
+Prefer = Callable[[GroupChoice, float], bool]  # (choice, zero-tile fraction) -> the zero-skip variant pays
+
+
+def variants(choice: GroupChoice) -> tuple[Group, Group] | None:
+    """(dense, zero-skip) of a choice with a dispatch table, else None."""
+    if choice.zero_skip is None:
+        return None
+    dense = choice.dense or choice.group
+    return None if dense == choice.zero_skip else (dense, choice.zero_skip)
+
+
+def threshold(choice: GroupChoice, tiles: int, prefer: Prefer) -> int | None:
+    """The fewest all-zero tiles from which the zero-skip variant pays at every higher count (the host's dispatch
+    table: the sparse class, then the cost model), or None when it never does."""
+    first = math.ceil(SPARSE_TILE_FRACTION * tiles - 1e-9)
+    found = None
+    for count in range(tiles, max(first, 0) - 1, -1):
+        if not prefer(choice, count / tiles):
+            break
+        found = count
+    return found
+
+
+def link_plan(
+    mc: ModelContext,
+    choices: Sequence[GroupChoice],
+    prefer: Prefer | None = None,
+    join: bool = True,
+    fenced: frozenset[int] = frozenset(),
+) -> LinkedProgram:
+    """The plan's kernels linked into one program (module docstring). `prefer`: the zero-skip break-even for
+    on-chip dispatch (None: every group runs its planned variant); `join=False` or plan positions in `fenced`
+    keep a fence after those kernels (the overlap's measurement)."""
+    cfg, graph = mc.config, mc.graph
+    entries: list[tuple[int, Group | Dispatch]] = []
+    for i, choice in enumerate(choices):
+        if choice.group.strategy != "alias":
+            table = _table(mc, i, choice, prefer) if prefer is not None else None
+            entries.append((i, table if table is not None else choice.group))
+    blocks_groups = [
+        (i, g) for i, e in entries for g in ((e.dense_group, e.zero_skip_group) if isinstance(e, Dispatch) else (e,))
+    ]
+    forms: dict[str, np.ndarray] = {}
+    scratch: dict[str, int] = {}
+    for _, g in blocks_groups:
+        more, extra = dram_forms(mc, mc.subgraph(g.nodes), g)
+        forms.update(more)
+        scratch.update(extra)
+    tables = {i: e for i, e in entries if isinstance(e, Dispatch)}
+    forms.update({f"{TABLE}{i}": np.zeros(1, np.int32) for i in tables})
+    data, addresses, _ = plan_dram(graph, mc.qplan, cfg, forms, whole_program=True, scratch=scratch)
+    _place_views(mc, addresses)
+    names = symbol_names(_values(mc))
+    gcx = LowerContext(graph, cfg, mc.qplan, mc.params, addresses)
+    kernel_names = symbol_names([_kernel_name(g) for _, g in blocks_groups], reserved=("program_io",))
+
+    # every kernel's phases, consecutive ones joined where the tokens allow
+    blocks: list[tuple[int, Group, list[list[Step]], LowerContext]] = []
+    rotation = 0
+    for i, g in blocks_groups:
+        sub = mc.subgraph(g.nodes)
+        cx = LowerContext(sub, cfg, mc.qplan, mc.params, addresses)
+        with slot_rotation(rotation):
+            phases = [list(p) for p in group_phases(cx, sub.nodes, g, mc.allow_rounding_change)]
+        blocks.append((i, g, phases, cx))
+        rotation = (rotation + len([s for s in phases[-1] if s.segments()])) % DEPTH
+    boundaries: list[Boundary] = []
+    joined_at_start = False
+    written: list[tuple[int, int]] = []
+    for k in range(len(blocks) - 1):
+        i, g, phases, cx = blocks[k]
+        j, nxt, nphases, _ = blocks[k + 1]
+        written += [_extent(cx, v) for v in mc.subgraph(g.nodes).outputs]
+        chained = joined_at_start and len(phases) == 1
+        reason = _fence_reason(i, j, g, nxt, tables, fenced if join else None, chained)
+        if not reason:
+            try:
+                phases[-1], nphases[0] = join_phases(cfg, phases[-1], nphases[0], written)
+            except CodegenError as err:
+                reason = str(err)
+        boundaries.append(Boundary(i, j, not reason, reason))
+        joined_at_start = not reason
+        if reason:
+            written = []
+
+    b = ProgramBuilder(data_base=0)
+    outs = [declare(gcx, names, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
+    with b.kernel("program_io", inputs=[declare(gcx, names, v) for v in graph.inputs], outputs=outs):
+        b.nop()
+    dispatches = [replace(d, dense=kernel_names[d.dense], zero_skip=kernel_names[d.zero_skip]) for d in tables.values()]
+    by_index = {d.index: d for d in dispatches}
+
+    def emit(k: int) -> None:
+        _, g, phases, cx = blocks[k]
+        sub = mc.subgraph(g.nodes)
+        attrs = {"strategy": g.strategy, "schedule": g.schedule, "ops": " ".join(n.op.value for n in sub.nodes)}
+        ins = [declare(cx, names, v) for v in sub.inputs]
+        kouts = [declare(cx, names, v) for v in sub.outputs]
+        name = kernel_names[_kernel_name(g)]
+        with b.kernel(name, inputs=ins, outputs=kouts, attrs=attrs):
+            b.label(f"{name}__entry")
+            em = Emitter(b)
+            for p, steps in enumerate(phases):
+                run_pipeline(em, steps)
+                if p < len(phases) - 1 or k == len(blocks) - 1 or not boundaries[k].joined:
+                    b.fence()
+
+    k = 0
+    for i, _ in entries:
+        if i not in by_index:
+            emit(k)
+            k += 1
+            continue
+        d = by_index[i]
+        _measure(b, mc, gcx.view(d.operand), d)
+        emit(k)  # dense: the fall-through
+        b.jal(0, f".Ljoin{i}")
+        emit(k + 1)  # zero-skip: the table's target
+        b.label(f".Ljoin{i}")
+        k += 2
+    b.halt()
+    _data(b, data, {f"{TABLE}{d.index}": d.zero_skip for d in dispatches}, addresses)
+    kernels = tuple(ProgramKernel(kernel_names[_kernel_name(g)], i, g) for i, g, _, _ in blocks)
+    return LinkedProgram(b.build(), names, kernels, tuple(dispatches), tuple(boundaries))
+
+
+def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer) -> Dispatch | None:
+    """The on-chip dispatch of a choice with dense and zero-skip variants; None when it has none, when the
+    zero-skip variant never pays (the dense one runs) or the operand cannot be measured on chip."""
+    pair = variants(choice)
+    if pair is None:
+        return None
+    dense, zero_skip = pair
+    operand = mc.graph.node(dense.nodes[0]).inputs[0]
+    if mc.graph.is_constant(operand):
+        return None  # a constant operand's class never changes: the planned variant is the right one
+    rows, cols = _matrix(mc.graph.types[operand].shape)
+    n = mc.config.array_size
+    es = 1 if mc.scale(operand) is not None else mc.graph.types[operand].dtype.numpy.itemsize
+    if rows * cols * es > mc.config.spad_bytes or rows * -(-cols // n) > MAX_TILE_TESTS:
+        return None
+    tiles = -(-rows // n) * -(-cols // n)
+    at = threshold(choice, tiles, prefer)
+    if at is None:
+        return None
+    name = identifier(f"dispatch_{dense.nodes[0]}")
+    return Dispatch(index, operand, tiles, at, name, _kernel_name(dense), _kernel_name(zero_skip), dense, zero_skip)
+
+
+def _place_views(mc: ModelContext, addresses: dict[str, int]) -> None:
+    """Every view's output at its input's bytes (the host applies views to arrays; in one program they are pointer
+    offsets): a slab Gather at its slab, a Reshape/Identity at its input, in graph order (chains of views)."""
+    graph = mc.graph
+    probe = LowerContext(graph, mc.config, mc.qplan, mc.params, addresses)
+    for node in graph.nodes:
+        src = node.inputs[0] if node.inputs else ""
+        if not is_view(graph, node) or graph.is_constant(src):
+            continue
+        index = slice_index(graph, node) or 0
+        slab = int(np.prod(graph.types[src].shape[1:], dtype=np.int64)) * probe.dtype(src).size
+        addresses[node.outputs[0]] = addresses[src] + index * slab
+
+
+def _values(mc: ModelContext) -> list[str]:
+    graph = mc.graph
+    found = [*graph.inputs, *(v for n in graph.nodes for v in n.outputs)]
+    return [v for v in dict.fromkeys(found) if not graph.is_constant(v)]
+
+
+def _kernel_name(g: Group) -> str:
+    return identifier(f"{g.strategy}_{g.nodes[0]}")
+
+
+def _extent(cx: LowerContext, value: str) -> tuple[int, int]:
+    """DRAM bytes [lo, hi) of a value in the whole-program image."""
+    view = cx.view(value)
+    return view.address, view.address + int(np.prod(view.shape, dtype=np.int64)) * view.dtype.size
+
+
+def _fence_reason(
+    i: int, j: int, g: Group, nxt: Group, tables: Mapping[int, Dispatch], fenced: frozenset[int] | None, chained: bool
+) -> str:
+    """Why the boundary after plan position `i` keeps a fence ("" when it may be token-ordered). `fenced`: plan
+    positions to fence (None: all)."""
+    if fenced is None or i in fenced:
+        return "fenced on request"
+    if i in tables or j in tables:
+        return "on-chip dispatch (the measurement reads the operand after every store)"
+    if g.strategy in NOT_PIPELINED or nxt.strategy in NOT_PIPELINED:
+        return f"a {g.strategy if g.strategy in NOT_PIPELINED else nxt.strategy} kernel (zero-tile tests at issue)"
+    if chained:
+        return "single-phase kernel already joined at its start"
+    return ""
+
+
+def _matrix(shape: Sequence[int]) -> tuple[int, int]:
+    """The tensor as rows x last dim (`profile.as_matrix`)."""
+    if not shape:
+        return 1, 1
+    return int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
+
+
+def _measure(b: ProgramBuilder, mc: ModelContext, view: View, d: Dispatch) -> None:
+    """Count the operand's all-zero N x N tiles on chip; from `d.threshold` of them jump through the table to the
+    zero-skip variant, else fall through to the dense one."""
+    rows, cols = _matrix(view.shape)
+    n, es = mc.config.array_size, view.dtype.size
+    with b.kernel(d.kernel, attrs={"strategy": "dispatch", "tiles": str(d.tiles), "threshold": str(d.threshold)}):
+        b.fence()  # the operand's producer has stored it, and no kernel uses the scratchpad any more
+        em = Emitter(b)
+        em.dma_load(view, 0)
+        em.push(Unit.load, Unit.scalar)
+        em.pop(Unit.load, Unit.scalar)
+        count, addr = 30, 31  # this block's registers (the variants start with fresh emitters)
+        b.li(count, 0)
+        label = 0
+        for r0 in range(0, rows, n):
+            for c0 in range(0, cols, n):
+                nonzero = f".L{d.kernel}_{label}"
+                label += 1
+                for r in range(r0, min(rows, r0 + n)):
+                    b.li(addr, (r * cols + c0) * es)
+                    b.bnz_tile(addr, min(n, cols - c0), view.dtype.name, nonzero)
+                b.addi(count, count, 1)
+                b.label(nonzero)
+        b.slti(count, count, d.threshold)  # 0: at least `threshold` zero tiles
+        b.dispatch(count, f"{TABLE}{d.index}", 1)  # key 0 -> the zero-skip variant; 1 falls through to dense
+
+
+def _data(b: ProgramBuilder, data: bytes, tables: Mapping[str, str], addresses: Mapping[str, int]) -> None:
+    """The constants at DRAM address 0, each dispatch table's word (the zero-skip variant) at its address."""
+    if not data:
+        return
+    b.data()
+    b.label("constants")
+    at = 0
+    for key, zero_skip in sorted(tables.items(), key=lambda t: addresses[t[0]]):
+        start = addresses[key]
+        if start > at:
+            b.i8(np.frombuffer(data[at:start], dtype=np.uint8))
+        b.label(key)
+        b.word(f"{zero_skip}__entry")
+        at = start + 4
+    if at < len(data):
+        b.i8(np.frombuffer(data[at:], dtype=np.uint8))
+
+
+def run_program(
+    mc: ModelContext, linked: LinkedProgram, inputs: Mapping[str, np.ndarray], checked: bool = False
+) -> ProgramRun:
+    """One simulation of the whole program on the graph inputs: every value's bytes, the model's cycles, each
+    kernel's share, and the variant each on-chip dispatch took (the kernel whose instructions ran)."""
+    names = linked.symbols
+    result = simulate(linked.program, mc.config, {names[v]: inputs[v] for v in mc.graph.inputs}, checked=checked)
+    per = result.kernel_counters
+    outputs = {v: result.outputs[t] for v, t in names.items() if t in result.outputs}
+    decisions = tuple((d.index, "zero_skip" if int(per[d.zero_skip].instret) else "dense") for d in linked.dispatches)
+    c = result.counters
+    return ProgramRun(
+        outputs,
+        int(c.cycle),
+        {k: int(v.cycle) for k, v in per.items()},
+        decisions,
+        sum(int(per[d.kernel].cycle) for d in linked.dispatches),
+        int(c.dram_read_bytes) + int(c.dram_write_bytes),
+        float(c.energy_total_pj),
+        c,
+    )
+
+
+def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
+    """The host dispatch table's rule as a break-even: the zero-skip kernel at the live zero-tile fraction
+    predicted cheaper than the dense kernel (the same predictions `FusionEngine._variant` compares)."""
+    built: dict[Group, Kernel] = {}
+
+    def kernel(g: Group) -> Kernel:
+        if g not in built:
+            built[g] = build_kernel(mc, g, "sparse" if g.strategy == "zero_skip" else "any")
+        return built[g]
+
+    def prefer(choice: GroupChoice, fraction: float) -> bool:
+        pair = variants(choice)
+        if pair is None:
+            return False
+        dense, zero_skip = pair
+        cost = cost_model.predict(kernel_features(mc, kernel(zero_skip), round(fraction, 2)), mc.config).cycles
+        return cost < cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles
+
+    return prefer

@@ -1,0 +1,108 @@
+"""A whole plan linked into one program: outputs bit-exact against the per-kernel path and the int8 reference,
+race-free, never slower than the plan's kernels run one by one; on-chip dispatch switching per call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import linear_relu_graph, model, reference_env, sparse_activations
+
+from fusion.cost.analytic import AnalyticCostModel
+from fusion.engine.engine import FusionEngine
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import build_kernel
+from fusion.engine.plan import Group, GroupChoice
+from fusion.engine.profile import data_class
+from fusion.engine.program import link_plan, model_prefers, run_program, threshold
+from simulator.config import PRESETS, MachineConfig, config_from_dict
+from simulator.errors import ConfigError
+
+
+def _kernels_one_by_one(mc, choices, inputs) -> tuple[dict[str, np.ndarray], int]:
+    """The per-kernel path: every planned group as its own program, values moved on the host."""
+    env, cycles = dict(inputs), 0
+    for choice in choices:
+        run = run_kernel(mc, build_kernel(mc, choice.group), env)
+        env.update(run.outputs)
+        cycles += run.cycles
+    return env, cycles
+
+
+def _check_program(graph, inputs) -> None:
+    engine = FusionEngine(graph, "base", "int8")
+    engine.run(inputs)
+    mc, choices = engine.mc, engine.plan.choices
+    linked = link_plan(mc, choices)
+    run = run_program(mc, linked, inputs, checked=True)  # the race checker traps on any unordered access
+    env, kernels = _kernels_one_by_one(mc, choices, inputs)
+    reference = reference_env(mc, inputs)
+    for value in env:
+        if value in run.outputs and not graph.is_constant(value):
+            np.testing.assert_array_equal(run.outputs[value], env[value], err_msg=value)
+            np.testing.assert_array_equal(run.outputs[value], reference[value], err_msg=value)
+    assert run.cycles <= kernels
+    assert any(b.joined for b in linked.boundaries) == (run.cycles < link_cycles(mc, choices, inputs))
+
+
+def link_cycles(mc, choices, inputs) -> int:
+    """The same program with a fence at every boundary."""
+    return run_program(mc, link_plan(mc, choices, join=False), inputs).cycles
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet_block", "encoder_post_d64", "encoder_pre_d64"])
+def test_bundled_model_as_one_program_is_exact_race_free_and_no_slower(name: str) -> None:
+    _check_program(*model(name))
+
+
+@pytest.mark.parametrize("name", ["whisper_encoder", "bert"])
+def test_zoo_model_as_one_program_is_exact_race_free_and_no_slower(name: str) -> None:
+    from bench.zoo import zoo_model
+    from fusion.lower.compiler import load_graph
+
+    entry = zoo_model(name)
+    graph = load_graph(entry.onnx_path)
+    _check_program(graph, {graph.inputs[0]: entry.input})
+
+
+def _sparse_choice():
+    graph = linear_relu_graph(m=64, k=256, n=64)
+    dense_x = np.abs(np.random.default_rng(1).standard_normal((64, 256))).astype(np.float32) + 0.1
+    engine = FusionEngine(graph, "base", "int8", samples=[{"x": dense_x}])
+    mc = engine.mc
+    dense = Group(("fc", "relu"), "epilogue", tile_m=64)
+    zero_skip = Group(("fc", "relu"), "zero_skip", tile_m=64)
+    choice = GroupChoice(dense, 0.0, 0.0, "test", zero_skip=zero_skip)
+    return graph, mc, choice, dense_x
+
+
+def test_on_chip_dispatch_switches_per_call_without_a_replan() -> None:
+    graph, mc, choice, dense_x = _sparse_choice()
+    prefer = model_prefers(mc, AnalyticCostModel())
+    linked = link_plan(mc, [choice], prefer)  # linked once: every call below runs this same binary
+    (d,) = linked.dispatches
+    assert 0 < d.threshold <= d.tiles
+    sparse_x = sparse_activations((64, 256), mc.config.array_size, 0.75, seed=2)
+    for x, expected in [(dense_x, "dense"), (sparse_x, "zero_skip")] * 2:
+        run = run_program(mc, linked, {"x": x}, checked=True)
+        assert run.decisions == ((0, expected),)
+        host = data_class(x, mc.config.array_size)  # the host's class agrees with the chip's count
+        assert (host[0] == "sparse") == (expected == "zero_skip")
+        np.testing.assert_array_equal(
+            run.outputs["y"] if "y" in run.outputs else run.outputs[graph.outputs[0]],
+            reference_env(mc, {"x": x})[graph.outputs[0]],
+        )
+        assert run.dispatch_cycles > 0
+
+
+def test_threshold_is_the_break_even_and_needs_the_sparse_class() -> None:
+    graph, mc, choice, _ = _sparse_choice()
+    assert threshold(choice, 16, lambda c, f: f >= 0.5) == 8
+    assert threshold(choice, 16, lambda c, f: True) == 4  # never below the sparse class (25% of the tiles)
+    assert threshold(choice, 16, lambda c, f: False) is None
+
+
+def test_launch_cycles_is_a_validated_config_field(tmp_path) -> None:
+    assert PRESETS["base"].launch_cycles == 5000 and PRESETS["tiny"].launch_cycles == 1000
+    with pytest.raises(ConfigError, match="launch_cycles"):
+        MachineConfig(**{**PRESETS["base"].as_dict(), "energy": PRESETS["base"].energy, "launch_cycles": -1})
+    assert config_from_dict({"preset": "base", "launch_cycles": 7}).launch_cycles == 7
