@@ -209,28 +209,32 @@ def _op_dt(op: HeadOperand) -> DType:
     return DType.i8 if op.quantize is not None else op.dtype
 
 
-def _tile_bytes(p: Plan, n: int, m: int) -> tuple[list[int], list[int]]:
-    """Scratchpad and accumulator tiles of a step of m query rows (as `_step` allocates them)."""
+def _tile_bytes(p: Plan, n: int, m: int, local_split: bool) -> tuple[list[int], list[int]]:
+    """Scratchpad and accumulator tiles of a step of m query rows, one entry per tile `_step` allocates."""
     spad: list[int] = []
 
-    def operand(op: HeadOperand, elems: int) -> None:
-        spad.append(elems * op.dtype.size)
-        if op.quantize is not None:
-            spad.append(elems)
+    def operand(op: HeadOperand, rows: int, cols: int) -> None:
+        parts = [cols] if local_split else [kc for _, kc in chunks(cols, n)]
+        for c in parts:
+            spad.extend([rows * c * op.dtype.size] + ([rows * c] if op.quantize is not None else []))
+        if local_split and cols > n:  # the chunks the matrix unit reads
+            spad.extend(rows * kc * _op_dt(op).size for _, kc in chunks(cols, n))
 
-    for _, kc in chunks(p.d, n):
-        operand(p.q, m * kc)
+    operand(p.q, m, p.d)
     ktiles = chunks(p.sk, n)
     for _, bk in ktiles:
-        operand(p.k, p.d * bk)
-        for _, ec in chunks(p.dv, n):
-            operand(p.v, bk * ec)
+        spad += [p.d * bk * p.k.dtype.size] + ([p.d * bk] if p.k.quantize is not None else [])
+    for _, bk in ktiles:
+        operand(p.v, bk, p.dv)
     if p.positions is not None:
         spad.append(p.positions.size * 4)
     split = len(ktiles) > 1
-    spad += [m * p.sk * p.score_dt.size] * (2 if split else 1) + [m * p.sk * 4] * (2 if split else 1)
-    spad += [m * ec * p.out_dt.size for _, ec in chunks(p.dv, n)]
-    return spad, [m * n * len(chunks(p.dv, n)) * 4]
+    spad += [m * bk * p.score_dt.size for _, bk in ktiles] if split else []
+    spad += [m * p.sk * p.score_dt.size, m * p.sk * 4]
+    spad += [m * bk * 4 for _, bk in ktiles] if split else []
+    echunks = chunks(p.dv, n)
+    spad += [m * p.dv * p.out_dt.size] + ([m * ec * p.out_dt.size for _, ec in echunks] if len(echunks) > 1 else [])
+    return spad, [m * n * len(echunks) * 4]
 
 
 def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
@@ -244,7 +248,12 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
             "(the online softmax over key blocks is not implemented)"
         )
     probe = TileArena(cx.config, 0)
-    m = largest_fitting(rows, lambda r: probe.fits(*_tile_bytes(p, n, r)))
+    local_split = True  # one DMA per operand and key tile, split locally; else one DMA per chunk (less memory)
+    m = largest_fitting(rows, lambda r: probe.fits(*_tile_bytes(p, n, r, True)))
+    if m < min(rows, n):
+        m_direct = largest_fitting(rows, lambda r: probe.fits(*_tile_bytes(p, n, r, False)))
+        local_split = m_direct <= m
+        m = max(m, m_direct)
     if m == 0:
         raise CodegenError(f"node {match.softmax!r}: one head's K and V do not fit a buffer slot (not streamed)")
     blocks = -(-p.sq // m)
@@ -253,27 +262,46 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     steps = []
     for h in range(heads):
         for i0, rows_i in chunks(p.sq, m):
-            steps.append(_step(cx, match, p, TileArena(cx.config, len(steps)), h, i0, rows_i))
+            steps.append(_step(cx, match, p, TileArena(cx.config, len(steps)), (h, i0, rows_i), local_split))
     return steps
 
 
-def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, h: int, i0: int, m: int) -> Step:
+def _step(
+    cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], local_split: bool
+) -> Step:
+    """One head's block of m query rows: Q, each key tile's K^T and V loaded with one DMA each, split locally into
+    the chunks of at most N columns the matrix unit reads (`local_split`; else one DMA per chunk); the output
+    assembled locally and stored with one DMA."""
+    h, i0, m = block
     n = cx.config.array_size
     g = cx.graph
     loads: list[Callable[[Emitter], None]] = []
     quants: list = []
+    copies: list[Callable[[Emitter], None]] = []
 
-    def plain(op: HeadOperand, part: View) -> int:
+    def region(op: HeadOperand, part: View) -> list[int]:
+        """The part loaded (quantized) once; its column chunks (at most N wide) as dense tiles."""
         views: list = []
-        addr, _ = _load_operand(arena, Operand(part, op.quantize), part, views, quants)
+        rows, cols = part.shape
+        if not local_split:
+            tiles = [
+                _load_operand(arena, Operand(c, op.quantize), c, views, quants)[0] for c in _column_chunks(part, n)
+            ]
+            loads.extend(lambda em, v=v, a=a: em.dma_load(v, a) for v, a in views)
+            return tiles
+        addr, dt = _load_operand(arena, Operand(part, op.quantize), part, views, quants)
         loads.extend(lambda em, v=v, a=a: em.dma_load(v, a) for v, a in views)
-        return addr
+        if cols <= n:
+            return [addr]
+        tiles = [arena.tile(rows * kc * dt.size) for _, kc in chunks(cols, n)]
+        copies.append(lambda em: _split_columns(em, addr, tiles, rows, cols, n, dt))
+        return tiles
 
-    q_tiles = [(kc, plain(p.q, p.q.view(h).slice(0, i0, m).slice(1, c0, kc))) for c0, kc in chunks(p.d, n)]
+    q_tiles = region(p.q, p.q.view(h).slice(0, i0, m))
     ktiles = chunks(p.sk, n)
     k_tiles = [_load_kt(arena, p.k, p.k.view(h).slice(1, j0, bk), loads, quants) for j0, bk in ktiles]
     echunks = chunks(p.dv, n)
-    v_tiles = [[plain(p.v, p.v.view(h).slice(0, j0, bk).slice(1, e0, ec)) for e0, ec in echunks] for j0, bk in ktiles]
+    v_tiles = [region(p.v, p.v.view(h).slice(0, j0, bk)) for j0, bk in ktiles]
     pos = 0
     if p.positions is not None:
         pos = arena.tile(p.positions.size * 4)
@@ -286,7 +314,8 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, h:
     p_tiles = [arena.tile(m * bk * 4) for _, bk in ktiles] if split else [p_rows]
     s_tiles = s_tiles or [s_rows]
     acc = arena.acc_tile(m * n * len(echunks) * 4)  # scores (one key tile at a time), then one region per chunk
-    o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
+    o_rows = arena.tile(m * p.dv * p.out_dt.size)
+    o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks] if len(echunks) > 1 else [o_rows]
     (mult1, shift1), (mult2, shift2) = p.requant or ((f32_bits(1.0), 0), (f32_bits(1.0), 0))
     kdt, vdt = _op_dt(p.k), _op_dt(p.v)
 
@@ -294,9 +323,14 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, h:
         for fn in loads:
             fn(em)
 
+    def prepare(em: Emitter) -> None:
+        _quantizer(quants)(em)
+        for fn in copies:
+            fn(em)
+
     def scores(em: Emitter) -> None:
         for (_, bk), k_addr, s_addr in zip(ktiles, k_tiles, s_tiles, strict=True):
-            for ci, ((c0, kc), (_, q_addr)) in enumerate(zip(chunks(p.d, n), q_tiles, strict=True)):
+            for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_tiles, strict=True)):
                 em.b.mx_preload(em.reg(k_addr + c0 * bk * kdt.size), kc, bk, kdt.name)
                 (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
             em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
@@ -337,12 +371,33 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, h:
         for e, (_, ec) in enumerate(echunks):
             em.b.mx_drain(*em.regs(o_tiles[e], acc + e * m * n * 4), m, ec)
 
+    def merge(em: Emitter) -> None:
+        _join_columns(em, o_tiles, o_rows, m, p.dv, n, p.out_dt)
+
     compute: list = [(Unit.load, load)]
-    if quants:
-        compute.append((Unit.vector, _quantizer(quants)))
+    if quants or copies:
+        compute.append((Unit.vector, prepare))
     compute += [(Unit.matrix, scores), (Unit.vector, softmax), (Unit.matrix, context)]
-    stores = [(o, p.out.view(h).slice(0, i0, m).slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)]
-    return Step([], compute, stores)
+    if len(echunks) > 1:
+        compute.append((Unit.vector, merge))
+    return Step([], compute, [(o_rows, p.out.view(h).slice(0, i0, m))])
+
+
+def _column_chunks(part: View, n: int) -> list[View]:
+    return [part.slice(1, c0, kc) for c0, kc in chunks(part.shape[1], n)]
+
+
+def _split_columns(em: Emitter, src: int, tiles: list[int], rows: int, cols: int, n: int, dt: DType) -> None:
+    """A dense rows x cols tile -> its column chunks (at most n wide), each dense: one `v.copy` per row and chunk."""
+    for (c0, kc), tile in zip(chunks(cols, n), tiles, strict=True):
+        for r in range(rows):
+            em.b.v_copy(*em.regs(tile + r * kc * dt.size, src + (r * cols + c0) * dt.size), kc, dt.name)
+
+
+def _join_columns(em: Emitter, tiles: list[int], dst: int, rows: int, cols: int, n: int, dt: DType) -> None:
+    for (c0, kc), tile in zip(chunks(cols, n), tiles, strict=True):
+        for r in range(rows):
+            em.b.v_copy(*em.regs(dst + (r * cols + c0) * dt.size, tile + r * kc * dt.size), kc, dt.name)
 
 
 def _load_kt(arena: TileArena, k: HeadOperand, part: View, loads: list, quants: list) -> int:
