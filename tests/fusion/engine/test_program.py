@@ -106,3 +106,20 @@ def test_launch_cycles_is_a_validated_config_field(tmp_path) -> None:
     with pytest.raises(ConfigError, match="launch_cycles"):
         MachineConfig(**{**PRESETS["base"].as_dict(), "energy": PRESETS["base"].energy, "launch_cycles": -1})
     assert config_from_dict({"preset": "base", "launch_cycles": 7}).launch_cycles == 7
+
+
+def test_figures_price_launches_and_the_overlap_per_boundary() -> None:
+    from fusion.engine.program_figures import measure
+
+    graph, inputs = model("encoder_post_d64")
+    engine = FusionEngine(graph, "base", "int8")
+    engine.run(inputs)
+    mc, choices = engine.mc, engine.plan.choices
+    f = measure(mc, choices, inputs)
+    launched = sum(c.group.strategy != "alias" for c in choices)
+    assert f.launches == launched
+    assert f.host_cycles == f.kernel_cycles + launched * mc.config.launch_cycles
+    assert f.program_cycles <= f.kernel_cycles
+    linked = link_plan(mc, choices)
+    assert [(b, a) for b, a, _ in f.boundaries] == [(b.before, b.after) for b in linked.boundaries if b.joined]
+    assert sum(g for *_, g in f.boundaries) > 0
