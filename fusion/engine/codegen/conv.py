@@ -1,84 +1,129 @@
 """Conv as an implicit GEMM with output channels as columns, so bias, residual and ReLU fuse into the drain.
 
-The baseline lowers Conv through a DRAM im2col matrix (one strided DMA per channel and kernel offset) and a GEMM
-W[Cout, C*K] @ colT whose output channels are rows: its bias is per row, which the drain cannot apply. Here the
-padded input is brought into the scratchpad once, channel-blocked and pixel-major (`dma.ldt` of each block of
-`kb` channels gives a [H' * W', kb] tile: row = padded pixel). For a stride-1 convolution the rows that kernel
-offset (kh, kw) needs for every output pixel are then one contiguous run of that tile, if the output is computed
-over the padded width W' (the extra W' - OW columns per output row are computed and dropped): each (kh, kw,
-channel block) is one preload of a [kb, Cout] weight tile and one `mx.mma` streaming OH * W' rows, with no im2col.
-The accumulator holds out^T [pixels, Cout]; each output row is drained (bias per column, residual, ReLU, int8
-requantize) into a dense [OH * OW, Cout] tile, stored to a DRAM scratch buffer and brought back as NCHW by one
-transposing load per image.
+No im2col tensor exists: each band of output rows brings the padded input rows it reads into the scratchpad once,
+channel-blocked and pixel-major (`dma.ldt` of `kb` channels x the band's contiguous pixels gives a [pixels, kb]
+tile: row = padded pixel). The output is computed over the padded width at a pitch of `stride_h * W'` rows per
+output row (the extra rows are computed and dropped), so for every kernel tap (kh, kw) the rows the array needs are
+one contiguous run of that tile starting at (kh * dilation_h * W' + kw * dilation_w): each (tap, channel block) is
+one preload of a [kb, tn] weight tile and one `mx.mma` streaming the band. A horizontal stride s keeps every s-th
+computed row: the drain writes each output row's computed pixels at a pitch of s * OW, and the transposing load
+back to NCHW reads every s-th pixel row. Output channels are tiled over the array's columns (tn <= N), input
+channels over K (chunks of channel blocks accumulated across steps), and groups run as independent GEMMs over
+their channel slices. The input band stays resident in the scratchpad while the weight panels of every column
+tile and channel chunk stream past it. The accumulator holds out^T [pixels, Cout tile]; each output row is drained
+(bias per column, residual, ReLU, int8 requantize) into a dense tile stored to a DRAM scratch [OH * s * OW, Cout]
+and brought back as NCHW by transposing loads.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fusion.engine.codegen.gemm import k_slices
-from fusion.engine.codegen.matrix_group import epilogue_ops
+from fusion.engine.codegen.matrix_group import EpilogueOps, epilogue_ops
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
-from fusion.lower.context import LowerContext, const_key, temp_key
+from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.errors import MemoryPlanError
-from fusion.lower.kernels.matrix import bias_view, requant
+from fusion.lower.kernels.matrix import bias_view, requant, requant_table
 from fusion.lower.kernels.windows import padded_input, window_of
-from fusion.lower.local_alloc import TileArena
+from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
 
-TAPS = "taps"  # constant-form key of a Conv weight as per-tap [C, Cout] tiles (see pack_taps)
+TAPS = "taps"  # constant-form key of a Conv weight as per-tap [C/group, Cout] tiles (see pack_taps)
 
 
 @dataclass(frozen=True)
 class ConvShape:
+    """A Conv's geometry, a 1-D conv lifted to 2-D with height 1 (padded: the padded input's H', W')."""
+
     n: int
     c: int
     cout: int
+    groups: int
     kernel: tuple[int, int]
-    padded: tuple[int, int]  # H', W'
-    out: tuple[int, int]  # OH, OW
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    padded: tuple[int, int]
+    out: tuple[int, int]
 
     @property
-    def stream_rows(self) -> int:
-        """Padded-width output rows the array computes per (tap, channel block): the last one ends at OW."""
-        return (self.out[0] - 1) * self.padded[1] + self.out[1]
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def coutg(self) -> int:
+        return self.cout // self.groups
+
+    @property
+    def taps(self) -> int:
+        return self.kernel[0] * self.kernel[1]
+
+    @property
+    def pitch(self) -> int:
+        """Accumulator rows per output row: one padded input row per vertical stride step."""
+        return self.strides[0] * self.padded[1]
+
+    @property
+    def valid(self) -> int:
+        """Computed rows of an output row that hold its pixels (every stride_w-th of them)."""
+        return (self.out[1] - 1) * self.strides[1] + 1
+
+    @property
+    def cols(self) -> int:
+        """Pixels of one output row in the DRAM scratch (every stride_w-th kept)."""
+        return self.strides[1] * self.out[1]
+
+    def stream_rows(self, rows: int) -> int:
+        return (rows - 1) * self.pitch + self.valid
+
+    def in_rows(self, rows: int) -> int:
+        return (rows - 1) * self.strides[0] + (self.kernel[0] - 1) * self.dilations[0] + 1
+
+    def tap_offset(self, kh: int, kw: int) -> int:
+        """Pixel offset of tap (kh, kw) in a band tile."""
+        return kh * self.dilations[0] * self.padded[1] + kw * self.dilations[1]
 
 
 def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvShape:
-    """The geometry (a 1-D conv is a 2-D one of height 1); CodegenError for convolutions this generator does not
-    cover."""
+    """The geometry; CodegenError for convolutions this generator does not run."""
     if node.op != OpType.Conv:
         raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Conv")
     w = window_of(graph, node)
-    if w.s not in (1, 2) or node.attr("group") != 1 or set(w.strides) != {1} or set(w.dilations) != {1}:
-        raise CodegenError(
-            f"node {node.name!r}: the implicit GEMM covers 1-D and 2-D, stride-1, undilated, ungrouped Conv"
-        )
+    if w.s not in (1, 2):
+        raise CodegenError(f"node {node.name!r}: the implicit GEMM covers 1-D and 2-D Conv, not {w.s}-D")
     if not graph.is_constant(node.inputs[1]):
         raise CodegenError(f"node {node.name!r}: the implicit GEMM needs a constant weight")
-    cout = graph.types[node.inputs[1]].shape[0]
-    if cout > cfg.array_size:
-        raise CodegenError(f"node {node.name!r}: {cout} output channels exceed one drain ({cfg.array_size} columns)")
+    cout, cg = graph.types[node.inputs[1]].shape[:2]
+    groups = node.attr("group")
+    if cg * (cout // groups) < cfg.array_size:
+        raise CodegenError(
+            f"node {node.name!r}: {cg} input x {cout // groups} output channels per group use under 1/"
+            f"{cfg.array_size} of the array (the baseline kernel runs it)"
+        )
     lift = (1,) * (2 - w.s)
-    padded = (*lift, *w.padded_shape[2:])
-    shape = ConvShape(w.in_shape[0], w.in_shape[1], cout, (*lift, *w.kernel), padded, (*lift, *w.out_spatial))
-    if shape.stream_rows > MAX_ROWS or math.prod(padded) > MAX_COLS:
-        raise CodegenError(f"node {node.name!r}: a {padded} image exceeds one transposing DMA")
-    return shape
+    return ConvShape(
+        w.in_shape[0],
+        w.in_shape[1],
+        cout,
+        groups,
+        (*lift, *w.kernel),
+        (*lift, *w.strides),
+        (*lift, *w.dilations),
+        (*lift, *w.padded_shape[2:]),
+        (*lift, *w.out_spatial),
+    )
 
 
 def pack_taps(weights: np.ndarray) -> np.ndarray:
-    """W[Cout, C, kh, kw] (or a 1-D conv's W[Cout, C, kw], kh = 1) as [kh, kw, C, Cout]: the tile of tap
-    (kh, kw) and channels c0..c0+kb is contiguous."""
+    """W[Cout, C/group, kh, kw] (or a 1-D conv's W[Cout, C/group, kw], kh = 1) as [kh, kw, C/group, Cout]: the
+    weights of tap (kh, kw), a run of input channels and a run of output channels are one strided 2-D block."""
     if weights.ndim not in (3, 4):
         raise CodegenError(f"a Conv weight of rank {weights.ndim} has no implicit-GEMM packing (rank 3 or 4)")
     lifted = weights.reshape(*weights.shape[:2], *(1,) * (4 - weights.ndim), *weights.shape[2:])
@@ -87,101 +132,244 @@ def pack_taps(weights: np.ndarray) -> np.ndarray:
 
 def scratch_bytes(graph: Graph, cfg: MachineConfig, node: Node, out_dtype: DType) -> int:
     s = conv_shape(graph, cfg, node)
-    return s.n * math.prod(s.out) * s.cout * out_dtype.size
+    return s.n * s.out[0] * s.cols * s.cout * out_dtype.size
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """Output rows per band, output channels per column tile, input channels per K chunk (a multiple of the
+    array size unless it is all of a group's channels)."""
+
+    rows: int
+    tn: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Tile bytes of one kernel: the resident input band and one step's streamed tiles."""
+
+    s: ConvShape
+    n: int  # array size
+    in_dt: DType  # the padded input's storage dtype
+    mm_dt: DType  # what the matrix unit reads
+    out_dt: DType
+    quantize: bool  # float input on the int8 path: an int8 copy of the band beside the raw one
+    residual: bool
+
+    def resident(self, rows: int) -> list[int]:
+        pixels = self.s.in_rows(rows) * self.s.padded[1]
+        raw = [pixels * kb * self.in_dt.size for _, kb in k_slices(self.s.cg, self.n)]
+        return raw + ([pixels * kb for _, kb in k_slices(self.s.cg, self.n)] if self.quantize else [])
+
+    def streamed(self, rows: int, tn: int, chunk: int) -> list[int]:
+        spad = [self.s.taps * chunk * tn * self.mm_dt.size, tn * 4, tn * 8, rows * self.s.cols * tn * self.out_dt.size]
+        return spad + ([rows * self.s.out[1] * tn * 4] if self.residual else [])
+
+    def fits(self, probe: TileArena, rows: int, tn: int, chunk: int) -> bool:
+        return self.s.stream_rows(rows) <= MAX_ROWS and probe.fits(
+            self.resident(rows) + self.streamed(rows, tn, chunk), [self.s.stream_rows(rows) * tn * 4]
+        )
+
+
+def choose_tiling(cfg: MachineConfig, z: _Sizes, name: str) -> _Tiling:
+    """The most output rows per band with a group's whole K in one step; else split K into chunks of channel
+    blocks: the most rows beside one block, then the longest chunk beside them."""
+    s, n = z.s, cfg.array_size
+    tn = min(n, s.coutg)
+    probe = TileArena(cfg, 0)
+    rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, s.cg))
+    if rows:
+        return _Tiling(rows, tn, s.cg)
+    rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, min(n, s.cg)))
+    if rows == 0:
+        raise CodegenError(
+            f"node {name!r}: one output row of one channel block does not fit a buffer slot "
+            f"({probe.spad.size} scratchpad, {probe.acc.size} accumulator bytes)"
+        )
+    blocks = largest_fitting(-(-s.cg // n), lambda b: z.fits(probe, rows, tn, b * n))
+    return _Tiling(rows, tn, min(s.cg, blocks * n))
 
 
 def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
+    """The Conv `nodes[0]` and the consumers its drain absorbs (bias, residual Add, Relu) as phases: the padded
+    input (none without padding), the implicit GEMM into the DRAM scratch, the transposing loads to NCHW."""
     graph, cfg, node = cx.graph, cx.config, nodes[0]
     s = conv_shape(graph, cfg, node)
     ops = epilogue_ops_of_conv(graph, nodes)
     if cx.int8 and ops.residual is not None:
         raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
+    if ops.residual is not None and s.strides[1] != 1:
+        raise CodegenError(f"node {node.name!r}: a residual Add after a horizontally strided Conv is not absorbed")
     w = window_of(graph, node)
     padded, phases = padded_input(cx, node, w, 0.0)
     out = cx.view(nodes[-1].outputs[0])
     mm_dt = DType.i8 if cx.int8 else DType.f32
-    q = cx.matrix(node) if cx.int8 else None
-    quantize = q.input_scale if q is not None and padded.dtype is DType.f32 else None
-    bias = bias_view(cx, node)
-    taps = cx.addresses[const_key(node.inputs[1], TAPS)]
-    scratch = dense(cx.addresses[temp_key(node, 2)], (s.n, math.prod(s.out), s.cout), out.dtype)
-    res = None if ops.residual is None else cx.view(ops.residual)
-    mult, shift = requant(cx, node) or (f32_bits(1.0), 0)
-    flags = {(False, False): "none", (True, False): "bias", (False, True): "res", (True, True): "bias_res"}[
-        (bias is not None, res is not None)
-    ]
-    act = Activation.relu if ops.relu else Activation.none
-    slices = k_slices(s.c, cfg.array_size)
-    pixels_in, pixels_out = math.prod(s.padded), math.prod(s.out)
-    steps = []
+    quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
+    z = _Sizes(s, cfg.array_size, padded.dtype, mm_dt, out.dtype, quantize is not None, ops.residual is not None)
+    tiling = choose_tiling(cfg, z, node.name)
+    image = padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1]))
+    pixels_out = s.out[0] * s.out[1]
+    scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), out.dtype)
+    k = _Kernel(
+        s,
+        tiling,
+        z,
+        dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt),
+        bias_view(cx, node),
+        None if ops.residual is None else cx.view(ops.residual).reshape_dense((s.n, s.cout, pixels_out)),
+        requant_table(cx, node),
+        None if requant_table(cx, node) is not None else requant(cx, node) or (f32_bits(1.0), 0),
+        Activation.relu if ops.relu else Activation.none,
+        "i8" if cx.int8 else "f32",
+        quantize,
+    )
+    steps: list[Step] = []
+    blocks = tiles = 0
     for img in range(s.n):
-        arena = TileArena(cfg, img)
-        try:
-            raw = [arena.tile(pixels_in * kb * padded.dtype.size) for _, kb in slices]
-            blocks = [arena.tile(pixels_in * kb) for _, kb in slices] if quantize else raw
-            weights = arena.tile(math.prod(s.kernel) * s.c * s.cout * mm_dt.size)
-            bias_tile = arena.tile(s.cout * 4) if bias is not None else 0
-            res_tile = arena.tile(pixels_out * s.cout * 4) if res is not None else 0
-            acc = arena.acc_tile(s.stream_rows * s.cout * 4)
-            out_tile = arena.tile(pixels_out * s.cout * out.dtype.size)
-        except MemoryPlanError as err:
-            raise CodegenError(f"node {node.name!r}: one image's tiles do not fit a buffer slot ({err})") from err
-        image = padded.index((img,)).reshape_dense((s.c, pixels_in))
-
-        def load(
-            em: Emitter, raw=raw, weights=weights, bias_tile=bias_tile, res_tile=res_tile, img=img, image=image
-        ) -> None:
-            for (c0, kb), tile in zip(slices, raw, strict=True):
-                part = image.slice(0, c0, kb)
-                local, dram, stride = em.regs(tile, part.address, part.strides[0])
-                em.b.dma_ldt(local, dram, stride, kb, pixels_in, part.dtype.name)
-            em.dma_load(dense(taps, (math.prod(s.kernel) * s.c * s.cout,), mm_dt), weights)
-            if bias is not None:
-                em.dma_load(bias, bias_tile)
-            if res is not None:
-                part = res.index((img,)).reshape_dense((s.cout, pixels_out))
-                local, dram, stride = em.regs(res_tile, part.address, part.strides[0])
-                em.b.dma_ldt(local, dram, stride, s.cout, pixels_out, part.dtype.name)
-
-        def to_int8(em: Emitter, raw=raw, blocks=blocks) -> None:
-            for (_, kb), src, dst in zip(slices, raw, blocks, strict=True):
-                em.b.v_qnt(*em.regs(dst, src, f32_bits(1.0 / quantize)), pixels_in * kb)
-
-        def matmul(
-            em: Emitter,
-            blocks=blocks,
-            weights=weights,
-            acc=acc,
-            out_tile=out_tile,
-            res_tile=res_tile,
-            bias_tile=bias_tile,
-        ) -> None:
-            first = True
-            for kh in range(s.kernel[0]):
-                for kw in range(s.kernel[1]):
-                    for (c0, kb), block in zip(slices, blocks, strict=True):
-                        tap = weights + ((kh * s.kernel[1] + kw) * s.c + c0) * s.cout * mm_dt.size
-                        em.b.mx_preload(em.reg(tap), kb, s.cout, mm_dt.name)
-                        start = block + (kh * s.padded[1] + kw) * kb * mm_dt.size
-                        (em.b.mx_mm if first else em.b.mx_mma)(*em.regs(acc, start), s.stream_rows)
-                        first = False
-            for oh in range(s.out[0]):
-                row_res = res_tile + oh * s.out[1] * s.cout * 4 if res is not None else 0
-                em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, act, flags, "i8" if cx.int8 else "f32")
-                dst = out_tile + oh * s.out[1] * s.cout * out.dtype.size
-                em.b.mx_drain(*em.regs(dst, acc + oh * s.padded[1] * s.cout * 4), s.out[1], s.cout)
-
-        compute = [(Unit.load, load)]
-        if quantize:
-            compute.append((Unit.vector, to_int8))
-        compute.append((Unit.matrix, matmul))
-        steps.append(Step([], compute, [(out_tile, scratch.index((img,)))]))
+        for g in range(s.groups):
+            for oh0, rows in k_slices(s.out[0], tiling.rows):
+                band = [
+                    image.index((img,))
+                    .slice(0, g * s.cg + c0, kb)
+                    .slice(1, oh0 * s.pitch, s.in_rows(rows) * s.padded[1])
+                    for c0, kb in k_slices(s.cg, cfg.array_size)
+                ]
+                resident = TileArena(cfg, blocks, cx.rotation)
+                raw = [resident.tile(size) for size in z.resident(tiling.rows)]
+                for j0, tn in k_slices(s.coutg, tiling.tn):
+                    acc = TileArena(cfg, tiles, cx.rotation).acc_tile(s.stream_rows(rows) * tn * 4)
+                    for c0, kc in k_slices(s.cg, tiling.chunk):
+                        arena = TileArena(cfg, len(steps), cx.rotation)
+                        for size in z.resident(tiling.rows):
+                            arena.tile(size)
+                        tile = _Tile(img, g * s.coutg + j0, tn, oh0, rows, c0, kc, acc)
+                        steps.append(k.step(cx, arena, tile, band, raw, first=(j0, c0) == (0, 0), scratch=scratch))
+                    tiles += 1
+                blocks += 1
     phases.append(steps)
-    phases.append(_to_nchw(cfg, scratch, out.reshape_dense((s.n, s.cout, pixels_out))))
+    phases.append(_to_nchw(cfg, s, scratch, out.reshape_dense((s.n, s.cout, pixels_out)), cx.rotation))
     return phases
 
 
-def epilogue_ops_of_conv(graph: Graph, nodes: Sequence[Node]):
+@dataclass(frozen=True)
+class _Tile:
+    """One step's share of the work: image, output channel columns [col, col + tn), output rows
+    [oh0, oh0 + rows), input channels [c0, c0 + kc) of the group, and the accumulator tile."""
+
+    img: int
+    col: int
+    tn: int
+    oh0: int
+    rows: int
+    c0: int
+    kc: int
+    acc: int
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """What every step of one conv kernel shares."""
+
+    s: ConvShape
+    tiling: _Tiling
+    z: _Sizes
+    taps: View  # [taps, C/group, Cout]
+    bias: View | None
+    residual: View | None  # [n, Cout, OH * OW]
+    table: View | None  # int8 per output channel: [Cout, 2] (mult, shift) pairs, read by the drain per column
+    requant: tuple[int, int] | None  # int8 per tensor (fp32: the identity)
+    act: Activation
+    drain_dtype: str
+    quantize: float | None
+
+    def step(
+        self, cx: LowerContext, arena: TileArena, t: _Tile, band: list[View], raw: list[int], first: bool, scratch: View
+    ) -> Step:
+        s, z, n = self.s, self.z, cx.config.array_size
+        slices = k_slices(s.cg, n)
+        ready = raw[len(slices) :] if self.quantize is not None else raw[: len(slices)]
+        last = t.c0 + t.kc == s.cg
+        weights = arena.tile(s.taps * t.kc * t.tn * z.mm_dt.size)
+        bias_tile = arena.tile(t.tn * 4) if self.bias is not None and last else 0
+        res_tile = arena.tile(t.rows * s.out[1] * t.tn * 4) if self.residual is not None and last else 0
+        table_tile = arena.tile(t.tn * 8) if self.table is not None and last else 0
+        out_tile = arena.tile(t.rows * s.cols * t.tn * z.out_dt.size) if last else 0
+        stream = s.stream_rows(t.rows)
+
+        def load(em: Emitter) -> None:
+            if first:
+                for part, tile in zip(band, raw, strict=False):
+                    _load_transposed(em, part, tile)
+            em.dma_load(self.taps.slice(1, t.c0, t.kc).slice(2, t.col, t.tn), weights)
+            if bias_tile:
+                em.dma_load(self.bias.slice(0, t.col, t.tn), bias_tile)
+            if table_tile:
+                em.dma_load(self.table.slice(0, t.col, t.tn), table_tile)
+            if res_tile:
+                part = self.residual.index((t.img,)).slice(0, t.col, t.tn)
+                _load_transposed(em, part.slice(1, t.oh0 * s.out[1], t.rows * s.out[1]), res_tile)
+
+        def to_int8(em: Emitter) -> None:
+            for (_, kb), src, dst, part in zip(slices, raw, ready, band, strict=False):
+                em.b.v_qnt(*em.regs(dst, src, f32_bits(1.0 / self.quantize)), part.shape[1] * kb)
+
+        def matmul(em: Emitter) -> None:
+            opened = t.c0 != 0  # a later K chunk adds to the accumulator the first one opened
+            for kh in range(s.kernel[0]):
+                for kw in range(s.kernel[1]):
+                    tap = kh * s.kernel[1] + kw
+                    for (c0, kb), block in zip(slices, ready, strict=True):
+                        if not t.c0 <= c0 < t.c0 + t.kc:
+                            continue
+                        at = weights + ((tap * t.kc + c0 - t.c0) * t.tn) * z.mm_dt.size
+                        em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
+                        start = block + s.tap_offset(kh, kw) * kb * z.mm_dt.size
+                        (em.b.mx_mm if not opened else em.b.mx_mma)(*em.regs(t.acc, start), stream)
+                        opened = True
+            if last:
+                self._drain(em, t, (bias_tile, res_tile, table_tile), out_tile)
+
+        compute = [(Unit.load, load)]
+        if first and self.quantize is not None:
+            compute.append((Unit.vector, to_int8))
+        compute.append((Unit.matrix, matmul))
+        stores = []
+        if last:
+            view = scratch.index((t.img,)).slice(0, t.oh0 * s.cols, t.rows * s.cols).slice(1, t.col, t.tn)
+            stores.append((out_tile, view))
+        return Step([], compute, stores)
+
+    def _drain(self, em: Emitter, t: _Tile, tiles: tuple[int, int, int], out_tile: int) -> None:
+        """Each output row's `valid` accumulator rows through the epilogue into the out tile (bias, residual and
+        per-channel requantizer `tiles`: 0 = none)."""
+        s = self.s
+        bias_tile, res_tile, table_tile = tiles
+        flags = (
+            "_".join(name for name, on in (("bias", bias_tile), ("res", res_tile), ("pc", table_tile)) if on) or "none"
+        )
+        mult, shift = (table_tile, 0) if self.table is not None else self.requant
+        for r in range(t.rows):
+            if r == 0 or res_tile:
+                row_res = res_tile + r * s.out[1] * t.tn * 4 if res_tile else 0
+                em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, self.act, flags, self.drain_dtype)
+            dst = out_tile + r * s.cols * t.tn * self.z.out_dt.size
+            em.b.mx_drain(*em.regs(dst, t.acc + r * s.pitch * t.tn * 4), s.valid, t.tn)
+
+
+def _load_transposed(em: Emitter, part: View, tile: int) -> None:
+    """A [rows, cols] DRAM view (cols contiguous) as a [cols, rows] tile, in transposing loads of at most
+    MAX_COLS columns."""
+    rows, cols = part.shape
+    for p0 in range(0, cols, MAX_COLS):
+        count = min(MAX_COLS, cols - p0)
+        local, dram, stride = em.regs(
+            tile + p0 * rows * part.dtype.size, part.address + p0 * part.dtype.size, part.strides[0]
+        )
+        em.b.dma_ldt(local, dram, stride, rows, count, part.dtype.name)
+
+
+def epilogue_ops_of_conv(graph: Graph, nodes: Sequence[Node]) -> EpilogueOps:
     """The drain's work for a Conv and its absorbed consumers (bias: the Conv's own, per output channel)."""
     ops = epilogue_ops(graph, nodes, frozenset({OpType.Conv}))
     if ops.bias is not None and ops.bias != (nodes[0].inputs[2] if len(nodes[0].inputs) > 2 else None):
@@ -189,17 +377,25 @@ def epilogue_ops_of_conv(graph: Graph, nodes: Sequence[Node]):
     return ops
 
 
-def _to_nchw(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:
-    """[pixels, Cout] per image (DRAM scratch) -> out[img] as [Cout, pixels]: one transposing load per image."""
-    n, pixels, cout = scratch.shape
+def _to_nchw(cfg: MachineConfig, s: ConvShape, scratch: View, out: View, rotation: int) -> list[Step]:
+    """The DRAM scratch [OH * stride_w * OW, Cout] of each image -> out[img] as [Cout, OH * OW]: transposing
+    loads of every stride_w-th pixel row, in runs that fit a buffer slot."""
+    n, pixels, cout = out.shape[0], out.shape[2], s.cout
+    es = scratch.dtype.size
+    probe = TileArena(cfg, 0)
+    run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits([p * cout * es]))
+    if run == 0 or cout > MAX_COLS:
+        raise CodegenError(f"{cout} output channels of one pixel exceed a buffer slot or one transposing DMA")
     steps = []
     for img in range(n):
-        tile = TileArena(cfg, img).tile(pixels * cout * scratch.dtype.size)
-        part = scratch.index((img,))
+        for p0 in range(0, pixels, run):
+            count = min(run, pixels - p0)
+            tile = TileArena(cfg, len(steps), rotation).tile(count * cout * es)
+            address = scratch.index((img,)).address + p0 * s.strides[1] * cout * es
 
-        def load(em: Emitter, tile=tile, part=part) -> None:
-            local, dram, stride = em.regs(tile, part.address, part.strides[0])
-            em.b.dma_ldt(local, dram, stride, pixels, cout, part.dtype.name)
+            def load(em: Emitter, tile=tile, address=address, count=count) -> None:
+                local, dram, stride = em.regs(tile, address, s.strides[1] * cout * es)
+                em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
 
-        steps.append(Step([], [(Unit.load, load)], [(tile, out.index((img,)))]))
+            steps.append(Step([], [(Unit.load, load)], [(tile, out.index((img,)).slice(1, p0, count))]))
     return steps
