@@ -173,14 +173,11 @@ class _Sizes:
 
 
 def choose_tiling(cfg: MachineConfig, z: _Sizes, name: str) -> _Tiling:
-    """The most output rows per band with a group's whole K in one step; else split K into chunks of channel
-    blocks: the most rows beside one block, then the longest chunk beside them."""
+    """The most output rows per band beside one channel block of weights (every band reads all the weights once,
+    so fewer bands move fewer bytes), then the longest K chunk of channel blocks beside them."""
     s, n = z.s, cfg.array_size
     tn = min(n, s.coutg)
     probe = TileArena(cfg, 0)
-    rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, s.cg))
-    if rows:
-        return _Tiling(rows, tn, s.cg)
     rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, min(n, s.cg)))
     if rows == 0:
         raise CodegenError(
