@@ -46,16 +46,16 @@ from fusion.engine.attention_match import (
     output_map,
 )
 from fusion.engine.codegen.chain import Registers, _emit_node, operands
-from fusion.engine.codegen.gemm import _load_operand, _quantizer
+from fusion.engine.codegen.gemm import _quantizer
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.kernels.gemm import Operand
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType, Unit
+from simulator.config import MachineConfig
 
 POSITIONS = "positions"  # constant form: float32 0..P-1, the positions a generated mask is computed from
 
@@ -209,132 +209,213 @@ def _op_dt(op: HeadOperand) -> DType:
     return DType.i8 if op.quantize is not None else op.dtype
 
 
-def _tile_bytes(p: Plan, n: int, m: int, local_split: bool) -> tuple[list[int], list[int]]:
-    """Scratchpad and accumulator tiles of a step of m query rows, one entry per tile `_step` allocates."""
+@dataclass(frozen=True)
+class Tiling:
+    """How one attention is cut: query rows per step, keys per block (one block: K and V loaded with the step's Q
+    and prefetched under the previous step; several: loaded block by block inside the step, in the same
+    buffers), and whether operands are loaded whole and split locally into N-wide chunks (else one DMA each)."""
+
+    rows: int
+    block_keys: int
+    local_split: bool
+
+
+def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
+    """Scratchpad and accumulator tiles of a step, one entry per tile `_step` allocates."""
     spad: list[int] = []
+    m = t.rows
 
     def operand(op: HeadOperand, rows: int, cols: int) -> None:
-        parts = [cols] if local_split else [kc for _, kc in chunks(cols, n)]
+        parts = [cols] if t.local_split else [kc for _, kc in chunks(cols, n)]
         for c in parts:
             spad.extend([rows * c * op.dtype.size] + ([rows * c] if op.quantize is not None else []))
-        if local_split and cols > n:  # the chunks the matrix unit reads
+        if t.local_split and cols > n:  # the chunks the matrix unit reads
             spad.extend(rows * kc * _op_dt(op).size for _, kc in chunks(cols, n))
 
     operand(p.q, m, p.d)
-    ktiles = chunks(p.sk, n)
+    ktiles = chunks(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
         spad += [p.d * bk * p.k.dtype.size] + ([p.d * bk] if p.k.quantize is not None else [])
     for _, bk in ktiles:
         operand(p.v, bk, p.dv)
     if p.positions is not None:
         spad.append(p.positions.size * 4)
-    split = len(ktiles) > 1
-    spad += [m * bk * p.score_dt.size for _, bk in ktiles] if split else []
-    spad += [m * p.sk * p.score_dt.size, m * p.sk * 4]
-    spad += [m * bk * 4 for _, bk in ktiles] if split else []
+    alltiles = chunks(p.sk, n)
+    split = len(alltiles) > 1
+    spad += [m * p.sk * p.score_dt.size, m * p.sk * 4] * (2 if split else 1)
     echunks = chunks(p.dv, n)
-    spad += [m * p.dv * p.out_dt.size] + ([m * ec * p.out_dt.size for _, ec in echunks] if len(echunks) > 1 else [])
+    spad += [m * ec * p.out_dt.size for _, ec in echunks]
     return spad, [m * n * len(echunks) * 4]
+
+
+def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
+    """The most query rows per step (a whole row of scores per row in a vector register), K and V of a head in
+    the step when they fit, else in the largest key blocks that fit."""
+    n = cfg.array_size
+    rows = min(p.sq, cfg.vreg_elems // p.sk, 4095)
+    if rows == 0:
+        raise CodegenError(
+            f"node {softmax!r}: a row of {p.sk} scores does not fit a vector register "
+            "(the online softmax over key blocks is not implemented)"
+        )
+    probe = TileArena(cfg, 0)
+
+    def fits(t: Tiling) -> bool:
+        return probe.fits(*_tile_bytes(p, n, t))
+
+    whole = -(-p.sk // n) * n
+    for local_split in (True, False):
+        m = largest_fitting(rows, lambda r, s=local_split: fits(Tiling(r, whole, s)))
+        if m >= min(rows, n):
+            return Tiling(-(-p.sq // -(-p.sq // m)), whole, local_split)
+    for local_split in (True, False):
+        m = min(rows, n)
+        while m and not fits(Tiling(m, n, local_split)):
+            m //= 2
+        if m:
+            keys = n * largest_fitting(whole // n, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s)))
+            return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split)
+    raise CodegenError(f"node {softmax!r}: one key tile of K and V and the rows of scores do not fit a buffer slot")
 
 
 def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     match = group_match(cx.graph, nodes)
     p = _plan(cx, match)
-    n = cx.config.array_size
-    rows = min(p.sq, cx.config.vreg_elems // p.sk, 4095)
-    if rows == 0:
-        raise CodegenError(
-            f"node {match.softmax!r}: a row of {p.sk} scores does not fit a vector register "
-            "(the online softmax over key blocks is not implemented)"
-        )
-    probe = TileArena(cx.config, 0)
-    local_split = True  # one DMA per operand and key tile, split locally; else one DMA per chunk (less memory)
-    m = largest_fitting(rows, lambda r: probe.fits(*_tile_bytes(p, n, r, True)))
-    if m < min(rows, n):
-        m_direct = largest_fitting(rows, lambda r: probe.fits(*_tile_bytes(p, n, r, False)))
-        local_split = m_direct <= m
-        m = max(m, m_direct)
-    if m == 0:
-        raise CodegenError(f"node {match.softmax!r}: one head's K and V do not fit a buffer slot (not streamed)")
-    blocks = -(-p.sq // m)
-    m = -(-p.sq // blocks)  # even blocks
+    t = tiling(cx.config, p, match.softmax)
     heads = len(p.q.maps.bases)
     steps = []
     for h in range(heads):
-        for i0, rows_i in chunks(p.sq, m):
-            steps.append(_step(cx, match, p, TileArena(cx.config, len(steps)), (h, i0, rows_i), local_split))
+        for i0, rows_i in chunks(p.sq, t.rows):
+            arena = TileArena(cx.config, len(steps))
+            steps.append(_step(cx, match, p, arena, (h, i0, rows_i), t))
     return steps
 
 
-def _step(
-    cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], local_split: bool
-) -> Step:
+@dataclass(frozen=True)
+class Buffer:
+    """Local tiles of one operand part: as loaded (one per DMA), its int8 copies (a float source on the int8
+    path), and the dense chunks of at most N columns the matrix unit reads."""
+
+    raw: tuple[int, ...]
+    quant: tuple[int, ...] | None
+    chunks: tuple[int, ...]
+
+
+def _alloc_region(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int, local_split: bool) -> Buffer:
+    widths = [cols] if local_split else [kc for _, kc in chunks(cols, n)]
+    raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
+    quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
+    read = quant or raw
+    if local_split and cols > n:
+        read = tuple(arena.tile(rows * kc * _op_dt(op).size) for _, kc in chunks(cols, n))
+    return Buffer(raw, quant, read)
+
+
+def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[str, list]) -> None:
+    """Load `part` into the buffer (its rows may be fewer than allocated): DMAs, quantization, chunk copies."""
+    rows, cols = part.shape
+    parts = [part] if len(buf.raw) == 1 else _column_chunks(part, n)
+    for i, (piece, raw) in enumerate(zip(parts, buf.raw, strict=True)):
+        work["loads"].append(lambda em, v=piece, a=raw: em.dma_load(v, a))
+        if buf.quant is not None:
+            work["quants"].append((buf.quant[i], raw, piece.size, 1.0 / op.quantize))
+    if len(buf.raw) == 1 and cols > n:
+        src, dt = (buf.quant or buf.raw)[0], _op_dt(op)
+        work["copies"].append(lambda em: _split_columns(em, src, list(buf.chunks), rows, cols, n, dt))
+
+
+def _alloc_kt(arena: TileArena, op: HeadOperand, d: int, bk: int) -> Buffer:
+    raw = (arena.tile(d * bk * op.dtype.size),)
+    quant = (arena.tile(d * bk),) if op.quantize is not None else None
+    return Buffer(raw, quant, quant or raw)
+
+
+def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) -> None:
+    """K^T's (d, bk) tile, dense: one transposing load of the tile's keys when they are rows of K in DRAM (the
+    head dim contiguous), one plain load when K^T itself has contiguous rows, else the view's transfers."""
+    d, bk = part.shape
+    es = part.dtype.size
+    raw = buf.raw[0]
+    if part.strides[0] == es and bk > 1:
+        stride = part.strides[1]
+        work["loads"].append(lambda em: em.b.dma_ldt(*em.regs(raw, part.address, stride), bk, d, part.dtype.name))
+    else:
+        work["loads"].append(lambda em: em.dma_load(part, raw))
+    if buf.quant is not None:
+        work["quants"].append((buf.quant[0], raw, d * bk, 1.0 / op.quantize))
+
+
+def _work() -> dict[str, list]:
+    return {"loads": [], "quants": [], "copies": []}
+
+
+def _run(fns: list) -> Callable[[Emitter], None]:
+    def emit(em: Emitter) -> None:
+        for fn in fns:
+            fn(em)
+
+    return emit
+
+
+def _prepare(work: dict[str, list]) -> Callable[[Emitter], None]:
+    def emit(em: Emitter) -> None:
+        _quantizer(work["quants"])(em)
+        for fn in work["copies"]:
+            fn(em)
+
+    return emit
+
+
+def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):
     """One head's block of m query rows: Q, each key tile's K^T and V loaded with one DMA each, split locally into
-    the chunks of at most N columns the matrix unit reads (`local_split`; else one DMA per chunk); the output
-    assembled locally and stored with one DMA."""
+    the chunks of at most N columns the matrix unit reads (else one DMA per chunk); each output chunk stored as
+    drained (the store unit is otherwise idle). Keys in blocks (`t.block_keys`): each block's K^T then V reuse
+    the same buffers, loaded once the matrix unit is done with the previous block (one step's segments run in
+    order)."""
     h, i0, m = block
     n = cx.config.array_size
     g = cx.graph
-    loads: list[Callable[[Emitter], None]] = []
-    quants: list = []
-    copies: list[Callable[[Emitter], None]] = []
-
-    def region(op: HeadOperand, part: View) -> list[int]:
-        """The part loaded (quantized) once; its column chunks (at most N wide) as dense tiles."""
-        views: list = []
-        rows, cols = part.shape
-        if not local_split:
-            tiles = [
-                _load_operand(arena, Operand(c, op.quantize), c, views, quants)[0] for c in _column_chunks(part, n)
-            ]
-            loads.extend(lambda em, v=v, a=a: em.dma_load(v, a) for v, a in views)
-            return tiles
-        addr, dt = _load_operand(arena, Operand(part, op.quantize), part, views, quants)
-        loads.extend(lambda em, v=v, a=a: em.dma_load(v, a) for v, a in views)
-        if cols <= n:
-            return [addr]
-        tiles = [arena.tile(rows * kc * dt.size) for _, kc in chunks(cols, n)]
-        copies.append(lambda em: _split_columns(em, addr, tiles, rows, cols, n, dt))
-        return tiles
-
-    q_tiles = region(p.q, p.q.view(h).slice(0, i0, m))
-    ktiles = chunks(p.sk, n)
-    k_tiles = [_load_kt(arena, p.k, p.k.view(h).slice(1, j0, bk), loads, quants) for j0, bk in ktiles]
-    echunks = chunks(p.dv, n)
-    v_tiles = [region(p.v, p.v.view(h).slice(0, j0, bk)) for j0, bk in ktiles]
+    head = _work()
+    q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
+    _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
     pos = 0
     if p.positions is not None:
         pos = arena.tile(p.positions.size * 4)
-        loads.append(lambda em: em.dma_load(p.positions, pos))
+        head["loads"].append(lambda em: em.dma_load(p.positions, pos))
+    ktiles = chunks(p.sk, n)
+    per_block = t.block_keys // n
+    kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
+    kview, vview = p.k.view(h), p.v.view(h)
+    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]  # one block's buffers, reused by every block
+    v_bufs = [_alloc_region(arena, p.v, bk, p.dv, n, t.local_split) for _, bk in kblocks[0]]
+    k_work, v_work = [_work() for _ in kblocks], [_work() for _ in kblocks]
+    for b, keys in enumerate(kblocks):
+        for (j0, bk), kb, vb in zip(keys, k_bufs, v_bufs, strict=False):
+            _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
+            _fill_region(vb, p.v, vview.slice(0, j0, bk), n, v_work[b])
     split = len(ktiles) > 1
     ses = p.score_dt.size
-    s_tiles = [arena.tile(m * bk * ses) for _, bk in ktiles] if split else []
     s_rows = arena.tile(m * p.sk * ses)
     p_rows = arena.tile(m * p.sk * 4)
-    p_tiles = [arena.tile(m * bk * 4) for _, bk in ktiles] if split else [p_rows]
-    s_tiles = s_tiles or [s_rows]
+    s_tiles = _packed(arena, m, ktiles, ses) if split else [s_rows]  # key-tile-major copies of the rows
+    p_tiles = _packed(arena, m, ktiles, 4) if split else [p_rows]
+    echunks = chunks(p.dv, n)
     acc = arena.acc_tile(m * n * len(echunks) * 4)  # scores (one key tile at a time), then one region per chunk
-    o_rows = arena.tile(m * p.dv * p.out_dt.size)
-    o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks] if len(echunks) > 1 else [o_rows]
+    o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
     (mult1, shift1), (mult2, shift2) = p.requant or ((f32_bits(1.0), 0), (f32_bits(1.0), 0))
     kdt, vdt = _op_dt(p.k), _op_dt(p.v)
+    first_tile = [sum(len(kb) for kb in kblocks[:b]) for b in range(len(kblocks))]
 
-    def load(em: Emitter) -> None:
-        for fn in loads:
-            fn(em)
+    def scores(b: int) -> Callable[[Emitter], None]:
+        def emit(em: Emitter) -> None:
+            for i, ((_, bk), kb) in enumerate(zip(kblocks[b], k_bufs, strict=False)):
+                for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_buf.chunks, strict=True)):
+                    em.b.mx_preload(em.reg(kb.chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
+                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
+                em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
+                em.b.mx_drain(*em.regs(s_tiles[first_tile[b] + i], acc), m, bk)
 
-    def prepare(em: Emitter) -> None:
-        _quantizer(quants)(em)
-        for fn in copies:
-            fn(em)
-
-    def scores(em: Emitter) -> None:
-        for (_, bk), k_addr, s_addr in zip(ktiles, k_tiles, s_tiles, strict=True):
-            for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_tiles, strict=True)):
-                em.b.mx_preload(em.reg(k_addr + c0 * bk * kdt.size), kc, bk, kdt.name)
-                (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
-            em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
-            em.b.mx_drain(*em.regs(s_addr, acc), m, bk)
+        return emit
 
     def softmax(em: Emitter) -> None:
         if split:
@@ -362,25 +443,51 @@ def _step(
         if split:
             _scatter_rows(em, p_rows, p_tiles, ktiles, m, p.sk, p.prob_dt)
 
-    def context(em: Emitter) -> None:
-        for e, (_, ec) in enumerate(echunks):
-            for j, (_, bk) in enumerate(ktiles):
-                em.b.mx_preload(em.reg(v_tiles[j][e]), bk, ec, vdt.name)
-                (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[j]), m)
-        em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
-        for e, (_, ec) in enumerate(echunks):
-            em.b.mx_drain(*em.regs(o_tiles[e], acc + e * m * n * 4), m, ec)
+    def context(b: int) -> Callable[[Emitter], None]:
+        def emit(em: Emitter) -> None:
+            for e, (_, ec) in enumerate(echunks):
+                for i, ((_, bk), vb) in enumerate(zip(kblocks[b], v_bufs, strict=False)):
+                    j = first_tile[b] + i
+                    em.b.mx_preload(em.reg(vb.chunks[e]), bk, ec, vdt.name)
+                    (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[j]), m)
+            if b == len(kblocks) - 1:
+                em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
+                for e, (_, ec) in enumerate(echunks):
+                    em.b.mx_drain(*em.regs(o_tiles[e], acc + e * m * n * 4), m, ec)
 
-    def merge(em: Emitter) -> None:
-        _join_columns(em, o_tiles, o_rows, m, p.dv, n, p.out_dt)
+        return emit
 
-    compute: list = [(Unit.load, load)]
-    if quants or copies:
-        compute.append((Unit.vector, prepare))
-    compute += [(Unit.matrix, scores), (Unit.vector, softmax), (Unit.matrix, context)]
-    if len(echunks) > 1:
-        compute.append((Unit.vector, merge))
-    return Step([], compute, [(o_rows, p.out.view(h).slice(0, i0, m))])
+    streamed = len(kblocks) > 1
+    if not streamed:  # K and V with the step's first loads: prefetched under the previous step
+        for key in head:
+            head[key] += k_work[0][key] + v_work[0][key]
+    # a streamed step loads inside its segments: it must not start with loads, which the pipeline would issue
+    # under the previous step (their hand-over tokens would then pair with this step's later loads)
+    compute: list = [(Unit.scalar, _run([]))] if streamed else []
+    compute.append((Unit.load, _run(head["loads"])))
+    if head["quants"] or head["copies"]:
+        compute.append((Unit.vector, _prepare(head)))
+    for b in range(len(kblocks)):
+        if streamed:
+            compute.append((Unit.load, _run(k_work[b]["loads"])))
+            if k_work[b]["quants"]:
+                compute.append((Unit.vector, _prepare(k_work[b])))
+        compute.append((Unit.matrix, scores(b)))
+    compute.append((Unit.vector, softmax))
+    for b in range(len(kblocks)):
+        if streamed:
+            compute.append((Unit.load, _run(v_work[b]["loads"])))
+            if v_work[b]["quants"] or v_work[b]["copies"]:
+                compute.append((Unit.vector, _prepare(v_work[b])))
+        compute.append((Unit.matrix, context(b)))
+    out = p.out.view(h).slice(0, i0, m)
+    return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
+
+
+def _packed(arena: TileArena, m: int, ktiles: list[tuple[int, int]], es: int) -> list[int]:
+    """One tile holding an m x bk tile per key tile, back to back."""
+    base = arena.tile(m * sum(bk for _, bk in ktiles) * es)
+    return [base + m * j0 * es for j0, _ in ktiles]
 
 
 def _column_chunks(part: View, n: int) -> list[View]:
@@ -392,29 +499,6 @@ def _split_columns(em: Emitter, src: int, tiles: list[int], rows: int, cols: int
     for (c0, kc), tile in zip(chunks(cols, n), tiles, strict=True):
         for r in range(rows):
             em.b.v_copy(*em.regs(tile + r * kc * dt.size, src + (r * cols + c0) * dt.size), kc, dt.name)
-
-
-def _join_columns(em: Emitter, tiles: list[int], dst: int, rows: int, cols: int, n: int, dt: DType) -> None:
-    for (c0, kc), tile in zip(chunks(cols, n), tiles, strict=True):
-        for r in range(rows):
-            em.b.v_copy(*em.regs(dst + (r * cols + c0) * dt.size, tile + r * kc * dt.size), kc, dt.name)
-
-
-def _load_kt(arena: TileArena, k: HeadOperand, part: View, loads: list, quants: list) -> int:
-    """K^T's (d, bk) tile, dense: one transposing load of the tile's keys when they are rows of K in DRAM (the
-    head dim contiguous), one plain load when K^T itself has contiguous rows, else the view's transfers."""
-    d, bk = part.shape
-    es = part.dtype.size
-    raw = arena.tile(d * bk * es)
-    if part.strides[0] == es and bk > 1:
-        loads.append(lambda em: em.b.dma_ldt(*em.regs(raw, part.address, part.strides[1]), bk, d, part.dtype.name))
-    else:
-        loads.append(lambda em: em.dma_load(part, raw))
-    if k.quantize is None:
-        return raw
-    q = arena.tile(d * bk)
-    quants.append((q, raw, d * bk, 1.0 / k.quantize))
-    return q
 
 
 def _gather_rows(em: Emitter, tiles: list[int], rows: int, ktiles: list, m: int, sk: int, dt: DType) -> None:

@@ -102,6 +102,15 @@ def test_the_tiny_machine_tiles_everything():
         assert_matches(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_keys_beyond_a_buffer_slot_stream_through_it(dtype):
+    """tiny (a 5 KiB buffer slot): K and V of a head (150 keys x 16, 9.4 KiB each in fp32) loaded block by block
+    inside the step, in the same buffers; GQA and a padding mask on top."""
+    shape = AttentionShape(seq=6, keys=150, heads=2, kv_heads=1, head_dim=16, key_len=130)
+    _, got, want = run(shape, dtype, config="tiny")
+    assert_matches(got, want, dtype)
+
+
 def test_the_mask_is_generated_not_loaded():
     """The kernel's DRAM reads are its Q/K/V sources and the positions vector, never the Sq x Sk mask."""
     shape = AttentionShape(seq=32, heads=2, head_dim=16, causal=True)
