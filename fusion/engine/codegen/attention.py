@@ -21,10 +21,12 @@ query positions: a vector of positions 0..P-1 (P = max(Sq, Sk); the kernel's onl
 Sq x Sk mask: the ISA has no instruction producing a position), t = clip(j - i - offset, 0, 1) (causal) and/or
 clip(j - (len - 1), 0, 1) (padding), the score plus t * value: exactly the reference's score + mask.
 
-Tiling: the head dim and value dim in chunks of N, the keys in tiles of N, query rows in blocks of as many rows
-as fit a buffer slot (K and V of one head included) and a vector register (m x Sk). Limits (CodegenError): a
-row of scores longer than a vector register (the online softmax over key blocks is not implemented), one head's
-K and V beyond a buffer slot (not streamed over steps).
+Tiling (`tiling`): the head dim and value dim in chunks of N, the keys in tiles of N, query rows in blocks of as
+many rows as fit a buffer slot and a vector register (a whole row of scores per row). K and V of a head that do
+not fit a slot beside them stream through it in key blocks inside the step. A row of scores longer than a vector
+register runs the online softmax (`_online_step`, FlashAttention's loop: running max and sum in registers, the
+output rescaled per key block); fp32 only: its sums are not the reference's, so int8 refuses (CodegenError) rather
+than run an inexact kernel.
 """
 
 from __future__ import annotations
@@ -218,10 +220,11 @@ class Tiling:
     rows: int
     block_keys: int
     local_split: bool
+    online: bool = False  # rows longer than a vector register: running max and sum over key blocks (fp32)
 
 
 def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
-    """Scratchpad and accumulator tiles of a step, one entry per tile `_step` allocates."""
+    """Scratchpad and accumulator tiles of a step, one entry per tile `_step` (`_online_step`) allocates."""
     spad: list[int] = []
     m = t.rows
 
@@ -240,10 +243,12 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
         operand(p.v, bk, p.dv)
     if p.positions is not None:
         spad.append(p.positions.size * 4)
-    alltiles = chunks(p.sk, n)
-    split = len(alltiles) > 1
-    spad += [m * p.sk * p.score_dt.size, m * p.sk * 4] * (2 if split else 1)
     echunks = chunks(p.dv, n)
+    if t.online:  # a block's scores and probabilities (rows, key tiles), the output and a block's product
+        spad += [m * t.block_keys * 4] * 4 + [m * ec * 4 for _, ec in echunks] * 2
+        return spad, [m * n * len(echunks) * 4]
+    split = len(chunks(p.sk, n)) > 1
+    spad += [m * p.sk * p.score_dt.size, m * p.sk * 4] * (2 if split else 1)
     spad += [m * ec * p.out_dt.size for _, ec in echunks]
     return spad, [m * n * len(echunks) * 4]
 
@@ -253,28 +258,37 @@ def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
     the step when they fit, else in the largest key blocks that fit."""
     n = cfg.array_size
     rows = min(p.sq, cfg.vreg_elems // p.sk, 4095)
-    if rows == 0:
-        raise CodegenError(
-            f"node {softmax!r}: a row of {p.sk} scores does not fit a vector register "
-            "(the online softmax over key blocks is not implemented)"
-        )
     probe = TileArena(cfg, 0)
 
     def fits(t: Tiling) -> bool:
         return probe.fits(*_tile_bytes(p, n, t))
 
     whole = -(-p.sk // n) * n
-    for local_split in (True, False):
-        m = largest_fitting(rows, lambda r, s=local_split: fits(Tiling(r, whole, s)))
-        if m >= min(rows, n):
-            return Tiling(-(-p.sq // -(-p.sq // m)), whole, local_split)
-    for local_split in (True, False):
-        m = min(rows, n)
-        while m and not fits(Tiling(m, n, local_split)):
+    if rows:
+        for local_split in (True, False):
+            m = largest_fitting(rows, lambda r, s=local_split: fits(Tiling(r, whole, s)))
+            if m >= min(rows, n):
+                return Tiling(-(-p.sq // -(-p.sq // m)), whole, local_split)
+        for local_split in (True, False):
+            m = min(rows, n)
+            while m and not fits(Tiling(m, n, local_split)):
+                m //= 2
+            if m:
+                keys = n * largest_fitting(whole // n, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s)))
+                return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split)
+    if p.requant is not None:
+        raise CodegenError(
+            f"node {softmax!r}: int8 rows of {p.sk} scores beyond a vector register would need the online softmax, "
+            "whose sums are not the reference's (not bit-exact)"
+        )
+    for local_split in (True, False):  # online: m rows x a block of keys in a vector register
+        m = min(p.sq, n, cfg.vreg_elems // n)
+        while m and not fits(Tiling(m, n, local_split, True)):
             m //= 2
         if m:
-            keys = n * largest_fitting(whole // n, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s)))
-            return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split)
+            limit = min(whole, cfg.vreg_elems // m) // n
+            keys = n * largest_fitting(limit, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s, True)))
+            return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split, True)
     raise CodegenError(f"node {softmax!r}: one key tile of K and V and the rows of scores do not fit a buffer slot")
 
 
@@ -287,7 +301,7 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     for h in range(heads):
         for i0, rows_i in chunks(p.sq, t.rows):
             arena = TileArena(cx.config, len(steps))
-            steps.append(_step(cx, match, p, arena, (h, i0, rows_i), t))
+            steps.append((_online_step if t.online else _step)(cx, match, p, arena, (h, i0, rows_i), t))
     return steps
 
 
@@ -432,7 +446,8 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
                 continue
             node = g.node(name)
             if name == match.mask:
-                out = _emit_mask(em, regs, regs.of[_chain_input(g, node, regs)], p, i0, m, pos)
+                src = regs.of[_chain_input(g, node, regs)]
+                out = _emit_mask(em, regs, src, p.mask, (i0, m, 0, p.sk), pos)
             else:
                 out = _emit_recipe(cx, em, regs, node, p.sk)
             regs.of[node.outputs[0]] = out
@@ -484,6 +499,158 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
 
 
+def _online_step(
+    cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling
+) -> Step:
+    """fp32, rows of scores longer than a vector register: per key block, the block's scores (scaled, masked),
+    m = max(m, rowmax), alpha = exp(m_old - m), P = exp(S - m), l = l * alpha + rowsum(P), O = O * alpha + P V;
+    finally O / l (FlashAttention's loop, one query block at a time). Running max, sum and alpha stay in vector
+    registers v0-v2 across the step's segments (nothing else runs on the vector unit in between)."""
+    h, i0, m = block
+    n = cx.config.array_size
+    g = cx.graph
+    head = _work()
+    q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
+    _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
+    pos = 0
+    if p.positions is not None:
+        pos = arena.tile(p.positions.size * 4)
+        head["loads"].append(lambda em: em.dma_load(p.positions, pos))
+    ktiles = chunks(p.sk, n)
+    per_block = t.block_keys // n
+    kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
+    kview, vview = p.k.view(h), p.v.view(h)
+    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]
+    v_bufs = [_alloc_region(arena, p.v, bk, p.dv, n, t.local_split) for _, bk in kblocks[0]]
+    k_work, v_work = [_work() for _ in kblocks], [_work() for _ in kblocks]
+    for b, keys in enumerate(kblocks):
+        for (j0, bk), kb, vb in zip(keys, k_bufs, v_bufs, strict=False):
+            _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
+            _fill_region(vb, p.v, vview.slice(0, j0, bk), n, v_work[b])
+    kb_max = t.block_keys
+    s_rows, p_rows = arena.tile(m * kb_max * 4), arena.tile(m * kb_max * 4)
+    s_tiles, p_tiles = _packed(arena, m, kblocks[0], 4), _packed(arena, m, kblocks[0], 4)
+    echunks = chunks(p.dv, n)
+    acc = arena.acc_tile(m * n * len(echunks) * 4)
+    o_tiles = [arena.tile(m * ec * 4) for _, ec in echunks]
+    pv_tiles = [arena.tile(m * ec * 4) for _, ec in echunks]
+    kdt, vdt = _op_dt(p.k), _op_dt(p.v)
+    one = f32_bits(1.0)
+
+    def state(em: Emitter) -> Registers:
+        regs = Registers()
+        for name in ("max", "sum", "alpha"):
+            regs.new(name)
+        return regs
+
+    def start(em: Emitter) -> None:
+        _prepare(head)(em)
+        for o, (_, ec) in zip(o_tiles, echunks, strict=True):  # O = 0: x - x on the bits, whatever they were
+            em.b.v_sub(*em.regs(o, o, o), m * ec, "i32")
+        em.b.vc_ld(0, em.reg(o_tiles[0]), m, "f32")
+        em.b.vc_add_vs(1, 0, 0)  # sum = 0
+        em.b.vc_add_vs(0, 0, em.reg(f32_bits(float(np.finfo(np.float32).min))))  # max = float32 min
+
+    def scores(b: int) -> Callable[[Emitter], None]:
+        def emit(em: Emitter) -> None:
+            for i, (_, bk) in enumerate(kblocks[b]):
+                for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_buf.chunks, strict=True)):
+                    em.b.mx_preload(em.reg(k_bufs[i].chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
+                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
+                em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
+                em.b.mx_drain(*em.regs(s_tiles[i], acc), m, bk)
+
+        return emit
+
+    def update(b: int) -> Callable[[Emitter], None]:
+        keys = kblocks[b]
+        k0, kn = keys[0][0], sum(bk for _, bk in keys)
+        local = [(j0 - k0, bk) for j0, bk in keys]
+
+        def emit(em: Emitter) -> None:
+            _gather_rows(em, s_tiles, s_rows, local, m, kn, DType.f32)
+            regs = state(em)
+            r = regs.new(g.node(match.scores).outputs[0])
+            em.b.vc_ld(r, em.reg(s_rows), m * kn, "f32")
+            x = r
+            for name in (match.scale, match.mask):
+                if name is None:
+                    continue
+                node = g.node(name)
+                src = regs.of[_chain_input(g, node, regs)]
+                if name == match.mask:
+                    x = _emit_mask(em, regs, src, p.mask, (i0, m, k0, kn), pos)
+                else:
+                    x = _emit_recipe(cx, em, regs, node, kn)
+                regs.of[node.outputs[0]] = x
+            top = regs.temp()
+            em.b.vc_rmax(top, x, kn)
+            em.b.vc_max(top, top, 0)  # the new running max
+            em.b.vc_sub(2, 0, top)
+            em.b.vc_exp(2, 2)  # alpha = exp(m_old - m_new)
+            em.b.vc_copy(0, top)
+            regs.release(top)
+            e = regs.temp()
+            em.b.vc_sub_vc(e, x, 0)
+            em.b.vc_exp(e, e)  # P = exp(S - m_new)
+            regs.release(x)
+            row = regs.temp()
+            em.b.vc_rsum(row, e, kn)
+            em.b.vc_mul(1, 1, 2)
+            em.b.vc_add(1, 1, row)  # l = l * alpha + rowsum(P)
+            regs.release(row)
+            em.b.vc_st(em.reg(p_rows), e)
+            _scatter_rows(em, p_rows, p_tiles, local, m, kn, DType.f32)
+
+        return emit
+
+    def product(b: int) -> Callable[[Emitter], None]:
+        def emit(em: Emitter) -> None:
+            for e, (_, ec) in enumerate(echunks):
+                for i, ((_, bk), vb) in enumerate(zip(kblocks[b], v_bufs, strict=False)):
+                    em.b.mx_preload(em.reg(vb.chunks[e]), bk, ec, vdt.name)
+                    (em.b.mx_mm if i == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[i]), m)
+            em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
+            for e, (_, ec) in enumerate(echunks):
+                em.b.mx_drain(*em.regs(pv_tiles[e], acc + e * m * n * 4), m, ec)
+
+        return emit
+
+    def rescale(em: Emitter) -> None:  # O = O * alpha + P V
+        regs = state(em)
+        for o, pv, (_, ec) in zip(o_tiles, pv_tiles, echunks, strict=True):
+            a, c = regs.temp(), regs.temp()
+            em.b.vc_ld(a, em.reg(o), m * ec, "f32")
+            em.b.vc_mul_vc(a, a, 2)
+            em.b.vc_ld(c, em.reg(pv), m * ec, "f32")
+            em.b.vc_add(a, a, c)
+            em.b.vc_st(em.reg(o), a)
+            regs.release(c)
+            regs.release(a)
+
+    def finish(em: Emitter) -> None:  # O / l
+        regs = state(em)
+        for o, (_, ec) in zip(o_tiles, echunks, strict=True):
+            a = regs.temp()
+            em.b.vc_ld(a, em.reg(o), m * ec, "f32")
+            em.b.vc_div_vc(a, a, 1)
+            em.b.vc_st(em.reg(o), a)
+            regs.release(a)
+
+    compute: list = [(Unit.scalar, _run([])), (Unit.load, _run(head["loads"])), (Unit.vector, start)]
+    for b in range(len(kblocks)):
+        compute.append((Unit.load, _run(k_work[b]["loads"])))
+        if k_work[b]["quants"]:
+            compute.append((Unit.vector, _prepare(k_work[b])))
+        compute += [(Unit.matrix, scores(b)), (Unit.vector, update(b)), (Unit.load, _run(v_work[b]["loads"]))]
+        if v_work[b]["quants"] or v_work[b]["copies"]:
+            compute.append((Unit.vector, _prepare(v_work[b])))
+        compute += [(Unit.matrix, product(b)), (Unit.vector, rescale)]
+    compute.append((Unit.vector, finish))
+    out = p.out.view(h).slice(0, i0, m)
+    return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
+
+
 def _packed(arena: TileArena, m: int, ktiles: list[tuple[int, int]], es: int) -> list[int]:
     """One tile holding an m x bk tile per key tile, back to back."""
     base = arena.tile(m * sum(bk for _, bk in ktiles) * es)
@@ -530,15 +697,17 @@ def _emit_recipe(cx: LowerContext, em: Emitter, regs: Registers, node: Node, per
     return out
 
 
-def _emit_mask(em: Emitter, regs: Registers, s: int, p: Plan, i0: int, m: int, pos: int) -> int:
-    """score + mask, the mask rebuilt from positions: t in {0, 1} (1 = masked), score + t * value."""
-    mask = p.mask
-    assert mask is not None
+def _emit_mask(
+    em: Emitter, regs: Registers, s: int, mask: PositionMask, window: tuple[int, int, int, int], pos: int
+) -> int:
+    """score + mask for query rows [i0, i0 + m) x keys [k0, k0 + kn), the mask rebuilt from positions: t in {0, 1}
+    (1 = masked), score + t * value."""
+    i0, m, k0, kn = window
     one, zero = em.reg(f32_bits(1.0)), 0
     t = regs.temp()
     em.b.vc_mul_vs(t, s, zero)
     col = regs.temp()
-    em.b.vc_ld(col, em.reg(pos), p.sk, "f32")
+    em.b.vc_ld(col, em.reg(pos + k0 * 4), kn, "f32")
     em.b.vc_add_vr(t, t, col)  # t = key position j
     regs.release(col)
     hit = None
@@ -550,7 +719,7 @@ def _emit_mask(em: Emitter, regs: Registers, s: int, p: Plan, i0: int, m: int, p
         regs.release(row)
         em.b.vc_sub_vs(hit, hit, em.reg(f32_bits(mask.causal_offset)))
         em.b.vc_clip(hit, hit, zero, one)
-    if mask.key_len < p.sk:
+    if mask.key_len < k0 + kn:
         em.b.vc_sub_vs(t, t, em.reg(f32_bits(mask.key_len - 1)))
         em.b.vc_clip(t, t, zero, one)
         if hit is None:
