@@ -19,6 +19,9 @@ from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import EngineError
 from fusion.engine.footprint import check_fits_dram
 from fusion.engine.planner import POLICIES
+from fusion.engine.program import model_prefers
+from fusion.engine.program_figures import measure
+from fusion.engine.program_run import EXECUTIONS
 from fusion.engine.report import PolicyReport, build_report, format_comparison, format_report
 from fusion.engine.validation import ValidationPolicy
 from fusion.engine.workers import default_workers
@@ -42,6 +45,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="base", help=f"machine preset ({', '.join(PRESETS)}) or a .toml file")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "int8"), help="int8: calibrated on the inputs")
     p.add_argument("--report", action="store_true", help="print the plan: groups, strategies, cycles, cache")
+    p.add_argument(
+        "--execution",
+        default="host",
+        choices=EXECUTIONS,
+        help="host: kernel by kernel, a launch each (default); program: the plan as one program, dispatched on chip",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--output-dir", type=Path, help="write each graph output as DIR/<output name>.npy")
     p.add_argument("--validate", default="first:1", help="shadow validation: always, off, every:N, first:K")
@@ -96,6 +105,7 @@ def _run_policy(
         validation=ValidationPolicy.parse(args.validate),
         allow_rounding_change=args.allow_rounding_change,
         workers=args.workers,
+        execution=args.execution,
     )
     from fusion.hpm.cost_model import load_cost_model  # the CLI is the edge that may pick the learned model
 
@@ -110,7 +120,11 @@ def _run_policy(
     assert result is not None
     if isinstance(cache, RecordingCache):
         emit_kernels(result.records, cache.used, args.emit_asm / policy if args.compare else args.emit_asm)
-    return build_report(engine.for_inputs(inputs), result), result.outputs  # the engine of these input shapes
+    engine = engine.for_inputs(inputs)  # the engine of these input shapes
+    figures = None
+    if args.execution == "program" and (args.report or args.json):
+        figures = measure(engine.mc, engine.plan.choices, inputs, model_prefers(engine.mc, cost_model))
+    return build_report(engine, result, figures), result.outputs
 
 
 def run_fuse(args: argparse.Namespace) -> int:

@@ -50,6 +50,8 @@ from fusion.engine.pipelined import build_pipelined, pair_schedule
 from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan, baseline_group
 from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
+from fusion.engine.program import LinkedProgram
+from fusion.engine.program_run import EXECUTIONS, ProgramCall, host_launches, run_as_program
 from fusion.engine.validation import ValidationPolicy, compare
 from fusion.engine.workers import CompilePool, capped, default_workers
 from fusion.errors import ShapeError
@@ -83,8 +85,11 @@ class EngineOptions:
     allow_rounding_change: bool = False
     checked: bool = False  # run the simulator's race checker on every kernel
     pipeline: bool = True  # dynamic: run complementary consecutive groups as one pipelined program
+    execution: str = "host"  # host: kernel by kernel, launches priced; program: the plan as one program
 
     def __post_init__(self) -> None:
+        if self.execution not in EXECUTIONS:
+            raise EngineError(f"execution must be one of {', '.join(EXECUTIONS)}, got {self.execution!r}")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise EngineError(f"workers must be an integer >= 1, got {self.workers!r}")
 
@@ -127,10 +132,18 @@ class CallResult:
     replanned: tuple[tuple[str, ...], ...]
     dispatch_seconds: float  # host time spent dispatching (profiling, keys, cache, guards), simulation excluded
     params: QuantParams | None = None  # the int8 calibration this call ran with (None for fp32)
+    launch_cycles: int = 0  # the host's kernel launches (`MachineConfig.launch_cycles` each; program: one)
+    program: ProgramCall | None = None  # execution="program": the one program's run
 
     @property
     def cycles(self) -> int:
-        return sum(r.measured_cycles for r in self.records)
+        """The accelerator's cycles: the program's, or (host) the kernels' sum."""
+        return self.program.cycles if self.program is not None else sum(r.measured_cycles for r in self.records)
+
+    @property
+    def model_cycles(self) -> int:
+        """The model's cycles with its launches: what the two execution models are compared on."""
+        return self.cycles + self.launch_cycles
 
     @property
     def dram_bytes(self) -> int:
@@ -224,6 +237,8 @@ class FusionEngine:
         self._pool: CompilePool | None = None  # compile workers of the current model context
         self._by_shape: dict[tuple, FusionEngine] = {}  # specialisations for other input shapes (`for_inputs`)
         self._last_engine: FusionEngine | None = None  # the specialisation of the previous call (shape drift)
+        # execution="program": linked plans per calibration state (`program_run`), dropped with the state
+        self.programs: weakref.WeakKeyDictionary[_State, dict[tuple, LinkedProgram]] = weakref.WeakKeyDictionary()
         # An online-learning cost model (duck-typed, e.g. `OnlineHpm`): fed every simulated kernel's counters.
         self._learner: Callable[[KernelFeatures, MachineConfig, Mapping[str, float]], None] | None = getattr(
             self.cost_model, "record", None
@@ -438,6 +453,8 @@ class FusionEngine:
             assert self._state is not None
             c = _Call(self._state, self.plan, self._evaluator, self.calls)
             self.calls += 1
+        if self.options.execution == "program":
+            return run_as_program(self, c, checked_inputs, drifts, replanned)
         env: dict[str, np.ndarray] = dict(checked_inputs)
         records = []
         dispatch = 0.0
@@ -454,7 +471,8 @@ class FusionEngine:
             dispatch += seconds
         mc = c.state.mc
         outputs = {v: to_real(mc, v, env[v]) for v in self.graph.outputs}
-        return CallResult(outputs, tuple(records), drifts, replanned, dispatch, mc.params)
+        launches = host_launches(self.graph, records) * self.config.launch_cycles
+        return CallResult(outputs, tuple(records), drifts, replanned, dispatch, mc.params, launches)
 
     def _oracle_env(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Live values for the oracle's measurements: the unfused plan's run on these inputs."""

@@ -10,15 +10,18 @@ start only when it has finished. Here the plan is linked into one binary:
   fall-through (no jump: every register is the generators' scratch, none could hold a return address); only an
   on-chip dispatch jumps (through its table to the zero-skip variant, or past it after the dense one);
 - per-kernel counters as in any program: each kernel is its own `.kernel` block (`RunResult.kernel_counters`),
-  plus a `program_io` block declaring the graph's inputs and outputs;
+  plus a `program_io` block declaring the graph's inputs, outputs and views (so every value can be read back);
 - kernel boundaries ordered by tokens, not by a fence (`pipelined.join_phases`: `st -> ld` tokens after the
   previous kernel's last stores; the next kernel's loads that read no byte written since the last fence, into
   local slots the previous kernel's last steps do not use, are issued while it still computes). The previous
   kernel's last phase and the next one's first are rewritten; a boundary the join refuses, one next to a
   zero-tile test (`bz.tile` reads local memory at issue) or after a kernel that was itself joined at its start
-  within a single phase keeps the fence. Every joined boundary's tokens are all popped by the next kernel's
-  first steps, so the load queue (in order) holds any later load behind every earlier kernel's stores;
-- on-chip dispatch (`dispatcher`): for a group with dense and zero-skip variants the program measures the live
+  within a single phase keeps the fence (joining both ends is race-free too, but its rewritten first steps no
+  longer describe their tiles, so the next kernel must wait for all of it: measured slower on every bundled
+  encoder, e.g. encoder_pre_d64 int8 17552 -> 17659 cycles). Every joined boundary's tokens are all popped by
+  the next kernel's first steps, so the load queue (in order) holds any later load behind every earlier
+  kernel's stores;
+- on-chip dispatch (`_measure`): for a group with dense and zero-skip variants the program measures the live
   operand on chip (one DMA into the scratchpad, then `bnz.tile` over each N x N tile's rows, counting all-zero
   tiles exactly as `profile.zero_tile_fraction` does) and jumps through a `dispatch` table to the variant: the
   zero-skip one from `threshold` zero tiles up (the cost model's break-even at the live fraction), else the
@@ -30,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -47,9 +51,10 @@ from fusion.engine.views import is_view, slice_index
 from fusion.lower import declare, plan_dram, symbol_names
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, run_pipeline
-from fusion.lower.local_alloc import DEPTH, slot_rotation
+from fusion.lower.local_alloc import DEPTH
 from fusion.lower.views import View
 from isa.enums import Unit
+from simulator.config import MachineConfig
 from simulator.run import simulate
 
 MAX_TILE_TESTS = 1 << 16  # unrolled `bnz.tile` tests of one dispatcher (bounds the program's size)
@@ -102,6 +107,7 @@ class ProgramRun:
     outputs: dict[str, np.ndarray]  # every value a kernel writes, and the graph outputs (storage dtype)
     cycles: int
     kernel_cycles: dict[str, int]  # `.kernel` name -> its share of the timeline
+    kernel_counters: dict[str, Any]  # `.kernel` name -> its counters (`RunResult.kernel_counters`)
     decisions: tuple[tuple[int, str], ...]  # (plan position, "zero_skip" / "dense") per on-chip dispatch
     dispatch_cycles: int  # cycles of the measuring code (the on-chip dispatch overhead)
     dram_bytes: int
@@ -109,7 +115,7 @@ class ProgramRun:
     counters: object
 
 
-Prefer = Callable[[GroupChoice, float], bool]  # (choice, zero-tile fraction) -> the zero-skip variant pays
+Prefer = Callable[[GroupChoice, float], float]  # (choice, zero-tile fraction) -> cycles the zero-skip variant saves
 
 
 def variants(choice: GroupChoice) -> tuple[Group, Group] | None:
@@ -126,7 +132,7 @@ def threshold(choice: GroupChoice, tiles: int, prefer: Prefer) -> int | None:
     first = math.ceil(SPARSE_TILE_FRACTION * tiles - 1e-9)
     found = None
     for count in range(tiles, max(first, 0) - 1, -1):
-        if not prefer(choice, count / tiles):
+        if prefer(choice, count / tiles) <= 0:
             break
         found = count
     return found
@@ -170,9 +176,8 @@ def link_plan(
     rotation = 0
     for i, g in blocks_groups:
         sub = mc.subgraph(g.nodes)
-        cx = LowerContext(sub, cfg, mc.qplan, mc.params, addresses)
-        with slot_rotation(rotation):
-            phases = [list(p) for p in group_phases(cx, sub.nodes, g, mc.allow_rounding_change)]
+        cx = LowerContext(sub, cfg, mc.qplan, mc.params, addresses, rotation=rotation)
+        phases = [list(p) for p in group_phases(cx, sub.nodes, g, mc.allow_rounding_change)]
         blocks.append((i, g, phases, cx))
         rotation = (rotation + len([s for s in phases[-1] if s.segments()])) % DEPTH
     boundaries: list[Boundary] = []
@@ -195,7 +200,8 @@ def link_plan(
             written = []
 
     b = ProgramBuilder(data_base=0)
-    outs = [declare(gcx, names, v) for v in dict.fromkeys(graph.outputs) if not graph.is_constant(v)]
+    views = [n.outputs[0] for n in graph.nodes if is_view(graph, n)]  # (read back as any value: validation)
+    outs = [declare(gcx, names, v) for v in dict.fromkeys([*graph.outputs, *views]) if not graph.is_constant(v)]
     with b.kernel("program_io", inputs=[declare(gcx, names, v) for v in graph.inputs], outputs=outs):
         b.nop()
     dispatches = [replace(d, dense=kernel_names[d.dense], zero_skip=kernel_names[d.zero_skip]) for d in tables.values()]
@@ -252,10 +258,18 @@ def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer) ->
         return None
     tiles = -(-rows // n) * -(-cols // n)
     at = threshold(choice, tiles, prefer)
-    if at is None:
-        return None
+    if at is None or prefer(choice, 1.0) <= measure_cycles(mc.config, rows, cols, es):
+        return None  # never pays, or the measurement costs more than the most it could save
     name = identifier(f"dispatch_{dense.nodes[0]}")
     return Dispatch(index, operand, tiles, at, name, _kernel_name(dense), _kernel_name(zero_skip), dense, zero_skip)
+
+
+def measure_cycles(cfg: MachineConfig, rows: int, cols: int, es: int) -> int:
+    """An estimate of the on-chip measurement on dense data (every tile's first row non-zero): the operand's DMA
+    (latency + bytes at the channel's rate) and a `li` + taken `bnz.tile` per tile."""
+    n = cfg.array_size
+    tiles = -(-rows // n) * -(-cols // n)
+    return cfg.dram_latency + -(-rows * cols * es // cfg.dram_bytes_per_cycle) + tiles * (2 + cfg.branch_penalty)
 
 
 def _place_views(mc: ModelContext, addresses: dict[str, int]) -> None:
@@ -300,7 +314,7 @@ def _fence_reason(
     if g.strategy in NOT_PIPELINED or nxt.strategy in NOT_PIPELINED:
         return f"a {g.strategy if g.strategy in NOT_PIPELINED else nxt.strategy} kernel (zero-tile tests at issue)"
     if chained:
-        return "single-phase kernel already joined at its start"
+        return "single-phase kernel already joined at its start (joining both ends measured slower)"
     return ""
 
 
@@ -371,6 +385,7 @@ def run_program(
         outputs,
         int(c.cycle),
         {k: int(v.cycle) for k, v in per.items()},
+        per,
         decisions,
         sum(int(per[d.kernel].cycle) for d in linked.dispatches),
         int(c.dram_read_bytes) + int(c.dram_write_bytes),
@@ -380,8 +395,8 @@ def run_program(
 
 
 def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
-    """The host dispatch table's rule as a break-even: the zero-skip kernel at the live zero-tile fraction
-    predicted cheaper than the dense kernel (the same predictions `FusionEngine._variant` compares)."""
+    """The host dispatch table's rule as cycles saved: the dense kernel's prediction minus the zero-skip kernel's
+    at the zero-tile fraction (the same predictions `FusionEngine._variant` compares)."""
     built: dict[Group, Kernel] = {}
 
     def kernel(g: Group) -> Kernel:
@@ -389,12 +404,12 @@ def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
             built[g] = build_kernel(mc, g, "sparse" if g.strategy == "zero_skip" else "any")
         return built[g]
 
-    def prefer(choice: GroupChoice, fraction: float) -> bool:
+    def prefer(choice: GroupChoice, fraction: float) -> float:
         pair = variants(choice)
         if pair is None:
-            return False
+            return 0.0
         dense, zero_skip = pair
         cost = cost_model.predict(kernel_features(mc, kernel(zero_skip), round(fraction, 2)), mc.config).cycles
-        return cost < cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles
+        return cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles - cost
 
     return prefer

@@ -13,6 +13,7 @@ from typing import Any
 
 from fusion.cost.roofline import model_roofline
 from fusion.engine.engine import CallResult, FusionEngine
+from fusion.engine.program_figures import ProgramFigures
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,16 @@ class PolicyReport:
     cache: dict[str, int]
     validations: int
     validation_events: tuple[dict[str, Any], ...]
+    execution: str = "host"
+    model_cycles: int = 0  # cycles + the launches (`MachineConfig.launch_cycles` each; one for a program)
+    program: dict[str, Any] | None = None  # execution="program": boundaries, overlap, on-chip dispatch
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
+def build_report(engine: FusionEngine, result: CallResult, figures: ProgramFigures | None = None) -> PolicyReport:
+    """The call's report; `figures` (`program_figures.measure`): a program's overlap per boundary."""
     plan = engine.plan
     assert plan is not None and engine.mc is not None
     reasons = {c.group.nodes: c.reason for c in plan.choices}
@@ -98,7 +103,33 @@ def build_report(engine: FusionEngine, result: CallResult) -> PolicyReport:
         cache=engine.cache.stats.as_dict(),
         validations=sum(r.validated for r in result.records),
         validation_events=tuple(e.__dict__ for e in engine.events),
+        execution=engine.options.execution,
+        model_cycles=result.model_cycles,
+        program=_program(result, figures),
     )
+
+
+def _program(result: CallResult, figures: ProgramFigures | None) -> dict[str, Any] | None:
+    p = result.program
+    if p is None:
+        return None
+    gained = {(b, a): g for b, a, g in figures.boundaries} if figures is not None else {}
+    out: dict[str, Any] = {
+        "cycles": p.cycles,
+        "dispatch_cycles": p.dispatch_cycles,
+        "boundaries": [
+            {"before": b.before, "after": b.after, "joined": b.joined, "reason": b.reason}
+            | ({"gained_cycles": gained[(b.before, b.after)]} if (b.before, b.after) in gained else {})
+            for b in p.boundaries
+        ],
+        "dispatch": [
+            {"nodes": list(nodes), "variant": v, "threshold_tiles": t, "tiles": n} for nodes, v, t, n in p.decisions
+        ],
+        "replaced": [list(n) for n in p.replaced],
+    }
+    if figures is not None:
+        out |= {"kernel_cycles": figures.kernel_cycles, "host_cycles": figures.host_cycles}
+    return out
 
 
 def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
@@ -127,6 +158,7 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
         f"validations run: {rep.validations}; validation failures: {len(rep.validation_events)}",
     ]
     lines += [f"  ! {e}" for e in rep.validation_events]
+    lines += program_lines(rep)
     lines += [
         f"pipelined: {'+'.join(p['producer'])} ({p['bounds'][0]}) -> {'+'.join(p['consumer'])} ({p['bounds'][1]}): "
         f"{p['separate_cycles']} -> {p['pipelined_cycles']} cycles"
@@ -138,6 +170,34 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
         lines.append("fusions refused (first ones not fused in another way):")
         lines += [f"  {'+'.join(r['nodes'])}: {r['reason']}" for r in missed[:show_rejected]]
     return "\n".join(lines)
+
+
+def program_lines(rep: PolicyReport) -> list[str]:
+    """Execution: launches priced (host) or the one program's boundaries and on-chip dispatch decisions."""
+    p = rep.program
+    if p is None:
+        return [
+            f"execution host: {rep.model_cycles} cycles with launches ({rep.model_cycles - rep.cycles} launch cycles)"
+        ]
+    joined = [b for b in p["boundaries"] if b["joined"]]
+    lines = [
+        f"execution program: {p['cycles']} cycles, {rep.model_cycles} with its one launch; "
+        f"{len(joined)} of {len(p['boundaries'])} kernel boundaries token-ordered, on-chip dispatch "
+        f"{p['dispatch_cycles']} cycles"
+    ]
+    if "kernel_cycles" in p:
+        lines.append(
+            f"  kernels one by one {p['kernel_cycles']} cycles (host-dispatched {p['host_cycles']}); overlap gained "
+            f"{p['kernel_cycles'] - p['cycles']}; per boundary: "
+            + ", ".join(f"{b['before']}->{b['after']}: {b.get('gained_cycles', '?')}" for b in joined)
+        )
+    lines += [
+        f"  dispatch {'+'.join(d['nodes'])}: {d['variant']} (zero-skip from {d['threshold_tiles']} of {d['tiles']} "
+        "zero tiles)"
+        for d in p["dispatch"]
+    ]
+    lines += [f"  replaced by unfused kernels: {'+'.join(n)}" for n in p["replaced"]]
+    return lines
 
 
 def traffic_ratio(rep: PolicyReport) -> float:

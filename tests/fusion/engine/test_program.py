@@ -96,9 +96,10 @@ def test_on_chip_dispatch_switches_per_call_without_a_replan() -> None:
 
 def test_threshold_is_the_break_even_and_needs_the_sparse_class() -> None:
     graph, mc, choice, _ = _sparse_choice()
-    assert threshold(choice, 16, lambda c, f: f >= 0.5) == 8
-    assert threshold(choice, 16, lambda c, f: True) == 4  # never below the sparse class (25% of the tiles)
-    assert threshold(choice, 16, lambda c, f: False) is None
+    assert threshold(choice, 16, lambda c, f: f - 0.5 + 1e-9) == 8
+    assert threshold(choice, 16, lambda c, f: 1.0) == 4  # never below the sparse class (25% of the tiles)
+    assert threshold(choice, 16, lambda c, f: 0.0) is None
+    assert threshold(choice, 16, lambda c, f: 1.0 if f in (0.5, 1.0) else -1.0) == 16  # pays from there on up
 
 
 def test_launch_cycles_is_a_validated_config_field(tmp_path) -> None:

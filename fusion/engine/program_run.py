@@ -1,0 +1,192 @@
+"""The engine's two execution models of a call: host-dispatched kernels (launches priced) or one program.
+
+`EngineOptions(execution="program")`: the call's plan is linked into one program (`program.link_plan`, kept per
+calibration state and plan, so calls between re-plans rerun the same binary), with on-chip dispatch between each
+group's dense and zero-skip variants (break-even from the engine's cost model), and simulated once. Guards and
+shadow validation keep working per kernel: each kernel's outputs in the program (every value has its own DRAM
+bytes) are compared with its group's nodes run unfused on the program's own inputs of that kernel; a failing
+kernel is evicted, its signature blocked and the event logged as in host mode, and the program is linked again
+with that group replaced by its unfused kernels (at most once per group). The host path stays for comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fusion.engine.execute import to_real
+from fusion.engine.plan import GroupChoice, baseline_group
+from fusion.engine.program import Boundary, LinkedProgram, ProgramKernel, ProgramRun, link_plan, model_prefers
+from fusion.engine.program import run_program as simulate_program
+from fusion.engine.validation import compare
+from fusion.engine.views import is_view
+from fusion.graph.ir import Graph
+
+if TYPE_CHECKING:
+    from fusion.engine.engine import CallResult, FusionEngine, KernelRecord, _Call
+
+EXECUTIONS = ("host", "program")
+
+
+@dataclass(frozen=True)
+class ProgramCall:
+    """What one program run of a call did (`CallResult.program`)."""
+
+    cycles: int  # the whole program, one launch
+    boundaries: tuple[Boundary, ...]
+    decisions: tuple[tuple[tuple[str, ...], str, int, int], ...]  # (group nodes, variant, zero-tile threshold, tiles)
+    dispatch_cycles: int  # the on-chip measurements' cycles (inside `cycles`)
+    replaced: tuple[tuple[str, ...], ...]  # groups run as unfused kernels after a failed validation
+
+
+def host_launches(graph: Graph, records: Sequence[KernelRecord]) -> int:
+    """Kernels a host-dispatched call launched: one per simulated program (a view runs on the host, launches
+    nothing; a fallback launches each of its non-view nodes' kernels)."""
+    total = 0
+    for r in records:
+        if r.fallback:
+            total += sum(not is_view(graph, graph.node(n)) for n in r.nodes)
+        else:
+            total += r.measured_cycles > 0
+    return total
+
+
+def run_as_program(
+    engine: FusionEngine, c: _Call, inputs: Mapping[str, np.ndarray], drifts: tuple, replanned: tuple
+) -> CallResult:
+    """One call in program mode (module docstring)."""
+    from fusion.engine.engine import CallResult  # (engine imports this module: the cycle is broken here)
+
+    start = time.perf_counter()
+    mc = c.state.mc
+    replaced: dict[tuple[str, ...], str] = {}
+    for _ in range(len(c.plan.choices) + 1):
+        choices = _with_fallbacks(engine, c, replaced)
+        linked = _linked(engine, c, choices)
+        run = simulate_program(mc, linked, inputs, checked=engine.options.checked)
+        failures, validated = _validate(engine, c, linked, run, inputs)
+        if not failures:
+            break
+        replaced.update(failures)
+    records = _records(engine, c, linked, run, replaced, validated)
+    call = ProgramCall(
+        run.cycles,
+        linked.boundaries,
+        tuple(
+            (d.dense_group.nodes, variant, d.threshold, d.tiles)
+            for d in linked.dispatches
+            for i, variant in run.decisions
+            if i == d.index
+        ),
+        run.dispatch_cycles,
+        tuple(replaced),
+    )
+    outputs = {v: to_real(mc, v, run.outputs[v]) for v in engine.graph.outputs}
+    seconds = time.perf_counter() - start
+    return CallResult(outputs, tuple(records), drifts, replanned, seconds, mc.params, mc.config.launch_cycles, call)
+
+
+def _with_fallbacks(engine: FusionEngine, c: _Call, replaced: Mapping[tuple[str, ...], str]) -> tuple:
+    """The plan's choices, each blocked or failed group as its nodes' unfused kernels."""
+    out: list[GroupChoice] = []
+    for choice in c.plan.choices:
+        group = choice.group
+        fused = group.fused or group.strategy not in ("unfused", "alias")
+        if fused and (group.nodes in replaced or engine._signature(c.state, group) in engine.blocked):
+            why = replaced.get(group.nodes, "fusion blocked for this signature after a failed validation")
+            out += [GroupChoice(baseline_group(engine.graph.node(n)), 0.0, 0.0, why) for n in group.nodes]
+        else:
+            out.append(choice)
+    return tuple(out)
+
+
+def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram:
+    """The choices' program, linked once per calibration state (the dispatch thresholds are fixed at link)."""
+    with engine._lock:
+        linked = engine.programs.setdefault(c.state, {}).get(choices)
+    if linked is None:
+        linked = link_plan(c.state.mc, choices, model_prefers(c.state.mc, engine.cost_model))
+        with engine._lock:
+            engine.programs[c.state][choices] = linked
+    return linked
+
+
+def _ran(run: ProgramRun, kernel: ProgramKernel) -> bool:
+    return int(run.kernel_counters[kernel.name].instret) > 0
+
+
+def _validate(
+    engine: FusionEngine, c: _Call, linked: LinkedProgram, run: ProgramRun, inputs: Mapping[str, np.ndarray]
+) -> tuple[dict[tuple[str, ...], str], set[tuple[str, ...]]]:
+    """Shadow-validate the kernels that ran (by the validation policy's count per kernel): returns the failed
+    groups (nodes -> fallback reason; each already evicted, blocked and logged by the engine) and the validated
+    ones."""
+    from fusion.engine.engine import _Target
+
+    st = c.state
+    env = {**inputs, **run.outputs}
+    failed: dict[tuple[str, ...], str] = {}
+    validated: set[tuple[str, ...]] = set()
+    for kernel in linked.kernels:
+        group = kernel.group
+        if not _ran(run, kernel) or not (group.fused or group.strategy not in ("unfused", "alias")):
+            continue
+        key = engine._key(st, group, "sparse" if group.strategy == "zero_skip" else "any")
+        with engine._lock:
+            count = engine._runs.get(key, 0)
+            engine._runs[key] = count + 1
+        if not engine.options.validation.should_validate(count):
+            continue
+        mine = {v: run.outputs[v] for v in st.mc.subgraph(group.nodes).outputs}
+        validated.add(group.nodes)
+        policy = engine._tolerance(st, group)
+        cmp = compare(mine, engine._unfused_outputs(c, group, env), policy)
+        if not cmp.ok:
+            cmp = compare(mine, engine._unfused_outputs(c, group, env, rebuild=True), policy)
+        if not cmp.ok:
+            target = _Target(key, engine._signature(st, group), group, group.schedule)
+            reason = f"max |diff| {cmp.max_abs_diff:.3g}"
+            failed[group.nodes] = engine._reject(c, target, cmp.value, cmp.max_abs_diff, reason)
+    return failed, validated
+
+
+def _records(
+    engine: FusionEngine,
+    c: _Call,
+    linked: LinkedProgram,
+    run: ProgramRun,
+    replaced: Mapping[tuple[str, ...], str],
+    validated: set[tuple[str, ...]],
+) -> list[KernelRecord]:
+    """One record per kernel that ran: its share of the program's timeline and its own counters."""
+    from fusion.engine.engine import KernelRecord
+
+    variant = {i: v for i, v in run.decisions}
+    records = []
+    for kernel in linked.kernels:
+        if not _ran(run, kernel):
+            continue
+        group, counters = kernel.group, run.kernel_counters[kernel.name]
+        data_class = {"zero_skip": "sparse", "dense": "dense"}.get(variant.get(kernel.index, ""), "any")
+        fallback = next((why for nodes, why in replaced.items() if set(group.nodes) <= set(nodes)), "")
+        records.append(
+            KernelRecord(
+                group.nodes,
+                group.schedule,
+                data_class,
+                engine._predicted(c, group),
+                run.kernel_cycles[kernel.name],
+                int(counters.dram_read_bytes) + int(counters.dram_write_bytes),
+                engine._unfused_bytes(c, group),
+                float(counters.energy_total_pj),
+                False,
+                group.nodes in validated,
+                fallback,
+                None,
+            )
+        )
+    return records
