@@ -67,12 +67,18 @@ class Activation(enum.IntEnum):
 
 
 class EpilogueFlags(enum.IntEnum):
-    """Which optional operands the fused epilogue reads."""
+    """Which optional operands the fused epilogue reads. Bit 0: a per-column bias; bit 1: a residual; bit 2
+    (`pc`): a per-column requantizer, i.e. rs3 holds the local address of a table of (mult, shift) int32 pairs,
+    one per column (per-output-channel int8), instead of one multiplier."""
 
     none = 0
     bias = 1
     res = 2
     bias_res = 3
+    pc = 4
+    bias_pc = 5
+    res_pc = 6
+    bias_res_pc = 7
 
 
 class Counter(enum.IntEnum):

@@ -104,7 +104,7 @@ FIELD_TABLE: tuple[Field, ...] = (
     _f("rows", 33, 12, Kind.uimm, "tile rows"),
     _f("cols", 45, 12, Kind.uimm, "tile columns"),
     _f("act", 33, 3, Kind.act, "epilogue activation"),
-    _f("epflags", 36, 2, Kind.epflags, "epilogue optional operands"),
+    _f("epflags", 36, 3, Kind.epflags, "epilogue optional operands"),
     _f("counter", 33, 8, Kind.counter, "performance counter id"),
     _f("src", 33, 3, Kind.unit, "token source unit"),
     _f("dst", 36, 3, Kind.unit, "token destination unit"),

@@ -189,7 +189,8 @@ _MATRIX = (
         F,
         "epilogue_config",
         0,
-        "configure drain epilogue: bias at rs1, residual at rs2, scale rs3, shift, activation, out dtype",
+        "configure drain epilogue: bias at rs1, residual at rs2, scale rs3 (epflags pc: local address of a "
+        "per-column (mult, shift) i32 table, shift ignored), shift, activation, out dtype",
         ALL,
     ),
     _row(
@@ -306,6 +307,30 @@ _VECTOR = (
         "vector",
         3,
         "local[rd] (i8) = sat8((local[rs1] (i32) * rs2 + 2^(shift-1)) >> shift)",
+    ),
+    _row(
+        "v.rqnt.vr",
+        "rd, rs1, rs2, n, period",
+        0x33,
+        4,
+        VX,
+        B,
+        "vector",
+        3,
+        "local[rd] (i8) = requant of local[rs1] (i32) by the (mult, shift) i32 pair at local[rs2] of column "
+        "i mod period (per-channel)",
+    ),
+    _row(
+        "v.rqnt.vc",
+        "rd, rs1, rs2, n, period",
+        0x33,
+        5,
+        VX,
+        B,
+        "vector",
+        3,
+        "local[rd] (i8) = requant of local[rs1] (i32) by the (mult, shift) i32 pair at local[rs2] of row "
+        "i div period (per-channel)",
     ),
     _row(
         "v.qnt",

@@ -92,7 +92,11 @@ def _drain_case(
 ) -> Case | Skip:
     if ops["acc"].dtype != np.int32 or DType(ops["out_dtype"]) is DType.f32:
         return Skip(ins.mnemonic, "f32 epilogue has no RTL datapath")
-    flags = EpilogueFlags(int("bias" in ops) * EpilogueFlags.bias + int("residual" in ops) * EpilogueFlags.res)
+    flags = EpilogueFlags(
+        int("bias" in ops) * EpilogueFlags.bias
+        + int("residual" in ops) * EpilogueFlags.res
+        + int("table" in ops) * EpilogueFlags.pc
+    )
     word = make("ep.cfg", 0, 0, 0, ops["shift"], ops["act"], int(flags), ops["out_dtype"])
     return drain_case(
         cfg,
@@ -103,6 +107,7 @@ def _drain_case(
         result,
         bias=ops.get("bias"),
         residual=ops.get("residual"),
+        table=ops.get("table"),
         latency=ins.spec.latency,
         charged=cycles,
     )
@@ -118,6 +123,8 @@ def _vector_case(
     a = ops.get("a")
     if _op_name(ins) not in INT_VECTOR_OPS or a is None or not _int(a.dtype):
         return Skip(ins.mnemonic, "f32 and conversion ops have no RTL datapath")
+    if "table" in ops:
+        return Skip(ins.mnemonic, "the lanes' requantizer takes one (mult, shift); per-channel tables: epilogue only")
     a = a.reshape(-1)
     dtype = DType.i8 if a.dtype == np.int8 else DType.i32
     fields = ins.by_name()

@@ -156,19 +156,24 @@ def drain_case(
     *,
     bias: np.ndarray | None = None,
     residual: np.ndarray | None = None,
+    table: np.ndarray | None = None,
     latency: int,
     charged: int | None = None,
 ) -> Case:
-    """Drain rows x C int32 accumulator rows through the epilogue configured by an `ep.cfg` word."""
+    """Drain rows x C int32 accumulator rows through the epilogue configured by an `ep.cfg` word (`table`: the
+    per-column (mult, shift) pairs of a per-channel drain, cols x 2)."""
     n = cfg.array_size
     rows, cols = acc.shape
     zeros = np.zeros_like(acc)
+    pairs = np.zeros((cols, 2), np.int64) if table is None else np.asarray(table, np.int64)
     item = Item(
         label,
         {
             "cfg": encode(config_word),
             "scale": _u32(scale),
             "in_bias": pack(_pad((np.zeros(cols) if bias is None else bias).reshape(1, -1), 1, n), ACC_BITS)[0],
+            "in_mult": pack(_pad(pairs[:, 0].reshape(1, -1), 1, n), ACC_BITS)[0],
+            "in_shift": pack(_pad(pairs[:, 1].reshape(1, -1), 1, n), ACC_BITS)[0],
         },
         {
             "in_valid": [1] * rows,

@@ -131,6 +131,8 @@ EPILOGUE = RtlUnit(
         Port("in_acc", "N", "ACC_W"),
         Port("in_bias", "N", "ACC_W"),
         Port("in_res", "N", "ACC_W"),
+        Port("in_mult", "N", "ACC_W"),
+        Port("in_shift", "N", "ACC_W"),
         Port("out_valid"),
         Port("out_data", "N", "ACC_W"),
     ),

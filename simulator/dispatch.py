@@ -68,6 +68,8 @@ BUILDERS: dict[str, Builder] = {
     "mx.mms": matrix.matmul_stream,
     "ep.cfg": matrix.epilogue_config,
     "mx.drain": matrix.drain,
+    "v.rqnt.vr": vector.requantize_channels(per_row=False),
+    "v.rqnt.vc": vector.requantize_channels(per_row=True),
     **_vector_family("v", vector),
     "vc.ld": chain.chain_load,
     "vc.st": chain.chain_store,

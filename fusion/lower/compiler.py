@@ -27,10 +27,11 @@ from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, 
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, matrix, movement, normalize, windows
+from fusion.lower.kernels.matrix import CONST_RQNT
 from fusion.lower.kernels.recipes import RECIPES, refusal, trilu_mask, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
 from fusion.quant.calibrate import calibrate
-from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
+from fusion.quant.params import QuantParams, quantize_tensor
 from fusion.quant.plan import QuantPlan, plan_quantization
 from isa.enums import Extension
 from simulator.config import MachineConfig, load_config
@@ -91,10 +92,12 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
             data = np.asarray(graph.constants[value])
             if plan is not None and node.op in MATRIX_OPS and pos < 2:
                 q = plan.matrix[node.name]
-                forms[const_key(value, CONST_I8)] = quantize_tensor(data, q.input_scale if pos == 0 else q.weight_scale)
+                quantized = quantize_tensor(data, q.input_scale) if pos == 0 else q.quantize_weight(data)
+                forms[const_key(value, CONST_I8)] = quantized
+                if pos == 1 and q.per_channel:
+                    forms[const_key(value, CONST_RQNT)] = q.requant_table()
             elif plan is not None and node.op in MATRIX_OPS and pos == 2:
-                q = plan.matrix[node.name]
-                forms[const_key(value, CONST_BIAS)] = quantize_bias(data, q.input_scale, q.weight_scale)
+                forms[const_key(value, CONST_BIAS)] = plan.matrix[node.name].quantize_bias(data)
             elif node.op == OpType.Where and pos == 0:
                 forms.update({const_key(value, form): mask for form, mask in where_masks(data).items()})
             elif data.dtype == np.float32:

@@ -94,8 +94,9 @@ def quantize_tensor(x: np.ndarray, scale: float) -> np.ndarray:
     return np.clip(np.rint(np.asarray(x, np.float32) * inv), -128, 127).astype(np.int8)
 
 
-def quantize_bias(bias: np.ndarray, input_scale: float, weight_scale: float) -> np.ndarray:
-    """A bias in accumulator units (scale input_scale * weight_scale), rounded half to even, saturated to int32."""
+def quantize_bias(bias: np.ndarray, input_scale: float, weight_scale: float | np.ndarray) -> np.ndarray:
+    """A bias in accumulator units (scale input_scale * weight_scale, per element when weight_scale is an array
+    of per-channel scales), rounded half to even, saturated to int32."""
     q = np.rint(np.asarray(bias, np.float64) / (input_scale * weight_scale))
     return np.clip(q, -(2**31), 2**31 - 1).astype(np.int32)
 

@@ -3,6 +3,7 @@
 Which values are int8 (and at which scale) comes from `fusion.quant.plan`; the arithmetic is implemented here:
 - int8 x int8 products accumulate in int32 (wrapping); the bias is added in accumulator units
   (`quantize_bias`); the result is requantized: sat8((acc * mult + 2^(shift-1)) >> shift) computed in int64.
+  A Conv with a constant weight is per output channel: weight, bias and (mult, shift) each channel's own.
 - A float32 operand of a matrix op is quantized as `v.qnt` does: sat8(round_half_even(x * f32(1 / scale))).
 - int8-preserving ops move or compare the int8 data; everything else (softmax, layernorm, gelu, sigmoid, tanh,
   erf, exp, arithmetic, averaging) runs in float32 on dequantized inputs, f32(q) * f32(scale), as the
@@ -18,7 +19,7 @@ import numpy as np
 
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import MATRIX_OPS, OpType
-from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor
+from fusion.quant.params import QuantParams, quantize_tensor
 from fusion.quant.plan import MatrixQuant, QuantPlan, plan_quantization
 from fusion.reference.interpreter import check_inputs
 from fusion.reference.kernels import evaluate_node, im2col_gemm
@@ -37,11 +38,12 @@ class QValue:
         return self.data.astype(np.float32) * np.float32(self.scale)
 
 
-def requantize(acc: np.ndarray, mult: int, shift: int) -> np.ndarray:
-    """int32 -> int8: sat8((acc * mult + (1 << (shift - 1))) >> shift) in int64, arithmetic shift."""
-    wide = acc.astype(np.int64) * np.int64(mult)
-    if shift > 0:
-        wide = (wide + (np.int64(1) << np.int64(shift - 1))) >> np.int64(shift)
+def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: np.ndarray | int) -> np.ndarray:
+    """int32 -> int8: sat8((acc * mult + (1 << (shift - 1))) >> shift) in int64, arithmetic shift; mult and
+    shift broadcast against acc (per channel: one of each per output channel)."""
+    mult, shift = np.asarray(mult, np.int64), np.asarray(shift, np.int64)
+    rounding = np.where(shift > 0, np.int64(1) << np.maximum(shift - 1, 0), 0)
+    wide = (acc.astype(np.int64) * mult + rounding) >> shift
     return np.clip(wide, -128, 127).astype(np.int8)
 
 
@@ -56,17 +58,21 @@ def _as_int8(value: QValue, scale: float) -> np.ndarray:
 
 def _matrix(graph: Graph, node: Node, args: list[QValue], q: MatrixQuant) -> QValue:
     a = _as_int8(args[0], q.input_scale).astype(np.float64)  # int8 products summed exactly (|sum| < 2^53)
-    w = _as_int8(args[1], q.weight_scale).astype(np.float64)
+    per_channel = args[1].scale is None and q.per_channel
+    w = (q.quantize_weight(args[1].data) if per_channel else _as_int8(args[1], q.weight_scale)).astype(np.float64)
     if node.op == OpType.Conv:
         acc = _wrap32(im2col_gemm(node, a, w, graph.types[node.outputs[0]].shape[2:]))
     else:
         acc = _wrap32(np.matmul(a, w))
+    channel_axis = (-1,) + (1,) * (acc.ndim - 2)  # a Conv's output channels (per-channel nodes are Convs)
     if len(node.inputs) > 2:
-        bias = quantize_bias(args[2].real(), q.input_scale, q.weight_scale)
-        if node.op == OpType.Conv:
-            bias = bias.reshape((-1,) + (1,) * (acc.ndim - 2))
+        bias = q.quantize_bias(args[2].real())
+        bias = bias.reshape(channel_axis) if node.op == OpType.Conv else bias
         acc = (acc.astype(np.int64) + bias).astype(np.int32)
-    return QValue(requantize(acc, q.mult, q.shift), q.output_scale)
+    if not q.per_channel:
+        return QValue(requantize(acc, q.mult, q.shift), q.output_scale)
+    table = q.requant_table()
+    return QValue(requantize(acc, table[:, 0].reshape(channel_axis), table[:, 1].reshape(channel_axis)), q.output_scale)
 
 
 def _node(graph: Graph, node: Node, args: list[QValue], plan: QuantPlan) -> tuple[QValue, ...]:

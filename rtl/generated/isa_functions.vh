@@ -63,6 +63,8 @@ function [`DF_LATENCY_W-1:0] df_latency;
     if ((word & 64'h000000001f8000ff) == 64'h0000000000000033) df_latency = 1;  // v.clip
     if ((word & 64'h000000001f8000ff) == 64'h0000000000800033) df_latency = 2;  // v.cvt
     if ((word & 64'h000000001f8000ff) == 64'h0000000001000033) df_latency = 3;  // v.rqnt
+    if ((word & 64'h000000001f8000ff) == 64'h0000000002000033) df_latency = 3;  // v.rqnt.vr
+    if ((word & 64'h000000001f8000ff) == 64'h0000000002800033) df_latency = 3;  // v.rqnt.vc
     if ((word & 64'h000000001f8000ff) == 64'h0000000001800033) df_latency = 3;  // v.qnt
     if ((word & 64'h000000001f8000ff) == 64'h0000000000000040) df_latency = 1;  // vc.ld
     if ((word & 64'h000000001f8000ff) == 64'h0000000000800040) df_latency = 1;  // vc.st

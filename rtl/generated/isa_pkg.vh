@@ -39,7 +39,7 @@
 `define DF_F_ACT_LO 33  // epilogue activation
 `define DF_F_ACT_W 3
 `define DF_F_EPFLAGS_LO 36  // epilogue optional operands
-`define DF_F_EPFLAGS_W 2
+`define DF_F_EPFLAGS_W 3
 `define DF_F_COUNTER_LO 33  // performance counter id
 `define DF_F_COUNTER_W 8
 `define DF_F_SRC_LO 33  // token source unit
@@ -76,6 +76,10 @@
 `define DF_EPF_BIAS 1
 `define DF_EPF_RES 2
 `define DF_EPF_BIAS_RES 3
+`define DF_EPF_PC 4
+`define DF_EPF_BIAS_PC 5
+`define DF_EPF_RES_PC 6
+`define DF_EPF_BIAS_RES_PC 7
 `define DF_UNIT_SCALAR 0
 `define DF_UNIT_LOAD 1
 `define DF_UNIT_MATRIX 2
@@ -293,6 +297,12 @@
 `define DF_OP_V_RQNT 51  // v.rqnt rd, rs1, rs2, shift, n
 `define DF_FUNCT_V_RQNT 2
 `define DF_LAT_V_RQNT 3  // vector
+`define DF_OP_V_RQNT_VR 51  // v.rqnt.vr rd, rs1, rs2, n, period
+`define DF_FUNCT_V_RQNT_VR 4
+`define DF_LAT_V_RQNT_VR 3  // vector
+`define DF_OP_V_RQNT_VC 51  // v.rqnt.vc rd, rs1, rs2, n, period
+`define DF_FUNCT_V_RQNT_VC 5
+`define DF_LAT_V_RQNT_VC 3  // vector
 `define DF_OP_V_QNT 51  // v.qnt rd, rs1, rs2, n
 `define DF_FUNCT_V_QNT 3
 `define DF_LAT_V_QNT 3  // vector

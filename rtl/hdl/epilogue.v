@@ -2,7 +2,10 @@
 // The fused drain epilogue: one N-wide accumulator row per cycle through
 // bias/residual add -> activation -> requantize. The configuration is the
 // ep.cfg instruction word (decoded with the generated header) and the value of
-// its rs3 register (the requantize multiplier). A row entering at cycle i leaves
+// its rs3 register (the requantize multiplier). With the epflags pc bit, each
+// column c is requantized by its own (in_mult[c], in_shift[c]) pair instead
+// (per-output-channel int8: the table rs3 points to, read once per drain like
+// the bias; no extra cycle). A row entering at cycle i leaves
 // at cycle i + LAT, LAT being mx.drain's latency in the ISA table, so draining
 // `rows` rows takes rows + LAT cycles. Integer paths only (i8 and i32 out).
 module epilogue #(
@@ -18,6 +21,8 @@ module epilogue #(
     input  [N*ACC_W-1:0]        in_acc,
     input  [N*ACC_W-1:0]        in_bias,
     input  [N*ACC_W-1:0]        in_res,
+    input  [N*ACC_W-1:0]        in_mult,
+    input  [N*ACC_W-1:0]        in_shift,
     output                      out_valid,
     output [N*ACC_W-1:0]        out_data
 );
@@ -29,10 +34,9 @@ module epilogue #(
     wire [`DF_F_EPFLAGS_W-1:0] flags = cfg[`DF_F_EPFLAGS_LO +: `DF_F_EPFLAGS_W];
     wire [`DF_F_DTYPE_W-1:0]   dtype = cfg[`DF_F_DTYPE_LO +: `DF_F_DTYPE_W];
     wire [`DF_F_SHIFT_W-1:0]   shift = cfg[`DF_F_SHIFT_LO +: `DF_F_SHIFT_W];
-    wire use_bias = flags == `DF_EPF_BIAS || flags == `DF_EPF_BIAS_RES;
-    wire use_res  = flags == `DF_EPF_RES || flags == `DF_EPF_BIAS_RES;
-    wire signed [WIDE-1:0] mult = $signed(scale);
-    wire signed [WIDE-1:0] round = {{(WIDE-1){1'b0}}, shift != 0} <<< ((shift == 0) ? 0 : shift - 1);
+    wire use_bias = (flags & `DF_EPF_BIAS) != 0;
+    wire use_res  = (flags & `DF_EPF_RES) != 0;
+    wire use_pc   = (flags & `DF_EPF_PC) != 0;
     wire signed [WIDE-1:0] sat_hi = (1 <<< (DATA_W - 1)) - 1;
     wire signed [WIDE-1:0] sat_lo = -(1 <<< (DATA_W - 1));
 
@@ -46,7 +50,10 @@ module epilogue #(
         for (c = 0; c < N; c = c + 1) begin : g_col
             reg signed [ACC_W-1:0] added, activated, quantized;
             reg signed [WIDE-1:0] scaled;
-            always @* scaled = (($signed(activated) * mult + round) >>> shift);
+            wire signed [WIDE-1:0] mult = use_pc ? $signed(in_mult[c*ACC_W +: ACC_W]) : $signed(scale);
+            wire [`DF_F_SHIFT_W-1:0] sh = use_pc ? in_shift[c*ACC_W +: `DF_F_SHIFT_W] : shift;
+            wire signed [WIDE-1:0] round = {{(WIDE-1){1'b0}}, sh != 0} <<< ((sh == 0) ? 0 : sh - 1);
+            always @* scaled = (($signed(activated) * mult + round) >>> sh);
             always @(posedge clk) begin
                 added <= $signed(in_acc[c*ACC_W +: ACC_W])
                        + (use_bias ? $signed(in_bias[c*ACC_W +: ACC_W]) : 0)

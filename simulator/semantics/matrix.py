@@ -12,7 +12,7 @@ from scipy.special import erf as _erf
 from isa.enums import Activation, DType
 from simulator.errors import Fault
 from simulator.semantics.scalar import f32_from_bits
-from simulator.semantics.vector import requantize
+from simulator.semantics.vector import requantize, requantize_channels
 
 _F32 = np.float32
 EXACT_F32_K = 1024  # |sum of K int8 products| < 2^24 for K < 1024: float32 BLAS is exact
@@ -66,13 +66,17 @@ def epilogue(
     mult: int,
     shift: int,
     out_dtype: DType,
+    table: np.ndarray | None = None,
 ) -> np.ndarray:
     """`mx.drain`: t = acc + bias[col] + residual; t = act(t); convert to out_dtype.
 
     Int path (acc i32): act is none or relu; i8 out = requantize(t, mult, shift), i32 out = t,
     f32 out = f32(t) * f32_from_bits(mult). Float path (acc f32): any activation; only f32 out,
-    = t * f32_from_bits(mult). `mult` is the raw 32-bit register value.
+    = t * f32_from_bits(mult). `mult` is the raw 32-bit register value. `table` (epflags pc: cols x 2 int32
+    (mult, shift) pairs) requantizes each column with its own pair instead; int path, i8 out only.
     """
+    if table is not None and (acc.dtype != np.int32 or out_dtype is not DType.i8):
+        raise Fault("a per-column requantizer (epflags pc) needs the int path and i8 out")
     t = acc
     with np.errstate(all="ignore"):
         if bias is not None:
@@ -84,6 +88,9 @@ def epilogue(
             raise Fault(f"activation {act.name} needs the f32 path (integer epilogue supports relu only)")
         if act is Activation.relu:
             t = np.maximum(t, np.int32(0))
+        if table is not None:
+            columns = np.broadcast_to(np.arange(t.shape[1]), t.shape)
+            return requantize_channels(t.astype(np.int32, copy=False), table, columns)
         if out_dtype is DType.i8:
             return requantize(t.astype(np.int32, copy=False), mult, shift)
         if out_dtype is DType.i32:

@@ -174,6 +174,25 @@ def requantize(x_i32: np.ndarray, mult: int, shift: int) -> np.ndarray:
     return sat8(wide)
 
 
+MAX_SHIFT = 63
+
+
+def requantize_channels(x_i32: np.ndarray, table: np.ndarray, channel: np.ndarray) -> np.ndarray:
+    """Per-channel requantize: element i uses the (mult, shift) pair table[channel[i]], by the `requantize` rule.
+    A shift outside [0, 63] is a fault (the scalar form's shift field cannot hold one)."""
+    if x_i32.dtype != np.int32:
+        raise Fault(f"requantize needs i32 input, got {x_i32.dtype}")
+    pairs = np.asarray(table, np.int32).reshape(-1, 2)
+    mult, shift = pairs[channel, 0].astype(_WIDE), pairs[channel, 1].astype(_WIDE)
+    if shift.size and (shift.min() < 0 or shift.max() > MAX_SHIFT):
+        raise Fault(
+            f"per-channel requantize: shift {int(shift.max() if shift.max() > MAX_SHIFT else shift.min())} "
+            f"outside [0, {MAX_SHIFT}]"
+        )
+    rounding = np.where(shift > 0, _WIDE(1) << np.maximum(shift - 1, 0), 0)
+    return sat8((x_i32.astype(_WIDE) * mult + rounding) >> shift)
+
+
 def quantize(x_f32: np.ndarray, scale: float) -> np.ndarray:
     """int8 = sat8(round_half_even(x * f32(scale))), NaN -> 0."""
     if x_f32.dtype != np.float32:

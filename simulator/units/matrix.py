@@ -134,10 +134,13 @@ def drain(m: Machine, pc: int, ins: Instruction) -> Step:
         res = (
             m.read_local(res_addr, rows * cols, acc_dt, row).reshape(rows, cols) if flags & EpilogueFlags.res else None
         )
-        result = sem.epilogue(acc, bias, res, act, mult, shift, out)
+        table = None
+        if flags & EpilogueFlags.pc:  # rs3 holds the local address of the per-column (mult, shift) table
+            table = m.read_local(mult, 2 * cols, DType.i32.numpy, row).reshape(cols, 2)
+        result = sem.epilogue(acc, bias, res, act, mult, shift, out, table)
         operands = None
         if m.transactions is not None:  # copied before the write: the output may overlap the inputs
-            extra = {"bias": bias, "residual": res}
+            extra = {"bias": bias, "residual": res, "table": table}
             operands = {"acc": acc.copy(), "mult": mult, "shift": shift, "act": int(act), "out_dtype": int(out)}
             operands |= {k: v.copy() for k, v in extra.items() if v is not None}
         m.write_local(x[rd], result, row)

@@ -187,3 +187,31 @@ def to_int8(kind: str) -> Builder:
         return step
 
     return build
+
+
+def requantize_channels(per_row: bool) -> Builder:
+    """`v.rqnt.vr` / `v.rqnt.vc`: n i32 elements to int8, each by its channel's (mult, shift) pair from a table in
+    local memory; the channel is the element's column (i mod period) or row (i div period)."""
+
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        f = ins.by_name()
+        rd, rs1, rs2, n, period = f["rd"], f["rs1"], f["rs2"], f["n"], f["period"]
+        x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
+        vops = vops_field(DType.i32)
+
+        def step() -> int:
+            if period == 0:
+                raise Fault("per-channel requantize with period 0")
+            index = np.arange(n)
+            channel = index // period if per_row else index % period
+            count = (-(-n // period)) if per_row else min(n, period)
+            a = m.read_local(x[rs1], n, DType.i32.numpy, row)
+            table = m.read_local(x[rs2], 2 * count, DType.i32.numpy, row).reshape(count, 2)
+            result = sem.requantize_channels(a, table, channel)
+            row[vops] += n
+            _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "table": table.copy(), "period": period})
+            return nxt
+
+        return step
+
+    return build

@@ -27,14 +27,15 @@ def test_plan_rules_on_a_small_graph() -> None:
     c = b.op(OpType.Concat, r, z, axis=0, name="c")  # int8 inputs at two scales: float32
     b.output(t, c)
     g = b.build()
-    params = QuantParams({"x": 0.1, "w": 0.01, "y": 0.5, "s": 0.004, "w2": 0.02, "z": 0.25})
+    params = QuantParams({"x": 0.1, "w": 0.01, "y": 0.5, "r": 0.4, "s": 0.004, "w2": 0.02, "z": 0.25})
     plan = plan_quantization(g, params)
     assert plan.scales["x"] is None and plan.scales["w"] is None
-    assert plan.scales["y"] == plan.scales["r"] == plan.scales["t"] == 0.5
+    # y's only reader is a Relu: its clamp folds into y's requantization, at the Relu's calibrated scale
+    assert plan.scales["y"] == plan.scales["r"] == plan.scales["t"] == 0.4
     assert plan.scales["s"] is None and plan.scales["z"] == 0.25 and plan.scales["c"] is None
     q = plan.matrix["y"]
-    assert (q.input_scale, q.weight_scale, q.output_scale) == (0.1, 0.01, 0.5)
-    assert (q.mult, q.shift) == requant_params(0.1 * 0.01 / 0.5)
+    assert (q.input_scale, q.weight_scale, q.output_scale) == (0.1, 0.01, 0.4)
+    assert (q.mult, q.shift) == requant_params(0.1 * 0.01 / 0.4) and not q.per_channel
     assert plan.matrix["z"].input_scale == 0.004, "a float32 operand is quantized at its calibrated scale"
 
 

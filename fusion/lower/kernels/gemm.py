@@ -33,15 +33,25 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class ChannelRequant:
+    """A per-channel requantizer: `table` [channels, 2] int32 (mult, shift) pairs in DRAM, one per output row
+    (`per_row`) or per output column (`v.rqnt.vc` / `v.rqnt.vr`)."""
+
+    table: View
+    per_row: bool
+
+
+@dataclass(frozen=True)
 class Gemm:
     """One GEMM: `bias` is a view broadcast to [M, N] (stride 0 along rows: per column; along columns: per
-    row), `requant` (mult, shift) turns the int32 accumulator into int8 on the int8 path."""
+    row), `requant` (mult, shift), or a per-channel table, turns the int32 accumulator into int8 on the int8
+    path."""
 
     a: Operand
     b: Operand
     out: View
     bias: View | None = None
-    requant: tuple[int, int] | None = None
+    requant: tuple[int, int] | ChannelRequant | None = None
 
     @property
     def int8(self) -> bool:
@@ -86,6 +96,8 @@ def _sizes(g: Gemm, tm: int, tn: int, kc: int, n: int) -> tuple[list[int], list[
         spad.append({"col": tn, "row": tm, "full": tm * tn}[mode] * 4)
     if g.int8:
         spad.append(tm * tn)
+    if isinstance(g.requant, ChannelRequant):
+        spad.append((tm if g.requant.per_row else tn) * 8)
     return spad, [tm * tn * 4]
 
 
@@ -266,6 +278,11 @@ def _chunk_step(
     requant = g.requant if chunk.last else None
     out_addr = arena.tile(rows * cols) if requant is not None else acc
     n = rows * cols
+    table_addr = 0
+    if isinstance(requant, ChannelRequant):
+        part = requant.table.slice(0, i0, rows) if requant.per_row else requant.table.slice(0, j0, cols)
+        table_addr = arena.tile(part.size * 4)
+        loads.append((part, table_addr))
 
     def quantize(em: Emitter) -> None:
         for q, raw, count, inv in quants:
@@ -284,7 +301,10 @@ def _chunk_step(
             em.b.v_add_vc(*em.regs(acc, acc, bias_addr), n, cols, acc_dt.name)
         elif mode == "full":
             em.b.v_add(*em.regs(acc, acc, bias_addr), n, acc_dt.name)
-        if requant is not None:
+        if isinstance(requant, ChannelRequant):
+            per_channel = em.b.v_rqnt_vc if requant.per_row else em.b.v_rqnt_vr
+            per_channel(*em.regs(out_addr, acc, table_addr), n, cols)
+        elif requant is not None:
             mult, shift = requant
             em.b.v_rqnt(*em.regs(out_addr, acc, mult), shift, n)
 

@@ -9,10 +9,12 @@ import numpy as np
 
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
-from fusion.lower.context import CONST_BIAS, CONST_I8, LowerContext
+from fusion.lower.context import CONST_BIAS, CONST_I8, LowerContext, const_key
 from fusion.lower.emitter import Step
+from fusion.lower.errors import LoweringError
 from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
-from fusion.lower.views import View
+from fusion.lower.views import View, dense
+from isa.enums import DType
 
 
 def matrix_operand(cx: LowerContext, node: Node, value: str, scale: float | None) -> Operand:
@@ -26,11 +28,29 @@ def matrix_operand(cx: LowerContext, node: Node, value: str, scale: float | None
     return Operand(view)
 
 
+CONST_RQNT = "rqnt"  # constant-form key (on a per-channel node's weight) of its (mult, shift) table
+
+
 def requant(cx: LowerContext, node: Node) -> tuple[int, int] | None:
+    """The drain's (mult, shift) on the int8 path (None: fp32). A per-channel node (`requant_table`) has no single
+    pair: a LoweringError, so a generator that applies one multiplier refuses it instead of mis-scaling."""
     if not cx.int8:
         return None
     q = cx.matrix(node)
+    if q.per_channel:
+        raise LoweringError(
+            f"node {node.name!r}: int8 per-channel requantization (one (mult, shift) per output channel) needs a "
+            "per-channel epilogue"
+        )
     return q.mult, q.shift
+
+
+def requant_table(cx: LowerContext, node: Node) -> View | None:
+    """A per-channel node's requantizer: [Cout, 2] int32 (mult, shift) pairs in DRAM (None: per tensor or fp32)."""
+    if not cx.int8 or not cx.matrix(node).per_channel:
+        return None
+    channels = len(cx.matrix(node).channels)
+    return dense(cx.addresses[const_key(node.inputs[1], CONST_RQNT)], (channels, 2), DType.i32)
 
 
 def bias_view(cx: LowerContext, node: Node) -> View | None:

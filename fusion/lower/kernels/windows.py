@@ -23,8 +23,8 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
-from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
-from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
+from fusion.lower.kernels.gemm import ChannelRequant, Gemm, Operand, gemm_steps
+from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.local_alloc import TileArena, largest_fitting
@@ -208,6 +208,7 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     col2 = col.reshape_dense((n_img, groups, cg * kk, p))
     out = cx.view(node.outputs[0]).reshape_dense((n_img, m, p))
     bias = bias_view(cx, node)
+    table = requant_table(cx, node)
     gemms = []
     for img, g in product(range(n_img), range(groups)):
         bias_g = None
@@ -219,7 +220,7 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
                 Operand(col2.index((img, g)), b_scale),
                 out.index((img,)).slice(0, g * mg, mg),
                 bias_g,
-                requant(cx, node),
+                requant(cx, node) if table is None else ChannelRequant(table.slice(0, g * mg, mg), per_row=True),
             )
         )
     phases.append(gemm_steps(cx.config, gemms))
