@@ -221,6 +221,7 @@ class Tiling:
     block_keys: int
     local_split: bool
     online: bool = False  # rows longer than a vector register: running max and sum over key blocks (fp32)
+    v_by_chunk: bool = True  # V: one DMA per value chunk over the block's keys (else per key tile, see local_split)
 
 
 def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
@@ -239,7 +240,10 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     ktiles = chunks(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
         spad += [p.d * bk * p.k.dtype.size] + ([p.d * bk] if p.k.quantize is not None else [])
-    for _, bk in ktiles:
+    block = sum(bk for _, bk in ktiles)
+    for _, ec in chunks(p.dv, n) if t.v_by_chunk else ():  # V: one tile per value chunk over the block's keys
+        spad.extend([block * ec * p.v.dtype.size] + ([block * ec] if p.v.quantize is not None else []))
+    for _, bk in ktiles if not t.v_by_chunk else ():
         operand(p.v, bk, p.dv)
     if p.positions is not None:
         spad.append(p.positions.size * 4)
@@ -253,6 +257,14 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     return spad, [m * n * len(echunks) * 4]
 
 
+def _v_by_chunk(cfg: MachineConfig, p: Plan) -> bool:
+    """V by value chunk (a DMA per chunk, no copies) when that costs less than a DMA per key tile plus the copies
+    splitting it into chunks (about three issue cycles each: two addresses and the copy)."""
+    n = cfg.array_size
+    per_tile = -(-p.sk // n) * cfg.dram_latency + (p.sk * -(-p.dv // n) * 3 if p.dv > n else 0)
+    return -(-p.dv // n) * cfg.dram_latency <= per_tile
+
+
 def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
     """The most query rows per step (a whole row of scores per row in a vector register), K and V of a head in
     the step when they fit, else in the largest key blocks that fit."""
@@ -264,18 +276,21 @@ def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
         return probe.fits(*_tile_bytes(p, n, t))
 
     whole = -(-p.sk // n) * n
+    by_chunk = _v_by_chunk(cfg, p)
     if rows:
         for local_split in (True, False):
-            m = largest_fitting(rows, lambda r, s=local_split: fits(Tiling(r, whole, s)))
+            m = largest_fitting(rows, lambda r, s=local_split: fits(Tiling(r, whole, s, False, by_chunk)))
             if m >= min(rows, n):
-                return Tiling(-(-p.sq // -(-p.sq // m)), whole, local_split)
+                return Tiling(-(-p.sq // -(-p.sq // m)), whole, local_split, False, by_chunk)
         for local_split in (True, False):
             m = min(rows, n)
-            while m and not fits(Tiling(m, n, local_split)):
+            while m and not fits(Tiling(m, n, local_split, False, by_chunk)):
                 m //= 2
             if m:
-                keys = n * largest_fitting(whole // n, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s)))
-                return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split)
+                keys = n * largest_fitting(
+                    whole // n, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s, False, by_chunk))
+                )
+                return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split, False, by_chunk)
     if p.requant is not None:
         raise CodegenError(
             f"node {softmax!r}: int8 rows of {p.sk} scores beyond a vector register would need the online softmax, "
@@ -338,10 +353,41 @@ def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[st
         work["copies"].append(lambda em: _split_columns(em, src, list(buf.chunks), rows, cols, n, dt))
 
 
-def _alloc_kt(arena: TileArena, op: HeadOperand, d: int, bk: int) -> Buffer:
-    raw = (arena.tile(d * bk * op.dtype.size),)
-    quant = (arena.tile(d * bk),) if op.quantize is not None else None
+def _alloc_kt(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int = 0) -> Buffer:
+    """Dense rows x cols tiles, one per column chunk of at most n (n = 0: one tile), loaded as they are read."""
+    widths = [c for _, c in chunks(cols, n)] if n else [cols]
+    raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
+    quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     return Buffer(raw, quant, quant or raw)
+
+
+def _alloc_v(arena: TileArena, v: HeadOperand, keys: list[tuple[int, int]], dv: int, n: int, t: Tiling) -> list[Buffer]:
+    """V's buffers for one key block: a tile per value chunk over all its keys (`t.v_by_chunk`), else a region per
+    key tile (split locally into chunks, or loaded chunk by chunk: `t.local_split`)."""
+    if t.v_by_chunk:
+        return [_alloc_kt(arena, v, sum(bk for _, bk in keys), dv, n)]
+    return [_alloc_region(arena, v, bk, dv, n, t.local_split) for _, bk in keys]
+
+
+def _fill_v(
+    bufs: list[Buffer], v: HeadOperand, view: View, keys: list, n: int, t: Tiling, work: dict[str, list]
+) -> None:
+    if not t.v_by_chunk:
+        for (j0, bk), buf in zip(keys, bufs, strict=False):
+            _fill_region(buf, v, view.slice(0, j0, bk), n, work)
+        return
+    (buf,) = bufs
+    part = view.slice(0, keys[0][0], sum(bk for _, bk in keys))
+    for i, piece in enumerate(_column_chunks(part, n)):  # one DMA per value chunk, every key's row of it
+        raw = buf.raw[i]
+        work["loads"].append(lambda em, x=piece, a=raw: em.dma_load(x, a))
+        if buf.quant is not None:
+            work["quants"].append((buf.quant[i], raw, piece.size, 1.0 / v.quantize))
+
+
+def _v_tile(bufs: list[Buffer], t: Tiling, i: int, e: int, offset: int) -> int:
+    """Where the i-th key tile of the block's value chunk e is (`offset`: its first key's bytes in a chunk tile)."""
+    return bufs[0].chunks[e] + offset if t.v_by_chunk else bufs[i].chunks[e]
 
 
 def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) -> None:
@@ -401,12 +447,12 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
     kview, vview = p.k.view(h), p.v.view(h)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]  # one block's buffers, reused by every block
-    v_bufs = [_alloc_region(arena, p.v, bk, p.dv, n, t.local_split) for _, bk in kblocks[0]]
+    v_bufs = _alloc_v(arena, p.v, kblocks[0], p.dv, n, t)
     k_work, v_work = [_work() for _ in kblocks], [_work() for _ in kblocks]
     for b, keys in enumerate(kblocks):
-        for (j0, bk), kb, vb in zip(keys, k_bufs, v_bufs, strict=False):
+        for (j0, bk), kb in zip(keys, k_bufs, strict=False):
             _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
-            _fill_region(vb, p.v, vview.slice(0, j0, bk), n, v_work[b])
+        _fill_v(v_bufs, p.v, vview, keys, n, t, v_work[b])
     split = len(ktiles) > 1
     ses = p.score_dt.size
     s_rows = arena.tile(m * p.sk * ses)
@@ -461,9 +507,10 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     def context(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
             for e, (_, ec) in enumerate(echunks):
-                for i, ((_, bk), vb) in enumerate(zip(kblocks[b], v_bufs, strict=False)):
+                for i, (j0, bk) in enumerate(kblocks[b]):
                     j = first_tile[b] + i
-                    em.b.mx_preload(em.reg(vb.chunks[e]), bk, ec, vdt.name)
+                    v_at = _v_tile(v_bufs, t, i, e, (j0 - kblocks[b][0][0]) * ec * vdt.size)
+                    em.b.mx_preload(em.reg(v_at), bk, ec, vdt.name)
                     (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[j]), m)
             if b == len(kblocks) - 1:
                 em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
@@ -521,12 +568,12 @@ def _online_step(
     kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
     kview, vview = p.k.view(h), p.v.view(h)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]
-    v_bufs = [_alloc_region(arena, p.v, bk, p.dv, n, t.local_split) for _, bk in kblocks[0]]
+    v_bufs = _alloc_v(arena, p.v, kblocks[0], p.dv, n, t)
     k_work, v_work = [_work() for _ in kblocks], [_work() for _ in kblocks]
     for b, keys in enumerate(kblocks):
-        for (j0, bk), kb, vb in zip(keys, k_bufs, v_bufs, strict=False):
+        for (j0, bk), kb in zip(keys, k_bufs, strict=False):
             _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
-            _fill_region(vb, p.v, vview.slice(0, j0, bk), n, v_work[b])
+        _fill_v(v_bufs, p.v, vview, keys, n, t, v_work[b])
     kb_max = t.block_keys
     s_rows, p_rows = arena.tile(m * kb_max * 4), arena.tile(m * kb_max * 4)
     s_tiles, p_tiles = _packed(arena, m, kblocks[0], 4), _packed(arena, m, kblocks[0], 4)
@@ -568,7 +615,7 @@ def _online_step(
         local = [(j0 - k0, bk) for j0, bk in keys]
 
         def emit(em: Emitter) -> None:
-            _gather_rows(em, s_tiles, s_rows, local, m, kn, DType.f32)
+            _gather_rows(em, s_tiles[: len(local)], s_rows, local, m, kn, DType.f32)
             regs = state(em)
             r = regs.new(g.node(match.scores).outputs[0])
             em.b.vc_ld(r, em.reg(s_rows), m * kn, "f32")
@@ -600,15 +647,16 @@ def _online_step(
             em.b.vc_add(1, 1, row)  # l = l * alpha + rowsum(P)
             regs.release(row)
             em.b.vc_st(em.reg(p_rows), e)
-            _scatter_rows(em, p_rows, p_tiles, local, m, kn, DType.f32)
+            _scatter_rows(em, p_rows, p_tiles[: len(local)], local, m, kn, DType.f32)
 
         return emit
 
     def product(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
             for e, (_, ec) in enumerate(echunks):
-                for i, ((_, bk), vb) in enumerate(zip(kblocks[b], v_bufs, strict=False)):
-                    em.b.mx_preload(em.reg(vb.chunks[e]), bk, ec, vdt.name)
+                for i, (j0, bk) in enumerate(kblocks[b]):
+                    v_at = _v_tile(v_bufs, t, i, e, (j0 - kblocks[b][0][0]) * ec * vdt.size)
+                    em.b.mx_preload(em.reg(v_at), bk, ec, vdt.name)
                     (em.b.mx_mm if i == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[i]), m)
             em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
             for e, (_, ec) in enumerate(echunks):
