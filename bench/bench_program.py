@@ -82,7 +82,7 @@ def main() -> None:
         except Exception as err:  # a model the engine cannot run is reported, not fatal to the table
             lines.append(f"| {name} | {type(err).__name__}: {str(err)[:80]} ||||||||||||")
         print(lines[-1], flush=True)
-    args.out.write_text("\n".join(lines) + "\n")
+        args.out.write_text("\n".join(lines) + "\n")  # after every model: a long run keeps what it measured
 
 
 if __name__ == "__main__":

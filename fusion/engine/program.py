@@ -30,8 +30,9 @@ start only when it has finished. Here the plan is linked into one binary:
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -207,6 +208,8 @@ def link_plan(
     dispatches = [replace(d, dense=kernel_names[d.dense], zero_skip=kernel_names[d.zero_skip]) for d in tables.values()]
     by_index = {d.index: d for d in dispatches}
 
+    numbers = itertools.count(1)
+
     def emit(k: int) -> None:
         _, g, phases, cx = blocks[k]
         sub = mc.subgraph(g.nodes)
@@ -216,7 +219,7 @@ def link_plan(
         name = kernel_names[_kernel_name(g)]
         with b.kernel(name, inputs=ins, outputs=kouts, attrs=attrs):
             b.label(f"{name}__entry")
-            em = Emitter(b)
+            em = _KernelEmitter(b, numbers)
             for p, steps in enumerate(phases):
                 run_pipeline(em, steps)
                 if p < len(phases) - 1 or k == len(blocks) - 1 or not boundaries[k].joined:
@@ -239,6 +242,18 @@ def link_plan(
     _data(b, data, {f"{TABLE}{d.index}": d.zero_skip for d in dispatches}, addresses)
     kernels = tuple(ProgramKernel(kernel_names[_kernel_name(g)], i, g) for i, g, _, _ in blocks)
     return LinkedProgram(b.build(), names, kernels, tuple(dispatches), tuple(boundaries))
+
+
+class _KernelEmitter(Emitter):
+    """A kernel's emitter in the linked program: a fresh register cache (control flow joins at dispatches), local
+    labels numbered program-wide (several kernels' generators use the same label prefixes)."""
+
+    def __init__(self, builder: ProgramBuilder, numbers: Iterator[int]) -> None:
+        super().__init__(builder)
+        self._numbers = numbers
+
+    def local_label(self, prefix: str) -> str:
+        return f".L{prefix}{next(self._numbers)}"
 
 
 def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer) -> Dispatch | None:

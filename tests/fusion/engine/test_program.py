@@ -34,12 +34,15 @@ def _check_program(graph, inputs) -> None:
     mc, choices = engine.mc, engine.plan.choices
     linked = link_plan(mc, choices)
     run = run_program(mc, linked, inputs, checked=True)  # the race checker traps on any unordered access
+    # with on-chip dispatch wherever the engine's cost model says it can pay
+    dispatched = run_program(mc, link_plan(mc, choices, model_prefers(mc, engine.cost_model)), inputs, checked=True)
     env, kernels = _kernels_one_by_one(mc, choices, inputs)
     reference = reference_env(mc, inputs)
     for value in env:
         if value in run.outputs and not graph.is_constant(value):
             np.testing.assert_array_equal(run.outputs[value], env[value], err_msg=value)
             np.testing.assert_array_equal(run.outputs[value], reference[value], err_msg=value)
+            np.testing.assert_array_equal(dispatched.outputs[value], reference[value], err_msg=value)
     assert run.cycles <= kernels
     assert any(b.joined for b in linked.boundaries) == (run.cycles < link_cycles(mc, choices, inputs))
 
