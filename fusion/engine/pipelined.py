@@ -8,7 +8,7 @@ producer's last loads) are issued while the producer still computes and stores. 
 `st -> ld` pushed after the stores of the producer's last `DEPTH` steps (the store queue runs in order and every
 producer step ends with its store, so a token says "every producer step up to this one is done"):
 
-- local memory: the consumer is generated under `slot_rotation`, so its step j uses the buffer slot the
+- local memory: the consumer is generated with `LowerContext.rotation` n, so its step j uses the buffer slot the
   producer's step n + j would have; its step j waits (pops) only for the last producer step whose tiles share a
   slot with its own (found from the steps' local addresses; a step whose addresses are unknown shares all);
 - DRAM: before the consumer's first load that reads bytes the producer writes, every remaining token is popped,
@@ -31,7 +31,7 @@ from fusion.engine.plan import Group
 from fusion.lower import emit_phases, plan_dram
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, run_pipeline
-from fusion.lower.local_alloc import DEPTH, slot, slot_rotation
+from fusion.lower.local_alloc import DEPTH, slot
 from fusion.lower.views import View, transfers
 from isa.enums import Unit
 from isa.memory_map import LOCAL_ACC_BASE
@@ -62,12 +62,11 @@ def build_pipelined(mc: ModelContext, producer: Group, consumer: Group, order_dr
         sub, mc.qplan, mc.config, {**forms, **more_forms}, whole_program=True, scratch={**scratch, **more_scratch}
     )
     cx_p = LowerContext(sub_p, mc.config, mc.qplan, mc.params, addresses)
-    cx_c = LowerContext(sub_c, mc.config, mc.qplan, mc.params, addresses)
     rc = mc.allow_rounding_change
     p_phases = group_phases(cx_p, sub_p.nodes, producer, rc)
     n_last = len([s for s in p_phases[-1] if s.segments()])
-    with slot_rotation(n_last % DEPTH):
-        c_phases = group_phases(cx_c, sub_c.nodes, consumer, rc)
+    cx_c = LowerContext(sub_c, mc.config, mc.qplan, mc.params, addresses, rotation=n_last % DEPTH)
+    c_phases = group_phases(cx_c, sub_c.nodes, consumer, rc)
     written = [_extent(cx_p.view(v)) for v in sub_p.outputs]
     joint = join_phases(mc.config, list(p_phases[-1]), list(c_phases[0]), written, order_dram)
     guard = expected_guard(mc, sub, producer, "any")
@@ -112,8 +111,8 @@ def join_phases(
     head = consumer[: min(DEPTH, len(consumer))]
     if any(s.segments()[0][0] is not Unit.load for s in head):
         raise CodegenError("a consumer step does not start with loads")
-    p_slots = [_slots(cfg, s) for s in producer]
-    needed = [_tokens_needed(p_slots, _slots(cfg, s), window) for s in head]
+    p_slots = [step_slots(cfg, s) for s in producer]
+    needed = [_tokens_needed(p_slots, step_slots(cfg, s), window) for s in head]
     dependent = [j for j, s in enumerate(head) if _reads(s, written)]
     drain_at = (dependent[0] if dependent else len(head) - 1) if order_dram else None
     pushes = len(window) if order_dram else max(needed)
@@ -147,7 +146,7 @@ def _tokens_needed(p_slots: list[frozenset[int]], mine: frozenset[int], window: 
     return max(1, sum(1 for t in window if t <= shared[-1]))
 
 
-def _slots(cfg: MachineConfig, step: Step) -> frozenset[int]:
+def step_slots(cfg: MachineConfig, step: Step) -> frozenset[int]:
     """Buffer slots a step's tiles lie in (from its load and store local addresses; all when it has none)."""
     addrs = [a for _, a in step.loads] + [a for a, _ in step.stores]
     if not addrs:

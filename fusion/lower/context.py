@@ -36,6 +36,9 @@ class LowerContext:
     params: QuantParams | None
     addresses: Mapping[str, int]  # value (or constant form key, or temp key) -> DRAM address
     views: Mapping[str, View] = field(default_factory=dict)  # values read through another value's bytes
+    # the buffer slot (`local_alloc.slot`) the generator's step 0 uses: its steps follow `rotation` steps of another
+    # program in one pipeline (`fusion.engine.pipelined`), so its first tiles avoid that program's last ones
+    rotation: int = 0
 
     @property
     def int8(self) -> bool:

@@ -37,6 +37,7 @@ class Emitter:
     def __init__(self, builder: ProgramBuilder) -> None:
         self.b = builder
         self._regs: OrderedDict[int, int] = OrderedDict()  # value -> register, least recently used first
+        self._labels = 0  # local labels made so far (`local_label`)
 
     def reg(self, value: int) -> int:
         value &= 0xFFFFFFFF
@@ -52,6 +53,12 @@ class Emitter:
         self._regs[value] = r
         self.b.li(r, value)
         return r
+
+    def local_label(self, prefix: str) -> str:
+        """A new local label (`.L`, not kept in the binary), unique in this program: numbered by this emitter, so
+        a program's text depends only on what was emitted into it, not on other programs built before."""
+        self._labels += 1
+        return f".L{prefix}{self._labels}"
 
     def regs(self, *values: int) -> tuple[int, ...]:
         """Registers for a few values at once (least-recently-used eviction over 31 registers never evicts a

@@ -8,9 +8,6 @@ the step three back, so loading, computing and storing overlap instead of altern
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 from fusion.lower.errors import MemoryPlanError
@@ -25,19 +22,6 @@ def _up(x: int, a: int) -> int:
 
 
 DEPTH = 3
-_ROTATION: ContextVar[int] = ContextVar("slot_rotation", default=0)
-
-
-@contextmanager
-def slot_rotation(offset: int) -> Iterator[None]:
-    """Within the block, step (or block) `index` uses slot (index + offset) % DEPTH. A generator emitted right
-    after another program's `offset` steps then starts in the slot the other's next step would use, so its first
-    steps' tiles do not share bytes with the other's last steps (`fusion.engine.pipelined`)."""
-    token = _ROTATION.set(offset)
-    try:
-        yield
-    finally:
-        _ROTATION.reset(token)
 
 
 @dataclass(frozen=True)
@@ -48,18 +32,22 @@ class Slot:
     size: int
 
 
-def slot(total: int, banks: int, index: int, base: int = 0) -> Slot:
+def slot(total: int, banks: int, index: int, base: int = 0, rotation: int = 0) -> Slot:
+    """Step (or block) `index`'s slot: (index + rotation) % DEPTH. A generator whose steps follow another
+    program's `rotation` steps in one pipeline (`fusion.engine.pipelined`; `LowerContext.rotation`) then starts in
+    the slot the other's next step would use, so its first steps' tiles do not share bytes with the other's last."""
     bank = total // banks
     size = (banks // DEPTH) * bank if banks >= DEPTH else total // DEPTH // ALIGN * ALIGN
-    return Slot(base + ((index + _ROTATION.get()) % DEPTH) * size, size)
+    return Slot(base + ((index + rotation) % DEPTH) * size, size)
 
 
 class TileArena:
-    """Bump allocation of tiles in the scratchpad and accumulator slots of step (or block) `index`."""
+    """Bump allocation of tiles in the scratchpad and accumulator slots of step (or block) `index`, the slots
+    rotated by `rotation` (see `slot`)."""
 
-    def __init__(self, cfg: MachineConfig, index: int) -> None:
-        self.spad = slot(cfg.spad_bytes, cfg.spad_banks, index)
-        self.acc = slot(cfg.acc_bytes, cfg.acc_banks, index, LOCAL_ACC_BASE)
+    def __init__(self, cfg: MachineConfig, index: int, rotation: int = 0) -> None:
+        self.spad = slot(cfg.spad_bytes, cfg.spad_banks, index, rotation=rotation)
+        self.acc = slot(cfg.acc_bytes, cfg.acc_banks, index, LOCAL_ACC_BASE, rotation)
         self._spad_used = 0
         self._acc_used = 0
 

@@ -103,7 +103,7 @@ def layout_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     sizes = [lt.nbytes, lt.nbytes, n * 4, *(view.size * view.dtype.size for view in views.values())]
     if n > cx.config.vreg_elems or not TileArena(cx.config, 0).fits(sizes):
         raise CodegenError(f"a {n}-element layout chain does not fit a vector register or a buffer slot")
-    arena = TileArena(cx.config, 0)
+    arena = TileArena(cx.config, 0, cx.rotation)
     staging = arena.tile(lt.nbytes)
     ordered = arena.tile(lt.nbytes) if lt.runs else staging
     addr = {value: ordered} | {v: arena.tile(view.size * view.dtype.size) for v, view in views.items()}

@@ -11,7 +11,6 @@ activations cost fewer matrix-unit cycles; it is selected at dispatch time by th
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,6 @@ from fusion.lower.views import MAX_ROWS, View
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
 
-_labels = itertools.count()
 ZERO_SKIP_MAX_PANELS = 12  # 1 + 2 * panels register values per k-slice stay within the emitter's 31 registers
 
 
@@ -120,7 +118,13 @@ def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[in
 
 
 def fused_gemm_steps(
-    cfg: MachineConfig, g: FusedGemm, schedule: Schedule, start: int = 0, block: int = 0, alone: bool = False
+    cfg: MachineConfig,
+    g: FusedGemm,
+    schedule: Schedule,
+    start: int = 0,
+    block: int = 0,
+    alone: bool = False,
+    rotation: int = 0,
 ) -> list[Step]:
     """The tiles of one fused GEMM: output-row blocks outer, groups of `panels` weight-column panels inner.
 
@@ -143,16 +147,16 @@ def fused_gemm_steps(
     resident = None  # A-stationary: A's k-slices in the spare banks, shared by every step (None: a copy per slot)
     if schedule.resident_a:
         resident = _spare_a(cfg, g, m, alone)
-        steps.append(_resident_prologue(cfg, g, m, start, resident))
+        steps.append(_resident_prologue(cfg, g, m, start, resident, rotation))
     for index, i0 in enumerate(range(0, m, tm)):
         rows = min(tm, m - i0)
         a_loads: list = []
         a_quants: list = []
         if not schedule.resident_a:
             spare = TileArena.spare(cfg) if alone and rows == m and _a_fits(cfg, g, rows) else None
-            a_block = _a_tiles(cfg, spare or TileArena(cfg, block + index), g, i0, rows, a_loads, a_quants)
+            a_block = _a_tiles(cfg, spare or TileArena(cfg, block + index, rotation), g, i0, rows, a_loads, a_quants)
         for j0 in range(0, n_out, width):
-            arena = TileArena(cfg, start + len(steps))
+            arena = TileArena(cfg, start + len(steps), rotation)
             a_here = _a_tiles(cfg, arena, g, 0, tm, [], [])  # this slot's A copy (A-stationary) or a full-block gap
             a_slices = (resident or a_here) if schedule.resident_a else a_block
             cols = [(j, min(cfg.array_size, n_out - j)) for j in range(j0, min(n_out, j0 + width), cfg.array_size)]
@@ -201,7 +205,7 @@ def _spare_a(cfg: MachineConfig, g: FusedGemm, m: int, alone: bool) -> list | No
     return None if spare is None else _a_tiles(cfg, spare, g, 0, m, [], [])
 
 
-def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int, spare: list | None) -> Step:
+def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int, spare: list | None, rotation: int) -> Step:
     """Load (and quantize) A once: into the spare banks (`spare`: its tiles there), or into this step's buffer
     slot and then copied locally into the other slots."""
     loads: list = []
@@ -209,8 +213,8 @@ def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int, spa
     if spare is not None:
         _a_tiles(cfg, TileArena.spare(cfg), g, 0, m, loads, quants)  # the same addresses as `spare`
         return Step(loads, [(Unit.vector, _quantizer(quants))], [])
-    here = _a_tiles(cfg, TileArena(cfg, start), g, 0, m, loads, quants)
-    others = [_a_tiles(cfg, TileArena(cfg, start + d), g, 0, m, [], []) for d in range(1, DEPTH)]
+    here = _a_tiles(cfg, TileArena(cfg, start, rotation), g, 0, m, loads, quants)
+    others = [_a_tiles(cfg, TileArena(cfg, start + d, rotation), g, 0, m, [], []) for d in range(1, DEPTH)]
 
     def copy(em: Emitter) -> None:
         _quantizer(quants)(em)
@@ -276,7 +280,7 @@ def _tile_step(
     def matmul(em: Emitter) -> None:
         for index, (k0, kb, a_addr, dt) in enumerate(a_slices):
             ra = em.reg(a_addr)
-            skip = f".Lzs{next(_labels)}"
+            skip = em.local_label("zs")
             if zero_skip:
                 for _, cols, b_addr, es, _, acc, _ in tiles:  # every register before the branch: no skipped `li`
                     em.regs(a_addr, b_addr + k0 * cols * es, acc)

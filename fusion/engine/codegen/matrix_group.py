@@ -135,7 +135,7 @@ def matrix_group_steps(
             out_scale,
             packed,
         )
-        return fused_gemm_steps(cx.config, g, schedule, alone=True)
+        return fused_gemm_steps(cx.config, g, schedule, alone=True, rotation=cx.rotation)
     if schedule.resident_a and math.prod(batch) > 1:
         raise CodegenError("A-stationary order needs one GEMM (a batched MatMul runs one GEMM per batch)")
     a_full, b_full = av.broadcast_to((*batch, m, av.shape[-1])), bv.broadcast_to((*batch, bv.shape[-2], n))
@@ -154,7 +154,7 @@ def matrix_group_steps(
             packed,
         )
         alone = math.prod(batch) == 1
-        steps.extend(fused_gemm_steps(cx.config, g, schedule, len(steps), blocks, alone))
+        steps.extend(fused_gemm_steps(cx.config, g, schedule, len(steps), blocks, alone, cx.rotation))
         blocks += row_blocks(cx.config, g, schedule)
     return steps
 

@@ -45,7 +45,7 @@ def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     scale = cx.scale(head.outputs[0])
     steps = []
     for index in product(*(range(d) for d in batch)):
-        arena = TileArena(cx.config, len(steps))
+        arena = TileArena(cx.config, len(steps), cx.rotation)
         loads: list = []
         quants: list = []
         a_addr, dt = _load_operand(arena, a, a.view.index(index), loads, quants)

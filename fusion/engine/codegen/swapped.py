@@ -172,7 +172,7 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     act = Activation.relu if ops.relu else Activation.none
     slices = k_slices(shape.k, cfg.array_size)
     chunks = range(0, shape.n_out, shape.chunk)
-    arenas = [TileArena(cfg, s) for s in range(len(chunks))]
+    arenas = [TileArena(cfg, s, cx.rotation) for s in range(len(chunks))]
     # A^T at the same place in every slot: step 0 loads (and quantizes) it once, then copies it to the slots the
     # later steps use, so A is read from DRAM once however many chunks the output columns take
     a_tiles = [(t.tile(shape.m * shape.k * a_view.dtype.size), t.tile(shape.m * shape.k)) for t in arenas]
@@ -217,7 +217,7 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         steps.append(Step([], compute, [(res, scratch.slice(0, c0, rows))]))
     if chain:
         return [steps, _chain_back(cx, scratch, chain, head.outputs[0], value_rows, out_rows)]
-    return [steps, _transpose_back(cfg, scratch, out_rows)]
+    return [steps, _transpose_back(cfg, scratch, out_rows, cx.rotation)]
 
 
 def _epilogue_split(cx: LowerContext, nodes: Sequence[Node]) -> tuple[EpilogueOps, list[Node]]:
@@ -292,7 +292,7 @@ def _chain_back(
         rb = min(rows, m - r0)
         for c0 in range(0, n_out, cols):
             cb = min(cols, n_out - c0)
-            arena = TileArena(cx.config, len(steps))
+            arena = TileArena(cx.config, len(steps), cx.rotation)
             addr = {c_value: arena.tile(rb * cb * scratch.dtype.size)}
             parts = {v: _rows_cols(view, m, r0, rb, c0, cb) for v, view in tile_views.items()}
             addr |= {v: arena.tile(rb * cb * p.dtype.size) for v, p in parts.items()}
@@ -328,7 +328,7 @@ def _chain_back(
     return steps
 
 
-def _transpose_back(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:
+def _transpose_back(cfg: MachineConfig, scratch: View, out: View, rotation: int) -> list[Step]:
     """C^T (n_out x m, dense in DRAM) -> C (m rows of n_out, `out` lists them in C's row order, possibly strided):
     transposing loads of column chunks, plain stores."""
     n_out, m = scratch.shape
@@ -339,7 +339,7 @@ def _transpose_back(cfg: MachineConfig, scratch: View, out: View) -> list[Step]:
     steps = []
     for c0 in range(0, n_out, chunk):
         cols = min(chunk, n_out - c0)
-        arena = TileArena(cfg, len(steps))
+        arena = TileArena(cfg, len(steps), rotation)
         tile = arena.tile(cols * m * es)
         part = scratch.slice(0, c0, cols)
 

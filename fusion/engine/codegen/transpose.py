@@ -137,7 +137,7 @@ def transpose_steps(cx: LowerContext, node: Node) -> list[Step]:
     steps = []
     for l0 in range(0, lead, per_step):
         count = min(per_step, lead - l0)
-        tile = TileArena(cx.config, len(steps)).tile(count * block * es)
+        tile = TileArena(cx.config, len(steps), cx.rotation).tile(count * block * es)
 
         def load(em: Emitter, l0=l0, count=count, tile=tile) -> None:
             for k in range(count):
@@ -169,7 +169,7 @@ def _whole_steps(cx: LowerContext, node: Node, lead: int | None) -> list[Step] |
 
 def _local_step(cx: LowerContext, node: Node, lt: LocalTranspose) -> Step:
     """One step: the Transpose's output assembled locally (`LocalTranspose`), then one contiguous store."""
-    arena = TileArena(cx.config, 0)
+    arena = TileArena(cx.config, 0, cx.rotation)
     staging = arena.tile(lt.nbytes)
     ordered = arena.tile(lt.nbytes) if lt.runs else staging
     out = cx.view(node.outputs[0])

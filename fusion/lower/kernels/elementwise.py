@@ -67,7 +67,7 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
     budget = largest_fitting(1 << 15, lambda e: probe.fits([e * per_elem + 64 * 8]))
     steps = []
     for block in blocks(shape, budget):
-        arena = TileArena(cx.config, len(steps))
+        arena = TileArena(cx.config, len(steps), cx.rotation)
         parts = [block.of(v) for v in in_views]
         n = parts[0].size if parts else block.of(out_view).size
         raw = [arena.tile(p.size * p.dtype.size) for p in parts]

@@ -155,11 +155,12 @@ class _Progress:
     """Counters running across the GEMMs of one pipeline: steps, resident blocks, output tiles."""
 
     steps: list[Step]
+    rotation: int  # the buffer slot step 0 uses (`LowerContext.rotation`)
     blocks: int = 0
     tiles: int = 0
 
 
-def gemm_steps(cfg: MachineConfig, gemms: Sequence[Gemm]) -> list[Step]:
+def gemm_steps(cfg: MachineConfig, gemms: Sequence[Gemm], rotation: int = 0) -> list[Step]:
     """The tiles of a sequence of same-shaped GEMMs (e.g. a batch), as one pipeline.
 
     Whole-K tiles: one operand stays resident while the other streams: A's row block (loaded and quantized
@@ -172,7 +173,7 @@ def gemm_steps(cfg: MachineConfig, gemms: Sequence[Gemm]) -> list[Step]:
     this tile's last step L, so its first mx.mm follows (matrix unit program order) the matmuls of step
     L + DEPTH, which follow the credit L's store passed on: the reuse is ordered after L's epilogue and store.
     """
-    progress = _Progress([])
+    progress = _Progress([], rotation)
     for g in gemms:
         tiling = choose_tiling(cfg, g)
         if tiling.chunk == g.a.view.shape[1]:
@@ -199,10 +200,10 @@ def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
     resident_op, streamed_op = (g.a, g.b) if a_resident else (g.b, g.a)
     resident_elems, streamed_elems = (a_elems, b_elems) if a_resident else (b_elems, a_elems)
     for b_index, ob in enumerate(outer, progress.blocks):
-        resident = _alloc(TileArena(cfg, b_index), resident_op, resident_elems)
+        resident = _alloc(TileArena(cfg, b_index, progress.rotation), resident_op, resident_elems)
         for first, ib in enumerate(inner):
             (i0, rows), (j0, cols) = (ob, ib) if a_resident else (ib, ob)
-            arena = TileArena(cfg, len(progress.steps))
+            arena = TileArena(cfg, len(progress.steps), progress.rotation)
             _alloc(arena, resident_op, resident_elems)  # skip the resident region of this slot
             streamed = _alloc(arena, streamed_op, streamed_elems)
             a_parts = [g.a.view.slice(0, i0, rows).slice(1, k0, kb) for k0, kb in ks]
@@ -213,7 +214,7 @@ def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
                 _fill(resident_op, resident, a_parts if a_resident else b_parts, loads, quants)
             _fill(streamed_op, streamed, b_parts if a_resident else a_parts, loads, quants)
             a_tiles, b_tiles = (resident, streamed) if a_resident else (streamed, resident)
-            acc = TileArena(cfg, progress.tiles).acc_tile(rows * cols * 4)
+            acc = TileArena(cfg, progress.tiles, progress.rotation).acc_tile(rows * cols * 4)
             chunk = _Chunk(ks, a_tiles, b_tiles, first=True, last=True)
             progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
             progress.tiles += 1
@@ -225,10 +226,10 @@ def _split_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
     m, k = g.a.view.shape
     chunks = _blocks(k, tiling.chunk)
     for (i0, rows), (j0, cols) in product(_blocks(m, tiling.rows), _blocks(g.out.shape[1], tiling.cols)):
-        acc = TileArena(cfg, progress.tiles).acc_tile(rows * cols * 4)
+        acc = TileArena(cfg, progress.tiles, progress.rotation).acc_tile(rows * cols * 4)
         for index, (c0, cw) in enumerate(chunks):
             ks = _k_slices(cw, cfg.array_size)
-            arena = TileArena(cfg, len(progress.steps))
+            arena = TileArena(cfg, len(progress.steps), progress.rotation)
             b_tiles = _alloc(arena, g.b, [cw * cols])
             a_tiles = _alloc(arena, g.a, [rows * kb for _, kb in ks])
             loads: list = []

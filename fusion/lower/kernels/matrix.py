@@ -103,7 +103,7 @@ def lower_matmul(cx: LowerContext, node: Node) -> list[list[Step]]:
         )
         for index in product(*(range(d) for d in batch))
     ]
-    return [gemm_steps(cx.config, gemms)]
+    return [gemm_steps(cx.config, gemms, cx.rotation)]
 
 
 def _row_stride(view: View) -> int | None:

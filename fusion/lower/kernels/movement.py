@@ -32,7 +32,7 @@ def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Ste
             continue
         src, dst = merge_dims(_dma_order(src, dst))
         for block in blocks(src.shape, budget):
-            arena = TileArena(cx.config, start + len(steps))
+            arena = TileArena(cx.config, start + len(steps), cx.rotation)
             part = block.of(src)
             raw = arena.tile(part.size * src.dtype.size)
             compute = []

@@ -83,7 +83,7 @@ def lower_rows(cx: LowerContext, node: Node, axes: tuple[int, ...]) -> list[list
     body = _row_recipe if node.op in ROW_RECIPES else partial(_reduce, dt=out.dtype)
     steps = []
     for block in blocks(src.shape, rows * period, whole=period):
-        arena = TileArena(cx.config, len(steps))
+        arena = TileArena(cx.config, len(steps), cx.rotation)
         part = block.of(src)
         n = part.size
         nrows = n // period
@@ -132,7 +132,7 @@ def lower_columns(cx: LowerContext, node: Node, axis: int) -> list[list[Step]]:
         raise MemoryPlanError(f"node {node.name!r}: a column of {length} elements does not fit the scratchpad")
     steps = []
     for block in blocks(x_kept.shape, budget):
-        arena = TileArena(cx.config, len(steps))
+        arena = TileArena(cx.config, len(steps), cx.rotation)
         part = block.of(x_kept)
         r = part.size
         n = length * r

@@ -91,7 +91,7 @@ def _fill_steps(cx: LowerContext, target: View, value: float, start: int = 0) ->
     """One tile filled with `value`, stored over every block of `target`."""
     probe = TileArena(cx.config, 0)
     budget = min(target.size, largest_fitting(1 << 15, lambda e: probe.fits([e * target.dtype.size])))
-    arena = TileArena(cx.config, start)
+    arena = TileArena(cx.config, start, cx.rotation)
     tile = arena.tile(budget * target.dtype.size)
 
     def body(em: Emitter) -> None:
@@ -223,7 +223,7 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
                 requant(cx, node) if table is None else ChannelRequant(table.slice(0, g * mg, mg), per_row=True),
             )
         )
-    phases.append(gemm_steps(cx.config, gemms))
+    phases.append(gemm_steps(cx.config, gemms, cx.rotation))
     return phases
 
 
@@ -319,10 +319,10 @@ def _window_steps(
     steps: list[Step] = []
     for b, block in enumerate(blocks(out.shape, budget)):
         n = block.of(out).size
-        res_arena = TileArena(cx.config, b)
+        res_arena = TileArena(cx.config, b, cx.rotation)
         res = [res_arena.tile(size) for size in body.reserved(budget, out.dtype.size)]  # same offsets every block
         for g0 in range(0, count, group):
-            arena = TileArena(cx.config, len(steps))
+            arena = TileArena(cx.config, len(steps), cx.rotation)
             for size in body.reserved(budget, out.dtype.size):
                 arena.tile(size)
             picked = range(g0, min(count, g0 + group))
