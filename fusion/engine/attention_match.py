@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fusion.engine.views import slice_index
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 
-LAYOUT_OPS = frozenset({OpType.Transpose, OpType.Reshape, OpType.Expand, OpType.Identity})
+LAYOUT_OPS = frozenset({OpType.Transpose, OpType.Reshape, OpType.Expand, OpType.Identity})  # + Split, slab Gather
 MAX_MAP_ELEMS = 1 << 24  # index maps are int64 arrays of the operand's size: bound what a graph can make us build
 
 
@@ -151,20 +152,25 @@ def _activation_matmul(graph: Graph, node: Node | None) -> bool:
 
 
 def _layout_before(graph: Graph, value: str, consumer: Node) -> tuple[str, ...]:
-    """The layout nodes producing `value` that only feed the next one (last to first, then reversed), as long
-    as the operand stays one strided 2-D view per leading index."""
+    """The layout nodes producing `value` whose output only feeds the next one (a Split: each output feeds one
+    node, see `_whole_splits`), walked back as long as the operand stays one strided 2-D view per leading index."""
     chain: list[Node] = []
+    operand = value
     while value not in graph.inputs and not graph.is_constant(value):
         node = graph.producers.get(value)
-        if node is None or node.op not in LAYOUT_OPS or len(node.outputs) != 1:
+        if node is None or not _is_layout(graph, node) or (len(node.outputs) != 1 and node.op != OpType.Split):
             break
-        if not _single(graph, node.outputs[0], chain[-1] if chain else consumer):
+        if not _single(graph, value, chain[-1] if chain else consumer):
             break
         candidate = [*chain, node]
-        if index_map(graph, [n for n in reversed(candidate)]) is None:
+        if index_map(graph, list(reversed(candidate)), operand) is None:
             break
         chain, value = candidate, node.inputs[0]
     return tuple(n.name for n in reversed(chain))
+
+
+def _is_layout(graph: Graph, node: Node) -> bool:
+    return node.op in LAYOUT_OPS or node.op == OpType.Split or slice_index(graph, node) is not None
 
 
 def _layout_after(graph: Graph, node: Node) -> tuple[str, ...]:
@@ -203,10 +209,18 @@ def match_attention(graph: Graph, softmax: Node) -> AttentionMatch | None:
     scores = producer
     if graph.types[scores.outputs[0]].shape != shape or scores.inputs[0] == scores.inputs[1]:
         return None
+    layouts = _whole_splits(
+        graph,
+        [
+            _layout_before(graph, scores.inputs[0], scores),
+            _layout_before(graph, scores.inputs[1], scores),
+            _layout_before(graph, context.inputs[1], context),
+        ],
+    )
     return AttentionMatch(
-        q_layout=_layout_before(graph, scores.inputs[0], scores),
-        k_layout=_layout_before(graph, scores.inputs[1], scores),
-        v_layout=_layout_before(graph, context.inputs[1], context),
+        q_layout=layouts[0],
+        k_layout=layouts[1],
+        v_layout=layouts[2],
         scores=scores.name,
         scale=scale,
         mask=mask,
@@ -214,6 +228,25 @@ def match_attention(graph: Graph, softmax: Node) -> AttentionMatch | None:
         context=context.name,
         out_layout=_layout_after(graph, context),
     )
+
+
+def _whole_splits(graph: Graph, layouts: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """A Split belongs to the kernel only if every one of its outputs is read inside it (the kernel writes none of
+    them); otherwise each layout is cut after it (nodes before the Split stay outside)."""
+    inside = {n for layout in layouts for n in layout}
+    cut = []
+    for layout in layouts:
+        keep = list(layout)
+        for i in range(len(layout) - 1, -1, -1):
+            node = graph.node(layout[i])
+            users = {u.name for v in node.outputs for u in graph.consumers.get(v, ())}
+            if node.op == OpType.Split and (not users <= inside or any(v in graph.outputs for v in node.outputs)):
+                keep = list(layout[i + 1 :])
+                break
+        cut.append(tuple(keep))
+    if cut != layouts:
+        return _whole_splits(graph, cut)
+    return cut
 
 
 def _activation_input(graph: Graph, node: Node) -> str | None:
@@ -239,26 +272,36 @@ def find_attention(graph: Graph) -> list[AttentionMatch]:
     return out
 
 
-def _apply(node: Node, graph: Graph, data: np.ndarray) -> np.ndarray:
-    shape = graph.types[node.outputs[0]].shape
+def _apply(node: Node, graph: Graph, data: np.ndarray, output: str) -> np.ndarray:
+    """The layout node's semantics on an index array (`output`: which of its outputs)."""
+    shape = graph.types[output].shape
     if node.op == OpType.Transpose:
         return np.transpose(data, node.attr("perm"))
     if node.op == OpType.Expand:
         return np.broadcast_to(data, shape)
-    return data.reshape(shape)  # Reshape, Identity
+    if node.op == OpType.Split:
+        k = node.outputs.index(output)
+        start = int(sum(node.attr("sizes")[:k]))
+        return np.take(data, np.arange(start, start + shape[node.attr("axis")]), axis=node.attr("axis"))
+    index = slice_index(graph, node)
+    if index is not None:
+        data = data[index]
+    return data.reshape(shape)  # Reshape, Identity, slab Gather
 
 
-def index_map(graph: Graph, layout: Sequence[Node]) -> np.ndarray | None:
-    """For the last layout node's output: the flat index into the first node's input each element reads; None
-    when it is not one strided 2-D view per leading index (or too large to describe)."""
+def index_map(graph: Graph, layout: Sequence[Node], operand: str | None = None) -> np.ndarray | None:
+    """For `operand` (default: the last node's only output): the flat index into the first node's input each of
+    its elements reads; None when it is not one strided 2-D view per leading index (or too large to describe)."""
     if not layout:
         return None
     src = graph.types[layout[0].inputs[0]].shape
-    if int(np.prod(src)) > MAX_MAP_ELEMS or int(np.prod(graph.types[layout[-1].outputs[0]].shape)) > MAX_MAP_ELEMS:
+    out = operand or layout[-1].outputs[0]
+    if int(np.prod(src)) > MAX_MAP_ELEMS or int(np.prod(graph.types[out].shape)) > MAX_MAP_ELEMS:
         return None
     idx = np.arange(int(np.prod(src)), dtype=np.int64).reshape(src)
-    for node in layout:
-        idx = _apply(node, graph, idx)
+    for node, nxt in zip(layout, [*layout[1:], None], strict=True):
+        value = out if nxt is None else next(v for v in node.outputs if v in nxt.inputs)
+        idx = _apply(node, graph, idx, value)
     return idx if affine_heads(idx) is not None else None
 
 
@@ -270,7 +313,7 @@ def output_map(graph: Graph, layout: Sequence[Node], shape: tuple[int, ...]) -> 
         return None
     idx = np.arange(size, dtype=np.int64).reshape(shape)
     for node in layout:
-        idx = _apply(node, graph, idx)
+        idx = _apply(node, graph, idx, node.outputs[0])
     where = np.empty(size, dtype=np.int64)
     where[idx.reshape(-1)] = np.arange(size, dtype=np.int64)
     where = where.reshape(shape)

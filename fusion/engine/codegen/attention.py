@@ -103,7 +103,7 @@ class HeadOperand:
 def _operand(cx: LowerContext, value: str, layout: Sequence[str], lead: tuple[int, ...], scale: float | None):
     nodes = [cx.graph.node(n) for n in layout]
     if nodes:
-        source, idx = nodes[0].inputs[0], index_map(cx.graph, nodes)
+        source, idx = nodes[0].inputs[0], index_map(cx.graph, nodes, value)
     else:
         source = value
         shape = cx.graph.types[value].shape
@@ -315,7 +315,7 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     steps = []
     for h in range(heads):
         for i0, rows_i in chunks(p.sq, t.rows):
-            arena = TileArena(cx.config, len(steps), cx.rotation)
+            arena = TileArena(cx.config, len(steps))
             steps.append((_online_step if t.online else _step)(cx, match, p, arena, (h, i0, rows_i), t))
     return steps
 

@@ -30,6 +30,7 @@ class AttentionShape:
     causal: bool = False
     key_len: int = 0  # 0: no padding mask; else keys >= key_len masked
     k_transposed_in_graph: bool = True  # K^T by one Transpose (0, 2, 3, 1) of the split heads
+    fused_qkv: bool = False  # self-attention: one projection, Split into Q, K, V (GPT-2's c_attn)
 
 
 def attention_graph(s: AttentionShape, seed: int = 0) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -56,12 +57,17 @@ def attention_graph(s: AttentionShape, seed: int = 0) -> tuple[Graph, dict[str, 
         e = g.op(OpType.Expand, u, shape=(s.batch, kv, rep, rows, last))
         return g.op(OpType.Reshape, e, shape=(s.batch, s.heads, rows, last))
 
-    q = split(proj(x, s.heads * d), s.seq, s.heads, (0, 2, 1, 3))
-    if s.k_transposed_in_graph and kv == s.heads:
-        k = split(proj(mem, kv * d), keys, kv, (0, 2, 3, 1))
+    if s.fused_qkv and not s.keys:
+        sizes = (s.heads * d, kv * d, kv * d)
+        q_src, k_src, v_src = g.op_multi(OpType.Split, proj(x, sum(sizes)), n_outputs=3, axis=2, sizes=sizes)
     else:
-        k = g.op(OpType.Transpose, repeat(split(proj(mem, kv * d), keys, kv, (0, 2, 1, 3)), keys, d), perm=(0, 1, 3, 2))
-    v = repeat(split(proj(mem, kv * d), keys, kv, (0, 2, 1, 3)), keys, d)
+        q_src, k_src, v_src = proj(x, s.heads * d), proj(mem, kv * d), proj(mem, kv * d)
+    q = split(q_src, s.seq, s.heads, (0, 2, 1, 3))
+    if s.k_transposed_in_graph and kv == s.heads:
+        k = split(k_src, keys, kv, (0, 2, 3, 1))
+    else:
+        k = g.op(OpType.Transpose, repeat(split(k_src, keys, kv, (0, 2, 1, 3)), keys, d), perm=(0, 1, 3, 2))
+    v = repeat(split(v_src, keys, kv, (0, 2, 1, 3)), keys, d)
     scores = g.op(OpType.MatMul, q, k)
     if s.scale == "mul":
         scores = g.op(OpType.Mul, scores, g.constant(np.float32(1 / np.sqrt(d))))

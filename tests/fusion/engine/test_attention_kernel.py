@@ -66,6 +66,7 @@ def assert_matches(got, want, dtype):
         causal=st.booleans(),
         key_len=st.integers(0, 40),
         k_transposed_in_graph=st.booleans(),
+        fused_qkv=st.booleans(),
     ),
     st.sampled_from(["fp32", "int8"]),
 )

@@ -32,6 +32,7 @@ def _ops(graph, names):
         AttentionShape(heads=4, kv_heads=2, causal=True),
         AttentionShape(heads=4, kv_heads=1, k_transposed_in_graph=False),
         AttentionShape(seq=5, keys=9, causal=True),
+        AttentionShape(heads=4, kv_heads=2, fused_qkv=True, causal=True),
     ],
 )
 def test_the_whole_attention_with_its_layout_is_one_match(shape):
@@ -40,7 +41,8 @@ def test_the_whole_attention_with_its_layout_is_one_match(shape):
     assert _ops(graph, [m.scores, m.softmax, m.context]) == [OpType.MatMul, OpType.Softmax, OpType.MatMul]
     assert (m.scale is not None) == (shape.scale != "none")
     assert (m.mask is not None) == (shape.causal or bool(shape.key_len))
-    assert _ops(graph, m.q_layout) == [OpType.Reshape, OpType.Transpose]
+    split = [OpType.Split] if shape.fused_qkv else []
+    assert _ops(graph, m.q_layout) == [*split, OpType.Reshape, OpType.Transpose]
     assert _ops(graph, m.out_layout) == [OpType.Transpose, OpType.Reshape]
     if shape.kv_heads and shape.kv_heads != shape.heads:  # the KV repeat is read in place, not copied
         assert OpType.Expand in _ops(graph, m.k_layout) and OpType.Expand in _ops(graph, m.v_layout)
@@ -108,6 +110,17 @@ def _core(reuse_probs: bool = False, mask: np.ndarray | None = None):
     out = g.op(OpType.MatMul, p, v)
     g.output(out, p) if reuse_probs else g.output(out)
     return g.build()
+
+
+def test_a_split_stays_outside_unless_all_its_outputs_are_read_inside():
+    g = GraphBuilder("split")
+    x = g.input("x", (1, 8, 12))
+    q, kt_src, v, extra = g.op_multi(OpType.Split, x, n_outputs=4, axis=2, sizes=(3, 3, 3, 3))
+    kt = g.op(OpType.Transpose, kt_src, perm=(0, 2, 1))
+    p = g.op(OpType.Softmax, g.op(OpType.MatMul, q, kt), axis=2)
+    g.output(g.op(OpType.MatMul, p, v), extra)
+    (m,) = find_attention(g.build())
+    assert m.q_layout == () and m.v_layout == () and _ops(g.build(), m.k_layout) == [OpType.Transpose]
 
 
 def test_attention_whose_probabilities_escape_is_not_matched():
