@@ -29,6 +29,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.matrix import bias_view, requant, requant_table
 from fusion.lower.kernels.windows import padded_input, window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
@@ -39,59 +40,7 @@ from simulator.config import MachineConfig
 TAPS = "taps"  # constant-form key of a Conv weight as per-tap [C/group, Cout] tiles (see pack_taps)
 
 
-@dataclass(frozen=True)
-class ConvShape:
-    """A Conv's geometry, a 1-D conv lifted to 2-D with height 1 (padded: the padded input's H', W')."""
-
-    n: int
-    c: int
-    cout: int
-    groups: int
-    kernel: tuple[int, int]
-    strides: tuple[int, int]
-    dilations: tuple[int, int]
-    padded: tuple[int, int]
-    out: tuple[int, int]
-
-    @property
-    def cg(self) -> int:
-        return self.c // self.groups
-
-    @property
-    def coutg(self) -> int:
-        return self.cout // self.groups
-
-    @property
-    def taps(self) -> int:
-        return self.kernel[0] * self.kernel[1]
-
-    @property
-    def pitch(self) -> int:
-        """Accumulator rows per output row: one padded input row per vertical stride step."""
-        return self.strides[0] * self.padded[1]
-
-    @property
-    def valid(self) -> int:
-        """Computed rows of an output row that hold its pixels (every stride_w-th of them)."""
-        return (self.out[1] - 1) * self.strides[1] + 1
-
-    @property
-    def cols(self) -> int:
-        """Pixels of one output row in the DRAM scratch (every stride_w-th kept)."""
-        return self.strides[1] * self.out[1]
-
-    def stream_rows(self, rows: int) -> int:
-        return (rows - 1) * self.pitch + self.valid
-
-    def in_rows(self, rows: int) -> int:
-        return (rows - 1) * self.strides[0] + (self.kernel[0] - 1) * self.dilations[0] + 1
-
-    def tap_offset(self, kh: int, kw: int) -> int:
-        """Pixel offset of tap (kh, kw) in a band tile."""
-        return kh * self.dilations[0] * self.padded[1] + kw * self.dilations[1]
-
-
-def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvShape:
+def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvGeometry:
     """The geometry; CodegenError for convolutions this generator does not run."""
     if node.op != OpType.Conv:
         raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Conv")
@@ -107,18 +56,7 @@ def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvShape:
             f"node {node.name!r}: {cg} input x {cout // groups} output channels per group use under 1/"
             f"{cfg.array_size} of the array (the baseline kernel runs it)"
         )
-    lift = (1,) * (2 - w.s)
-    return ConvShape(
-        w.in_shape[0],
-        w.in_shape[1],
-        cout,
-        groups,
-        (*lift, *w.kernel),
-        (*lift, *w.strides),
-        (*lift, *w.dilations),
-        (*lift, *w.padded_shape[2:]),
-        (*lift, *w.out_spatial),
-    )
+    return conv_geometry(graph, node, w.padded_shape)
 
 
 def pack_taps(weights: np.ndarray) -> np.ndarray:
@@ -149,7 +87,7 @@ class _Tiling:
 class _Sizes:
     """Tile bytes of one kernel: the resident input band and one step's streamed tiles."""
 
-    s: ConvShape
+    s: ConvGeometry
     n: int  # array size
     in_dt: DType  # the padded input's storage dtype
     mm_dt: DType  # what the matrix unit reads
@@ -268,7 +206,7 @@ class _Tile:
 class _Kernel:
     """What every step of one conv kernel shares."""
 
-    s: ConvShape
+    s: ConvGeometry
     tiling: _Tiling
     z: _Sizes
     taps: View  # [taps, C/group, Cout]
@@ -321,7 +259,7 @@ class _Kernel:
                             continue
                         at = weights + ((tap * t.kc + c0 - t.c0) * t.tn) * z.mm_dt.size
                         em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
-                        start = block + s.tap_offset(kh, kw) * kb * z.mm_dt.size
+                        start = block + s.offset(kh, kw) * kb * z.mm_dt.size
                         (em.b.mx_mm if not opened else em.b.mx_mma)(*em.regs(t.acc, start), stream)
                         opened = True
             if last:
@@ -374,7 +312,7 @@ def epilogue_ops_of_conv(graph: Graph, nodes: Sequence[Node]) -> EpilogueOps:
     return ops
 
 
-def _to_nchw(cfg: MachineConfig, s: ConvShape, scratch: View, out: View, rotation: int) -> list[Step]:
+def _to_nchw(cfg: MachineConfig, s: ConvGeometry, scratch: View, out: View, rotation: int) -> list[Step]:
     """The DRAM scratch [OH * stride_w * OW, Cout] of each image -> out[img] as [Cout, OH * OW]: transposing
     loads of every stride_w-th pixel row, in runs that fit a buffer slot."""
     n, pixels, cout = out.shape[0], out.shape[2], s.cout

@@ -1,4 +1,4 @@
-"""Depthwise Conv (one input and one output channel per group) on the vector unit, with no im2col.
+"""ConvGeometry Conv (one input and one output channel per group) on the vector unit, with no im2col.
 
 A depthwise conv has one multiply-accumulate per tap per output element: on the matrix unit it would use one
 column of one row of the array. Here a block of `kb` channels of a band of padded input rows is loaded as one
@@ -21,6 +21,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import CONST_I8, LowerContext
 from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.matrix import bias_view, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.local_alloc import TileArena, largest_fitting
@@ -28,43 +29,19 @@ from fusion.lower.views import View, dense
 from isa.enums import DType, Unit
 
 
-@dataclass(frozen=True)
-class Depthwise:
-    """Geometry over the padded input (a 1-D conv lifted to height 1)."""
+def _band(g: ConvGeometry, rows: int) -> int:
+    """P: padded input positions of one channel's band of `rows` output rows."""
+    return g.in_rows(rows) * g.padded[1]
 
-    n: int
-    c: int
-    kernel: tuple[int, int]
-    strides: tuple[int, int]
-    dilations: tuple[int, int]
-    padded: tuple[int, int]
-    out: tuple[int, int]
 
-    @property
-    def taps(self) -> int:
-        return self.kernel[0] * self.kernel[1]
+def _slack(g: ConvGeometry) -> int:
+    """The largest tap offset: positions read past a tile's last row."""
+    return g.offset(g.kernel[0] - 1, g.kernel[1] - 1)
 
-    @property
-    def span(self) -> int:
-        """Padded input rows one output row reads."""
-        return (self.kernel[0] - 1) * self.dilations[0] + 1
 
-    @property
-    def slack(self) -> int:
-        """The largest tap offset: elements read past a tile's last row."""
-        return self.offset(self.kernel[0] - 1, self.kernel[1] - 1)
-
-    @property
-    def pitch(self) -> int:
-        """Scratch elements per channel."""
-        return (self.out[0] * self.strides[0] + self.span) * self.padded[1]
-
-    def offset(self, kh: int, kw: int) -> int:
-        return kh * self.dilations[0] * self.padded[1] + kw * self.dilations[1]
-
-    def band(self, rows: int) -> int:
-        """P: elements of one channel's band of `rows` output rows."""
-        return ((rows - 1) * self.strides[0] + self.span) * self.padded[1]
+def _scratch_pitch(g: ConvGeometry) -> int:
+    """Scratch positions per channel: every band's [P] run at its first output row, the last one's tail too."""
+    return (g.out[0] * g.strides[0] + g.span) * g.padded[1]
 
 
 def is_depthwise(graph: Graph, node: Node) -> bool:
@@ -72,23 +49,8 @@ def is_depthwise(graph: Graph, node: Node) -> bool:
     return node.op == OpType.Conv and graph.is_constant(node.inputs[1]) and w[1] == 1 and node.attr("group") == w[0]
 
 
-def depthwise_geometry(graph: Graph, node: Node, padded_shape: tuple[int, ...]) -> Depthwise:
-    x, w = graph.types[node.inputs[0]].shape, graph.types[node.inputs[1]].shape
-    lift = (1,) * (4 - len(w))
-    out = graph.types[node.outputs[0]].shape[2:]
-    return Depthwise(
-        x[0],
-        x[1],
-        (*lift, *w[2:]),
-        (*lift, *node.attr("strides")),
-        (*lift, *node.attr("dilations")),
-        (*lift, *padded_shape[2:]),
-        (*lift, *out),
-    )
-
-
-def scratch_elements(g: Depthwise) -> int:
-    return g.n * g.c * g.pitch
+def scratch_elements(g: ConvGeometry) -> int:
+    return g.n * g.c * _scratch_pitch(g)
 
 
 @dataclass(frozen=True)
@@ -102,16 +64,18 @@ class _Dtypes:
         return DType.i32 if self.int8 else DType.f32
 
 
-def _sizes(g: Depthwise, dt: _Dtypes, kb: int, rows: int) -> list[int]:
-    n = kb * g.band(rows)
-    wide = n + g.slack
+def _sizes(g: ConvGeometry, dt: _Dtypes, kb: int, rows: int) -> list[int]:
+    n = kb * _band(g, rows)
+    wide = n + _slack(g)
     sizes = [wide * dt.x.size, g.taps * kb * 4, kb * 4, kb * 8, n * 4, n * 4]  # x, weights, bias, table, acc, tmp
     if dt.int8:
         sizes += [wide, wide * 4, g.taps * kb, n]  # int8 copy of a float x, widened x, int8 weights, int8 result
     return sizes
 
 
-def depthwise_phases(cx: LowerContext, node: Node, padded: View, g: Depthwise, scratch: int) -> list[list[Step]] | None:
+def depthwise_phases(
+    cx: LowerContext, node: Node, padded: View, g: ConvGeometry, scratch: int
+) -> list[list[Step]] | None:
     """The conv over `padded` (its padded input) as vector steps + the copy phase; None when one output row of
     one channel does not fit a buffer slot, or the int8 output is not int8 (the im2col kernel runs it then)."""
     out = cx.view(node.outputs[0])
@@ -128,14 +92,14 @@ def depthwise_phases(cx: LowerContext, node: Node, padded: View, g: Depthwise, s
     taps = weights.reshape_dense((g.c, g.taps)).permute((1, 0))
     bias, table = bias_view(cx, node), requant_table(cx, node)
     pair = None if table is not None or not cx.int8 else requant(cx, node)
-    store = dense(scratch, (g.n, g.c, g.pitch), out.dtype)
+    store = dense(scratch, (g.n, g.c, _scratch_pitch(g)), out.dtype)
     steps = []
     for img in range(g.n):
         for c0 in range(0, g.c, kb):
             k = min(kb, g.c - c0)
             for oh0 in range(0, g.out[0], rows):
                 r = min(rows, g.out[0] - oh0)
-                p = g.band(r)
+                p = _band(g, r)
                 arena = TileArena(cx.config, len(steps), cx.rotation)
                 tiles = [arena.tile(size) for size in _sizes(g, dt, k, r)]
                 x_view = image.index((img,)).slice(0, c0, k).slice(1, oh0 * g.strides[0] * g.padded[1], p)
@@ -164,7 +128,7 @@ def _input_scale(cx: LowerContext, node: Node, dt: _Dtypes) -> float | None:
 
 @dataclass(frozen=True)
 class _Body:
-    g: Depthwise
+    g: ConvGeometry
     dt: _Dtypes
     kb: int
     p: int
@@ -177,7 +141,7 @@ class _Body:
     def __call__(self, em: Emitter) -> None:
         g, b = self.g, em.b
         x, w, bias, table, acc, tmp = self.tiles[:6]
-        n, wide = self.kb * self.p, self.kb * self.p + g.slack
+        n, wide = self.kb * self.p, self.kb * self.p + _slack(g)
         acc_dt = self.dt.acc.name
         if self.dt.int8:
             q8, xi, w8 = self.tiles[6:9]

@@ -23,7 +23,8 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
-from fusion.lower.kernels.conv_depthwise import depthwise_geometry, depthwise_phases, is_depthwise, scratch_elements
+from fusion.lower.kernels.conv_depthwise import depthwise_phases, is_depthwise, scratch_elements
+from fusion.lower.kernels.conv_geometry import conv_geometry
 from fusion.lower.kernels.gemm import ChannelRequant, Gemm, Operand, gemm_steps
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
@@ -84,7 +85,7 @@ def _scratch(graph: Graph, node: Node, plan: QuantPlan | None) -> list[int]:
     if node.op == OpType.Conv:
         sizes.append(w.in_shape[0] * w.in_shape[1] * math.prod(w.kernel) * math.prod(w.out_spatial) * es)
         if is_depthwise(graph, node):  # its vector kernel's output scratch (at most float32)
-            sizes[-1] = max(sizes[-1], scratch_elements(depthwise_geometry(graph, node, w.padded_shape)) * 4)
+            sizes[-1] = max(sizes[-1], scratch_elements(conv_geometry(graph, node, w.padded_shape)) * 4)
     if node.op == OpType.AveragePool:
         sizes.append(padded * 4)  # padded ones
     return sizes
@@ -186,7 +187,7 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     w = window_of(cx.graph, node)
     padded, phases = padded_input(cx, node, w, 0.0)
     if is_depthwise(cx.graph, node):
-        geometry = depthwise_geometry(cx.graph, node, w.padded_shape)
+        geometry = conv_geometry(cx.graph, node, w.padded_shape)
         vector = depthwise_phases(cx, node, padded, geometry, cx.temp(node, 1))
         if vector is not None:
             return phases + vector
