@@ -315,7 +315,7 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     steps = []
     for h in range(heads):
         for i0, rows_i in chunks(p.sq, t.rows):
-            arena = TileArena(cx.config, len(steps))
+            arena = TileArena(cx.config, len(steps), cx.rotation)
             steps.append((_online_step if t.online else _step)(cx, match, p, arena, (h, i0, rows_i), t))
     return steps
 
