@@ -14,6 +14,8 @@ from fusion.engine.attention_match import find_attention
 from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import Guard, link_program, storage_dtypes
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
 from fusion.lower import constant_forms, emit_phases, plan_dram
 from simulator.run import simulate
 
@@ -142,3 +144,23 @@ def test_int8_rows_longer_than_a_vector_register_are_refused_clearly():
     (match,) = find_attention(graph)
     with pytest.raises(CodegenError, match="not bit-exact"):
         build(mc, match.nodes(graph))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_graph_inputs_as_q_kt_v_are_read_as_they_are(dtype):
+    """Q, K^T (materialized: keys contiguous) and V as float graph inputs: no layout nodes, batch and heads as
+    leading dims, a Div scale; on the int8 path each is quantized on the way in as the unfused MatMul does."""
+    g = GraphBuilder("core")
+    q, kt, v = g.input("q", (2, 3, 20, 24)), g.input("kt", (2, 3, 24, 20)), g.input("v", (2, 3, 20, 40))
+    scores = g.op(OpType.Div, g.op(OpType.MatMul, q, kt), g.constant(np.float32(5.0)))
+    g.output(g.op(OpType.MatMul, g.op(OpType.Softmax, scores, axis=3), v))
+    graph = g.build()
+    rng = np.random.default_rng(0)
+    inputs = {k: rng.standard_normal(graph.types[k].shape).astype(np.float32) for k in ("q", "kt", "v")}
+    mc = context(graph, inputs, dtype)
+    env = reference_env(mc, inputs)
+    (match,) = find_attention(graph)
+    sub, program, names = build(mc, match.nodes(graph))
+    result = simulate(program, mc.config, {names[x]: env[x] for x in sub.inputs}, checked=True)
+    (out,) = sub.outputs
+    assert_matches(result.outputs[names[out]], env[out], dtype)
