@@ -15,12 +15,13 @@ column) into the NCHW output.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import CONST_I8, LowerContext
-from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.matrix import bias_view, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
@@ -29,12 +30,12 @@ from fusion.lower.views import View, dense
 from isa.enums import DType, Unit
 
 
-def _band(g: ConvGeometry, rows: int) -> int:
+def band_positions(g: ConvGeometry, rows: int) -> int:
     """P: padded input positions of one channel's band of `rows` output rows."""
     return g.in_rows(rows) * g.padded[1]
 
 
-def _slack(g: ConvGeometry) -> int:
+def tap_slack(g: ConvGeometry) -> int:
     """The largest tap offset: positions read past a tile's last row."""
     return g.offset(g.kernel[0] - 1, g.kernel[1] - 1)
 
@@ -65,8 +66,8 @@ class _Dtypes:
 
 
 def _sizes(g: ConvGeometry, dt: _Dtypes, kb: int, rows: int) -> list[int]:
-    n = kb * _band(g, rows)
-    wide = n + _slack(g)
+    n = kb * band_positions(g, rows)
+    wide = n + tap_slack(g)
     sizes = [wide * dt.x.size, g.taps * kb * 4, kb * 4, kb * 8, n * 4, n * 4]  # x, weights, bias, table, acc, tmp
     if dt.int8:
         sizes += [wide, wide * 4, g.taps * kb, n]  # int8 copy of a float x, widened x, int8 weights, int8 result
@@ -82,35 +83,55 @@ def depthwise_phases(
     dt = _Dtypes(padded.dtype, out.dtype, cx.int8)
     if cx.int8 and out.dtype is not DType.i8:
         return None
-    probe = TileArena(cx.config, 0)
-    rows = largest_fitting(g.out[0], lambda r: probe.fits(_sizes(g, dt, 1, r)))
-    if rows == 0:
-        return None
-    kb = largest_fitting(g.c, lambda k: probe.fits(_sizes(g, dt, k, rows)))
-    image = padded.reshape_dense((g.n, g.c, g.padded[0] * g.padded[1]))
     weights = cx.const_view(node.inputs[1], CONST_I8) if cx.int8 else cx.view(node.inputs[1])
     taps = weights.reshape_dense((g.c, g.taps)).permute((1, 0))
     bias, table = bias_view(cx, node), requant_table(cx, node)
     pair = None if table is not None or not cx.int8 else requant(cx, node)
+    scale = _input_scale(cx, node, dt)
+
+    def step(c0: int, k: int, p: int, tiles: list[int]) -> tuple[list, Emit, int]:
+        loads = [(taps.slice(1, c0, k), tiles[8] if cx.int8 else tiles[1])]
+        if bias is not None:
+            loads.append((bias.slice(0, c0, k), tiles[2]))
+        if table is not None:
+            loads.append((table.slice(0, c0, k), tiles[3]))
+        body = _Body(g, dt, k, p, tiles, bias is not None, table is not None, pair, scale)
+        return loads, body, tiles[9] if cx.int8 else tiles[4]
+
+    return band_phases(cx, g, padded, out, scratch, lambda k, r: _sizes(g, dt, k, r), step)
+
+
+def band_phases(
+    cx: LowerContext,
+    g: ConvGeometry,
+    padded: View,
+    out: View,
+    scratch: int,
+    sizes: Callable[[int, int], list[int]],
+    step: Callable[[int, int, int, list[int]], tuple[list, Emit, int]],
+) -> list[list[Step]] | None:
+    """Vector steps over blocks of channels x bands of output rows, each loading its [kb, P] band of `padded`
+    into its first tile (of `sizes(kb, rows)`) and storing the result tile `step` names to the DRAM scratch; then
+    the copy phase picking the output pixels. None when one output row of one channel does not fit a slot."""
+    probe = TileArena(cx.config, 0)
+    rows = largest_fitting(g.out[0], lambda r: probe.fits(sizes(1, r)))
+    if rows == 0:
+        return None
+    kb = largest_fitting(g.c, lambda k: probe.fits(sizes(k, rows)))
+    image = padded.reshape_dense((g.n, g.c, g.padded[0] * g.padded[1]))
     store = dense(scratch, (g.n, g.c, _scratch_pitch(g)), out.dtype)
     steps = []
     for img in range(g.n):
         for c0 in range(0, g.c, kb):
             k = min(kb, g.c - c0)
             for oh0 in range(0, g.out[0], rows):
-                r = min(rows, g.out[0] - oh0)
-                p = _band(g, r)
+                p = band_positions(g, min(rows, g.out[0] - oh0))
                 arena = TileArena(cx.config, len(steps), cx.rotation)
-                tiles = [arena.tile(size) for size in _sizes(g, dt, k, r)]
-                x_view = image.index((img,)).slice(0, c0, k).slice(1, oh0 * g.strides[0] * g.padded[1], p)
-                loads = [(x_view, tiles[0]), (taps.slice(1, c0, k), tiles[8] if cx.int8 else tiles[1])]
-                if bias is not None:
-                    loads.append((bias.slice(0, c0, k), tiles[2]))
-                if table is not None:
-                    loads.append((table.slice(0, c0, k), tiles[3]))
-                body = _Body(g, dt, k, p, tiles, bias is not None, table is not None, pair, _input_scale(cx, node, dt))
-                result = tiles[9] if cx.int8 else tiles[4]
-                view = store.index((img,)).slice(0, c0, k).slice(1, oh0 * g.strides[0] * g.padded[1], p)
+                tiles = [arena.tile(size) for size in sizes(k, min(rows, g.out[0] - oh0))]
+                start = oh0 * g.strides[0] * g.padded[1]
+                loads, body, result = step(c0, k, p, tiles)
+                loads.insert(0, (image.index((img,)).slice(0, c0, k).slice(1, start, p), tiles[0]))
+                view = store.index((img,)).slice(0, c0, k).slice(1, start, p)
                 steps.append(Step(loads, [(Unit.vector, body)], [(result, view)]))
     picked = View(
         store.address,
@@ -141,7 +162,7 @@ class _Body:
     def __call__(self, em: Emitter) -> None:
         g, b = self.g, em.b
         x, w, bias, table, acc, tmp = self.tiles[:6]
-        n, wide = self.kb * self.p, self.kb * self.p + _slack(g)
+        n, wide = self.kb * self.p, self.kb * self.p + tap_slack(g)
         acc_dt = self.dt.acc.name
         if self.dt.int8:
             q8, xi, w8 = self.tiles[6:9]

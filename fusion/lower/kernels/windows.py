@@ -24,10 +24,11 @@ from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
 from fusion.lower.kernels.conv_depthwise import depthwise_phases, is_depthwise, scratch_elements
-from fusion.lower.kernels.conv_geometry import conv_geometry
+from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.gemm import ChannelRequant, Gemm, Operand, gemm_steps
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
+from fusion.lower.kernels.pool_vector import max_pool_phases
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks, dense
@@ -88,7 +89,26 @@ def _scratch(graph: Graph, node: Node, plan: QuantPlan | None) -> list[int]:
             sizes[-1] = max(sizes[-1], scratch_elements(conv_geometry(graph, node, w.padded_shape)) * 4)
     if node.op == OpType.AveragePool:
         sizes.append(padded * 4)  # padded ones
+    if node.op == OpType.MaxPool and w.s <= 2:  # the vector kernel's output scratch
+        sizes.append(scratch_elements(pool_geometry(w)) * es)
     return sizes
+
+
+def pool_geometry(w: Window) -> ConvGeometry:
+    """A 1-D or 2-D pooling window as the geometry of a depthwise conv (one channel per group)."""
+    lift = (1,) * (2 - w.s)
+    n, c = w.in_shape[:2]
+    return ConvGeometry(
+        n,
+        c,
+        c,
+        c,
+        (*lift, *w.kernel),
+        (*lift, *w.strides),
+        (*lift, *w.dilations),
+        (*lift, *w.padded_shape[2:]),
+        (*lift, *w.out_spatial),
+    )
 
 
 def _fill_steps(cx: LowerContext, target: View, value: float, start: int = 0) -> list[Step]:
@@ -242,6 +262,10 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
     is_max = node.op == OpType.MaxPool
     pad_value = (-128.0 if x_dt is DType.i8 else -math.inf) if is_max else 0.0
     padded, phases = padded_input(cx, node, w, pad_value)
+    if is_max and w.s <= 2:
+        vector = max_pool_phases(cx, pool_geometry(w), padded, cx.view(node.outputs[0]), cx.temp(node, 1))
+        if vector is not None:
+            return phases + vector
     offsets = list(product(*(range(k) for k in w.kernel)))
     sources = [_window_view(padded, w, o) for o in offsets]
     if not is_max:
