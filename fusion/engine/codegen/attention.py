@@ -426,15 +426,24 @@ def _prepare(work: dict[str, list]) -> Callable[[Emitter], None]:
     return emit
 
 
-def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):
-    """One head's block of m query rows: Q, each key tile's K^T and V loaded with one DMA each, split locally into
-    the chunks of at most N columns the matrix unit reads (else one DMA per chunk); each output chunk stored as
-    drained (the store unit is otherwise idle). Keys in blocks (`t.block_keys`): each block's K^T then V reuse
-    the same buffers, loaded once the matrix unit is done with the previous block (one step's segments run in
-    order)."""
+@dataclass(frozen=True)
+class StepOperands:
+    """A step's operand buffers and the work filling them: Q (and positions) with the step's first loads, K^T and
+    V per key block (one block's buffers, reused by every block)."""
+
+    head: dict[str, list]
+    q: Buffer
+    positions: int
+    ktiles: list[tuple[int, int]]
+    kblocks: list[list[tuple[int, int]]]
+    k: list[Buffer]
+    v: list[Buffer]
+    k_work: list[dict[str, list]]
+    v_work: list[dict[str, list]]
+
+
+def _step_operands(arena: TileArena, p: Plan, block: tuple[int, int, int], t: Tiling, n: int) -> StepOperands:
     h, i0, m = block
-    n = cx.config.array_size
-    g = cx.graph
     head = _work()
     q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
     _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
@@ -446,13 +455,28 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     per_block = t.block_keys // n
     kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
     kview, vview = p.k.view(h), p.v.view(h)
-    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]  # one block's buffers, reused by every block
+    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]
     v_bufs = _alloc_v(arena, p.v, kblocks[0], p.dv, n, t)
     k_work, v_work = [_work() for _ in kblocks], [_work() for _ in kblocks]
     for b, keys in enumerate(kblocks):
         for (j0, bk), kb in zip(keys, k_bufs, strict=False):
             _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
         _fill_v(v_bufs, p.v, vview, keys, n, t, v_work[b])
+    return StepOperands(head, q_buf, pos, ktiles, kblocks, k_bufs, v_bufs, k_work, v_work)
+
+
+def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):
+    """One head's block of m query rows: Q, each key tile's K^T and V loaded with one DMA each, split locally into
+    the chunks of at most N columns the matrix unit reads (else one DMA per chunk); each output chunk stored as
+    drained (the store unit is otherwise idle). Keys in blocks (`t.block_keys`): each block's K^T then V reuse
+    the same buffers, loaded once the matrix unit is done with the previous block (one step's segments run in
+    order)."""
+    h, i0, m = block
+    n = cx.config.array_size
+    g = cx.graph
+    io = _step_operands(arena, p, block, t, n)
+    head, q_buf, pos, ktiles, kblocks = io.head, io.q, io.positions, io.ktiles, io.kblocks
+    k_bufs, v_bufs, k_work, v_work = io.k, io.v, io.k_work, io.v_work
     split = len(ktiles) > 1
     ses = p.score_dt.size
     s_rows = arena.tile(m * p.sk * ses)
@@ -556,24 +580,8 @@ def _online_step(
     h, i0, m = block
     n = cx.config.array_size
     g = cx.graph
-    head = _work()
-    q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
-    _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
-    pos = 0
-    if p.positions is not None:
-        pos = arena.tile(p.positions.size * 4)
-        head["loads"].append(lambda em: em.dma_load(p.positions, pos))
-    ktiles = chunks(p.sk, n)
-    per_block = t.block_keys // n
-    kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
-    kview, vview = p.k.view(h), p.v.view(h)
-    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in kblocks[0]]
-    v_bufs = _alloc_v(arena, p.v, kblocks[0], p.dv, n, t)
-    k_work, v_work = [_work() for _ in kblocks], [_work() for _ in kblocks]
-    for b, keys in enumerate(kblocks):
-        for (j0, bk), kb in zip(keys, k_bufs, strict=False):
-            _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
-        _fill_v(v_bufs, p.v, vview, keys, n, t, v_work[b])
+    io = _step_operands(arena, p, block, t, n)
+    q_buf, pos, kblocks, k_bufs, v_bufs = io.q, io.positions, io.kblocks, io.k, io.v
     kb_max = t.block_keys
     s_rows, p_rows = arena.tile(m * kb_max * 4), arena.tile(m * kb_max * 4)
     s_tiles, p_tiles = _packed(arena, m, kblocks[0], 4), _packed(arena, m, kblocks[0], 4)
@@ -591,7 +599,7 @@ def _online_step(
         return regs
 
     def start(em: Emitter) -> None:
-        _prepare(head)(em)
+        _prepare(io.head)(em)
         for o, (_, ec) in zip(o_tiles, echunks, strict=True):  # O = 0: x - x on the bits, whatever they were
             em.b.v_sub(*em.regs(o, o, o), m * ec, "i32")
         em.b.vc_ld(0, em.reg(o_tiles[0]), m, "f32")
@@ -685,14 +693,14 @@ def _online_step(
             em.b.vc_st(em.reg(o), a)
             regs.release(a)
 
-    compute: list = [(Unit.scalar, _run([])), (Unit.load, _run(head["loads"])), (Unit.vector, start)]
+    compute: list = [(Unit.scalar, _run([])), (Unit.load, _run(io.head["loads"])), (Unit.vector, start)]
     for b in range(len(kblocks)):
-        compute.append((Unit.load, _run(k_work[b]["loads"])))
-        if k_work[b]["quants"]:
-            compute.append((Unit.vector, _prepare(k_work[b])))
-        compute += [(Unit.matrix, scores(b)), (Unit.vector, update(b)), (Unit.load, _run(v_work[b]["loads"]))]
-        if v_work[b]["quants"] or v_work[b]["copies"]:
-            compute.append((Unit.vector, _prepare(v_work[b])))
+        compute.append((Unit.load, _run(io.k_work[b]["loads"])))
+        if io.k_work[b]["quants"]:
+            compute.append((Unit.vector, _prepare(io.k_work[b])))
+        compute += [(Unit.matrix, scores(b)), (Unit.vector, update(b)), (Unit.load, _run(io.v_work[b]["loads"]))]
+        if io.v_work[b]["quants"] or io.v_work[b]["copies"]:
+            compute.append((Unit.vector, _prepare(io.v_work[b])))
         compute += [(Unit.matrix, product(b)), (Unit.vector, rescale)]
     compute.append((Unit.vector, finish))
     out = p.out.view(h).slice(0, i0, m)
