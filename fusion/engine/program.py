@@ -13,7 +13,9 @@ start only when it has finished. Here the plan is linked into one binary:
   plus a `program_io` block declaring the graph's inputs, outputs and views (so every value can be read back);
 - kernel boundaries ordered by tokens, not by a fence (`pipelined.join_phases`: `st -> ld` tokens after the
   previous kernel's last stores; the next kernel's loads that read no byte written since the last fence, into
-  local slots the previous kernel's last steps do not use, are issued while it still computes). The previous
+  local slots the previous kernel's last steps do not use, are issued while it still computes; the next kernel
+  is generated in the buffer slots that follow the previous one's last step, and a kernel after a fence exactly
+  as it runs alone, so a fenced boundary costs what the host path's does). The previous
   kernel's last phase and the next one's first are rewritten; a boundary the join refuses, one next to a
   zero-tile test (`bz.tile` reads local memory at issue) or after a kernel that was itself joined at its start
   within a single phase keeps the fence (joining both ends is race-free too, but its rewritten first steps no
@@ -116,7 +118,9 @@ class ProgramRun:
     counters: object
 
 
-Prefer = Callable[[GroupChoice, float], float]  # (choice, zero-tile fraction) -> cycles the zero-skip variant saves
+# (choice, zero-tile fraction) -> predicted cycles of its (dense, zero-skip) variants at that fraction
+Prefer = Callable[[GroupChoice, float], tuple[float, float]]
+DISPATCH_BUDGET = 0.01  # the on-chip measurement may cost at most this fraction of the dense kernel's cycles
 
 
 def variants(choice: GroupChoice) -> tuple[Group, Group] | None:
@@ -133,7 +137,8 @@ def threshold(choice: GroupChoice, tiles: int, prefer: Prefer) -> int | None:
     first = math.ceil(SPARSE_TILE_FRACTION * tiles - 1e-9)
     found = None
     for count in range(tiles, max(first, 0) - 1, -1):
-        if prefer(choice, count / tiles) <= 0:
+        dense, zero_skip = prefer(choice, count / tiles)
+        if zero_skip >= dense:
             break
         found = count
     return found
@@ -145,15 +150,16 @@ def link_plan(
     prefer: Prefer | None = None,
     join: bool = True,
     fenced: frozenset[int] = frozenset(),
+    dispatch_budget: float = DISPATCH_BUDGET,
 ) -> LinkedProgram:
-    """The plan's kernels linked into one program (module docstring). `prefer`: the zero-skip break-even for
-    on-chip dispatch (None: every group runs its planned variant); `join=False` or plan positions in `fenced`
-    keep a fence after those kernels (the overlap's measurement)."""
+    """The plan's kernels linked into one program (module docstring). `prefer`: the variants' predictions for
+    on-chip dispatch (None: every group runs its planned variant; `dispatch_budget`: see `_table`);
+    `join=False` or plan positions in `fenced` keep a fence after those kernels (the overlap's measurement)."""
     cfg, graph = mc.config, mc.graph
     entries: list[tuple[int, Group | Dispatch]] = []
     for i, choice in enumerate(choices):
         if choice.group.strategy != "alias":
-            table = _table(mc, i, choice, prefer) if prefer is not None else None
+            table = _table(mc, i, choice, prefer, dispatch_budget) if prefer is not None else None
             entries.append((i, table if table is not None else choice.group))
     blocks_groups = [
         (i, g) for i, e in entries for g in ((e.dense_group, e.zero_skip_group) if isinstance(e, Dispatch) else (e,))
@@ -172,27 +178,30 @@ def link_plan(
     gcx = LowerContext(graph, cfg, mc.qplan, mc.params, addresses)
     kernel_names = symbol_names([_kernel_name(g) for _, g in blocks_groups], reserved=("program_io",))
 
-    # every kernel's phases, consecutive ones joined where the tokens allow
-    blocks: list[tuple[int, Group, list[list[Step]], LowerContext]] = []
-    rotation = 0
-    for i, g in blocks_groups:
+    def generate(g: Group, rotation: int) -> tuple[list[list[Step]], LowerContext]:
         sub = mc.subgraph(g.nodes)
         cx = LowerContext(sub, cfg, mc.qplan, mc.params, addresses, rotation=rotation)
-        phases = [list(p) for p in group_phases(cx, sub.nodes, g, mc.allow_rounding_change)]
-        blocks.append((i, g, phases, cx))
-        rotation = (rotation + len([s for s in phases[-1] if s.segments()])) % DEPTH
+        return [list(p) for p in group_phases(cx, sub.nodes, g, mc.allow_rounding_change)], cx
+
+    # every kernel's phases as it runs alone; consecutive ones joined where the tokens allow, the next kernel then
+    # generated again in the buffer slots that follow the previous one's last step
+    blocks = [(i, g, *generate(g, 0)) for i, g in blocks_groups]
+    rotations = [0] * len(blocks)
     boundaries: list[Boundary] = []
     joined_at_start = False
     written: list[tuple[int, int]] = []
     for k in range(len(blocks) - 1):
         i, g, phases, cx = blocks[k]
-        j, nxt, nphases, _ = blocks[k + 1]
+        j, nxt, _, _ = blocks[k + 1]
         written += [_extent(cx, v) for v in mc.subgraph(g.nodes).outputs]
         chained = joined_at_start and len(phases) == 1
         reason = _fence_reason(i, j, g, nxt, tables, fenced if join else None, chained)
         if not reason:
+            rotation = (rotations[k] + len([s for s in phases[-1] if s.segments()])) % DEPTH
+            nphases, ncx = generate(nxt, rotation)
             try:
                 phases[-1], nphases[0] = join_phases(cfg, phases[-1], nphases[0], written)
+                blocks[k + 1], rotations[k + 1] = (j, nxt, nphases, ncx), rotation
             except CodegenError as err:
                 reason = str(err)
         boundaries.append(Boundary(i, j, not reason, reason))
@@ -256,9 +265,11 @@ class _KernelEmitter(Emitter):
         return f".L{prefix}{next(self._numbers)}"
 
 
-def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer) -> Dispatch | None:
+def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer, budget: float) -> Dispatch | None:
     """The on-chip dispatch of a choice with dense and zero-skip variants; None when it has none, when the
-    zero-skip variant never pays (the dense one runs) or the operand cannot be measured on chip."""
+    zero-skip variant never pays (the dense one runs), when the measurement (`measure_cycles`, paid on every
+    call) exceeds `budget` x the dense kernel's predicted cycles, or when the operand cannot be measured on
+    chip."""
     pair = variants(choice)
     if pair is None:
         return None
@@ -273,8 +284,8 @@ def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer) ->
         return None
     tiles = -(-rows // n) * -(-cols // n)
     at = threshold(choice, tiles, prefer)
-    if at is None or prefer(choice, 1.0) <= measure_cycles(mc.config, rows, cols, es):
-        return None  # never pays, or the measurement costs more than the most it could save
+    if at is None or measure_cycles(mc.config, rows, cols, es) > budget * prefer(choice, 1.0)[0]:
+        return None  # never pays, or measuring on every call would cost more than the budget on dense data
     name = identifier(f"dispatch_{dense.nodes[0]}")
     return Dispatch(index, operand, tiles, at, name, _kernel_name(dense), _kernel_name(zero_skip), dense, zero_skip)
 
@@ -410,8 +421,8 @@ def run_program(
 
 
 def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
-    """The host dispatch table's rule as cycles saved: the dense kernel's prediction minus the zero-skip kernel's
-    at the zero-tile fraction (the same predictions `FusionEngine._variant` compares)."""
+    """The host dispatch table's predictions: the dense kernel's and the zero-skip kernel's at the zero-tile
+    fraction (what `FusionEngine._variant` compares)."""
     built: dict[Group, Kernel] = {}
 
     def kernel(g: Group) -> Kernel:
@@ -419,12 +430,12 @@ def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
             built[g] = build_kernel(mc, g, "sparse" if g.strategy == "zero_skip" else "any")
         return built[g]
 
-    def prefer(choice: GroupChoice, fraction: float) -> float:
+    def prefer(choice: GroupChoice, fraction: float) -> tuple[float, float]:
         pair = variants(choice)
         if pair is None:
-            return 0.0
+            raise CodegenError(f"group {choice.group.nodes} has no dense and zero-skip variants")
         dense, zero_skip = pair
         cost = cost_model.predict(kernel_features(mc, kernel(zero_skip), round(fraction, 2)), mc.config).cycles
-        return cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles - cost
+        return cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles, cost
 
     return prefer
