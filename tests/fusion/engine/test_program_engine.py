@@ -91,3 +91,18 @@ def test_fuse_execution_program_reports_boundaries_overlap_and_dispatch(tmp_path
     with pytest.raises(SystemExit) as stop:  # argparse: a usage error, no traceback
         main([*args, "--execution", "gpu"])
     assert stop.value.code != 0
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet_block"])
+def test_the_engine_links_the_faster_of_token_ordered_and_fenced_boundaries(name: str) -> None:
+    from fusion.engine.program import link_plan, run_program
+    from fusion.engine.program_run import faster_link
+
+    graph, inputs = model(name)
+    engine = FusionEngine(graph, "base", "int8")
+    engine.run(inputs)
+    mc, choices = engine.mc, engine.plan.choices
+    cycles = {join: run_program(mc, link_plan(mc, choices, join=join), inputs).cycles for join in (True, False)}
+    chosen = faster_link(mc, choices, None)
+    assert run_program(mc, chosen, inputs).cycles == min(cycles.values())
+    assert any(b.joined for b in chosen.boundaries) == (cycles[True] <= cycles[False])
