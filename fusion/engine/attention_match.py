@@ -61,10 +61,13 @@ class AttentionMatch:
     softmax: str
     context: str
     out_layout: tuple[str, ...]
+    q_scale: str | None = None  # a Mul by a scalar on Q before the scores (ViT, PyTorch's MultiheadAttention)
+    k_scale: str | None = None  # the same on K^T
 
     def names(self) -> frozenset[str]:
         parts = (*self.q_layout, *self.k_layout, *self.v_layout, *self.out_layout)
-        return frozenset({*parts, self.scores, self.softmax, self.context} | {n for n in (self.scale, self.mask) if n})
+        single = (self.scale, self.mask, self.q_scale, self.k_scale)
+        return frozenset({*parts, self.scores, self.softmax, self.context} | {n for n in single if n})
 
     def nodes(self, graph: Graph) -> tuple[str, ...]:
         names = self.names()
@@ -209,11 +212,13 @@ def match_attention(graph: Graph, softmax: Node) -> AttentionMatch | None:
     scores = producer
     if graph.types[scores.outputs[0]].shape != shape or scores.inputs[0] == scores.inputs[1]:
         return None
+    q_scale, q_value, q_user = _operand_scale(graph, scores.inputs[0], scores)
+    k_scale, k_value, k_user = _operand_scale(graph, scores.inputs[1], scores)
     layouts = _whole_splits(
         graph,
         [
-            _layout_before(graph, scores.inputs[0], scores),
-            _layout_before(graph, scores.inputs[1], scores),
+            _layout_before(graph, q_value, q_user),
+            _layout_before(graph, k_value, k_user),
             _layout_before(graph, context.inputs[1], context),
         ],
     )
@@ -227,7 +232,21 @@ def match_attention(graph: Graph, softmax: Node) -> AttentionMatch | None:
         softmax=softmax.name,
         context=context.name,
         out_layout=_layout_after(graph, context),
+        q_scale=q_scale,
+        k_scale=k_scale,
     )
+
+
+def _operand_scale(graph: Graph, value: str, consumer: Node) -> tuple[str | None, str, Node]:
+    """A Mul of the operand by a scalar constant that only the scores read: (its name, its input, itself), else
+    (None, the operand, the scores MatMul)."""
+    node = graph.producers.get(value)
+    if node is None or node.op != OpType.Mul or not _single(graph, value, consumer):
+        return None, value, consumer
+    inner = _activation_input(graph, node)
+    if inner is None or not _scale_of(graph, node, inner):
+        return None, value, consumer
+    return node.name, inner, node
 
 
 def _whole_splits(graph: Graph, layouts: list[tuple[str, ...]]) -> list[tuple[str, ...]]:

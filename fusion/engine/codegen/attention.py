@@ -46,6 +46,7 @@ from fusion.engine.attention_match import (
     mask_of,
     match_attention,
     output_map,
+    scalar_constant,
 )
 from fusion.engine.codegen.chain import Registers, _emit_node, operands
 from fusion.engine.codegen.gemm import _quantizer
@@ -54,6 +55,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType, Unit
@@ -92,7 +94,14 @@ class HeadOperand:
     shape: tuple[int, int]
     address: int
     dtype: DType
-    quantize: float | None  # int8 path: a float32 source quantized at this scale on the way in
+    quantize: float | None  # int8 path: quantized at this scale on the way in (a float source, or a pre-scale)
+    prescale: float | None = None  # a scalar Mul on the operand (in float32, as the reference's Mul node)
+    source_scale: float | None = None  # int8 source under a pre-scale: dequantized first
+
+    @property
+    def staged(self) -> bool:
+        """An int8 source dequantized into a float32 tile to be scaled and requantized."""
+        return self.prescale is not None and self.source_scale is not None
 
     def view(self, head: int) -> View:
         es = self.dtype.size
@@ -100,7 +109,22 @@ class HeadOperand:
         return View(base, self.shape, (self.maps.row_stride * es, self.maps.col_stride * es), self.dtype)
 
 
-def _operand(cx: LowerContext, value: str, layout: Sequence[str], lead: tuple[int, ...], scale: float | None):
+def _operand(
+    cx: LowerContext,
+    value: str,
+    layout: Sequence[str],
+    lead: tuple[int, ...],
+    scale: float | None,
+    prescale: str | None = None,
+) -> HeadOperand:
+    """`value` read through the layout nodes; `prescale`: a Mul node by a scalar between them and the MatMul."""
+    factor = None
+    if prescale is not None:
+        node = cx.graph.node(prescale)
+        if cx.dtype(node.outputs[0]) is not DType.f32:
+            raise CodegenError(f"node {prescale!r}: an int8 value inside the attention's float chain")
+        factor = next(c for v in node.inputs if (c := scalar_constant(cx.graph, v)) is not None)
+        value = next(v for v in node.inputs if not cx.graph.is_constant(v))
     nodes = [cx.graph.node(n) for n in layout]
     if nodes:
         source, idx = nodes[0].inputs[0], index_map(cx.graph, nodes, value)
@@ -117,8 +141,10 @@ def _operand(cx: LowerContext, value: str, layout: Sequence[str], lead: tuple[in
     view = cx.view(source)
     if view.strides != dense(view.address, view.shape, view.dtype).strides:
         raise CodegenError(f"value {source!r} is not a dense tensor")
-    quantize = scale if cx.int8 and cx.scale(source) is None else None
-    return HeadOperand(maps, idx.shape[-2:], view.address, view.dtype, quantize)
+    source_scale = cx.scale(source)
+    quantize = scale if cx.int8 and (source_scale is None or factor is not None) else None
+    staged = source_scale if factor is not None else None
+    return HeadOperand(maps, idx.shape[-2:], view.address, view.dtype, quantize, factor, staged)
 
 
 def _output(cx: LowerContext, match: AttentionMatch, lead: tuple[int, ...]) -> HeadOperand:
@@ -172,8 +198,8 @@ def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
     lead = tuple(lead)
     q1 = cx.matrix(scores) if cx.int8 else None
     q2 = cx.matrix(context) if cx.int8 else None
-    q = _operand(cx, scores.inputs[0], match.q_layout, lead, q1.input_scale if q1 else None)
-    k = _operand(cx, scores.inputs[1], match.k_layout, lead, q1.weight_scale if q1 else None)
+    q = _operand(cx, scores.inputs[0], match.q_layout, lead, q1.input_scale if q1 else None, match.q_scale)
+    k = _operand(cx, scores.inputs[1], match.k_layout, lead, q1.weight_scale if q1 else None, match.k_scale)
     v = _operand(cx, context.inputs[1], match.v_layout, lead, q2.weight_scale if q2 else None)
     out = _output(cx, match, lead)
     for name in (match.scale, match.mask, match.softmax):
@@ -224,6 +250,11 @@ class Tiling:
     v_by_chunk: bool = True  # V: one DMA per value chunk over the block's keys (else per key tile, see local_split)
 
 
+def _loaded(op: HeadOperand, elems: int) -> list[int]:
+    """The tiles one loaded operand tile takes: as loaded, float32 staging (pre-scaled int8), int8 copy."""
+    return [elems * op.dtype.size] + ([elems * 4] if op.staged else []) + ([elems] if op.quantize is not None else [])
+
+
 def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     """Scratchpad and accumulator tiles of a step, one entry per tile `_step` (`_online_step`) allocates."""
     spad: list[int] = []
@@ -232,17 +263,17 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     def operand(op: HeadOperand, rows: int, cols: int) -> None:
         parts = [cols] if t.local_split else [kc for _, kc in chunks(cols, n)]
         for c in parts:
-            spad.extend([rows * c * op.dtype.size] + ([rows * c] if op.quantize is not None else []))
+            spad.extend(_loaded(op, rows * c))
         if t.local_split and cols > n:  # the chunks the matrix unit reads
             spad.extend(rows * kc * _op_dt(op).size for _, kc in chunks(cols, n))
 
     operand(p.q, m, p.d)
     ktiles = chunks(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
-        spad += [p.d * bk * p.k.dtype.size] + ([p.d * bk] if p.k.quantize is not None else [])
+        spad += _loaded(p.k, p.d * bk)
     block = sum(bk for _, bk in ktiles)
     for _, ec in chunks(p.dv, n) if t.v_by_chunk else ():  # V: one tile per value chunk over the block's keys
-        spad.extend([block * ec * p.v.dtype.size] + ([block * ec] if p.v.quantize is not None else []))
+        spad.extend(_loaded(p.v, block * ec))
     for _, bk in ktiles if not t.v_by_chunk else ():
         operand(p.v, bk, p.dv)
     if p.positions is not None:
@@ -328,16 +359,18 @@ class Buffer:
     raw: tuple[int, ...]
     quant: tuple[int, ...] | None
     chunks: tuple[int, ...]
+    staged: tuple[int, ...] | None = None  # float32 copies of an int8 source under a pre-scale
 
 
 def _alloc_region(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int, local_split: bool) -> Buffer:
     widths = [cols] if local_split else [kc for _, kc in chunks(cols, n)]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
+    staged = tuple(arena.tile(rows * w * 4) for w in widths) if op.staged else None
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     read = quant or raw
     if local_split and cols > n:
         read = tuple(arena.tile(rows * kc * _op_dt(op).size) for _, kc in chunks(cols, n))
-    return Buffer(raw, quant, read)
+    return Buffer(raw, quant, read, staged)
 
 
 def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[str, list]) -> None:
@@ -346,8 +379,7 @@ def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[st
     parts = [part] if len(buf.raw) == 1 else _column_chunks(part, n)
     for i, (piece, raw) in enumerate(zip(parts, buf.raw, strict=True)):
         work["loads"].append(lambda em, v=piece, a=raw: em.dma_load(v, a))
-        if buf.quant is not None:
-            work["quants"].append((buf.quant[i], raw, piece.size, 1.0 / op.quantize))
+        _transform(buf, op, i, piece.size, work)
     if len(buf.raw) == 1 and cols > n:
         src, dt = (buf.quant or buf.raw)[0], _op_dt(op)
         work["copies"].append(lambda em: _split_columns(em, src, list(buf.chunks), rows, cols, n, dt))
@@ -357,8 +389,27 @@ def _alloc_kt(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int = 
     """Dense rows x cols tiles, one per column chunk of at most n (n = 0: one tile), loaded as they are read."""
     widths = [c for _, c in chunks(cols, n)] if n else [cols]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
+    staged = tuple(arena.tile(rows * w * 4) for w in widths) if op.staged else None
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
-    return Buffer(raw, quant, quant or raw)
+    return Buffer(raw, quant, quant or raw, staged)
+
+
+def _transform(buf: Buffer, op: HeadOperand, i: int, count: int, work: dict[str, list]) -> None:
+    """The i-th loaded tile as the matrix unit reads it: the pre-scale in float32 (an int8 source dequantized
+    first, as the reference's Mul reads it), then quantized at the MatMul's scale (int8 path)."""
+    raw = buf.raw[i]
+    if op.prescale is not None:
+        f32 = raw if buf.staged is None else buf.staged[i]
+        work["scales"].append(lambda em, dst=f32, src=raw: _scale_tile(em, dst, src, count, op))
+        raw = f32
+    if buf.quant is not None:
+        work["quants"].append((buf.quant[i], raw, count, 1.0 / op.quantize))
+
+
+def _scale_tile(em: Emitter, dst: int, src: int, count: int, op: HeadOperand) -> None:
+    if op.source_scale is not None:
+        dequantize(em, dst, src, count, op.source_scale)
+    em.b.v_mul_vs(*em.regs(dst, dst, f32_bits(op.prescale)), count, "f32")
 
 
 def _alloc_v(arena: TileArena, v: HeadOperand, keys: list[tuple[int, int]], dv: int, n: int, t: Tiling) -> list[Buffer]:
@@ -379,10 +430,8 @@ def _fill_v(
     (buf,) = bufs
     part = view.slice(0, keys[0][0], sum(bk for _, bk in keys))
     for i, piece in enumerate(_column_chunks(part, n)):  # one DMA per value chunk, every key's row of it
-        raw = buf.raw[i]
-        work["loads"].append(lambda em, x=piece, a=raw: em.dma_load(x, a))
-        if buf.quant is not None:
-            work["quants"].append((buf.quant[i], raw, piece.size, 1.0 / v.quantize))
+        work["loads"].append(lambda em, x=piece, a=buf.raw[i]: em.dma_load(x, a))
+        _transform(buf, v, i, piece.size, work)
 
 
 def _v_tile(bufs: list[Buffer], t: Tiling, i: int, e: int, offset: int) -> int:
@@ -401,12 +450,16 @@ def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) ->
         work["loads"].append(lambda em: em.b.dma_ldt(*em.regs(raw, part.address, stride), bk, d, part.dtype.name))
     else:
         work["loads"].append(lambda em: em.dma_load(part, raw))
-    if buf.quant is not None:
-        work["quants"].append((buf.quant[0], raw, d * bk, 1.0 / op.quantize))
+    _transform(buf, op, 0, d * bk, work)
 
 
 def _work() -> dict[str, list]:
-    return {"loads": [], "quants": [], "copies": []}
+    return {"loads": [], "scales": [], "quants": [], "copies": []}
+
+
+def _busy(work: dict[str, list]) -> bool:
+    """Whether the vector unit has work on the loaded tiles (scale, quantize, split)."""
+    return bool(work["scales"] or work["quants"] or work["copies"])
 
 
 def _run(fns: list) -> Callable[[Emitter], None]:
@@ -419,6 +472,8 @@ def _run(fns: list) -> Callable[[Emitter], None]:
 
 def _prepare(work: dict[str, list]) -> Callable[[Emitter], None]:
     def emit(em: Emitter) -> None:
+        for fn in work["scales"]:
+            fn(em)
         _quantizer(work["quants"])(em)
         for fn in work["copies"]:
             fn(em)
@@ -551,19 +606,19 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     # under the previous step (their hand-over tokens would then pair with this step's later loads)
     compute: list = [(Unit.scalar, _run([]))] if streamed else []
     compute.append((Unit.load, _run(head["loads"])))
-    if head["quants"] or head["copies"]:
+    if _busy(head):
         compute.append((Unit.vector, _prepare(head)))
     for b in range(len(kblocks)):
         if streamed:
             compute.append((Unit.load, _run(k_work[b]["loads"])))
-            if k_work[b]["quants"]:
+            if _busy(k_work[b]):
                 compute.append((Unit.vector, _prepare(k_work[b])))
         compute.append((Unit.matrix, scores(b)))
     compute.append((Unit.vector, softmax))
     for b in range(len(kblocks)):
         if streamed:
             compute.append((Unit.load, _run(v_work[b]["loads"])))
-            if v_work[b]["quants"] or v_work[b]["copies"]:
+            if _busy(v_work[b]):
                 compute.append((Unit.vector, _prepare(v_work[b])))
         compute.append((Unit.matrix, context(b)))
     out = p.out.view(h).slice(0, i0, m)
@@ -696,10 +751,10 @@ def _online_step(
     compute: list = [(Unit.scalar, _run([])), (Unit.load, _run(io.head["loads"])), (Unit.vector, start)]
     for b in range(len(kblocks)):
         compute.append((Unit.load, _run(io.k_work[b]["loads"])))
-        if io.k_work[b]["quants"]:
+        if _busy(io.k_work[b]):
             compute.append((Unit.vector, _prepare(io.k_work[b])))
         compute += [(Unit.matrix, scores(b)), (Unit.vector, update(b)), (Unit.load, _run(io.v_work[b]["loads"]))]
-        if io.v_work[b]["quants"] or io.v_work[b]["copies"]:
+        if _busy(io.v_work[b]):
             compute.append((Unit.vector, _prepare(io.v_work[b])))
         compute += [(Unit.matrix, product(b)), (Unit.vector, rescale)]
     compute.append((Unit.vector, finish))

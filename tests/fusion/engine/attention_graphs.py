@@ -31,6 +31,7 @@ class AttentionShape:
     key_len: int = 0  # 0: no padding mask; else keys >= key_len masked
     k_transposed_in_graph: bool = True  # K^T by one Transpose (0, 2, 3, 1) of the split heads
     fused_qkv: bool = False  # self-attention: one projection, Split into Q, K, V (GPT-2's c_attn)
+    prescale: bool = False  # Q and K^T each multiplied by head_dim ** -0.25 before the scores (ViT's export)
 
 
 def attention_graph(s: AttentionShape, seed: int = 0) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -68,6 +69,9 @@ def attention_graph(s: AttentionShape, seed: int = 0) -> tuple[Graph, dict[str, 
     else:
         k = g.op(OpType.Transpose, repeat(split(k_src, keys, kv, (0, 2, 1, 3)), keys, d), perm=(0, 1, 3, 2))
     v = repeat(split(v_src, keys, kv, (0, 2, 1, 3)), keys, d)
+    if s.prescale:
+        c = g.constant(np.float32(d**-0.25))
+        q, k = g.op(OpType.Mul, q, c), g.op(OpType.Mul, k, c)
     scores = g.op(OpType.MatMul, q, k)
     if s.scale == "mul":
         scores = g.op(OpType.Mul, scores, g.constant(np.float32(1 / np.sqrt(d))))

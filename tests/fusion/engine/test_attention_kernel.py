@@ -69,6 +69,7 @@ def assert_matches(got, want, dtype):
         key_len=st.integers(0, 40),
         k_transposed_in_graph=st.booleans(),
         fused_qkv=st.booleans(),
+        prescale=st.booleans(),
     ),
     st.sampled_from(["fp32", "int8"]),
 )
@@ -85,7 +86,7 @@ def test_attention_kernel_equals_the_reference(shape, dtype):
 @pytest.mark.parametrize(
     "shape",
     [
-        AttentionShape(seq=17, heads=2, head_dim=32),  # ViT-like: 17 tokens, two key tiles
+        AttentionShape(seq=17, heads=2, head_dim=32, scale="none", prescale=True),  # ViT-like: 17 tokens
         AttentionShape(seq=16, heads=4, kv_heads=2, head_dim=32, causal=True),  # LLaMA-like GQA
         AttentionShape(seq=100, heads=1, head_dim=64, causal=True),  # several query blocks
         AttentionShape(seq=10, keys=6, heads=2, head_dim=8, causal=True),  # rows 0-3 see no key: uniform rows

@@ -33,6 +33,7 @@ def _ops(graph, names):
         AttentionShape(heads=4, kv_heads=1, k_transposed_in_graph=False),
         AttentionShape(seq=5, keys=9, causal=True),
         AttentionShape(heads=4, kv_heads=2, fused_qkv=True, causal=True),
+        AttentionShape(scale="none", prescale=True),
     ],
 )
 def test_the_whole_attention_with_its_layout_is_one_match(shape):
@@ -40,6 +41,7 @@ def test_the_whole_attention_with_its_layout_is_one_match(shape):
     (m,) = find_attention(graph)
     assert _ops(graph, [m.scores, m.softmax, m.context]) == [OpType.MatMul, OpType.Softmax, OpType.MatMul]
     assert (m.scale is not None) == (shape.scale != "none")
+    assert (m.q_scale is not None) == (m.k_scale is not None) == shape.prescale
     assert (m.mask is not None) == (shape.causal or bool(shape.key_len))
     split = [OpType.Split] if shape.fused_qkv else []
     assert _ops(graph, m.q_layout) == [*split, OpType.Reshape, OpType.Transpose]
