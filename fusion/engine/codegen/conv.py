@@ -122,7 +122,7 @@ def choose_tiling(cfg: MachineConfig, z: _Sizes, name: str) -> _Tiling:
             f"node {name!r}: one output row of one channel block does not fit a buffer slot "
             f"({probe.spad.size} scratchpad, {probe.acc.size} accumulator bytes)"
         )
-    blocks = largest_fitting(-(-s.cg // n), lambda b: z.fits(probe, rows, tn, b * n))
+    blocks = largest_fitting(-(-s.cg // n), lambda b: z.fits(probe, rows, tn, min(s.cg, b * n)))
     return _Tiling(rows, tn, min(s.cg, blocks * n))
 
 

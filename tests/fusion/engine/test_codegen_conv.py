@@ -117,3 +117,14 @@ def test_tiling_keeps_one_band_within_a_buffer_slot() -> None:
     z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)
     t = choose_tiling(mc.config, z, "conv")
     assert 1 <= t.rows < s.out[0] and t.tn == mc.config.array_size
+
+
+def test_a_stem_conv_with_fewer_input_channels_than_the_array_chunks_k_within_them() -> None:
+    """ResNet's 7x7/2 stem on 3 channels, fp32: a K chunk never exceeds the group's channels (regression: a
+    chunk of a whole array width did not fit beside the band and left a zero chunk)."""
+    graph, names = _graph(1, 3, 64, (64, 64), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1, True)
+    mc = context(graph, {"x": np.zeros((1, 3, 64, 64), np.float32)}, "fp32")
+    s = conv_shape(graph, mc.config, graph.node("conv"))
+    z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)
+    assert choose_tiling(mc.config, z, "conv").chunk == 3
+    _check(graph, names, "fp32")
