@@ -155,15 +155,16 @@ def _activation_matmul(graph: Graph, node: Node | None) -> bool:
 
 
 def _layout_before(graph: Graph, value: str, consumer: Node) -> tuple[str, ...]:
-    """The layout nodes producing `value` whose output only feeds the next one (a Split: each output feeds one
-    node, see `_whole_splits`), walked back as long as the operand stays one strided 2-D view per leading index."""
+    """The layout nodes producing `value`, walked back as long as the operand stays one strided 2-D view per
+    leading index (a node whose outputs are also read elsewhere is cut off later: `_whole_layouts`)."""
     chain: list[Node] = []
     operand = value
     while value not in graph.inputs and not graph.is_constant(value):
         node = graph.producers.get(value)
         if node is None or not _is_layout(graph, node) or (len(node.outputs) != 1 and node.op != OpType.Split):
             break
-        if not _single(graph, value, chain[-1] if chain else consumer):
+        reader = chain[-1] if chain else consumer
+        if value in graph.outputs or reader.name not in {u.name for u in graph.consumers.get(value, ())}:
             break
         candidate = [*chain, node]
         if index_map(graph, list(reversed(candidate)), operand) is None:
@@ -214,13 +215,15 @@ def match_attention(graph: Graph, softmax: Node) -> AttentionMatch | None:
         return None
     q_scale, q_value, q_user = _operand_scale(graph, scores.inputs[0], scores)
     k_scale, k_value, k_user = _operand_scale(graph, scores.inputs[1], scores)
-    layouts = _whole_splits(
+    core = {scores.name, softmax.name, context.name} | {n for n in (scale, mask, q_scale, k_scale) if n}
+    layouts = _whole_layouts(
         graph,
         [
             _layout_before(graph, q_value, q_user),
             _layout_before(graph, k_value, k_user),
             _layout_before(graph, context.inputs[1], context),
         ],
+        core,
     )
     return AttentionMatch(
         q_layout=layouts[0],
@@ -249,23 +252,22 @@ def _operand_scale(graph: Graph, value: str, consumer: Node) -> tuple[str | None
     return node.name, inner, node
 
 
-def _whole_splits(graph: Graph, layouts: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """A Split belongs to the kernel only if every one of its outputs is read inside it (the kernel writes none of
-    them); otherwise each layout is cut after it (nodes before the Split stay outside)."""
-    inside = {n for layout in layouts for n in layout}
+def _whole_layouts(graph: Graph, layouts: list[tuple[str, ...]], core: set[str]) -> list[tuple[str, ...]]:
+    """A layout node belongs to the kernel only if every output of it is read inside (the kernel writes none of
+    them: a Split feeding Q, K and V, a head split shared by three slab Gathers); otherwise its layout is cut after
+    it (it and the nodes before it stay outside)."""
+    inside = core | {n for layout in layouts for n in layout}
     cut = []
     for layout in layouts:
         keep = list(layout)
         for i in range(len(layout) - 1, -1, -1):
             node = graph.node(layout[i])
             users = {u.name for v in node.outputs for u in graph.consumers.get(v, ())}
-            if node.op == OpType.Split and (not users <= inside or any(v in graph.outputs for v in node.outputs)):
+            if not users <= inside or any(v in graph.outputs for v in node.outputs):
                 keep = list(layout[i + 1 :])
                 break
         cut.append(tuple(keep))
-    if cut != layouts:
-        return _whole_splits(graph, cut)
-    return cut
+    return _whole_layouts(graph, cut, core) if cut != layouts else cut
 
 
 def _activation_input(graph: Graph, node: Node) -> str | None:

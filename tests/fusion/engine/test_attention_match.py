@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attention_graphs import F32_MIN, AttentionShape, attention_graph
+from engine_helpers import model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,3 +138,17 @@ def test_affine_heads_finds_strides_and_refuses_others():
     maps = affine_heads(idx)
     assert maps is not None and (maps.row_stride, maps.col_stride) == (1, 4) and list(maps.bases) == [0, 12]
     assert affine_heads(np.array([[0, 1], [2, 4]])) is None
+
+
+def test_a_head_split_shared_by_q_k_and_v_is_absorbed_whole():
+    """PyTorch's MultiheadAttention export: one in-projection, one head split, three slab Gathers (Q, K, V) and
+    the Q/K pre-scales; every node between the projections is one attention (nothing shared left outside)."""
+    graph, _ = model("encoder_post_d64")
+    (m,) = find_attention(graph)
+    ops = _ops(graph, m.nodes(graph))
+    assert ops.count(OpType.Gather) == 3 and m.q_scale is not None and m.k_scale is not None
+    sources = {v for n in m.nodes(graph) for v in graph.node(n).inputs} - {
+        v for n in m.nodes(graph) for v in graph.node(n).outputs
+    }
+    live = {v for v in sources if not graph.is_constant(v)}
+    assert len(live) == 1  # everything is read from the in-projection's output
