@@ -41,8 +41,10 @@ def tap_slack(g: ConvGeometry) -> int:
 
 
 def _scratch_pitch(g: ConvGeometry) -> int:
-    """Scratch positions per channel: every band's [P] run at its first output row, the last one's tail too."""
-    return (g.out[0] * g.strides[0] + g.span) * g.padded[1]
+    """Scratch positions per channel: its output rows at the band tiles' pitch, so the kept positions of every
+    channel and row are one evenly strided run (the copy phase then needs few DMAs). A band's tail past its
+    channel's last row lands in the next channel's first rows, which are stored later (channels in order)."""
+    return g.out[0] * g.pitch
 
 
 def is_depthwise(graph: Graph, node: Node) -> bool:
@@ -51,7 +53,8 @@ def is_depthwise(graph: Graph, node: Node) -> bool:
 
 
 def scratch_elements(g: ConvGeometry) -> int:
-    return g.n * g.c * _scratch_pitch(g)
+    """The DRAM scratch: every channel's positions, plus the last band's tail."""
+    return g.n * g.c * _scratch_pitch(g) + g.span * g.padded[1]
 
 
 @dataclass(frozen=True)
@@ -133,13 +136,13 @@ def band_phases(
                 loads.insert(0, (image.index((img,)).slice(0, c0, k).slice(1, start, p), tiles[0]))
                 view = store.index((img,)).slice(0, c0, k).slice(1, start, p)
                 steps.append(Step(loads, [(Unit.vector, body)], [(result, view)]))
-    picked = View(
-        store.address,
-        (g.n, g.c, g.out[0], g.out[1]),
-        (*store.strides[:2], g.strides[0] * g.padded[1] * out.dtype.size, g.strides[1] * out.dtype.size),
-        out.dtype,
-    )
-    return [steps, copy_steps(cx, [(picked, out.reshape_dense(picked.shape), None)])]
+    es = out.dtype.size
+    rows = g.n * g.c * g.out[0]  # every (image, channel, output row), evenly strided in the scratch
+    picked = View(store.address, (rows, g.out[1]), (g.pitch * es, g.strides[1] * es), out.dtype)
+    target = out.reshape_dense((rows, g.out[1]))
+    if g.strides[1] != 1:  # columns apart: one strided DMA per output column instead of per row
+        picked, target = picked.permute((1, 0)), target.permute((1, 0))
+    return [steps, copy_steps(cx, [(picked, target, None)])]
 
 
 def _input_scale(cx: LowerContext, node: Node, dt: _Dtypes) -> float | None:
