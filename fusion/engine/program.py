@@ -84,6 +84,7 @@ class ProgramKernel:
     name: str  # `.kernel` block name
     index: int  # the choice's position in the plan
     group: Group
+    phases: int  # fenced phases of its generator
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def link_plan(
         k += 2
     b.halt()
     _data(b, data, {f"{TABLE}{d.index}": d.zero_skip for d in dispatches}, addresses)
-    kernels = tuple(ProgramKernel(kernel_names[_kernel_name(g)], i, g) for i, g, _, _ in blocks)
+    kernels = tuple(ProgramKernel(kernel_names[_kernel_name(g)], i, g, len(p)) for i, g, p, _ in blocks)
     return LinkedProgram(b.build(), names, kernels, tuple(dispatches), tuple(boundaries))
 
 

@@ -3,7 +3,7 @@
 - sum of kernels: each planned group simulated as its own program (`execute.run_kernel`), values moved on the
   host, cycles added (what `CallResult.cycles` reports);
 - host-dispatched: that sum plus `MachineConfig.launch_cycles` per launched kernel (alias groups launch nothing);
-- program: the plan linked into one binary (`program.link_plan`), one simulation.
+- program: the plan linked into one binary as the engine links it (`program_run.faster_link`), one simulation.
 
 The overlap gained at each token-ordered boundary is its marginal effect: the same program with a fence at that
 boundary only, minus the program's cycles (one more simulation per joined boundary).
@@ -21,6 +21,7 @@ from fusion.engine.execute import run_kernel
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import GroupChoice
 from fusion.engine.program import Prefer, link_plan, run_program
+from fusion.engine.program_run import faster_link
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,13 @@ def measure(
         env.update(run.outputs)
         kernels += run.cycles
         launches += kernel.program is not None
-    linked = link_plan(mc, choices, prefer)
+    linked = faster_link(mc, choices, prefer)
     run = run_program(mc, linked, inputs)
+    fences = frozenset(b.before for b in linked.boundaries if not b.joined)
     gained = []
     for b in linked.boundaries:
         if b.joined:
-            fenced = run_program(mc, link_plan(mc, choices, prefer, fenced=frozenset({b.before})), inputs)
+            fenced = run_program(mc, link_plan(mc, choices, prefer, fenced=fences | {b.before}), inputs)
             gained.append((b.before, b.after, fenced.cycles - run.cycles))
     return ProgramFigures(
         run.cycles,

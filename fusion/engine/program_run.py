@@ -11,6 +11,7 @@ with that group replaced by its unfused kernels (at most once per group). The ho
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -128,13 +129,48 @@ def faster_link(mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer
     """The program with token-ordered boundaries, unless the same program with a fence at every boundary
     measures fewer cycles (on zero inputs: timing does not depend on values, the on-chip dispatch aside, which
     both take alike): so a program never runs slower than its kernels fenced one after another."""
-    joined = link_plan(mc, choices, prefer)
+    zeros = {v: np.zeros(mc.graph.types[v].shape, mc.graph.types[v].dtype.numpy) for v in mc.graph.inputs}
+    fenced = link_plan(mc, choices, prefer, join=False)
+    joined = link_plan(mc, choices, prefer, fenced=best_fences(mc, choices, fenced, zeros))
     if not any(b.joined for b in joined.boundaries):
         return joined
-    fenced = link_plan(mc, choices, prefer, join=False)
-    zeros = {v: np.zeros(mc.graph.types[v].shape, mc.graph.types[v].dtype.numpy) for v in mc.graph.inputs}
     faster = simulate_program(mc, fenced, zeros).cycles < simulate_program(mc, joined, zeros).cycles
     return fenced if faster else joined
+
+
+def best_fences(
+    mc: ModelContext, choices: Sequence[GroupChoice], fenced: LinkedProgram, zeros: Mapping[str, np.ndarray]
+) -> frozenset[int]:
+    """Which boundaries to fence: each boundary's gain measured on its two kernels alone (joined vs fenced, zero
+    inputs), then the set of joins of largest total gain in which no single-phase kernel is joined at both ends
+    (the link's rule), by dynamic programming over the boundaries in order."""
+    kernels = fenced.kernels
+    gains = []
+    for a, b in zip(kernels, kernels[1:], strict=False):
+        pair = [choices[a.index], choices[b.index]] if a.index != b.index else []
+        gain = 0
+        if pair:
+            alone = link_plan(mc, pair, join=True)
+            if alone.boundaries and alone.boundaries[0].joined:
+                apart = simulate_program(mc, link_plan(mc, pair, join=False), zeros).cycles
+                gain = apart - simulate_program(mc, alone, zeros).cycles
+        gains.append(gain)
+    # value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]: the
+    # previous boundary's state on that best path
+    value, back = [0.0, -math.inf], []
+    for k, gain in enumerate(gains):
+        single = kernels[k].phases == 1  # the kernel between boundaries k - 1 and k
+        fence = max((0, 1), key=lambda p: value[p])
+        join = max((0, 1) if not single else (0,), key=lambda p: value[p])
+        back.append((fence, join))
+        value = [value[fence], value[join] + gain if gain > 0 else -math.inf]
+    joined: set[int] = set()
+    state = max((0, 1), key=lambda p: value[p])
+    for k in range(len(gains) - 1, -1, -1):
+        if state:
+            joined.add(k)
+        state = back[k][state]
+    return frozenset(kernels[k].index for k in range(len(gains)) if k not in joined)
 
 
 def _ran(run: ProgramRun, kernel: ProgramKernel) -> bool:
