@@ -52,7 +52,7 @@ from fusion.engine.plan import Group, GroupChoice
 from fusion.engine.profile import SPARSE_TILE_FRACTION
 from fusion.engine.views import is_view, slice_index
 from fusion.lower import declare, plan_dram, symbol_names
-from fusion.lower.context import LowerContext
+from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.local_alloc import DEPTH
 from fusion.lower.views import View
@@ -280,7 +280,7 @@ def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer, bu
         return None  # a constant operand's class never changes: the planned variant is the right one
     rows, cols = _matrix(mc.graph.types[operand].shape)
     n = mc.config.array_size
-    es = 1 if mc.scale(operand) is not None else mc.graph.types[operand].dtype.numpy.itemsize
+    es = storage_dtype(mc.graph, mc.qplan, operand).size  # (an int8 model's graph inputs stay float32)
     if rows * cols * es > mc.config.spad_bytes or rows * -(-cols // n) > MAX_TILE_TESTS:
         return None
     tiles = -(-rows // n) * -(-cols // n)

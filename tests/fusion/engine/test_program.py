@@ -13,7 +13,7 @@ from fusion.engine.execute import run_kernel
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group, GroupChoice
 from fusion.engine.profile import data_class
-from fusion.engine.program import link_plan, model_prefers, run_program, threshold
+from fusion.engine.program import link_plan, measure_cycles, model_prefers, run_program, threshold
 from simulator.config import PRESETS, MachineConfig, config_from_dict
 from simulator.errors import ConfigError
 
@@ -96,6 +96,8 @@ def test_on_chip_dispatch_switches_per_call_without_a_replan() -> None:
             reference_env(mc, {"x": x})[graph.outputs[0]],
         )
         assert run.dispatch_cycles > 0
+        if expected == "dense":  # the budget's estimate is the measurement on dense data (fp32 input: 4 B each)
+            assert abs(measure_cycles(mc.config, 64, 256, 4) - run.dispatch_cycles) <= 0.01 * run.dispatch_cycles
 
 
 def test_threshold_is_the_break_even_and_needs_the_sparse_class() -> None:
