@@ -248,6 +248,11 @@ class Tiling:
     local_split: bool
     online: bool = False  # rows longer than a vector register: running max and sum over key blocks (fp32)
     v_by_chunk: bool = True  # V: one DMA per value chunk over the block's keys (else per key tile, see local_split)
+    sub_rows: int = 0  # rows of scores per vector-register pass (0: all the step's rows); the matrix unit takes all
+
+    @property
+    def register_rows(self) -> int:
+        return self.sub_rows or self.rows
 
 
 def _loaded(op: HeadOperand, elems: int) -> list[int]:
@@ -283,9 +288,12 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
         spad += [m * t.block_keys * 4] * 4 + [m * ec * 4 for _, ec in echunks] * 2
         return spad, [m * n * len(echunks) * 4]
     split = len(chunks(p.sk, n)) > 1
-    spad += [m * p.sk * p.score_dt.size, m * p.sk * 4] * (2 if split else 1)
+    ms = t.register_rows if split else m  # whole rows: a pass's rows (split key tiles), else the tiles themselves
+    spad += [ms * p.sk * p.score_dt.size, ms * p.sk * p.prob_dt.size]
+    spad += [m * p.sk * p.score_dt.size, m * p.sk * p.prob_dt.size] if split else []
     spad += [m * ec * p.out_dt.size for _, ec in echunks]
-    return spad, [m * n * len(echunks) * 4]
+    streamed = t.block_keys < -(-p.sk // n) * n
+    return spad, [m * n * (len(echunks) if streamed else 1) * 4]
 
 
 def _v_by_chunk(cfg: MachineConfig, p: Plan) -> bool:
@@ -300,7 +308,8 @@ def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
     """The most query rows per step (a whole row of scores per row in a vector register), K and V of a head in
     the step when they fit, else in the largest key blocks that fit."""
     n = cfg.array_size
-    rows = min(p.sq, cfg.vreg_elems // p.sk, 4095)
+    rows = min(p.sq, cfg.vreg_elems // p.sk, 4095)  # rows of scores a vector register holds
+    cap = min(p.sq, 4095)  # rows the matrix unit takes per step (the softmax runs in register-sized passes)
     probe = TileArena(cfg, 0)
 
     def fits(t: Tiling) -> bool:
@@ -310,9 +319,10 @@ def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
     by_chunk = _v_by_chunk(cfg, p)
     if rows:
         for local_split in (True, False):
-            m = largest_fitting(rows, lambda r, s=local_split: fits(Tiling(r, whole, s, False, by_chunk)))
+            m = largest_fitting(cap, lambda r, s=local_split: fits(Tiling(r, whole, s, False, by_chunk, min(r, rows))))
             if m >= min(rows, n):
-                return Tiling(-(-p.sq // -(-p.sq // m)), whole, local_split, False, by_chunk)
+                m = -(-p.sq // -(-p.sq // m))
+                return Tiling(m, whole, local_split, False, by_chunk, min(m, rows))
         for local_split in (True, False):
             m = min(rows, n)
             while m and not fits(Tiling(m, n, local_split, False, by_chunk)):
@@ -534,12 +544,15 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     k_bufs, v_bufs, k_work, v_work = io.k, io.v, io.k_work, io.v_work
     split = len(ktiles) > 1
     ses = p.score_dt.size
-    s_rows = arena.tile(m * p.sk * ses)
-    p_rows = arena.tile(m * p.sk * 4)
+    pes = p.prob_dt.size
+    ms = t.register_rows if split else m  # a softmax pass's rows (split key tiles: gathered, else in place)
+    s_rows = arena.tile(ms * p.sk * ses)
+    p_rows = arena.tile(ms * p.sk * pes)
     s_tiles = _packed(arena, m, ktiles, ses) if split else [s_rows]  # key-tile-major copies of the rows
-    p_tiles = _packed(arena, m, ktiles, 4) if split else [p_rows]
+    p_tiles = _packed(arena, m, ktiles, pes) if split else [p_rows]
     echunks = chunks(p.dv, n)
-    acc = arena.acc_tile(m * n * len(echunks) * 4)  # scores (one key tile at a time), then one region per chunk
+    streamed = len(kblocks) > 1  # the product accumulates over key blocks: one region per value chunk
+    acc = arena.acc_tile(m * n * (len(echunks) if streamed else 1) * 4)
     o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
     (mult1, shift1), (mult2, shift2) = p.requant or ((f32_bits(1.0), 0), (f32_bits(1.0), 0))
     kdt, vdt = _op_dt(p.k), _op_dt(p.v)
@@ -557,12 +570,26 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
         return emit
 
     def softmax(em: Emitter) -> None:
+        for r0, rows in chunks(m, t.register_rows):  # register-sized passes over the step's rows
+            _softmax_pass(em, r0, rows)
+
+    def _softmax_pass(em: Emitter, r0: int, rows: int) -> None:
         if split:
-            _gather_rows(em, s_tiles, s_rows, ktiles, m, p.sk, p.score_dt)
+            _gather_rows(
+                em,
+                [a + r0 * bk * ses for a, (_, bk) in zip(s_tiles, ktiles, strict=True)],
+                s_rows,
+                ktiles,
+                rows,
+                p.sk,
+                p.score_dt,
+            )
+        s_at = s_rows if split else s_rows + r0 * p.sk * ses
+        p_at = p_rows if split else p_rows + r0 * p.sk * pes
         regs = Registers()
         scores_out = g.node(match.scores).outputs[0]
         r = regs.new(scores_out)
-        em.b.vc_ld(r, em.reg(s_rows), m * p.sk, p.score_dt.name)
+        em.b.vc_ld(r, em.reg(s_at), rows * p.sk, p.score_dt.name)
         if p.score_scale is not None:
             em.b.vc_cvt(r, r, "f32")
             em.b.vc_mul_vs(r, r, em.reg(f32_bits(p.score_scale)))
@@ -572,33 +599,42 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
             node = g.node(name)
             if name == match.mask:
                 src = regs.of[_chain_input(g, node, regs)]
-                out = _emit_mask(em, regs, src, p.mask, (i0, m, 0, p.sk), pos)
+                out = _emit_mask(em, regs, src, p.mask, (i0 + r0, rows, 0, p.sk), pos)
             else:
                 out = _emit_recipe(cx, em, regs, node, p.sk)
             regs.of[node.outputs[0]] = out
         out = regs.of[g.node(match.softmax).outputs[0]]
         if p.prob_scale is not None:
             em.b.vc_qnt(out, out, em.reg(f32_bits(1.0 / p.prob_scale)))
-        em.b.vc_st(em.reg(p_rows), out)
+        em.b.vc_st(em.reg(p_at), out)
         if split:
-            _scatter_rows(em, p_rows, p_tiles, ktiles, m, p.sk, p.prob_dt)
+            _scatter_rows(
+                em,
+                p_rows,
+                [a + r0 * bk * pes for a, (_, bk) in zip(p_tiles, ktiles, strict=True)],
+                ktiles,
+                rows,
+                p.sk,
+                p.prob_dt,
+            )
 
     def context(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
+            last = b == len(kblocks) - 1
+            if last:
+                em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
             for e, (_, ec) in enumerate(echunks):
+                region = acc + (e * m * n * 4 if streamed else 0)  # whole keys: each chunk drained before the next
                 for i, (j0, bk) in enumerate(kblocks[b]):
                     j = first_tile[b] + i
                     v_at = _v_tile(v_bufs, t, i, e, (j0 - kblocks[b][0][0]) * ec * vdt.size)
                     em.b.mx_preload(em.reg(v_at), bk, ec, vdt.name)
-                    (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[j]), m)
-            if b == len(kblocks) - 1:
-                em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
-                for e, (_, ec) in enumerate(echunks):
-                    em.b.mx_drain(*em.regs(o_tiles[e], acc + e * m * n * 4), m, ec)
+                    (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(region, p_tiles[j]), m)
+                if last:
+                    em.b.mx_drain(*em.regs(o_tiles[e], region), m, ec)
 
         return emit
 
-    streamed = len(kblocks) > 1
     if not streamed:  # K and V with the step's first loads: prefetched under the previous step
         for key in head:
             head[key] += k_work[0][key] + v_work[0][key]
