@@ -21,7 +21,7 @@ from assembler.objfile import ObjectFile
 from isa import DType, EpilogueFlags, Instruction, decode, make
 from rtl.check import Case
 from rtl.replay import BatchReport, run_cases
-from rtl.stimulus import drain_case, matmul_case, preload_case, stream_case, vector_case
+from rtl.stimulus import drain_case, matmul_case, per_channel_operands, preload_case, stream_case, vector_case
 from rtl.units import EPILOGUE, LANE_BINARY, LANE_OTHER, LANE_REDUCE, LANE_UNARY, MATRIX, STREAM, VECTOR, RtlUnit
 from simulator.config import MachineConfig
 from simulator.units.vector import MODE_VC, MODE_VR, MODE_VS, broadcast_rows
@@ -123,8 +123,6 @@ def _vector_case(
     a = ops.get("a")
     if _op_name(ins) not in INT_VECTOR_OPS or a is None or not _int(a.dtype):
         return Skip(ins.mnemonic, "f32 and conversion ops have no RTL datapath")
-    if "table" in ops:
-        return Skip(ins.mnemonic, "the lanes' requantizer takes one (mult, shift); per-channel tables: epilogue only")
     a = a.reshape(-1)
     dtype = DType.i8 if a.dtype == np.int8 else DType.i32
     fields = ins.by_name()
@@ -139,6 +137,9 @@ def _vector_case(
         rs2, rs3 = int(ops["lo"]), int(ops["hi"])
     if "mult" in ops:
         rs2 = int(ops["mult"])
+    c = None
+    if "table" in ops:  # per-channel requantize: each element's channel's (mult, shift) on in_b / in_c
+        b, c = per_channel_operands(ins.mnemonic, np.asarray(ops["table"]), int(ops["period"]), a.size)
     period = int(ops.get("period", fields.get("period", 0))) if ins.spec.timing.endswith("reduce") else 0
     return vector_case(
         cfg,
@@ -147,6 +148,7 @@ def _vector_case(
         a,
         np.asarray(result),
         b=None if b is None else np.asarray(b).reshape(-1),
+        c=c,
         rs2=rs2,
         rs3=rs3,
         dtype=dtype,

@@ -94,6 +94,7 @@ def vector_case(
     result: np.ndarray,
     *,
     b: np.ndarray | None = None,
+    c: np.ndarray | None = None,
     rs2: int = 0,
     rs3: int = 0,
     dtype: DType = DType.i32,
@@ -101,7 +102,8 @@ def vector_case(
     chained: bool = False,
     charged: int | None = None,
 ) -> Case:
-    """One vector instruction over the flat `a` (and `b`, already broadcast to a's length).
+    """One vector instruction over the flat `a` (and `b`, `c`, already broadcast to a's length; `c`: the
+    per-element shifts of a per-channel requantize, whose multipliers are `b`).
 
     `period` > 0 marks a reduction: one result per row of `period` elements, due in the beat holding the
     row's last element. `chained` ops are charged only their pipeline depth behind the last input beat.
@@ -121,6 +123,9 @@ def vector_case(
             "in_a": pack(_pad(a.reshape(1, -1), 1, beats * lanes).reshape(beats, lanes), ACC_BITS),
             "in_b": pack(
                 _pad((np.zeros(n) if b is None else b).reshape(1, -1), 1, beats * lanes).reshape(beats, lanes), ACC_BITS
+            ),
+            "in_c": pack(
+                _pad((np.zeros(n) if c is None else c).reshape(1, -1), 1, beats * lanes).reshape(beats, lanes), ACC_BITS
             ),
         },
         (Watch(("out_valid",), ("out_data", "out_mask"), beats),),
@@ -144,6 +149,15 @@ def vector_case(
         due, busy = timing.vector_cycles(cfg, n, latency), Busy.last_event
     expected = Expected(offsets, {"out_mask": out_mask.astype(np.int64), "out_data": out_data}, {"out_data": out_mask})
     return Case(label, item, (expected,), due if charged is None else charged, busy)
+
+
+def per_channel_operands(mnemonic: str, table: np.ndarray, period: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each of n elements' (mult, shift) in a per-channel requantize: the table row of its column (`v.rqnt.vr`:
+    i mod period) or row (`v.rqnt.vc`: i div period), as the lanes receive them (in_b, in_c)."""
+    index = np.arange(n)
+    channel = index // period if mnemonic.endswith(".vc") else index % period
+    pairs = np.asarray(table, np.int64).reshape(-1, 2)
+    return pairs[channel, 0], pairs[channel, 1]
 
 
 def drain_case(

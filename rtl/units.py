@@ -22,7 +22,7 @@ from simulator.config import MachineConfig
 LANE_BINARY = ("add", "sub", "mul", "max", "min", "sll", "srl", "sra")
 LANE_UNARY = ("relu", "neg", "abs", "copy")
 LANE_REDUCE = ("rsum", "rmax", "rmin")
-LANE_OTHER = ("clip", "rqnt", "ld", "st")  # ld/st: the chain moves, which pass data through
+LANE_OTHER = ("clip", "rqnt", "ld", "st")  # ld/st: the chain moves; rqnt: also v.rqnt.vr / v.rqnt.vc (per channel)
 
 ELEM_BITS = DType.i8.size * 8
 ACC_BITS = DType.i32.size * 8
@@ -115,6 +115,7 @@ VECTOR = RtlUnit(
         Port("rs3", 1, "ACC_W"),
         Port("in_a", "LANES", "ACC_W"),
         Port("in_b", "LANES", "ACC_W"),
+        Port("in_c", "LANES", "ACC_W"),
         Port("out_valid"),
         Port("out_mask", "LANES", 1),
         Port("out_data", "LANES", "ACC_W"),

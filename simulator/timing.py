@@ -80,7 +80,8 @@ def epilogue_config_cycles(cfg: MachineConfig) -> int:
 
 
 def drain_cycles(cfg: MachineConfig, rows: int, latency: int) -> int:
-    """`drain`: one N-wide accumulator row per cycle through bias -> activation -> requantize."""
+    """`drain`: one N-wide accumulator row per cycle through bias -> activation -> requantize. The bias and a
+    per-column (mult, shift) table (epflags pc) are read once, before the first row, within the latency."""
     return rows + latency
 
 

@@ -67,6 +67,7 @@ module stream_path #(
     vector_unit #(.LANES(LANES), .DATA_W(DATA_W), .ACC_W(ACC_W)) u_vector (
         .clk(clk), .rst(rst), .in_valid(taking), .in_mask({LANES{1'b1}}), .instr(instr),
         .reg_dtype(I32[`DF_F_DTYPE_W-1:0]), .rs2({ACC_W{1'b0}}), .rs3({ACC_W{1'b0}}), .in_a(fifo_row),
-        .in_b({LANES*ACC_W{1'b0}}), .out_valid(out_valid), .out_mask(out_mask), .out_data(out_data)
+        .in_b({LANES*ACC_W{1'b0}}), .in_c({LANES*ACC_W{1'b0}}),
+        .out_valid(out_valid), .out_mask(out_mask), .out_data(out_data)
     );
 endmodule

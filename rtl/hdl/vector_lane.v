@@ -17,6 +17,7 @@ module vector_lane #(
     input  [`DF_LATENCY_W-1:0]     lat,
     input  signed [ACC_W-1:0]      in_a,
     input  signed [ACC_W-1:0]      in_b,
+    input  signed [ACC_W-1:0]      in_c,    // per-channel requantize: this element's shift
     input  signed [ACC_W-1:0]      in_r,    // this lane's reduction scan value
     input  signed [ACC_W-1:0]      rs2,
     input  signed [ACC_W-1:0]      rs3,
@@ -36,6 +37,8 @@ module vector_lane #(
     wire is_move   = (opcode == `DF_OP_VC_LD);  // vc.ld / vc.st / vc.lds pass data through
     wire is_mul    = is_binary && funct == `DF_FUNCT_V_MUL;
     wire is_rqnt   = is_misc && funct == `DF_FUNCT_V_RQNT;
+    // per-channel requantize: the element's (mult, shift) come in on in_b / in_c
+    wire is_pcq    = is_misc && (funct == `DF_FUNCT_V_RQNT_VR || funct == `DF_FUNCT_V_RQNT_VC);
 
     // fit a wide result to the element type: i8 saturates, i32 wraps
     function [WIDE-1:0] fit;
@@ -113,6 +116,7 @@ module vector_lane #(
             case (funct)
                 `DF_FUNCT_V_CLIP: first = fit(clip(a, lo_bound, hi_bound), dtype);
                 `DF_FUNCT_V_RQNT: first = a * lo_bound;  // x * mult in 2*ACC_W bits
+                `DF_FUNCT_V_RQNT_VR, `DF_FUNCT_V_RQNT_VC: first = a * b;  // x * its channel's mult
                 default: first = {WIDE{1'b0}};
             endcase
         end else if (is_reduce) begin
@@ -151,9 +155,9 @@ module vector_lane #(
     always @(posedge clk) begin
         s_data[1] <= first;
         s_mul[1] <= is_mul;
-        s_rqnt[1] <= is_rqnt;
+        s_rqnt[1] <= is_rqnt || is_pcq;
         s_dtype[1] <= dtype;
-        s_shift[1] <= shift;
+        s_shift[1] <= is_pcq ? in_c[`DF_F_SHIFT_W-1:0] : shift;
         for (k = 2; k <= LAT_MAX; k = k + 1) begin
             s_data[k] <= advance(k, s_data[k-1], s_mul[k-1], s_rqnt[k-1], s_dtype[k-1], s_shift[k-1]);
             s_mul[k] <= s_mul[k-1];

@@ -7,7 +7,9 @@
 // type comes from its dtype field, or from reg_dtype for the chain (vc.*) forms
 // whose vector register carries it. Reductions (rsum, rmax, rmin over rows of
 // `period` elements) scan across the lanes and beats; out_mask marks the lanes
-// that end a row.
+// that end a row. in_c carries a per-element operand the word has no room for:
+// the shift of each element's channel in the per-channel requantize
+// (v.rqnt.vr / v.rqnt.vc, whose multipliers come in on in_b).
 module vector_unit #(
     parameter LANES = 4,
     parameter DATA_W = 8,
@@ -24,6 +26,7 @@ module vector_unit #(
     input  [ACC_W-1:0]           rs3,
     input  [LANES*ACC_W-1:0]     in_a,
     input  [LANES*ACC_W-1:0]     in_b,
+    input  [LANES*ACC_W-1:0]     in_c,
     output                       out_valid,
     output [LANES-1:0]           out_mask,
     output [LANES*ACC_W-1:0]     out_data
@@ -85,6 +88,7 @@ module vector_unit #(
                 .lat(lat),
                 .in_a(x),
                 .in_b(scalar_b ? rs2 : in_b[l*ACC_W +: ACC_W]),
+                .in_c(in_c[l*ACC_W +: ACC_W]),
                 .in_r(run[l+1]),
                 .rs2(rs2),
                 .rs3(rs3),

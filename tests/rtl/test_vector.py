@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from isa import DType, make
 from rtl.replay import run_cases
-from rtl.stimulus import vector_case
+from rtl.stimulus import per_channel_operands, vector_case
 from rtl.units import LANE_BINARY, LANE_REDUCE, LANE_UNARY, VECTOR
 from simulator.config import PRESETS
 from simulator.semantics import vector as sem
@@ -145,6 +147,17 @@ def _other_cases(cfg, rng):
                 chained=True,
             )
         )
+    for mnemonic, period in itertools.product(("v.rqnt.vr", "v.rqnt.vc"), (1, 3, cfg.vector_lanes + 1)):
+        n = int(rng.integers(1, 5 * cfg.vector_lanes))
+        x = _operand(rng, DType.i32, n)
+        channels = n if mnemonic.endswith(".vc") else period
+        table = np.stack([rng.integers(-(2**31), 2**31, channels), rng.integers(0, 64, channels)], axis=1)
+        table = table.astype(np.int32)
+        mults, shifts = per_channel_operands(mnemonic, table, period, n)
+        channel = np.arange(n) // period if mnemonic.endswith(".vc") else np.arange(n) % period
+        expected = sem.requantize_channels(x, table, channel)
+        label = f"{mnemonic} period={period}"
+        cases.append(vector_case(cfg, label, make(mnemonic, 1, 2, 3, n, period), x, expected, b=mults, c=shifts))
     return cases
 
 
