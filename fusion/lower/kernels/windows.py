@@ -1,11 +1,14 @@
-"""Sliding-window nodes: Conv (im2col + GEMM), MaxPool and AveragePool; and Pad, built like their padded input.
+"""Sliding-window nodes: Conv, MaxPool and AveragePool; and Pad, built like their padded input.
 
 Padding is a phase of its own: a DRAM scratch tensor is filled with the pad value (0, or -inf / -128 for max)
-from one vector-filled tile, then the input is copied into its interior. A window position (k_1, ..., k_s)
-is then just a strided view of the padded tensor, so:
-- Conv builds the transposed im2col matrix colT[n, c, k..., out...] with strided DMA copies and runs
-  W[M, C*K] @ colT[C*K, P] per image and group, the bias added per row (output channel);
-- MaxPool takes v.max over the window views of each output tile;
+from one vector-filled tile, then the input is copied into its interior. Then:
+- a depthwise Conv and a 1-D/2-D MaxPool run on the vector unit over bands of the padded input, one shifted
+  vector op per tap (`conv_depthwise`, `pool_vector`), no window copies;
+- any other Conv (the baseline has no transposing load to build pixel-major tiles; fused groups run it as an
+  implicit GEMM, `fusion.engine.codegen.conv`) builds the transposed im2col matrix colT[n, c, k..., out...] with
+  strided DMA copies and runs W[M, C*K] @ colT[C*K, P] per image and group, the bias added per row;
+- a MaxPool of another rank takes v.max over the window views (a window position (k_1, ..., k_s) is a strided
+  view of the padded tensor) of each output tile;
 - AveragePool sums the window views and divides by the same window sum over a tensor of ones padded like the
   input, which counts each window's valid positions (explicit pads included with count_include_pad).
 """
