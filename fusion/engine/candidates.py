@@ -4,7 +4,8 @@ Starting points are (a) a matrix node with the elementwise consumers its drain c
 elementwise/row-reduction nodes that a vector chain can execute, (c) a matrix node with a constant weight (after a
 leading-axis Transpose it absorbs) followed by such a run or by whole-row layout moves, for the swapped
 orientation, (d) a Transpose (and the Reshapes after it) feeding such a run, as one chain reading the transposed
-tensor from local memory, or feeding a MatMul that reads it in place. Every prefix of (a), (c) and (d) and
+tensor from local memory, or feeding a MatMul that reads it in place, (e) an attention with its layout nodes
+(`attention_match`), as one kernel. Every prefix of (a), (c) and (d) and
 every sub-run of (b) is a candidate; schedules vary tile rows, batch flattening and the zero-skip variant.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from fusion.engine.attention_match import find_attention
 from fusion.engine.codegen.absorbed_layout import loads_in_place
 from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
@@ -31,7 +33,8 @@ PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
 @dataclass(frozen=True)
 class Candidate:
     nodes: tuple[str, ...]
-    family: str  # "single", "epilogue", "chain", "stream", "swapped" ((c)), "conv", "layout_chain"/"layout_load" ((d))
+    family: str  # "single", "epilogue", "chain", "stream", "swapped" ((c)), "conv", "layout_chain"/"layout_load" ((d)),
+    # "attention" ((e))
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -98,6 +101,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             out += [Candidate(tuple(n.name for n in run[:k]), "chain") for k in range(2, len(run) + 1)]
         if node.op == OpType.Transpose:
             out += _layout_chains(graph, node)
+    out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
     return out
 
 
@@ -141,6 +145,8 @@ def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
         groups.append(Group(cand.nodes, "transpose_load"))
     if cand.family == "conv":
         groups.append(Group(cand.nodes, "implicit_gemm"))
+    if cand.family == "attention":
+        groups.append(Group(cand.nodes, "attention"))
     if head.op in EPILOGUE_HEADS and cand.family in ("single", "epilogue"):
         groups += gemm_schedules(mc, cand.nodes)
         groups.append(Group(cand.nodes, "swapped"))

@@ -17,6 +17,7 @@ import numpy as np
 from assembler.builder import ProgramBuilder
 from assembler.objfile import ObjectFile
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
+from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.codegen.chain import chain_steps
 from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
@@ -102,6 +103,8 @@ def group_phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding
         return [layout_chain_steps(cx, nodes) if layout_prefix(nodes) else chain_steps(cx, nodes)]
     if group.strategy == "stream":
         return [stream_steps(cx, nodes)]
+    if group.strategy == "attention":
+        return [attention_steps(cx, nodes)]
     if group.strategy == "transpose_load":
         return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
     raise CodegenError(f"strategy {group.strategy!r} has no generator")
@@ -201,6 +204,8 @@ def dram_forms(mc: ModelContext, sub: Graph, group: Group) -> tuple[dict[str, np
         scratch[temp_key(conv, 2)] = conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))
     elif group.strategy in ("epilogue", "zero_skip"):
         forms.update(_packed_weights(mc, sub, forms))
+    elif group.strategy == "attention":
+        forms.update(attention_forms(sub))
     return forms, scratch
 
 

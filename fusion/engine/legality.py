@@ -62,8 +62,9 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     """int8: moving a float Add that follows a requantized MatMul into the drain skips that requantization
     (the sum is rounded once instead of twice): allowed only with `allow_rounding_change`. A stream requantizes
     in the vector chain exactly as the drain would, and a swapped GEMM drains only value-preserving ops (the rest
-    runs as a vector chain on the requantized output), so both keep the numerics."""
-    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped"):
+    runs as a vector chain on the requantized output), so both keep the numerics; an attention kernel requantizes
+    both MatMuls as their drains would and runs the rest as the unfused recipes."""
+    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped", "attention"):
         return FusionDecision.yes()
     changes = [n.name for n in nodes[1:] if n.op not in VALUE_PRESERVING]
     if changes and mc.allow_rounding_change:
@@ -75,8 +76,11 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
 
 def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
     graph = mc.graph
+    # an attention is a DAG (Q, K and V paths meet): its one output is the last node's, which
+    # internal_values_private checks; every other family is a producer/consumer chain
+    chain = dependencies_respected(graph, nodes) if family != "attention" else FusionDecision.yes()
     return (
-        dependencies_respected(graph, nodes)
+        chain
         & internal_values_private(graph, nodes)
         & no_cycle_through_outside(graph, nodes)
         & numerics_preserved(mc, nodes, family)

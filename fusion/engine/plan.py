@@ -17,6 +17,7 @@ STRATEGIES = (
     "chain",
     "transpose_load",
     "stream",
+    "attention",
 )
 
 
