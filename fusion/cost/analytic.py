@@ -16,15 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fusion.cost.interface import CostEstimate, KernelFeatures
+from fusion.engine.strategies import REGISTRY
 from simulator import timing
 from simulator.config import MachineConfig
 
-# The relative error (measured - predicted) / predicted the model makes, root mean square per kernel strategy over
-# every kernel of the none/static/dynamic plans of the bundled models, hand-built transformer blocks and the zoo,
-# both dtypes (`bench/bench_cost.py` -> bench/results/cost.md, 2116 kernels; rounded up). Stated with each prediction
-# (`CostEstimate.spread`) for the planner's expected-regret measurement; a strategy measured on fewer than 20
-# kernels (implicit_gemm, stream, zero_skip) gets the largest spread.
-SPREAD = {"chain": 0.23, "epilogue": 0.19, "swapped": 0.05, "transpose_load": 0.08, "unfused": 0.20}
+# The relative error (measured - predicted) / predicted the model makes per kernel strategy (`Strategy.spread`, from
+# bench/bench_cost.py), stated with each prediction (`CostEstimate.spread`) for the planner's expected-regret
+# measurement; a strategy that states none (measured on fewer than 20 kernels) gets the largest spread.
+SPREAD = {name: s.spread for name, s in REGISTRY.items() if s.spread is not None}
 VECTOR_LATENCY = 2  # typical pipeline depth of a vector row in the ISA table (add 1, mul 2, exp 4)
 DRAIN_LATENCY = 3
 
@@ -62,7 +61,8 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
     ld_bytes, st_bytes = f.load_bursts * cfg.burst_bytes, f.store_bursts * cfg.burst_bytes
     load = f.dma_loads * latency + timing.dma_transfer_cycles(cfg, 1, ld_bytes, ld_bytes)
     store = f.dma_stores * latency + timing.dma_transfer_cycles(cfg, 1, st_bytes, st_bytes)
-    kept = 1.0 - f.zero_tile_fraction if f.strategy == "zero_skip" else 1.0
+    skips = f.strategy in REGISTRY and REGISTRY[f.strategy].skips_zero_tiles
+    kept = 1.0 - f.zero_tile_fraction if skips else 1.0
     matrix = kept * (
         f.preloads * timing.preload_cycles(cfg) + f.matmuls * timing.matmul_cycles(cfg, _avg(f.matmul_rows, f.matmuls))
     ) + f.drains * timing.drain_cycles(cfg, _avg(f.drain_rows, f.drains), DRAIN_LATENCY)

@@ -5,7 +5,7 @@ schedules that cannot win. Every GEMM schedule issues at least one `mx.mm` per (
 of its orientation and streams a known number of rows in total, and the analytic model charges each instruction
 `timing.matmul_cycles` (rows + 2N - 1) plus a preload: that sum bounds its predicted cycles from below, so a
 schedule whose bound is above the best prediction so far is never built (branch and bound). Other strategies get
-bound 0 (always built).
+bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`).
 """
 
 from __future__ import annotations
@@ -25,26 +25,40 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def matrix_bound(mc: ModelContext, group: Group) -> float:
-    """Cycles the matrix unit needs at least for this group's schedule (0 when not a dense GEMM schedule)."""
-    if group.strategy not in ("epilogue", "swapped"):
-        return 0.0
-    graph, cfg = mc.graph, mc.config
+def _gemm_shape(mc: ModelContext, group: Group) -> tuple[int, int, int, int] | None:
+    """(m, k, n, batch) of the group's matrix node, None when it has no 2-D-or-more matrix operands."""
+    graph = mc.graph
     head = matrix_head([graph.node(n) for n in group.nodes])
     if head.op not in EPILOGUE_HEADS:
-        return 0.0
+        return None
     a, b = (graph.types[v].shape for v in head.inputs[:2])
     if len(a) < 2 or len(b) < 2:
+        return None
+    return a[-2], a[-1], b[-1], math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
+
+
+def _cycles(mc: ModelContext, instrs: int, rows: int) -> float:
+    return rows + instrs * (2 * mc.config.array_size - 1 + timing.preload_cycles(mc.config))
+
+
+def gemm_bound(mc: ModelContext, group: Group) -> float:
+    """One preload + mm per (GEMM, panel, k-slice); each GEMM streams its rows once per panel and k-slice."""
+    shape = _gemm_shape(mc, group)
+    if shape is None:
         return 0.0
-    n_arr = cfg.array_size
-    m, k, n = a[-2], a[-1], b[-1]
-    batch = math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
-    k_slices = _ceil(k, n_arr)
-    if group.strategy == "swapped":  # n_out rows streamed per k-slice, one A^T preload per k-slice
-        instrs, rows = k_slices, n * k_slices
-    else:  # one preload + mm per (GEMM, panel, k-slice); each GEMM streams its rows once per panel and k-slice
-        gemms = 1 if group.flatten else batch
-        per_gemm = m * batch if group.flatten else m
-        instrs = gemms * _ceil(n, n_arr) * k_slices
-        rows = gemms * per_gemm * _ceil(n, n_arr) * k_slices
-    return rows + instrs * (2 * n_arr - 1 + timing.preload_cycles(cfg))
+    m, k, n, batch = shape
+    n_arr = mc.config.array_size
+    gemms = 1 if group.flatten else batch
+    per_gemm = m * batch if group.flatten else m
+    instrs = gemms * _ceil(n, n_arr) * _ceil(k, n_arr)
+    return _cycles(mc, instrs, gemms * per_gemm * _ceil(n, n_arr) * _ceil(k, n_arr))
+
+
+def swapped_bound(mc: ModelContext, group: Group) -> float:
+    """The swapped orientation: n_out rows streamed per k-slice, one A^T preload per k-slice."""
+    shape = _gemm_shape(mc, group)
+    if shape is None:
+        return 0.0
+    _, k, n, _ = shape
+    k_slices = _ceil(k, mc.config.array_size)
+    return _cycles(mc, k_slices, n * k_slices)

@@ -11,7 +11,6 @@ every sub-run of (b) is a candidate; schedules vary tile rows, batch flattening 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from fusion.engine.attention_match import find_attention
@@ -20,14 +19,13 @@ from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.context import ModelContext
 from fusion.engine.plan import Group
-from fusion.engine.views import is_view
+from fusion.engine.strategies import REGISTRY, strategy_of
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import ALIAS_OPS
 
 ABSORBABLE = frozenset({OpType.Add, OpType.Relu})
 MAX_CHAIN = 4
-PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
 
 
 @dataclass(frozen=True)
@@ -121,56 +119,15 @@ def _layout_chains(graph: Graph, transpose: Node) -> list[Candidate]:
 
 
 def schedules(mc: ModelContext, cand: Candidate) -> list[Group]:
-    """The kernel variants to try for a candidate (the zero-skip twins are added by the planner)."""
-    graph = mc.graph
-    head = graph.node(cand.nodes[0])
-    if cand.family == "single" and head.op in ALIAS_OPS:
-        return [Group(cand.nodes, "alias")]
-    groups: list[Group] = []
-    if cand.family == "single" and is_view(graph, head):  # a constant slab Gather: a view, no kernel
-        groups.append(Group(cand.nodes, "alias"))
-    if cand.family == "single":
-        groups.append(Group(cand.nodes, "unfused"))
-        if head.op in CHAIN_OPS:
-            groups.append(Group(cand.nodes, "chain"))
-        if head.op == OpType.Transpose:
-            groups.append(Group(cand.nodes, "transpose_load"))
-        if head.op == OpType.Conv:
-            groups.append(Group(cand.nodes, "implicit_gemm"))
-    if cand.family in ("chain", "stream", "swapped"):
-        groups.append(Group(cand.nodes, cand.family))
-    if cand.family == "layout_chain":
-        groups.append(Group(cand.nodes, "chain"))
-    if cand.family == "layout_load":
-        groups.append(Group(cand.nodes, "transpose_load"))
-    if cand.family == "conv":
-        groups.append(Group(cand.nodes, "implicit_gemm"))
-    if cand.family == "attention":
-        groups.append(Group(cand.nodes, "attention"))
-    if head.op in EPILOGUE_HEADS and cand.family in ("single", "epilogue"):
-        groups += gemm_schedules(mc, cand.nodes)
-        groups.append(Group(cand.nodes, "swapped"))
-    return groups
-
-
-def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...]) -> list[Group]:
-    """Distinct GEMM schedules: batch flattening, row tiles, weight panels per step, A-stationary order."""
-    graph, n_arr = mc.graph, mc.config.array_size
-    head = graph.node(nodes[0])
-    a, b = (graph.types[v].shape for v in head.inputs[:2])
-    out = graph.types[head.outputs[0]].shape
-    total_panels = -(-out[-1] // n_arr)
-    panels = sorted({p if p < total_panels else 0 for p in PANELS}, key=lambda p: p or total_panels)
-    groups = []
-    for flatten in (False, True) if len(a) > 2 and len(b) == 2 else (False,):
-        rows = math.prod(a[:-1]) if flatten else a[-2]
-        for tile_m in (0, n_arr) if rows > 2 * n_arr else (0,):
-            groups += [Group(nodes, "epilogue", tile_m, flatten, p) for p in panels]
-        groups += [Group(nodes, "epilogue", 0, flatten, p, True) for p in panels]
-    return groups
+    """The kernel variants to try for a candidate: every registered strategy's groups for it (its candidate rule
+    and schedule space, `strategies.REGISTRY`, in registry order); a layout-only node gets its host view alone. The
+    zero-skip twins are added by the planner."""
+    head = mc.graph.node(cand.nodes[0])
+    views = cand.family == "single" and head.op in ALIAS_OPS
+    return [g for s in REGISTRY.values() if s.host_view or not views for g in s.offers(mc, cand)]
 
 
 def zero_skip_twin(group: Group) -> Group | None:
-    if group.strategy != "epilogue":
-        return None
-    return replace(group, strategy="zero_skip")
+    """The zero-skip variant of a group (same schedule), when its strategy has one (`Strategy.sparse_twin`)."""
+    twin = strategy_of(group).sparse_twin
+    return None if twin is None else replace(group, strategy=twin)

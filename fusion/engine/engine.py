@@ -52,6 +52,7 @@ from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.program import LinkedProgram
 from fusion.engine.program_run import EXECUTIONS, ProgramCall, host_launches, run_as_program
+from fusion.engine.strategies import strategy_of
 from fusion.engine.validation import ValidationPolicy, compare
 from fusion.engine.workers import CompilePool, capped, default_workers
 from fusion.errors import ShapeError
@@ -365,11 +366,11 @@ class FusionEngine:
         """A group's kernel through the cache. An unfused kernel the planner already built is taken from its
         evaluator (`build`: the evaluator may build it, on its worker pool: planning only, under the lock)."""
         key = self._key(st, group, sparsity)
-        fused = group.fused or group.strategy not in ("unfused", "alias")
+        fused = group.fused or not strategy_of(group).baseline
         builder = self.builder if fused else build_kernel
 
         def make() -> Kernel:
-            if builder is build_kernel and ev is not None and group.strategy != "zero_skip":
+            if builder is build_kernel and ev is not None and not strategy_of(group).skips_zero_tiles:
                 done = ev.evaluate(group) if build else next(iter(ev.priced([group])), None)
                 if done is not None and not isinstance(done, str):
                     return done.kernel
@@ -580,7 +581,7 @@ class FusionEngine:
         st = c.state
         start = time.perf_counter()
         group, data_class = self._variant(c, choice, env)
-        sparsity = "sparse" if group.strategy == "zero_skip" else "any"
+        sparsity = "sparse" if strategy_of(group).skips_zero_tiles else "any"
         fallback = ""
         signature = self._signature(st, group)
         if signature in self.blocked:
@@ -593,7 +594,7 @@ class FusionEngine:
         seconds = time.perf_counter() - start
         if fallback:
             return self._run_unfused(c, choice.group, env, fallback), seconds
-        fused = group.fused or group.strategy not in ("unfused", "alias")
+        fused = group.fused or not strategy_of(group).baseline
         feats = self._feature_row(st, key, kernel, group)
         predicted = self._predict(feats)
         target = _Target(key, signature, group, group.schedule)

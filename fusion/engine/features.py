@@ -12,6 +12,7 @@ from fusion.cost.interface import KernelFeatures
 from fusion.engine.context import ModelContext
 from fusion.engine.kernel import Kernel
 from fusion.engine.plan import Group
+from fusion.engine.strategies import strategy_of
 from fusion.graph.cost import macs as node_macs
 from fusion.graph.cost import vector_ops
 from isa import INSTRUCTIONS, InstructionSpec
@@ -55,11 +56,13 @@ def loop_order(group: Group, has_matmul: bool) -> str:
     """The GEMM loop order (outer to inner) the schedule runs, so cost models can tell the orders apart: "mn"
     streams A's row tiles under each preloaded weight tile (the default), "nm" keeps A resident (A-stationary:
     loaded once, weight panels streamed), "knm" is the swapped orientation (each k-slice of A^T preloaded once,
-    the weight's columns streamed through it as rows); "" without a matmul."""
+    the weight's columns streamed through it as rows: a strategy's fixed order, `Strategy.loop_order`); "" without
+    a matmul."""
     if not has_matmul:
         return ""
-    if group.strategy == "swapped":
-        return "knm"
+    fixed = strategy_of(group).loop_order
+    if fixed is not None:
+        return fixed
     return "nm" if group.resident_a else "mn"
 
 

@@ -16,32 +16,16 @@ import numpy as np
 
 from assembler.builder import ProgramBuilder
 from assembler.objfile import ObjectFile
-from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
-from fusion.engine.codegen.attention import attention_forms, attention_steps
-from fusion.engine.codegen.chain import chain_steps
-from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
-from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
-from fusion.engine.codegen.gemm import Schedule, pack_panels
-from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
-from fusion.engine.codegen.stream import stream_steps
-from fusion.engine.codegen.swapped import (
-    SWAPPED,
-    matrix_head,
-    pack_swapped,
-    scratch_bytes,
-    swapped_phases,
-    swapped_shape,
-)
-from fusion.engine.codegen.transpose import transpose_steps
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.plan import Group
+from fusion.engine.strategies import phases, strategy_of
 from fusion.engine.views import is_view
 from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower import (
-    LOWERINGS,
     constant_forms,
     declare,
     emit_phases,
@@ -49,7 +33,7 @@ from fusion.lower import (
     plan_dram,
     symbol_names,
 )
-from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
+from fusion.lower.context import CONST_BIAS, LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import LoweringError
 from fusion.quant.params import quantize_bias
@@ -88,26 +72,8 @@ def group_subgraph(graph: Graph, group: Group) -> Graph:
 
 
 def group_phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
-    if group.strategy == "unfused":
-        if len(nodes) != 1:
-            raise CodegenError("an unfused group holds exactly one node")
-        return LOWERINGS[nodes[0].op](cx, nodes[0])
-    if group.strategy in ("epilogue", "zero_skip"):
-        schedule = Schedule(group.tile_m, group.panels, group.strategy == "zero_skip", group.resident_a)
-        return [matrix_group_steps(cx, nodes, schedule, group.flatten, rounding_change)]
-    if group.strategy == "swapped":
-        return swapped_phases(cx, nodes)
-    if group.strategy == "implicit_gemm":
-        return conv_phases(cx, nodes)
-    if group.strategy == "chain":
-        return [layout_chain_steps(cx, nodes) if layout_prefix(nodes) else chain_steps(cx, nodes)]
-    if group.strategy == "stream":
-        return [stream_steps(cx, nodes)]
-    if group.strategy == "attention":
-        return [attention_steps(cx, nodes)]
-    if group.strategy == "transpose_load":
-        return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
-    raise CodegenError(f"strategy {group.strategy!r} has no generator")
+    """The group's fenced phases of pipeline steps, by its strategy's generator (`strategies.phases`)."""
+    return phases(cx, nodes, group, rounding_change)
 
 
 def storage_dtypes(mc: ModelContext, sub: Graph, values: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -119,7 +85,7 @@ def expected_guard(mc: ModelContext, sub: Graph, group: Group, sparsity: str) ->
     return Guard(
         tuple((v, sub.types[v].shape) for v in sub.inputs),
         storage_dtypes(mc, sub, sub.inputs),
-        sparsity if group.strategy == "zero_skip" else "any",
+        sparsity if strategy_of(group).skips_zero_tiles else "any",
         mc.config_hash,
     )
 
@@ -129,7 +95,7 @@ def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kerne
     start = time.perf_counter()
     sub = mc.subgraph(group.nodes)
     guard = expected_guard(mc, sub, group, sparsity)
-    if group.strategy == "alias":
+    if strategy_of(group).host_view:
         node = sub.nodes[0]
         if not is_view(sub, node):
             raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a view")
@@ -193,46 +159,12 @@ def dram_forms(mc: ModelContext, sub: Graph, group: Group) -> tuple[dict[str, np
     (key -> bytes): what a program holding the group needs in its DRAM image."""
     forms = constant_forms(sub, mc.qplan)
     forms.update(_absorbed_biases(mc, sub))
-    scratch: dict[str, int] = {}
-    if group.strategy == "swapped":
-        head = matrix_head(sub.nodes)
-        forms.update(_swapped_weight(mc, sub, forms))
-        scratch[temp_key(head, 0)] = scratch_bytes(sub, mc.config, head, mc.int8)
-    elif group.strategy == "implicit_gemm":
-        conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
-        forms[const_key(conv.inputs[1], TAPS)] = pack_taps(forms[const_key(conv.inputs[1], _weight_form(mc))])
-        scratch[temp_key(conv, 2)] = conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))
-    elif group.strategy in ("epilogue", "zero_skip"):
-        forms.update(_packed_weights(mc, sub, forms))
-    elif group.strategy == "attention":
-        forms.update(attention_forms(sub))
+    extra = strategy_of(group).dram_forms
+    if extra is None:
+        return forms, {}
+    more, scratch = extra(mc, sub, forms)
+    forms.update(more)
     return forms, scratch
-
-
-def _packed_weights(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A fused GEMM's constant weight, also packed panel-major (as the device reads it: int8 or float32)."""
-    head = sub.nodes[0]
-    w = packable_weight(sub, head) if head.op in EPILOGUE_HEADS else None
-    if w is None:
-        return {}
-    data = forms[const_key(w, CONST_I8 if mc.int8 else CONST_F32)]
-    return {const_key(w, PACKED): pack_panels(np.asarray(data), mc.config.array_size)}
-
-
-def _weight_form(mc: ModelContext) -> str:
-    """How a matrix node's constant weight is stored for the device: int8 (quantized) or float32."""
-    return CONST_I8 if mc.int8 else CONST_F32
-
-
-def _swapped_weight(mc: ModelContext, sub: Graph, forms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A swapped GEMM's constant weight as the rows the array streams (see `codegen.swapped`)."""
-    head = matrix_head(sub.nodes)
-    w = packable_weight(sub, head)
-    if w is None:
-        raise CodegenError(f"node {head.name!r}: the swapped orientation needs a constant 2-D weight")
-    chunk = swapped_shape(sub, mc.config, head, mc.int8).chunk
-    data = np.asarray(forms[const_key(w, CONST_I8 if mc.int8 else CONST_F32)])
-    return {const_key(w, SWAPPED): pack_swapped(data, chunk, mc.config.array_size)}
 
 
 def _absorbed_biases(mc: ModelContext, sub: Graph) -> dict[str, np.ndarray]:

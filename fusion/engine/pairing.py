@@ -24,6 +24,7 @@ from fusion.engine.execute import timing_cycles
 from fusion.engine.pipelined import build_pipelined
 from fusion.engine.plan import GroupChoice, PipelinedPair, Plan
 from fusion.engine.planner import Evaluator
+from fusion.engine.strategies import strategy_of
 from fusion.lower.errors import LoweringError
 from simulator.config import MachineConfig
 from simulator.errors import SimulatorTrap
@@ -69,7 +70,7 @@ def best_pairs(found: dict[int, PipelinedPair], n: int) -> tuple[PipelinedPair, 
 def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | str | None:
     """The pair when it beats its two kernels; "slower" when it was simulated and does not; None when it was
     not simulated (not complementary, or refused)."""
-    if "alias" in (a.group.strategy, b.group.strategy) or b.zero_skip is not None:
+    if strategy_of(a.group).host_view or strategy_of(b.group).host_view or b.zero_skip is not None:
         return None  # a consumer's dispatch table reads the producer's output: unknown before the pair runs
     ea, eb = ev.evaluate(a.group), ev.evaluate(b.group)
     if isinstance(ea, str) or isinstance(eb, str):

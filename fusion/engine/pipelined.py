@@ -28,6 +28,7 @@ from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import Kernel, dram_forms, expected_guard, group_phases, identifier, link_program
 from fusion.engine.plan import Group
+from fusion.engine.strategies import REGISTRY, strategy_of
 from fusion.lower import emit_phases, plan_dram
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, run_pipeline
@@ -37,7 +38,7 @@ from isa.enums import Unit
 from isa.memory_map import LOCAL_ACC_BASE
 from simulator.config import MachineConfig
 
-NOT_PIPELINED = frozenset({"alias", "zero_skip"})  # host views; zero-skip tests read memory at issue time
+NOT_PIPELINED = frozenset(name for name, s in REGISTRY.items() if not s.pipelinable)  # `Strategy.pipelinable`
 SPARE = DEPTH + 1  # the scratchpad banks no slot uses (`TileArena.spare`): a GEMM's A read by all of its steps
 ALL_SLOTS = frozenset(range(SPARE + 1))  # index DEPTH: other local bytes outside the slots, shared with everything
 
@@ -48,7 +49,7 @@ def build_pipelined(mc: ModelContext, producer: Group, consumer: Group, order_dr
     that does not end with a store, a consumer step that does not start with loads)."""
     start = time.perf_counter()
     for g in (producer, consumer):
-        if g.strategy in NOT_PIPELINED:
+        if not strategy_of(g).pipelinable:
             raise CodegenError(f"a {g.strategy} group is not pipelined")
     sub_p, sub_c = mc.subgraph(producer.nodes), mc.subgraph(consumer.nodes)
     flows = set(sub_p.outputs) & set(sub_c.inputs)

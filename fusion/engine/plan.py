@@ -7,19 +7,6 @@ from dataclasses import dataclass, field
 from fusion.graph.ir import Node
 from fusion.lower.compiler import ALIAS_OPS
 
-STRATEGIES = (
-    "alias",
-    "unfused",
-    "epilogue",
-    "zero_skip",
-    "swapped",
-    "implicit_gemm",
-    "chain",
-    "transpose_load",
-    "stream",
-    "attention",
-)
-
 
 @dataclass(frozen=True)
 class Group:
@@ -34,8 +21,10 @@ class Group:
     resident_a: bool = False  # A-stationary loop order (A loaded once, weight panels streamed)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r} (known: {', '.join(STRATEGIES)})")
+        # imported here: the registry's schedule rules build Groups (a module-level import would be circular)
+        from fusion.engine.strategies import strategy_of
+
+        strategy_of(self.strategy)  # a ValueError naming the known ones (e.g. a corrupt cache entry)
 
     @property
     def schedule(self) -> str:

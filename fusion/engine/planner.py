@@ -19,7 +19,6 @@ from typing import TypeVar
 import numpy as np
 
 from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
-from fusion.engine.bounds import matrix_bound
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
@@ -29,21 +28,14 @@ from fusion.engine.kernel import Kernel, storage_dtypes
 from fusion.engine.legality import generator_accepts, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Measurement, Plan, baseline_group
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
+from fusion.engine.strategies import REGISTRY, matrix_bound, strategy_of
 from fusion.engine.workers import CompilePool, build_and_count
 
 POLICIES = ("none", "static", "dynamic", "oracle")
 ORACLE_MAX_PLANS = 512
 # static: the kernel families that may run a TVM group's nodes, preferred in this order (a fixed rule, no cost model)
 STATIC_FAMILIES = ("epilogue", "conv", "chain", "layout_chain", "stream", "swapped", "layout_load")
-STATIC_STRATEGY = {
-    "epilogue": "epilogue",
-    "conv": "implicit_gemm",
-    "chain": "chain",
-    "layout_chain": "chain",
-    "stream": "stream",
-    "swapped": "swapped",
-    "layout_load": "transpose_load",
-}
+STATIC_STRATEGY = {family: s.name for s in REGISTRY.values() for family in s.families}  # its default schedule
 NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 # The dynamic planner minimises predicted cycles + DRAM_WEIGHT x the DRAM channel time of the kernel's traffic.
 # A kernel's cycles see the channel only while it runs, but its bytes also cost energy (325 pJ each: ~70 fp32 MACs)
@@ -69,6 +61,12 @@ class Evaluated:
     energy_pj: float
     score: float  # what the dynamic planner minimises: cycles plus priced DRAM channel time (see Evaluator)
     sd: float = 0.0  # the cost model's standard deviation of `cycles` (its spread x cycles)
+
+
+def _skips(group: Group) -> bool:
+    """A zero-skip kernel: its timing depends on the data, so it is priced at the live zero-tile fraction and
+    never simulated on zero inputs to settle a choice (`Strategy.skips_zero_tiles`)."""
+    return strategy_of(group).skips_zero_tiles
 
 
 def expected_regret(chosen: float, chosen_sd: float, other: float, other_sd: float) -> float:
@@ -126,7 +124,7 @@ class Evaluator:
         """Build and price a group; a zero-skip kernel is priced at `zero_fraction` (default: the live one) and
         built for the sparse data class (the only class its guard admits)."""
         fraction = self.zero_fraction(group) if zero_fraction is None else zero_fraction
-        skip = group.strategy == "zero_skip"
+        skip = _skips(group)
         key = (group, fraction if skip else 0.0)
         with self._lock:
             self.evaluations[group.nodes] += 1
@@ -227,13 +225,11 @@ class Evaluator:
         the favourite (timing does not depend on the values, so zero-skip kernels are left out), and the lowest
         measured score wins."""
         best = done[0]
-        if best.group.strategy == "zero_skip":
+        if _skips(best.group):
             return best
         floor = REGRET_FLOOR * best.score
         risky = [
-            e
-            for e in done[1:]
-            if e.group.strategy != "zero_skip" and expected_regret(best.score, best.sd, e.score, e.sd) >= floor
+            e for e in done[1:] if not _skips(e.group) and expected_regret(best.score, best.sd, e.score, e.sd) >= floor
         ]
         return min([best, *risky], key=self.measured_score) if risky else best
 
@@ -295,11 +291,11 @@ def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Gro
     (else the one with the lowest matrix bound), whatever the planned schedule is (an unfused GEMM too): no
     kernel is built for it until a call's data is sparse, and the table prices it at that call's zero-tile
     fraction. A group planned zero-skip keeps its nodes' cheapest dense schedule for calls whose data is dense."""
-    dense = [g for g in _narrowed(ev, cand) if g.strategy != "zero_skip"]
-    if best.strategy == "zero_skip":
+    dense = [g for g in _narrowed(ev, cand) if not _skips(g)]
+    if _skips(best):
         ranked, _ = ev.ranked(dense)
         return best, ranked[0].group if ranked else None
-    gemm = [g for g in dense if g.strategy == "epilogue"]
+    gemm = [g for g in dense if strategy_of(g).sparse_twin is not None]
     priced = ev.priced(gemm)
     if priced:
         return zero_skip_twin(min(priced, key=lambda e: e.score).group), None
@@ -384,10 +380,10 @@ def _narrowed(ev: Evaluator, cand: Candidate) -> list[Group]:
     if cand.family != "epilogue":
         return groups
     head = Candidate(cand.nodes[:1], "single")
-    alone = ev.with_twins([g for g in schedules(ev.mc, head) if g.strategy == "epilogue"])
+    alone = ev.with_twins([g for g in schedules(ev.mc, head) if strategy_of(g).tiled])
     ranked, _ = ev.ranked(alone, NARROW)  # on sparse data the zero-skip twins rank the schedules
     keep = {(e.group.tile_m, e.group.flatten, e.group.panels, e.group.resident_a) for e in ranked[:NARROW]}
-    kept = [g for g in groups if g.strategy != "epilogue" or (g.tile_m, g.flatten, g.panels, g.resident_a) in keep]
+    kept = [g for g in groups if not strategy_of(g).tiled or (g.tile_m, g.flatten, g.panels, g.resident_a) in keep]
     return kept or groups
 
 
@@ -463,7 +459,7 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
         regret = expected_regret(fused.score, fused.sd, base, base_sd)
     else:
         regret = expected_regret(base, base_sd, fused.score, fused.sd)
-    if regret < REGRET_FLOOR * base or any(e.group.strategy == "zero_skip" for e in (fused, *parts)):
+    if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
         return gain
     return sum(map(ev.measured_score, parts)) - ev.measured_score(fused)
 
@@ -488,7 +484,7 @@ def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> l
     settled = []
     for i, s in enumerate(finite):
         parts = [alone[n][0] for n in s[4].nodes]
-        measurable = i in uncertain and all(e.group.strategy != "zero_skip" for e in (s[2], *parts))
+        measurable = i in uncertain and not any(_skips(e.group) for e in (s[2], *parts))
         gain = sum(map(ev.measured_score, parts)) - ev.measured_score(s[2]) if measurable else s[0]
         settled.append((gain, *s[1:]))
     return settled + [s for s in scored if s[1] == float("inf")]
@@ -540,7 +536,7 @@ def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
 
 def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoice]]) -> list[GroupChoice]:
     """Dynamic's choices for one region, or a rival's when it measures fewer cycles (see `guard_plan`)."""
-    if not others or any(c.group.strategy == "zero_skip" for c in mine):
+    if not others or any(_skips(c.group) for c in mine):
         return mine
 
     def priced(cs: list[GroupChoice]) -> list[Evaluated]:

@@ -25,11 +25,13 @@ import numpy as np
 
 from fusion.cost.analytic import UnitTimes, energy_pj, unit_times
 from fusion.cost.interface import KernelFeatures
+from fusion.engine.strategies import REGISTRY
 from simulator.config import MachineConfig
 
 SCHEMA_VERSION = 5
 # Fixed lists, not the engine's: an op type or strategy added to the engine later counts under "other" instead of
-# changing the schema (and making every trained model stale). Schema 5 froze them.
+# changing the schema (and making every trained model stale). Schema 5 froze them. A strategy counts under the slot
+# its record names (`Strategy.hpm_feature`: a new one says "other" until the schema adds it and the HPM is retrained).
 STRATEGIES = ("unfused", "epilogue", "zero_skip", "swapped", "implicit_gemm", "chain", "transpose_load", "stream")
 LOOP_ORDERS = ("", "mn", "nm", *("".join(p) for p in permutations("mnk")))
 OPS = (
@@ -241,7 +243,8 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     }
     values = [float(numeric[k]) for k in NUMERIC]
     values += [float(f.ops.count(op)) for op in OPS] + [float(sum(op not in OPS for op in f.ops))]
-    values += [float(f.strategy == s) for s in STRATEGIES] + [float(f.strategy not in STRATEGIES)]
+    slot = REGISTRY[f.strategy].hpm_feature if f.strategy in REGISTRY else "other"
+    values += [float(slot == s) for s in STRATEGIES] + [float(slot not in STRATEGIES)]
     values += [float(f.loop_order == o) for o in LOOP_ORDERS]
     return np.array(values, dtype=np.float64)
 

@@ -26,6 +26,7 @@ from fusion.engine.kernel import Kernel, try_build
 from fusion.engine.legality import structurally_legal
 from fusion.engine.plan import Group
 from fusion.engine.profile import profile_tensor
+from fusion.engine.strategies import strategy_of
 from fusion.graph.cost import group_cost
 from fusion.graph.ir import Graph
 from fusion.hpm.dataset import DATASET_NAME, LOG_NAME, MEASURED_PREFIX, SampleLog, feature_row, rows_of, write_dataset
@@ -95,7 +96,7 @@ def candidate_groups(mc: ModelContext, rng: np.random.Generator) -> list[tuple[s
     for cand in enumerate_candidates(mc.graph):
         if not structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family):
             continue
-        groups = [g for g in schedules(mc, cand) if g.strategy != "alias"]
+        groups = [g for g in schedules(mc, cand) if not strategy_of(g).host_view]
         groups += [twin for twin in map(zero_skip_twin, groups) if twin is not None]
         if len(groups) > MAX_SCHEDULES:
             picked = rng.choice(np.arange(1, len(groups)), size=MAX_SCHEDULES - 1, replace=False)

@@ -125,9 +125,9 @@ def test_bound_pruning_finds_the_same_best_schedule_as_building_every_one() -> N
     """Branch and bound over GEMM schedules: the matrix-unit bound never exceeds the analytic prediction, so the
     pruned search picks the schedule an exhaustive search picks, while building fewer kernels."""
     from fusion.cost import AnalyticCostModel
-    from fusion.engine.bounds import matrix_bound
     from fusion.engine.candidates import Candidate, schedules
     from fusion.engine.planner import Evaluator
+    from fusion.engine.strategies import matrix_bound
 
     graph, inputs = model("encoder_post_d64")
     mc = context(graph, inputs, "int8")

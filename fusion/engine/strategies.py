@@ -1,0 +1,348 @@
+"""Kernel strategies as registered records: all the engine knows about one way of running a group of nodes.
+
+A strategy's name is what plans, kernel metadata, cache keys and the HPM's features store (that string is the
+stable format). Everything else is a field of its `Strategy` record, registered once below: which groups it
+offers a candidate (its candidate rule and schedule space), the generator, the extra DRAM forms the generator
+reads, whether it may join a pipelined pair, how the planner bounds and the analytic model prices it, and which
+slot of the HPM's feature schema it counts under. The planner, kernel builder, features, cost models and the
+HPM calibration ask the record (`strategy_of`); none compares names. Adding a strategy = its generator module +
+one entry in `REGISTRY`; a record missing a required field fails at import, an inconsistent one in `_check`
+(also at import), and `tests/fusion/engine/test_strategies.py` walks the registry (every record builds and prices
+on a model it applies to, its HPM slot exists). See docs/fusion.md, "Adding a strategy".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fusion.engine.bounds import gemm_bound, swapped_bound
+from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
+from fusion.engine.codegen.attention import attention_forms, attention_steps
+from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
+from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
+from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
+from fusion.engine.codegen.gemm import Schedule, pack_panels
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
+from fusion.engine.codegen.stream import stream_steps
+from fusion.engine.codegen.swapped import (
+    SWAPPED,
+    matrix_head,
+    pack_swapped,
+    scratch_bytes,
+    swapped_phases,
+    swapped_shape,
+)
+from fusion.engine.codegen.transpose import transpose_steps
+from fusion.engine.context import ModelContext
+from fusion.engine.errors import CodegenError
+from fusion.engine.plan import Group
+from fusion.engine.views import is_view
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower import LOWERINGS
+from fusion.lower.compiler import ALIAS_OPS
+from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
+from fusion.lower.emitter import Step
+
+if TYPE_CHECKING:
+    from fusion.engine.candidates import Candidate
+
+Phases = Callable[[LowerContext, Sequence[Node], Group, bool], list[list[Step]]]
+Forms = Callable[[ModelContext, Graph, Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, int]]]
+PANELS = (1, 2, 4, 0)  # weight panels per GEMM step (0: as many as fit)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One kernel strategy. The first four fields have no default: a record without them does not construct."""
+
+    name: str  # as stored in plans, kernel metadata, cache keys and KernelFeatures.strategy
+    # the generator: (context, the group's nodes, the group, int8 rounding change allowed) -> fenced phases of
+    # pipeline steps; None for a host view (no program: the engine reshapes on the host)
+    phases: Phases | None
+    hpm_feature: str  # the HPM schema's one-hot slot (`fusion.hpm.schema.STRATEGIES`, or "other" until retrained)
+    # candidate rule: the candidate families (`candidates.Candidate.family`) it is the kernel of, and which single
+    # nodes it runs alone; each gets one group in the default schedule. The static policy runs a TVM group of a
+    # family with that family's strategy
+    families: tuple[str, ...] = ()
+    single: Callable[[Node], bool] | None = None
+    # a schedule space replacing that rule: (record, model, candidate) -> the groups to try, in the order the
+    # planner breaks ties in
+    schedules: Callable[[Strategy, ModelContext, Candidate], list[Group]] | None = None
+    pipelinable: bool = True  # may be one side of a pipelined pair or a token-ordered program boundary
+    baseline: bool = False  # the unfused baseline's own kernel (or view): one node of it is not a fusion
+    # tests tiles at issue (`bz.tile`) and skips the all-zero ones: its timing depends on the data, so it is priced
+    # at the live zero-tile fraction, its guard holds the data class, it is never simulated on zero inputs to
+    # settle a choice, never pipelined
+    skips_zero_tiles: bool = False
+    sparse_twin: str | None = None  # the strategy of its zero-skip variant (the dispatch table's sparse kernel)
+    tiled: bool = False  # schedules vary the Group's tile rows, flattening, weight panels and loop order
+    loop_order: str | None = None  # the GEMM loop order it always runs (None: "mn", or "nm" when A-stationary)
+    # a lower bound on its matrix-unit cycles from shapes (branch and bound); None: 0, always built
+    matrix_bound: Callable[[ModelContext, Group], float] | None = None
+    dram_forms: Forms | None = None  # extra constant forms and DRAM scratch buffers its generator reads
+    spread: float | None = None  # the analytic model's stated relative error (None: the largest stated)
+
+    @property
+    def host_view(self) -> bool:
+        return self.phases is None
+
+    def offers(self, mc: ModelContext, cand: Candidate) -> list[Group]:
+        """The groups of this strategy to try for a candidate."""
+        if self.schedules is not None:
+            return self.schedules(self, mc, cand)
+        head = mc.graph.node(cand.nodes[0])
+        single = cand.family == "single" and self.single is not None and self.single(head)
+        return [Group(cand.nodes, self.name)] if single or cand.family in self.families else []
+
+
+# --- generators (each the strategy's codegen entry point, called with the group) ---------------------------
+
+
+def _unfused(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    if len(nodes) != 1:
+        raise CodegenError("an unfused group holds exactly one node")
+    return LOWERINGS[nodes[0].op](cx, nodes[0])
+
+
+def _gemm(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    schedule = Schedule(group.tile_m, group.panels, strategy_of(group).skips_zero_tiles, group.resident_a)
+    return [matrix_group_steps(cx, nodes, schedule, group.flatten, rounding_change)]
+
+
+def _swapped(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return swapped_phases(cx, nodes)
+
+
+def _conv(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return conv_phases(cx, nodes)
+
+
+def _chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [layout_chain_steps(cx, nodes) if layout_prefix(nodes) else chain_steps(cx, nodes)]
+
+
+def _stream(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [stream_steps(cx, nodes)]
+
+
+def _attention(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [attention_steps(cx, nodes)]
+
+
+def _transpose(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
+
+
+# --- DRAM forms ---------------------------------------------------------------------------------------------
+
+
+def _weight_form(mc: ModelContext) -> str:
+    """How a matrix node's constant weight is stored for the device: int8 (quantized) or float32."""
+    return CONST_I8 if mc.int8 else CONST_F32
+
+
+def _packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """A fused GEMM's constant weight, also packed panel-major (as the device reads it: int8 or float32)."""
+    head = sub.nodes[0]
+    w = packable_weight(sub, head) if head.op in EPILOGUE_HEADS else None
+    if w is None:
+        return {}, {}
+    data = forms[const_key(w, _weight_form(mc))]
+    return {const_key(w, PACKED): pack_panels(np.asarray(data), mc.config.array_size)}, {}
+
+
+def _swapped_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """A swapped GEMM's constant weight as the rows the array streams (see `codegen.swapped`), and C^T's
+    scratch buffer."""
+    head = matrix_head(sub.nodes)
+    w = packable_weight(sub, head)
+    if w is None:
+        raise CodegenError(f"node {head.name!r}: the swapped orientation needs a constant 2-D weight")
+    chunk = swapped_shape(sub, mc.config, head, mc.int8).chunk
+    data = np.asarray(forms[const_key(w, _weight_form(mc))])
+    packed = {const_key(w, SWAPPED): pack_swapped(data, chunk, mc.config.array_size)}
+    return packed, {temp_key(head, 0): scratch_bytes(sub, mc.config, head, mc.int8)}
+
+
+def _conv_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The Conv weight as per-tap tiles, and the scratch buffer of the output before its layout change."""
+    conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
+    taps = {const_key(conv.inputs[1], TAPS): pack_taps(forms[const_key(conv.inputs[1], _weight_form(mc))])}
+    return taps, {temp_key(conv, 2): conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))}
+
+
+def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The positions a generated mask is computed from (`codegen.attention`)."""
+    return attention_forms(sub), {}
+
+
+# --- candidate rules and schedule spaces -------------------------------------------------------------------
+
+
+def _head(mc: ModelContext, cand: Candidate) -> Node:
+    return mc.graph.node(cand.nodes[0])
+
+
+def _views(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """A layout-only node (`ALIAS_OPS`), or a constant slab Gather: a view on the host, no kernel."""
+    head = _head(mc, cand)
+    single = cand.family == "single"
+    return [Group(cand.nodes, s.name)] if single and (head.op in ALIAS_OPS or is_view(mc.graph, head)) else []
+
+
+def _matrix(mc: ModelContext, cand: Candidate) -> bool:
+    """A matrix node alone or with the consumers its drain absorbs."""
+    return _head(mc, cand).op in EPILOGUE_HEADS and cand.family in ("single", "epilogue")
+
+
+def _gemm_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """Every distinct GEMM schedule of a matrix node (and the consumers its drain absorbs)."""
+    return gemm_schedules(mc, cand.nodes, s.name) if _matrix(mc, cand) else []
+
+
+def _swapped_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """Its own family (a GEMM with an absorbed Transpose or chain epilogue), or any matrix node's group."""
+    return [Group(cand.nodes, s.name)] if cand.family in s.families or _matrix(mc, cand) else []
+
+
+def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "epilogue") -> list[Group]:
+    """Distinct GEMM schedules: batch flattening, row tiles, weight panels per step, A-stationary order."""
+    graph, n_arr = mc.graph, mc.config.array_size
+    head = graph.node(nodes[0])
+    a, b = (graph.types[v].shape for v in head.inputs[:2])
+    out = graph.types[head.outputs[0]].shape
+    total_panels = -(-out[-1] // n_arr)
+    panels = sorted({p if p < total_panels else 0 for p in PANELS}, key=lambda p: p or total_panels)
+    groups = []
+    for flatten in (False, True) if len(a) > 2 and len(b) == 2 else (False,):
+        rows = math.prod(a[:-1]) if flatten else a[-2]
+        for tile_m in (0, n_arr) if rows > 2 * n_arr else (0,):
+            groups += [Group(nodes, strategy, tile_m, flatten, p) for p in panels]
+        groups += [Group(nodes, strategy, 0, flatten, p, True) for p in panels]
+    return groups
+
+
+# --- the registry ------------------------------------------------------------------------------------------
+
+# In the order `candidates.schedules` offers their groups (ties in the planner keep the first). The spreads are
+# the analytic model's root-mean-square relative error per strategy over every kernel of the none/static/dynamic
+# plans of the bundled models, hand-built transformer blocks and the zoo, both dtypes (`bench/bench_cost.py` ->
+# bench/results/cost.md, 2116 kernels; rounded up); one measured on fewer than 20 kernels states none.
+REGISTRY: Mapping[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("alias", None, "other", schedules=_views, pipelinable=False, baseline=True),
+        Strategy("unfused", _unfused, "unfused", single=lambda n: True, baseline=True, spread=0.20),
+        Strategy("chain", _chain, "chain", ("chain", "layout_chain"), single=lambda n: n.op in CHAIN_OPS, spread=0.23),
+        Strategy(
+            "transpose_load",
+            _transpose,
+            "transpose_load",
+            ("layout_load",),
+            single=lambda n: n.op == OpType.Transpose,
+            spread=0.08,
+        ),
+        Strategy(
+            "implicit_gemm",
+            _conv,
+            "implicit_gemm",
+            ("conv",),
+            single=lambda n: n.op == OpType.Conv,
+            dram_forms=_conv_forms,
+        ),
+        Strategy("stream", _stream, "stream", ("stream",)),
+        Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms),
+        Strategy(
+            "epilogue",
+            _gemm,
+            "epilogue",
+            ("epilogue",),
+            schedules=_gemm_space,
+            sparse_twin="zero_skip",
+            tiled=True,
+            matrix_bound=gemm_bound,
+            dram_forms=_packed_forms,
+            spread=0.19,
+        ),
+        # offered by no candidate: the epilogue's variant for sparse data (the planner adds it as a twin)
+        Strategy(
+            "zero_skip",
+            _gemm,
+            "zero_skip",
+            pipelinable=False,
+            skips_zero_tiles=True,
+            tiled=True,
+            dram_forms=_packed_forms,
+        ),
+        Strategy(
+            "swapped",
+            _swapped,
+            "swapped",
+            ("swapped",),
+            schedules=_swapped_space,
+            loop_order="knm",
+            matrix_bound=swapped_bound,
+            dram_forms=_swapped_forms,
+            spread=0.05,
+        ),
+    )
+}
+
+
+def _check(registry: Mapping[str, Strategy]) -> None:
+    """Refuse an inconsistent registry at import (a forgotten piece of a new strategy)."""
+    for name, s in registry.items():
+        problems = []
+        if s.host_view and s.pipelinable:
+            problems.append("a host view (no generator) cannot be pipelined")
+        if s.skips_zero_tiles and s.pipelinable:
+            problems.append("a kernel testing tiles at issue cannot be pipelined")
+        if s.sparse_twin is not None and not (
+            s.sparse_twin in registry and registry[s.sparse_twin].skips_zero_tiles and s.tiled
+        ):
+            problems.append(f"its sparse twin {s.sparse_twin!r} is not a registered zero-skip strategy")
+        if s.host_view and s.dram_forms is not None:
+            problems.append("a host view (no generator) reads no DRAM forms")
+        offered = s.families or s.single is not None or s.schedules is not None
+        if not offered and not any(t.sparse_twin == name for t in registry.values()):
+            problems.append("no candidate offers it (no families, single-node rule or schedule space)")
+        claimed = [t.name for t in registry.values() if t is not s and set(t.families) & set(s.families)]
+        if claimed:
+            problems.append(f"shares a candidate family with {', '.join(claimed)}")
+        if s.spread is not None and not 0 < s.spread < 1:
+            problems.append(f"spread {s.spread} is not a relative error in (0, 1)")
+        if problems:
+            raise ValueError(f"strategy {name!r}: " + "; ".join(problems))
+
+
+_check(REGISTRY)
+NAMES = tuple(REGISTRY)
+
+
+def strategy_of(group: Group | str) -> Strategy:
+    """The record of a group's strategy (or of a strategy name)."""
+    name = group if isinstance(group, str) else group.strategy
+    record = REGISTRY.get(name)
+    if record is None:
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(REGISTRY)})")
+    return record
+
+
+def matrix_bound(mc: ModelContext, group: Group) -> float:
+    """Cycles the matrix unit needs at least for this group's schedule (0 when its strategy states no bound)."""
+    bound = strategy_of(group).matrix_bound
+    return 0.0 if bound is None else bound(mc, group)
+
+
+def phases(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    """The group's program as fenced phases of pipeline steps, by its strategy's generator."""
+    generate = strategy_of(group).phases
+    if generate is None:
+        raise CodegenError(f"strategy {group.strategy!r} has no generator (a view on the host)")
+    return generate(cx, nodes, group, rounding_change)
