@@ -41,7 +41,7 @@ ZOO = ("bert", "gpt2", "llama", "vit")
 SHAPES = {
     "S=64 H=4 D=32 causal": AttentionShape(seq=64, heads=4, head_dim=32, causal=True),
     "S=128 H=2 D=64 causal": AttentionShape(seq=128, heads=2, head_dim=64, causal=True),
-    "S=256 H=1 D=64 GQA-free, padded": AttentionShape(seq=256, heads=1, head_dim=64, key_len=200),
+    "S=256 H=1 D=64 padded": AttentionShape(seq=256, heads=1, head_dim=64, key_len=200),
     "S=8 x 5000 keys (online, fp32)": AttentionShape(seq=8, keys=5000, heads=1, head_dim=16),
 }
 

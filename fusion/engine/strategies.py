@@ -257,7 +257,9 @@ REGISTRY: Mapping[str, Strategy] = {
             dram_forms=_conv_forms,
         ),
         Strategy("stream", _stream, "stream", ("stream",)),
-        Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms),
+        # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
+        # them: their steps run their segments in series, which the stage-overlap composition does not see)
+        Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.64),
         Strategy(
             "epilogue",
             _gemm,
