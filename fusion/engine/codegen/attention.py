@@ -467,6 +467,11 @@ def _work() -> dict[str, list]:
     return {"loads": [], "scales": [], "quants": [], "copies": []}
 
 
+def _block_loads(work: dict[str, list]) -> list:
+    """A key block's loads inside a step, then the vector unit's work on them (if any)."""
+    return [(Unit.load, _run(work["loads"]))] + ([(Unit.vector, _prepare(work))] if _busy(work) else [])
+
+
 def _busy(work: dict[str, list]) -> bool:
     """Whether the vector unit has work on the loaded tiles (scale, quantize, split)."""
     return bool(work["scales"] or work["quants"] or work["copies"])
@@ -645,17 +650,11 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     if _busy(head):
         compute.append((Unit.vector, _prepare(head)))
     for b in range(len(kblocks)):
-        if streamed:
-            compute.append((Unit.load, _run(k_work[b]["loads"])))
-            if _busy(k_work[b]):
-                compute.append((Unit.vector, _prepare(k_work[b])))
+        compute += _block_loads(k_work[b]) if streamed else []
         compute.append((Unit.matrix, scores(b)))
     compute.append((Unit.vector, softmax))
     for b in range(len(kblocks)):
-        if streamed:
-            compute.append((Unit.load, _run(v_work[b]["loads"])))
-            if _busy(v_work[b]):
-                compute.append((Unit.vector, _prepare(v_work[b])))
+        compute += _block_loads(v_work[b]) if streamed else []
         compute.append((Unit.matrix, context(b)))
     out = p.out.view(h).slice(0, i0, m)
     return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
@@ -786,13 +785,8 @@ def _online_step(
 
     compute: list = [(Unit.scalar, _run([])), (Unit.load, _run(io.head["loads"])), (Unit.vector, start)]
     for b in range(len(kblocks)):
-        compute.append((Unit.load, _run(io.k_work[b]["loads"])))
-        if _busy(io.k_work[b]):
-            compute.append((Unit.vector, _prepare(io.k_work[b])))
-        compute += [(Unit.matrix, scores(b)), (Unit.vector, update(b)), (Unit.load, _run(io.v_work[b]["loads"]))]
-        if _busy(io.v_work[b]):
-            compute.append((Unit.vector, _prepare(io.v_work[b])))
-        compute += [(Unit.matrix, product(b)), (Unit.vector, rescale)]
+        compute += [*_block_loads(io.k_work[b]), (Unit.matrix, scores(b)), (Unit.vector, update(b))]
+        compute += [*_block_loads(io.v_work[b]), (Unit.matrix, product(b)), (Unit.vector, rescale)]
     compute.append((Unit.vector, finish))
     out = p.out.view(h).slice(0, i0, m)
     return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
