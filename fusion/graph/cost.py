@@ -4,7 +4,9 @@
 (`group_cost` does the same for a fused group of nodes, counting only the traffic crossing the group boundary):
     cycles = ceil(max(MACs / N^2 + vector_ops / L, bytes / dram_bytes_per_cycle))
 with N the array size and L the vector lanes of the machine. It is a lower bound (Williams et al. roofline):
-no simulated kernel may beat it. Reshape and Identity are views and cost nothing.
+no simulated kernel may beat it. Reshape and Identity are views and cost nothing. An op's vector work is what its
+vector recipe emits (`fusion.lower.kernels.recipes.vector_elements`), the one recipe its unfused and chain kernels
+run, so the count follows the kernels instead of a second table.
 """
 
 from __future__ import annotations
@@ -17,38 +19,13 @@ import numpy as np
 
 from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import DataType, Graph, Node
-from fusion.graph.ops import BINARY_BROADCAST, OpType
+from fusion.graph.ops import OpType
+from fusion.lower.kernels.recipes import vector_elements
 from simulator.config import MachineConfig
 
-# vector-unit element operations per output element (one vector instruction each, see isa/table.py)
-VECTOR_OPS_PER_ELEMENT: dict[OpType, int] = {
-    OpType.Relu: 1,
-    OpType.Sigmoid: 1,
-    OpType.Tanh: 1,
-    OpType.Erf: 1,
-    OpType.Exp: 1,
-    OpType.Sqrt: 1,
-    OpType.Neg: 1,
-    OpType.Abs: 1,
-    OpType.Reciprocal: 1,
-    OpType.Sin: 1,
-    OpType.Cos: 1,
-    OpType.Not: 1,
-    OpType.Cast: 1,
-    OpType.Clip: 2,  # max, min
-    OpType.HardSigmoid: 3,  # alpha * x + beta, max, min
-    OpType.HardSwish: 4,  # x / 6 + 0.5, max, min, * x
-    OpType.Where: 1,
-    OpType.Trilu: 1,  # a select against the triangle mask
-    OpType.Gelu: 4,  # x * 1/sqrt(2), erf, + 1, * 0.5x
-    **{op: 1 for op in BINARY_BROADCAST},
-    OpType.BatchNorm: 2,  # a * x + b
-    OpType.Softmax: 5,  # row max, subtract, exp, row sum, divide
-    OpType.LayerNorm: 7,  # row sum, subtract, square, row sum, rsqrt, scale, shift
-    OpType.ReduceMean: 1,  # per input element
-    OpType.ReduceSum: 1,
-    OpType.ReduceMax: 1,
-}
+# vector-unit element operations per output element of the ops no vector recipe runs (every other op's count is
+# its recipe's, `fusion.lower.kernels.recipes.vector_elements`: counted from what the recipe emits)
+VECTOR_OPS_PER_ELEMENT: dict[OpType, int] = {OpType.Sin: 1, OpType.Cos: 1, OpType.Not: 1}
 REDUCTIONS = frozenset({OpType.ReduceMean, OpType.ReduceSum, OpType.ReduceMax})
 VIEWS = frozenset({OpType.Reshape, OpType.Identity})
 
@@ -103,7 +80,8 @@ def vector_ops(graph: Graph, node: Node) -> int:
         return out.size  # bias add
     if node.op == OpType.Conv and len(node.inputs) > 2:
         return out.size
-    return out.size * VECTOR_OPS_PER_ELEMENT.get(node.op, 0)
+    counted = vector_elements(graph, node)
+    return out.size * VECTOR_OPS_PER_ELEMENT.get(node.op, 0) if counted is None else counted
 
 
 def _nbytes(graph: Graph, value: str, elem_bytes: int | None) -> int:

@@ -12,6 +12,7 @@ from fusion.graph.builder import GraphBuilder
 from fusion.graph.cost import graph_costs, group_cost, node_cost
 from fusion.graph.metadata import graph_info
 from fusion.graph.ops import OpKind, OpType
+from fusion.lower import compile
 from simulator.config import load_config
 
 BASE = load_config("base")
@@ -83,3 +84,39 @@ def test_fused_group_moves_only_boundary_bytes() -> None:
     assert group.bytes_read == 2 * 64 * 64 * 4 and group.bytes_written == 64 * 64 * 4  # x + weight in, act out
     assert group.bytes == sum(c.bytes for c in alone) - 2 * 64 * 64 * 4  # mm's output never reaches DRAM
     assert group.cycles <= sum(c.cycles for c in alone)
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "consts", "attrs"),
+    [
+        (OpType.Relu, (6, 40), [], {}),
+        (OpType.Gelu, (6, 40), [], {"approximate": "none"}),
+        (OpType.Gelu, (6, 40), [], {"approximate": "tanh"}),
+        (OpType.HardSwish, (6, 40), [], {}),
+        (OpType.Clip, (6, 40), [], {"min": -1.0, "max": 6.0}),
+        (OpType.Pow, (6, 40), [np.array(3.0, np.float32)], {}),
+        (OpType.Mul, (6, 40), [np.array(0.5, np.float32)], {}),
+        (OpType.Where, (6, 40), ["cond", np.zeros((6, 40), np.float32)], {}),
+        (OpType.Trilu, (6, 40), [], {"upper": 1, "k": 0}),
+        (OpType.BatchNorm, (1, 4, 6, 5), [np.ones(4, np.float32)] * 4, {"epsilon": 1e-5}),
+        (OpType.Softmax, (6, 40), [], {"axis": 1}),
+        (OpType.LayerNorm, (6, 40), [np.ones(40, np.float32), np.zeros(40, np.float32)], {"axis": 1, "epsilon": 1e-5}),
+    ],
+)
+def test_vector_ops_are_the_element_operations_the_unfused_kernel_issues(op, shape, consts, attrs) -> None:
+    """Counted from the op's vector recipe, so equal to the elements the baseline kernel's `v.*` instructions
+    process (each instruction's element count, read off the compiled program): the count cannot drift from
+    what the recipe emits."""
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    ins = [x]
+    for c in consts:
+        cond = np.arange(math.prod(shape)).reshape(shape) % 3 == 0
+        ins.append(b.constant(cond) if isinstance(c, str) else b.constant(c))
+    if op == OpType.Where:
+        ins = [ins[1], x, ins[2]]
+    b.output(b.op(op, *ins, name="n", **attrs))
+    g = b.build()
+    program = compile(g, "tiny", "fp32", cleanup=False).program
+    issued = sum(i.field("n") for i in program.instructions() if i.mnemonic.startswith("v."))
+    assert node_cost(g, g.node("n"), BASE).vector_ops == issued > 0

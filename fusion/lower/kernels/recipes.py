@@ -410,12 +410,22 @@ RECIPES: dict[OpType, Recipe] = {
 
 @dataclass
 class CountingForm:
-    """Emits nothing: counts the vector instructions a recipe issues per element (its cost, from what it emits)."""
+    """Emits nothing: counts the vector instructions a recipe issues (its cost, from what it emits): `count` over
+    every element (ops, clamps, row reductions), `row_count` once per row of `period` (a row recipe's per-row
+    ops), as the memory form's `v.*` instructions process them."""
 
+    period: int = 1
     count: int = 0
+    row_count: int = 0
     handles: int = 0
 
     def op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        self.count += 1
+
+    def row_op(self, name: str, dst: int, a: int, b: Operand | None = None) -> None:
+        self.row_count += 1
+
+    def reduce(self, name: str, dst: int, src: int) -> None:
         self.count += 1
 
     def clip(self, dst: int, a: int, lo: float, hi: float) -> None:
@@ -424,6 +434,12 @@ class CountingForm:
     def temp(self) -> int:
         self.handles += 1
         return -self.handles
+
+    def row_temp(self) -> int:
+        return self.temp()
+
+    def reuse(self, handle: int) -> int:
+        return self.temp()
 
     def release(self, handle: int) -> None:
         pass
@@ -483,6 +499,21 @@ def _layernorm(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
 
 
 ROW_RECIPES: dict[OpType, Emit] = {OpType.Softmax: _softmax, OpType.LayerNorm: _layernorm}  # over the last axis
+
+
+def vector_elements(graph: Graph, node: Node) -> int | None:
+    """Element operations the node's recipe issues over its output, counted from what it emits (each instruction
+    over every element, a row recipe's per-row ops once per row); None for a node without a recipe, or one its
+    recipe refuses."""
+    out = graph.types[node.outputs[0]]
+    if node.op in ROW_RECIPES:
+        period = out.shape[-1] if out.shape else 1
+        form = CountingForm(period)
+        ROW_RECIPES[node.op](form, node, -1, list(range(len(node.inputs))))
+        return out.size * form.count + out.size // max(period, 1) * form.row_count
+    if refusal(graph, node) is not None:
+        return None
+    return out.size * instructions_per_element(graph, node)
 
 
 def refusal(graph: Graph, node: Node) -> str | None:
