@@ -90,14 +90,16 @@ def engine_kernel_runs(
     return runs
 
 
-def _check(cfg: MachineConfig, runs: list[Recorded]) -> None:
+def _check(cfg: MachineConfig, runs: list[Recorded], least: int = 100) -> None:
+    """Every replayed transaction matches; fused kernels, the matrix and vector units and at least `least`
+    transactions are among them."""
     assert any(r.name.split(":")[1] != "unfused" for r in runs)  # fused kernels are among them
     reports = cosimulate(cfg, runs)
     for report in reports:
         assert report.ok, "\n".join(report.lines())
     units = {b.unit for r in reports for b in r.batches}
     assert {"matrix_unit", "vector_unit"} <= units
-    assert sum(r.compared for r in reports) > 100
+    assert sum(r.compared for r in reports) >= least
 
 
 @pytest.mark.slow  # encoder_post_d128: ~50k transactions, minutes
@@ -130,7 +132,7 @@ def zoo_runs(name: str) -> tuple[MachineConfig, tuple[Recorded, ...]]:
 @pytest.mark.parametrize("name", NAMES)
 def test_engine_kernels_of_zoo_models_match_the_rtl(name: str) -> None:
     cfg, runs = zoo_runs(name)
-    _check(cfg, list(runs))
+    _check(cfg, list(runs), least=40)  # thinned: bert on tiny replays 78 of its 149k transactions
 
 
 def test_thinning_keeps_every_form_and_whole_matrix_segments() -> None:
