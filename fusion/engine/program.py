@@ -165,14 +165,14 @@ def link_plan(
     blocks_groups = [
         (i, g) for i, e in entries for g in ((e.dense_group, e.zero_skip_group) if isinstance(e, Dispatch) else (e,))
     ]
-    forms: dict[str, np.ndarray] = {}
+    tables = {i: e for i, e in entries if isinstance(e, Dispatch)}
+    # the dispatch tables first: `dispatch` holds a table's address in 24 bits, the constants may pass 16 MiB
+    forms: dict[str, np.ndarray] = {f"{TABLE}{i}": np.zeros(1, np.int32) for i in tables}
     scratch: dict[str, int] = {}
     for _, g in blocks_groups:
         more, extra = dram_forms(mc, mc.subgraph(g.nodes), g)
         forms.update(more)
         scratch.update(extra)
-    tables = {i: e for i, e in entries if isinstance(e, Dispatch)}
-    forms.update({f"{TABLE}{i}": np.zeros(1, np.int32) for i in tables})
     data, addresses, _ = plan_dram(graph, mc.qplan, cfg, forms, whole_program=True, scratch=scratch)
     _place_views(mc, addresses)
     names = symbol_names(_values(mc))
