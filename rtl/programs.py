@@ -63,12 +63,13 @@ class _Writer:
             raise ValueError("random program outgrew local memory")
         return addr
 
-    def load(self, dtype: DType, shape: tuple[int, int], acc: bool = False) -> int:
-        """DMA a random rows x cols tile into local memory; returns its local address."""
+    def load(self, dtype: DType, shape: tuple[int, int], acc: bool = False, values: np.ndarray | None = None) -> int:
+        """DMA a rows x cols tile (random unless `values` are given) into local memory; returns its local address."""
         rows, cols = shape
         label = f"d{self.labels}"
         self.labels += 1
-        self.data.append(f"{label}: .{dtype.name} {', '.join(map(str, self.values(dtype, shape).reshape(-1)))}")
+        data = self.values(dtype, shape) if values is None else values
+        self.data.append(f"{label}: .{dtype.name} {', '.join(map(str, data.reshape(-1)))}")
         self.data.append(".align 8")
         local = self.alloc(rows * cols * dtype.size, acc)
         self.li(1, local)
@@ -98,9 +99,15 @@ def _matrix_block(w: _Writer) -> None:
     flags = w.pick(tuple(f.name for f in EpilogueFlags))
     act = w.pick((Activation.none.name, Activation.relu.name))
     dtype = w.pick((DType.i8.name, DType.i32.name))
+    if EpilogueFlags[flags] & EpilogueFlags.pc:  # rs3: a table of (mult, shift) int32 pairs, one per column
+        dtype = DType.i8.name  # the per-column requantizer is the int8 output path
+        table = np.stack([w.values(DType.i32, (cols,)), rng.integers(0, 48, cols)], axis=1)
+        w.li(9, w.load(DType.i32, (cols, 2), values=table))
+        w.emit("fence")  # the table is in the scratchpad before the drain reads it
+    else:
+        w.li(9, int(rng.integers(-(2**31), 2**31)))
     w.li(7, bias)
     w.li(8, res)
-    w.li(9, int(rng.integers(-(2**31), 2**31)))
     w.emit(f"ep.cfg x7, x8, x9, {int(rng.integers(0, 48))}, {act}, {flags}, {dtype}")
     w.li(10, out)
     w.emit(f"mx.drain x10, x5, {rows}, {cols}")

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from dynfuse.cli import main
+from isa import EpilogueFlags
 from rtl.corpus import example_programs, record_file, record_random
 from rtl.cosim import Recorded, cosimulate
+from rtl.programs import random_program
 from simulator.config import PRESETS
 from simulator.timing import matmul_cycles
 
@@ -109,3 +111,18 @@ def test_cli_reports_totals(capsys) -> None:
 def test_cli_needs_a_program(capsys) -> None:
     assert main(["cosim"]) == 1
     assert "needs at least one PROGRAM, --examples or --random" in capsys.readouterr().err
+
+
+def test_random_programs_cover_every_epilogue_flag_and_match() -> None:
+    """Every `ep.cfg` flag occurs among the random programs; the per-column (pc) ones, whose rs3 is a table
+    address, replay on the RTL like the rest (a pc program once trapped on a random rs3)."""
+    first_seed: dict[str, int] = {}
+    for seed in range(400):
+        for line in random_program(seed, TINY).splitlines():
+            if line.strip().startswith("ep.cfg"):
+                first_seed.setdefault(line.split(",")[-2].strip(), seed)
+        if len(first_seed) == len(EpilogueFlags):
+            break
+    assert set(first_seed) == {f.name for f in EpilogueFlags}
+    pc_seeds = sorted({seed for name, seed in first_seed.items() if EpilogueFlags[name] & EpilogueFlags.pc})
+    _assert_clean(cosimulate(TINY, [record_random(seed, TINY) for seed in pc_seeds]))
