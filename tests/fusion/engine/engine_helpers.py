@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,20 @@ def run_group(mc: ModelContext, group: Group, inputs: dict[str, np.ndarray], spa
     env = reference_env(mc, inputs)
     kernel = build_kernel(mc, group, sparsity)
     return kernel, run_kernel(mc, kernel, env, checked=True), env
+
+
+def conv_graph(n, c, cout, spatial, kernel, strides, dilations, pads, groups, relu, seed=7):
+    """One Conv (+ bias, optional Relu) with seeded fan-in-scaled weights; returns the graph and its node names."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("conv")
+    x = b.input("x", (n, c, *spatial))
+    fan_in = c // groups * math.prod(kernel)
+    w = b.constant((rng.standard_normal((cout, c // groups, *kernel)) / np.sqrt(fan_in)).astype(np.float32), "w")
+    bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), "b")
+    h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=dilations, group=groups, pads=pads, strides=strides)
+    names = ("conv",)
+    if relu:
+        h = b.op(OpType.Relu, h, name="relu")
+        names += ("relu",)
+    b.output(h)
+    return b.build(), names

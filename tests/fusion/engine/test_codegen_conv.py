@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from engine_helpers import context, run_group
+from engine_helpers import context, conv_graph, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,25 +17,7 @@ from fusion.engine.codegen.conv import _Sizes, choose_tiling, conv_shape, scratc
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
-from fusion.graph.builder import GraphBuilder
-from fusion.graph.ops import OpType
 from isa.enums import DType
-
-
-def _graph(n, c, cout, spatial, kernel, strides, dilations, pads, groups, relu):
-    rng = np.random.default_rng(7)
-    b = GraphBuilder("conv")
-    x = b.input("x", (n, c, *spatial))
-    fan_in = c // groups * math.prod(kernel)
-    w = b.constant((rng.standard_normal((cout, c // groups, *kernel)) / np.sqrt(fan_in)).astype(np.float32), "w")
-    bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), "b")
-    h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=dilations, group=groups, pads=pads, strides=strides)
-    names = ("conv",)
-    if relu:
-        h = b.op(OpType.Relu, h, name="relu")
-        names += ("relu",)
-    b.output(h)
-    return b.build(), names
 
 
 def _check(graph, names, dtype):
@@ -72,13 +54,13 @@ def convs(draw):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=convs(), relu=st.booleans())
 def test_every_conv_variant_matches_the_reference(dtype: str, case: tuple, relu: bool) -> None:
-    graph, names = _graph(*case, relu)
+    graph, names = conv_graph(*case, relu)
     _check(graph, names, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_a_large_image_runs_in_bands_of_output_rows_with_k_chunks_and_column_tiles(dtype: str) -> None:
-    graph, names = _graph(1, 48, 40, (44, 20), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    graph, names = conv_graph(1, 48, 40, (44, 20), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
     mc = context(graph, {"x": np.zeros((1, 48, 44, 20), np.float32)}, dtype)
     s = conv_shape(graph, mc.config, graph.node("conv"))
     assert s.cg > mc.config.array_size and s.cout > mc.config.array_size
@@ -88,7 +70,7 @@ def test_a_large_image_runs_in_bands_of_output_rows_with_k_chunks_and_column_til
 def test_a_stride_2_conv_reads_its_input_once_no_im2col_in_dram() -> None:
     """DRAM reads: the input (copied into its padded form), each band's padded input rows once (bands overlap by
     their halo rows only), the weights and bias once per band, the scratch; far below one im2col matrix."""
-    graph, names = _graph(1, 16, 16, (32, 32), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1, False)
+    graph, names = conv_graph(1, 16, 16, (32, 32), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1, False)
     mc, run = _check(graph, names, "fp32")
     node = graph.node("conv")
     s = conv_shape(graph, mc.config, node)
@@ -104,14 +86,14 @@ def test_a_stride_2_conv_reads_its_input_once_no_im2col_in_dram() -> None:
 
 
 def test_depthwise_conv_is_left_to_the_baseline() -> None:
-    graph, names = _graph(1, 16, 16, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 16, False)
+    graph, names = conv_graph(1, 16, 16, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 16, False)
     mc = context(graph, {"x": np.zeros((1, 16, 8, 8), np.float32)}, "fp32")
     with pytest.raises(CodegenError, match="per group"):
         build_kernel(mc, Group(names, "implicit_gemm"))
 
 
 def test_tiling_keeps_one_band_within_a_buffer_slot() -> None:
-    graph, _ = _graph(1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, False)
+    graph, _ = conv_graph(1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, False)
     mc = context(graph, {"x": np.zeros((1, 64, 56, 56), np.float32)}, "fp32")
     s = conv_shape(graph, mc.config, graph.node("conv"))
     z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)
@@ -122,7 +104,7 @@ def test_tiling_keeps_one_band_within_a_buffer_slot() -> None:
 def test_a_stem_conv_with_fewer_input_channels_than_the_array_chunks_k_within_them() -> None:
     """ResNet's 7x7/2 stem on 3 channels, fp32: a K chunk never exceeds the group's channels (regression: a
     chunk of a whole array width did not fit beside the band and left a zero chunk)."""
-    graph, names = _graph(1, 3, 64, (64, 64), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1, True)
+    graph, names = conv_graph(1, 3, 64, (64, 64), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1, True)
     mc = context(graph, {"x": np.zeros((1, 3, 64, 64), np.float32)}, "fp32")
     s = conv_shape(graph, mc.config, graph.node("conv"))
     z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)

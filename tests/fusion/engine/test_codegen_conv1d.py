@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from engine_helpers import context, run_group
+from engine_helpers import context, conv_graph, run_group
 from onnx import TensorProto, helper, numpy_helper
 
 from dynfuse.cli import main
 from fusion.engine.codegen.conv import pack_taps
 from fusion.engine.plan import Group
-from fusion.graph.builder import GraphBuilder
-from fusion.graph.ops import OpType
 from fusion.lower.compiler import load_graph
 from fusion.quant.calibrate import calibrate
 from fusion.reference.interpreter import run as run_reference
@@ -23,18 +21,7 @@ from fusion.reference.quantized import run_quantized
 
 
 def _conv1d_graph(c: int, cout: int, length: int, pads: tuple[int, int], relu: bool):
-    rng = np.random.default_rng(11)
-    b = GraphBuilder("conv1d")
-    x = b.input("x", (2, c, length))
-    w = b.constant((rng.standard_normal((cout, c, 3)) / np.sqrt(3 * c)).astype(np.float32), "w")
-    bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), "b")
-    h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=(1,), group=1, pads=pads, strides=(1,))
-    names = ("conv",)
-    if relu:
-        h = b.op(OpType.Relu, h, name="relu")
-        names += ("relu",)
-    b.output(h)
-    return b.build(), names
+    return conv_graph(2, c, cout, (length,), (3,), (1,), (1,), pads, 1, relu, seed=11)
 
 
 def test_pack_taps_lifts_a_1d_weight_to_height_one() -> None:
