@@ -45,13 +45,13 @@ def row(name: str) -> str:
     engine.run(inputs)
     start = time.perf_counter()
     f = measure(engine.mc, engine.plan.choices, inputs)
-    d = measure(engine.mc, engine.plan.choices, inputs, model_prefers(engine.mc, AnalyticCostModel()))
+    d = measure(engine.mc, engine.plan.choices, inputs, model_prefers(engine.mc, AnalyticCostModel()), False)
     seconds = time.perf_counter() - start
     best = sorted((g for *_, g in f.boundaries), reverse=True)[:3]
     return (
         f"| {name} | {f.kernel_cycles} | {f.launches} | {f.host_cycles} | {f.program_cycles} | "
         f"{f.kernel_cycles / f.program_cycles:.3f}x | {f.host_cycles / f.program_cycles:.2f}x | "
-        f"{f.overlap_cycles} | {len(f.boundaries)} / {f.fences} | {', '.join(map(str, best))} | "
+        f"{f.overlap_cycles} | {f.joined} / {f.fences} | {', '.join(map(str, best))} | "
         f"{d.program_cycles} | {d.dispatch_cycles} ({100 * d.dispatch_cycles / d.program_cycles:.2f}%) | "
         f"{seconds:.1f} |"
     )

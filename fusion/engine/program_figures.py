@@ -33,6 +33,7 @@ class ProgramFigures:
     dispatch_cycles: int  # the on-chip dispatch measurements' cycles (inside program_cycles)
     boundaries: tuple[tuple[int, int, int], ...]  # (plan position before, after, cycles gained) per joined one
     fences: int  # boundaries that kept a fence
+    joined: int  # token-ordered boundaries
 
     @property
     def overlap_cycles(self) -> int:
@@ -45,8 +46,10 @@ def measure(
     choices: Sequence[GroupChoice],
     inputs: Mapping[str, np.ndarray],
     prefer: Prefer | None = None,
+    per_boundary: bool = True,
 ) -> ProgramFigures:
-    """The three figures for a plan on these inputs (module docstring)."""
+    """The three figures for a plan on these inputs (module docstring); `per_boundary=False` skips the marginal
+    gain of each token-ordered boundary (one simulation of the whole program each: `boundaries` is then empty)."""
     env, kernels, launches = dict(inputs), 0, 0
     for choice in choices:
         kernel = build_kernel(mc, choice.group)
@@ -58,7 +61,7 @@ def measure(
     run = run_program(mc, linked, inputs)
     fences = frozenset(b.before for b in linked.boundaries if not b.joined)
     gained = []
-    for b in linked.boundaries:
+    for b in linked.boundaries if per_boundary else ():
         if b.joined:
             fenced = run_program(mc, link_plan(mc, choices, prefer, fenced=fences | {b.before}), inputs)
             gained.append((b.before, b.after, fenced.cycles - run.cycles))
@@ -70,4 +73,5 @@ def measure(
         run.dispatch_cycles,
         tuple(gained),
         sum(not b.joined for b in linked.boundaries),
+        sum(b.joined for b in linked.boundaries),
     )
