@@ -47,9 +47,10 @@ from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import Kernel, build_kernel, dram_forms, group_phases, identifier
-from fusion.engine.pipelined import NOT_PIPELINED, join_phases
+from fusion.engine.pipelined import join_phases
 from fusion.engine.plan import Group, GroupChoice
 from fusion.engine.profile import SPARSE_TILE_FRACTION
+from fusion.engine.strategies import strategy_of
 from fusion.engine.views import is_view, slice_index
 from fusion.lower import declare, plan_dram, symbol_names
 from fusion.lower.context import LowerContext, storage_dtype
@@ -112,7 +113,7 @@ class ProgramRun:
     cycles: int
     kernel_cycles: dict[str, int]  # `.kernel` name -> its share of the timeline
     kernel_counters: dict[str, Any]  # `.kernel` name -> its counters (`RunResult.kernel_counters`)
-    decisions: tuple[tuple[int, str], ...]  # (plan position, "zero_skip" / "dense") per on-chip dispatch
+    decisions: tuple[tuple[int, Group], ...]  # (plan position, the variant that ran) per on-chip dispatch
     dispatch_cycles: int  # cycles of the measuring code (the on-chip dispatch overhead)
     dram_bytes: int
     energy_pj: float
@@ -130,6 +131,11 @@ def variants(choice: GroupChoice) -> tuple[Group, Group] | None:
         return None
     dense = choice.dense or choice.group
     return None if dense == choice.zero_skip else (dense, choice.zero_skip)
+
+
+def data_class_of(group: Group) -> str:
+    """The data class a group's kernel is built and keyed for: "sparse" for a zero-tile-skipping strategy."""
+    return "sparse" if strategy_of(group).skips_zero_tiles else "any"
 
 
 def threshold(choice: GroupChoice, tiles: int, prefer: Prefer) -> int | None:
@@ -159,7 +165,7 @@ def link_plan(
     cfg, graph = mc.config, mc.graph
     entries: list[tuple[int, Group | Dispatch]] = []
     for i, choice in enumerate(choices):
-        if choice.group.strategy != "alias":
+        if not strategy_of(choice.group).host_view:
             table = _table(mc, i, choice, prefer, dispatch_budget) if prefer is not None else None
             entries.append((i, table if table is not None else choice.group))
     blocks_groups = [
@@ -338,8 +344,9 @@ def _fence_reason(
         return "fenced on request"
     if i in tables or j in tables:
         return "on-chip dispatch (the measurement reads the operand after every store)"
-    if g.strategy in NOT_PIPELINED or nxt.strategy in NOT_PIPELINED:
-        return f"a {g.strategy if g.strategy in NOT_PIPELINED else nxt.strategy} kernel (zero-tile tests at issue)"
+    unpipelined = [s.name for s in (strategy_of(g), strategy_of(nxt)) if not s.pipelinable]
+    if unpipelined:
+        return f"a {unpipelined[0]} kernel (not pipelinable: zero-tile tests at issue)"
     if chained:
         return "single-phase kernel already joined at its start (joining both ends measured slower)"
     return ""
@@ -406,7 +413,9 @@ def run_program(
     result = simulate(linked.program, mc.config, {names[v]: inputs[v] for v in mc.graph.inputs}, checked=checked)
     per = result.kernel_counters
     outputs = {v: result.outputs[t] for v, t in names.items() if t in result.outputs}
-    decisions = tuple((d.index, "zero_skip" if int(per[d.zero_skip].instret) else "dense") for d in linked.dispatches)
+    decisions = tuple(
+        (d.index, d.zero_skip_group if int(per[d.zero_skip].instret) else d.dense_group) for d in linked.dispatches
+    )
     c = result.counters
     return ProgramRun(
         outputs,
@@ -428,7 +437,7 @@ def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
 
     def kernel(g: Group) -> Kernel:
         if g not in built:
-            built[g] = build_kernel(mc, g, "sparse" if g.strategy == "zero_skip" else "any")
+            built[g] = build_kernel(mc, g, data_class_of(g))
         return built[g]
 
     def prefer(choice: GroupChoice, fraction: float) -> tuple[float, float]:

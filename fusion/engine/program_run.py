@@ -21,17 +21,19 @@ import numpy as np
 
 from fusion.engine.context import ModelContext
 from fusion.engine.execute import to_real
-from fusion.engine.plan import GroupChoice, baseline_group
+from fusion.engine.plan import Group, GroupChoice, baseline_group
 from fusion.engine.program import (
     Boundary,
     LinkedProgram,
     Prefer,
     ProgramKernel,
     ProgramRun,
+    data_class_of,
     link_plan,
     model_prefers,
 )
 from fusion.engine.program import run_program as simulate_program
+from fusion.engine.strategies import strategy_of
 from fusion.engine.validation import compare
 from fusion.engine.views import is_view
 from fusion.graph.ir import Graph
@@ -48,7 +50,8 @@ class ProgramCall:
 
     cycles: int  # the whole program, one launch
     boundaries: tuple[Boundary, ...]
-    decisions: tuple[tuple[tuple[str, ...], str, int, int], ...]  # (group nodes, variant, zero-tile threshold, tiles)
+    # (group nodes, the strategy of the variant that ran, zero-tile threshold, tiles)
+    decisions: tuple[tuple[tuple[str, ...], str, int, int], ...]
     dispatch_cycles: int  # the on-chip measurements' cycles (inside `cycles`)
     replaced: tuple[tuple[str, ...], ...]  # groups run as unfused kernels after a failed validation
 
@@ -87,7 +90,7 @@ def run_as_program(
         run.cycles,
         linked.boundaries,
         tuple(
-            (d.dense_group.nodes, variant, d.threshold, d.tiles)
+            (d.dense_group.nodes, variant.strategy, d.threshold, d.tiles)
             for d in linked.dispatches
             for i, variant in run.decisions
             if i == d.index
@@ -105,8 +108,7 @@ def _with_fallbacks(engine: FusionEngine, c: _Call, replaced: Mapping[tuple[str,
     out: list[GroupChoice] = []
     for choice in c.plan.choices:
         group = choice.group
-        fused = group.fused or group.strategy not in ("unfused", "alias")
-        if fused and (group.nodes in replaced or engine._signature(c.state, group) in engine.blocked):
+        if _fused(group) and (group.nodes in replaced or engine._signature(c.state, group) in engine.blocked):
             why = replaced.get(group.nodes, "fusion blocked for this signature after a failed validation")
             out += [GroupChoice(baseline_group(engine.graph.node(n)), 0.0, 0.0, why) for n in group.nodes]
         else:
@@ -173,6 +175,11 @@ def best_fences(
     return frozenset(kernels[k].index for k in range(len(gains)) if k not in joined)
 
 
+def _fused(group: Group) -> bool:
+    """A fusion (validated, blockable): several nodes, or one node run by a strategy other than the baseline's."""
+    return group.fused or not strategy_of(group).baseline
+
+
 def _ran(run: ProgramRun, kernel: ProgramKernel) -> bool:
     return int(run.kernel_counters[kernel.name].instret) > 0
 
@@ -191,9 +198,9 @@ def _validate(
     validated: set[tuple[str, ...]] = set()
     for kernel in linked.kernels:
         group = kernel.group
-        if not _ran(run, kernel) or not (group.fused or group.strategy not in ("unfused", "alias")):
+        if not _ran(run, kernel) or not _fused(group):
             continue
-        key = engine._key(st, group, "sparse" if group.strategy == "zero_skip" else "any")
+        key = engine._key(st, group, data_class_of(group))
         with engine._lock:
             count = engine._runs.get(key, 0)
             engine._runs[key] = count + 1
@@ -223,13 +230,13 @@ def _records(
     """One record per kernel that ran: its share of the program's timeline and its own counters."""
     from fusion.engine.engine import KernelRecord
 
-    variant = {i: v for i, v in run.decisions}
+    dispatched = {d.index for d in linked.dispatches}
     records = []
     for kernel in linked.kernels:
         if not _ran(run, kernel):
             continue
         group, counters = kernel.group, run.kernel_counters[kernel.name]
-        data_class = {"zero_skip": "sparse", "dense": "dense"}.get(variant.get(kernel.index, ""), "any")
+        data_class = _data_class(kernel, dispatched)
         fallback = next((why for nodes, why in replaced.items() if set(group.nodes) <= set(nodes)), "")
         records.append(
             KernelRecord(
@@ -248,3 +255,10 @@ def _records(
             )
         )
     return records
+
+
+def _data_class(kernel: ProgramKernel, dispatched: set[int]) -> str:
+    """A dispatched group's variant that ran: "sparse" (zero-skip) or "dense"; "any" for an undispatched one."""
+    if kernel.index not in dispatched:
+        return "any"
+    return "sparse" if strategy_of(kernel.group).skips_zero_tiles else "dense"

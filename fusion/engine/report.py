@@ -14,6 +14,7 @@ from typing import Any
 from fusion.cost.roofline import model_roofline
 from fusion.engine.engine import CallResult, FusionEngine
 from fusion.engine.program_figures import ProgramFigures
+from fusion.engine.strategies import strategy_of
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,13 @@ def build_report(engine: FusionEngine, result: CallResult, figures: ProgramFigur
     plan = engine.plan
     assert plan is not None and engine.mc is not None
     reasons = {c.group.nodes: c.reason for c in plan.choices}
+    views = {c.group.nodes for c in plan.choices if strategy_of(c.group).host_view}  # no kernel: run on the host
     groups = tuple(
         {
             "nodes": list(r.nodes),
             "ops": [engine.graph.node(n).op.value for n in r.nodes],
             "strategy": r.schedule,
+            "view": r.nodes in views and not r.fallback,
             "data_class": r.data_class,
             "predicted_cycles": round(r.predicted_cycles, 1),
             "measured_cycles": r.measured_cycles,
@@ -138,7 +141,7 @@ def format_report(rep: PolicyReport, show_rejected: int = 8) -> str:
         f"{'group':44} {'strategy':34} {'pred':>8} {'meas':>8} {'dram B':>8} {'saved B':>8}  pipelined with",
     ]
     for g in rep.groups:
-        if g["strategy"] == "alias":
+        if g["view"]:
             continue
         name = "+".join(g["ops"]) + f" [{g['nodes'][0]}]"
         strat = g["strategy"] + (f" ({g['data_class']})" if g["data_class"] not in ("any", "dense") else "")
