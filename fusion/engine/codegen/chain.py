@@ -19,14 +19,26 @@ from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_scalar
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.kernels.recipes import BINARY_INSTRUCTION, RECIPES, ROW_RECIPES, RegisterForm, Row, Scalar, refusal
+from fusion.lower.kernels.recipes import (
+    BINARY_INSTRUCTION,
+    RECIPES,
+    REDUCE_RECIPES,
+    ROW_RECIPES,
+    Col,
+    RegisterForm,
+    Row,
+    Scalar,
+    refusal,
+)
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
 
-ROWS = frozenset(ROW_RECIPES)
+REDUCTIONS = frozenset(REDUCE_RECIPES)  # last-axis reductions keeping the axis: one value per row, in a register
+ROWS = frozenset({*ROW_RECIPES, *REDUCTIONS})  # nodes that need whole rows in a register
 ELEMENTWISE = frozenset(RECIPES) - {OpType.BatchNorm}  # per-channel parameters need a [1, C, 1, 1] broadcast
 CHAIN_OPS = frozenset({*ELEMENTWISE, *ROWS})
+COMMUTATIVE = frozenset({OpType.Add, OpType.Mul})  # a broadcast first operand is swapped second (IEEE a+b == b+a)
 VREGS = 8
 
 
@@ -35,7 +47,7 @@ class Operand:
     """How a node input enters the chain: a register value, a scalar (fp32 bits), or a row vector (`.vr`)."""
 
     value: str
-    kind: str  # "tile", "row", "scalar", "chain"
+    kind: str  # "tile", "row", "scalar", "chain", "col" (a per-row chain value), "unit" (Div's numerator 1)
     bits: int = 0
 
 
@@ -60,45 +72,83 @@ class Registers:
         self.of = {k: r for k, r in self.of.items() if r != reg}
 
 
-def _rank_last(cx: LowerContext, node: Node) -> bool:
+def _last_axis(cx: LowerContext, node: Node) -> bool:
+    """A row recipe over the last axis, or a reduction of the last axis alone keeping it (one value per row)."""
     rank = len(cx.graph.types[node.inputs[0]].shape)
-    axis = node.attr("axis")
-    return axis in (-1, rank - 1)
+    if node.op in REDUCTIONS:
+        axes = tuple(a % rank for a in node.attr("axes")) if rank else ()
+        return axes == (rank - 1,) and bool(node.attr("keepdims"))
+    return node.attr("axis") in (-1, rank - 1)
 
 
 def operands(
     cx: LowerContext, nodes: Sequence[Node], seeded: frozenset = frozenset()
 ) -> dict[tuple[str, int], Operand]:
     """Classify every input of every node (`seeded`: values already in registers when the chain starts);
-    raises CodegenError for what the chain cannot express."""
+    raises CodegenError for what the chain cannot express.
+
+    A node has the chain output's shape, or is per-row: a last-axis reduction of an output-shaped value keeping
+    the axis, or an elementwise node of per-row values and scalars (e.g. RMSNorm's mean + eps, sqrt, 1 / that).
+    A per-row value is a register of one value per row; an output-shaped node reads it broadcast over its rows
+    (`.vc`)."""
     produced = {n.outputs[0] for n in nodes} | seeded
     out_shape = cx.graph.types[nodes[-1].outputs[0]].shape
+    rows_shape = (*out_shape[:-1], 1)
+    per_row: set[str] = set()
     table: dict[tuple[str, int], Operand] = {}
     for node in nodes:
         if node.op not in CHAIN_OPS or len(node.outputs) != 1:
             raise CodegenError(f"node {node.name!r} ({node.op.value}) has no vector-chain form")
-        if node.op in ROWS and not _rank_last(cx, node):
-            raise CodegenError(f"node {node.name!r}: a chain reduces over the last axis only")
-        if cx.graph.types[node.outputs[0]].shape != out_shape:
-            raise CodegenError(f"node {node.name!r}: every node of a chain must have the output's shape")
+        if node.op in ROWS and not _last_axis(cx, node):
+            raise CodegenError(f"node {node.name!r}: a chain reduces over the last axis only (keeping it)")
+        shape = cx.graph.types[node.outputs[0]].shape
+        chain_ins = [v for v in node.inputs if v in produced]
+        if node.op in REDUCTIONS:
+            if cx.graph.types[node.inputs[0]].shape != out_shape:
+                raise CodegenError(f"node {node.name!r}: a chain reduces values of its output's shape only")
+            per_row.add(node.outputs[0])
+        elif shape != out_shape:
+            if shape != rows_shape or not chain_ins or not set(chain_ins) <= per_row:
+                raise CodegenError(f"node {node.name!r}: every node of a chain must have the output's shape")
+            per_row.add(node.outputs[0])
         if cx.dtype(node.outputs[0]) is not DType.f32:
             raise CodegenError(f"node {node.name!r}: an int8-preserving op cannot end inside an f32 chain")
         if node.op in RECIPES and (reason := refusal(cx.graph, node)) is not None:
             raise CodegenError(f"node {node.name!r}: {reason}")
         reads = RECIPES[node.op].reads(cx.graph, node) if node.op in RECIPES else node.inputs
+        if node.op in COMMUTATIVE and _smaller(cx, reads[0], reads[1]):
+            reads = reads[::-1]
         for pos, value in enumerate(reads):
-            table[(node.name, pos)] = _classify(cx, node, pos, value, produced, out_shape)
+            o = _classify(cx, node, pos, value, produced, out_shape, per_row)
+            if pos == 0 and o.kind in ("row", "col"):
+                raise CodegenError(f"node {node.name!r}: a broadcast first operand has no chain form")
+            table[(node.name, pos)] = o
     return table
 
 
-def _classify(cx: LowerContext, node: Node, pos: int, value: str, produced: set, out_shape: tuple) -> Operand:
+def _smaller(cx: LowerContext, a: str, b: str) -> bool:
+    """Whether graph value a has fewer elements than b (a broadcast operand that goes second)."""
+    sizes = [math.prod(cx.graph.types[v].shape) if v in cx.graph.types else 0 for v in (a, b)]
+    return 0 < sizes[0] < sizes[1]
+
+
+def _classify(
+    cx: LowerContext, node: Node, pos: int, value: str, produced: set, out_shape: tuple, per_row: set[str]
+) -> Operand:
+    node_per_row = node.outputs[0] in per_row and node.op not in REDUCTIONS  # a reduction reads whole rows
     if value in produced:
+        if value in per_row:
+            return Operand(value, "chain" if node_per_row else "col")
         if value in cx.graph.types and math.prod(cx.graph.types[value].shape) != math.prod(out_shape):
             raise CodegenError(f"node {node.name!r}: {value!r} would need a broadcast inside a vector register")
         return Operand(value, "chain")
     scalar = const_scalar(cx.graph, value)
     if scalar is not None and node.op in RECIPES and pos in RECIPES[node.op].scalars:
         return Operand(value, "scalar", f32_bits(scalar))
+    if scalar == 1.0 and node.op == OpType.Div and pos == 0:
+        return Operand(value, "unit")  # 1 / y: the reciprocal (IEEE division, as the reference)
+    if node_per_row:
+        raise CodegenError(f"node {node.name!r}: a per-row value's other operand must be a scalar constant")
     shape = cx.graph.types[value].shape if value in cx.graph.types else cx.view(value).shape  # or a form key
     leading = next((i for i, d in enumerate(shape) if d != 1), len(shape))
     binary = node.op in BINARY_INSTRUCTION
@@ -180,7 +230,7 @@ def emit_chain(
         ins = [o for (name, _), o in table.items() if name == node.name]
         out = _emit_node(em, node, ins, regs, period)
         for o in ins:
-            if o.kind != "scalar" and last_use.get(o.value) == node.name and o.value in regs.of:
+            if o.kind not in ("scalar", "unit") and last_use.get(o.value) == node.name and o.value in regs.of:
                 regs.release(regs.of[o.value])
         regs.of[node.outputs[0]] = out
     em.b.vc_st(em.reg(out_addr), regs.of[nodes[-1].outputs[0]])
@@ -191,22 +241,27 @@ def table_kind(table: dict, value: str) -> str:
 
 
 def _emit_node(em: Emitter, node: Node, ins: list[Operand], regs: Registers, period: int) -> int:
-    x = regs.of[ins[0].value]
-    if node.op in RECIPES:
-        if ins[0].kind == "row":
-            raise CodegenError(f"node {node.name!r}: a row vector as the first operand has no chain form")
+    if ins[0].kind == "unit":  # Div(1, y)
         out = regs.temp()
-        RECIPES[node.op].emit(RegisterForm(em, regs), node, out, [_register_operand(o, regs) for o in ins])
+        RegisterForm(em, regs).op("recip", out, regs.of[ins[1].value])
         return out
+    x = regs.of[ins[0].value]
     out = regs.temp()
-    params = [Row(regs.of[o.value]) for o in ins[1:]]
-    ROW_RECIPES[node.op](RegisterForm(em, regs, period), node, out, [x, *params])
+    if node.op in RECIPES:
+        RECIPES[node.op].emit(RegisterForm(em, regs), node, out, [_register_operand(o, regs) for o in ins])
+    elif node.op in REDUCE_RECIPES:
+        REDUCE_RECIPES[node.op](RegisterForm(em, regs, period), node, out, [x])
+    else:
+        params = [Row(regs.of[o.value]) for o in ins[1:]]
+        ROW_RECIPES[node.op](RegisterForm(em, regs, period), node, out, [x, *params])
     return out
 
 
-def _register_operand(o: Operand, regs: Registers) -> int | Scalar | Row:
+def _register_operand(o: Operand, regs: Registers) -> int | Scalar | Row | Col:
     if o.kind == "scalar":
         return Scalar(o.bits)
     if o.kind == "row":
         return Row(regs.of[o.value])
+    if o.kind == "col":
+        return Col(regs.of[o.value])
     return regs.of[o.value]

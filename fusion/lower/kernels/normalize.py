@@ -22,7 +22,7 @@ from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import MemoryPlanError
 from fusion.lower.kernels.movement import copy_steps
-from fusion.lower.kernels.recipes import ROW_RECIPES, MemoryForm, Row
+from fusion.lower.kernels.recipes import REDUCE_RECIPES, ROW_RECIPES, MemoryForm, Row
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import blocks
@@ -179,19 +179,13 @@ def _row_recipe(em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int,
     ROW_RECIPES[node.op](form, node, y, [x, *(Row(t) for t in tiles)])
 
 
-def _mean_rows(em: Emitter, dst: int, src: int, n: int, p: int) -> None:
-    em.b.v_rsum(*em.regs(dst, src), n, p, "f32")
-    em.b.v_div_vs(*em.regs(dst, dst, f32_bits(float(p))), n // p, "f32")
-
-
 def _reduce(
     em: Emitter, node: Node, x: int, y: int, m: int, s: int, n: int, p: int, tiles: list[int], dt: DType
 ) -> None:
-    """ReduceMean (sum / count), ReduceSum, ReduceMax of each row (an int8-preserving max in int8)."""
-    if node.op == OpType.ReduceMean:
-        _mean_rows(em, m, x, n, p)
-    elif node.op == OpType.ReduceSum:
-        em.b.v_rsum(*em.regs(m, x), n, p, "f32")
+    """ReduceMean (sum / count), ReduceSum of each row by the recipe chains emit too; ReduceMax (an
+    int8-preserving max in int8)."""
+    if node.op in REDUCE_RECIPES:
+        REDUCE_RECIPES[node.op](MemoryForm(em, n, period=p), node, m, [x])
     else:
         em.b.v_rmax(*em.regs(m, x), n, p, dt.name)
 

@@ -501,6 +501,19 @@ def _layernorm(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
 ROW_RECIPES: dict[OpType, Emit] = {OpType.Softmax: _softmax, OpType.LayerNorm: _layernorm}  # over the last axis
 
 
+def _reduce_mean(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    """sum / count of each row (numpy's mean: a pairwise row sum, then one division)."""
+    _mean_into(f, out, ins[0], float(f.period))
+
+
+def _reduce_sum(f: Form, node: Node, out: int, ins: list[Operand]) -> None:
+    f.reduce("rsum", out, ins[0])
+
+
+# over the last axis, keeping it (length 1): one value per row, which a chain broadcasts back over its row (`Col`)
+REDUCE_RECIPES: dict[OpType, Emit] = {OpType.ReduceMean: _reduce_mean, OpType.ReduceSum: _reduce_sum}
+
+
 def vector_elements(graph: Graph, node: Node) -> int | None:
     """Element operations the node's recipe issues over its output, counted from what it emits (each instruction
     over every element, a row recipe's per-row ops once per row); None for a node without a recipe, or one its
