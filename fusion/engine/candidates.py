@@ -26,6 +26,7 @@ from fusion.lower.compiler import ALIAS_OPS
 
 ABSORBABLE = frozenset({OpType.Add, OpType.Relu})
 MAX_CHAIN = 4
+MAX_VECTOR_CHAIN = 8  # a run of chain nodes alone: RMSNorm is 7 (Pow, ReduceMean, Add, Sqrt, Div, Mul, Mul)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             run = _follow(graph, node, ABSORBABLE, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "conv") for k in range(2, len(run) + 1)]
         if node.op in CHAIN_OPS:
-            run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)
+            run = _follow(graph, node, CHAIN_OPS, MAX_VECTOR_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "chain") for k in range(2, len(run) + 1)]
         if node.op == OpType.Transpose:
             out += _layout_chains(graph, node)
