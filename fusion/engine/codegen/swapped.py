@@ -1,15 +1,17 @@
 """A short-and-wide GEMM in the swapped orientation: C^T = B^T A^T, so the few activation rows are stationary.
 
-The systolic array streams the rows of its moving operand; an instruction costs `rows + 2N - 1` cycles and a
-weight preload N more. A GEMM with M <= N activation rows (a transformer layer's tokens) therefore spends most
-of its matrix time filling and draining the array once per weight tile. Swapped, each k-slice of A^T (one
-`dma.ldt` of A, transposed in flight) is preloaded once and the weight's columns stream through as rows: one
-`mx.mm` of `n_out` rows per k-slice instead of one preload and one 16-row `mx.mm` per weight tile. The weight
-is a constant, packed at compile time as the rows the array streams (`pack_swapped`, one DMA per chunk of output
-columns). The accumulator then holds C^T; phase 1 drains it (int8 requantize, ReLU) to a DRAM scratch buffer,
-phase 2 brings it back transposed (`dma.ldt`) and stores C. The drain applies only what acts per element or per
-tensor (requantize, ReLU): a per-column bias would be per-row in C^T. Any other epilogue a vector chain can run
-(bias, residual, ReLU, GELU, LayerNorm, Softmax: `codegen.chain`) runs in phase 2 instead, on the C tiles the
+The systolic array streams the rows of its moving operand; an instruction costs `rows + 2N - 1` cycles and a weight
+preload N more. A GEMM with M <= N activation rows (a transformer layer's tokens) therefore spends most of its
+matrix time filling and draining the array once per weight tile. Swapped, each k-slice of A^T (one `dma.ldt` of A,
+transposed in flight) is preloaded once and the weight's columns stream through as rows: one `mx.mm` of `n_out` rows
+per k-slice instead of one preload and one 16-row `mx.mm` per weight tile. The weight is a constant, packed at
+compile time as the rows the array streams (`pack_swapped`, one DMA per chunk of output columns). The accumulator
+then holds C^T; phase 1 drains it (int8 requantize, ReLU) to a DRAM scratch buffer, phase 2 brings it back
+transposed (`dma.ldt`) and stores C. The drain applies only what acts per element or per tensor (requantize, ReLU)
+and a Gemm's own bias (per row of C^T: each step broadcasts its chunk of the bias over its rows on the vector unit,
+`v.add.vc`, and the drain adds that tile as its residual, before requantizing as the unfused Gemm does). More than N
+activation rows are several stationary row blocks, each preloaded per k-slice. Any other epilogue a vector chain can
+run (bias, residual, ReLU, GELU, LayerNorm, Softmax: `codegen.chain`) runs in phase 2 instead, on the C tiles the
 transposing load brings back, before they are stored: phase 1 then drains the MatMul's own output exactly as the
 unfused kernel would (int8: requantized to its scale), so the chain sees the same values and the numerics of the
 unfused nodes are kept, int8 included.
@@ -38,7 +40,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key, temp_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.kernels.matrix import matrix_operand, requant
+from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
 from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
@@ -49,10 +51,14 @@ SWAPPED = "swapped"  # constant-form key of a weight packed as streamed rows (se
 
 @dataclass(frozen=True)
 class SwappedShape:
-    m: int  # activation rows (stationary, <= N)
+    m: int  # activation rows (stationary, in blocks of at most N)
     k: int
     n_out: int  # output columns (streamed as rows)
     chunk: int  # output columns per pipeline step
+
+    def row_blocks(self, n_arr: int) -> list[tuple[int, int]]:
+        """(first row, rows) of each stationary tile of A^T: N activation rows at most."""
+        return k_slices(self.m, n_arr)
 
 
 def swapped_shape(graph: Graph, cfg: MachineConfig, head: Node, int8: bool) -> SwappedShape:
@@ -64,16 +70,17 @@ def swapped_shape(graph: Graph, cfg: MachineConfig, head: Node, int8: bool) -> S
     a_shape = graph.types[head.inputs[0]].shape
     k, n_out = graph.types[head.inputs[1]].shape
     m = math.prod(a_shape[:-1])
-    n_arr = cfg.array_size
-    if m > n_arr:
-        raise CodegenError(f"node {head.name!r}: {m} activation rows do not fit one stationary tile (N = {n_arr})")
     if k > MAX_COLS or n_out > MAX_ROWS:
         raise CodegenError(f"node {head.name!r}: a {m} x {k} x {n_out} GEMM exceeds one transposing DMA")
     es = 1 if int8 else 4
     probe = TileArena(cfg, 0)
+    blocks = [mb for _, mb in k_slices(m, cfg.array_size)]
+    a_t = [size for mb in blocks for size in (mb * k * 4, mb * k)]  # raw and quantized A^T, per row block
+    biased = len(head.inputs) > 2  # the Gemm's own bias: per row of C^T, a broadcast tile added in the drain
 
     def fits(c: int) -> bool:
-        return probe.fits([m * k * 4, m * k, c * k * es, c * m * 4], [c * m * 4])
+        per_block = [c * mb * 4 for mb in blocks]  # drained C^T (and the bias tile), accumulator
+        return probe.fits([*a_t, c * k * es, *per_block, *([c * 4, *per_block] if biased else [])], per_block)
 
     chunk = largest_fitting(n_out, fits)
     if chunk == 0:
@@ -146,8 +153,6 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     nodes, out_perm = _row_moves(graph, nodes)
     if perm is not None and out_perm is not None:
         raise CodegenError(f"node {head.name!r}: absorbs a Transpose before or after it, not both")
-    if len(head.inputs) > 2:
-        raise CodegenError(f"node {head.name!r}: a Gemm's own per-column bias cannot be drained in swapped order")
     ops, chain = _epilogue_split(cx, nodes)
     shape = swapped_shape(graph, cfg, head, cx.int8)
     q = cx.matrix(head) if cx.int8 else None
@@ -170,51 +175,66 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     scratch = dense(cx.addresses[temp_key(head, 0)], (shape.n_out, shape.m), c_dt)
     mult, shift = requant(cx, head) or (f32_bits(1.0), 0)
     act = Activation.relu if ops.relu else Activation.none
+    bias = None if ops.bias is None else bias_view(cx, head)  # the Gemm's own: the only bias the drain applies
     slices = k_slices(shape.k, cfg.array_size)
+    blocks = shape.row_blocks(cfg.array_size)
     chunks = range(0, shape.n_out, shape.chunk)
     arenas = [TileArena(cfg, s, cx.rotation) for s in range(len(chunks))]
-    # A^T at the same place in every slot: step 0 loads (and quantizes) it once, then copies it to the slots the
-    # later steps use, so A is read from DRAM once however many chunks the output columns take
-    a_tiles = [(t.tile(shape.m * shape.k * a_view.dtype.size), t.tile(shape.m * shape.k)) for t in arenas]
+    # A^T (per stationary row block) at the same place in every slot: step 0 loads (and quantizes) it once, then
+    # copies it to the slots the later steps use, so A is read from DRAM once however many chunks there are
+    a_tiles = [[(t.tile(mb * shape.k * a_view.dtype.size), t.tile(mb * shape.k)) for _, mb in blocks] for t in arenas]
     if a.quantize_scale is None:
-        a_tiles = [(raw, raw) for raw, _ in a_tiles]
+        a_tiles = [[(raw, raw) for raw, _ in slot] for slot in a_tiles]
     steps = []
     for step, c0 in enumerate(chunks):
         rows = min(shape.chunk, shape.n_out - c0)
         arena = arenas[step]
-        a_raw, a_t = a_tiles[step]
         w = arena.tile(rows * shape.k * w_dt.size)
-        acc = arena.acc_tile(rows * shape.m * 4)
-        res = arena.tile(rows * shape.m * c_dt.size)
+        accs = [arena.acc_tile(rows * mb * 4) for _, mb in blocks]
+        outs = [arena.tile(rows * mb * c_dt.size) for _, mb in blocks]
+        bias_t = 0 if bias is None else arena.tile(rows * 4)
+        res = [0 if bias is None else arena.tile(rows * mb * 4) for _, mb in blocks]  # bias[c0 + j] along row j
         w_part = dense(packed + c0 * shape.k * w_dt.size, (rows * shape.k,), w_dt)
 
-        def load(em: Emitter, a_raw=a_raw, w=w, w_part=w_part, first=step == 0) -> None:
+        def load(em: Emitter, w=w, w_part=w_part, bias_t=bias_t, c0=c0, rows=rows, first=step == 0) -> None:
             if first:
-                local, dram, stride = em.regs(a_raw, a_view.address, a_view.strides[0])
-                em.b.dma_ldt(local, dram, stride, shape.m, shape.k, a_view.dtype.name)
+                for (r0, mb), (a_raw, _) in zip(blocks, a_tiles[0], strict=True):
+                    local, dram, stride = em.regs(a_raw, a_view.address + r0 * a_view.strides[0], a_view.strides[0])
+                    em.b.dma_ldt(local, dram, stride, mb, shape.k, a_view.dtype.name)
             em.dma_load(w_part, w)
+            if bias is not None:
+                em.dma_load(bias.slice(0, c0, rows), bias_t)
 
-        def prepare(em: Emitter, a_t=a_t, a_raw=a_raw, first=step == 0) -> None:
+        def prepare(em: Emitter, bias_t=bias_t, res=res, rows=rows, first=step == 0) -> None:
+            for (_, mb), r in zip(blocks, res, strict=True):
+                if bias is not None:  # zero bits (i32 x - x) are f32 zeros too, then each row its column's bias
+                    em.b.v_sub(*em.regs(r, r, r), rows * mb, "i32")
+                    em.b.v_add_vc(*em.regs(r, r, bias_t), rows * mb, mb, bias.dtype.name)
             if not first:  # in vector order after step 0's copies (a vector -> matrix token follows)
                 return
-            if a.quantize_scale is not None:
-                em.b.v_qnt(*em.regs(a_t, a_raw, f32_bits(1.0 / a.quantize_scale)), shape.m * shape.k)
-            for _, there in a_tiles[1:DEPTH]:
-                em.b.v_copy(*em.regs(there, a_t), shape.m * shape.k, w_dt.name)
+            for (_, mb), (a_raw, a_t) in zip(blocks, a_tiles[0], strict=True):
+                if a.quantize_scale is not None:
+                    em.b.v_qnt(*em.regs(a_t, a_raw, f32_bits(1.0 / a.quantize_scale)), mb * shape.k)
+            for there in a_tiles[1:DEPTH]:
+                for (_, mb), (_, a_t), (_, dst) in zip(blocks, a_tiles[0], there, strict=True):
+                    em.b.v_copy(*em.regs(dst, a_t), mb * shape.k, w_dt.name)
 
-        def matmul(em: Emitter, a_t=a_t, w=w, acc=acc, res=res, rows=rows) -> None:
-            for index, (k0, kb) in enumerate(slices):
-                em.b.mx_preload(em.reg(a_t + k0 * shape.m * w_dt.size), kb, shape.m, w_dt.name)
-                mm = em.b.mx_mm if index == 0 else em.b.mx_mma
-                mm(*em.regs(acc, w + k0 * rows * w_dt.size), rows)
-            em.b.ep_cfg(*em.regs(0, 0, mult), shift, act, "none", "i8" if cx.int8 else "f32")
-            em.b.mx_drain(*em.regs(res, acc), rows, shape.m)
+        def matmul(em: Emitter, w=w, accs=accs, outs=outs, res=res, rows=rows, a_here=a_tiles[step]) -> None:
+            for (_, mb), (_, a_t), acc, out_t, r in zip(blocks, a_here, accs, outs, res, strict=True):
+                for index, (k0, kb) in enumerate(slices):
+                    em.b.mx_preload(em.reg(a_t + k0 * mb * w_dt.size), kb, mb, w_dt.name)
+                    mm = em.b.mx_mm if index == 0 else em.b.mx_mma
+                    mm(*em.regs(acc, w + k0 * rows * w_dt.size), rows)
+                flags = "none" if bias is None else "res"
+                em.b.ep_cfg(*em.regs(0, r, mult), shift, act, flags, "i8" if cx.int8 else "f32")
+                em.b.mx_drain(*em.regs(out_t, acc), rows, mb)
 
         compute = [(Unit.load, load)]
-        if a.quantize_scale is not None or len(chunks) > 1:
+        if a.quantize_scale is not None or len(chunks) > 1 or bias is not None:
             compute.append((Unit.vector, prepare))
         compute.append((Unit.matrix, matmul))
-        steps.append(Step([], compute, [(res, scratch.slice(0, c0, rows))]))
+        stores = [(o, scratch.slice(0, c0, rows).slice(1, r0, mb)) for (r0, mb), o in zip(blocks, outs, strict=True)]
+        steps.append(Step([], compute, stores))
     if chain:
         return [steps, _chain_back(cx, scratch, chain, head.outputs[0], value_rows, out_rows)]
     return [steps, _transpose_back(cfg, scratch, out_rows, cx.rotation)]
@@ -223,12 +243,13 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
 def _epilogue_split(cx: LowerContext, nodes: Sequence[Node]) -> tuple[EpilogueOps, list[Node]]:
     """What the drain applies, and the nodes a vector chain applies in phase 2 instead (all of the epilogue as
     soon as one node is beyond the drain: a chain keeps the unfused order of operations)."""
+    own = nodes[0].inputs[2] if len(nodes[0].inputs) > 2 else None  # a Gemm's bias: a broadcast tile in the drain
     try:
         ops = epilogue_ops(cx.graph, nodes)
     except CodegenError as err:
         drain_refusal = str(err)
     else:
-        if ops.bias is None and ops.residual is None:
+        if ops.bias == own and ops.residual is None:
             return ops, []
         drain_refusal = ""
     chain = list(nodes[1:])
@@ -236,7 +257,7 @@ def _epilogue_split(cx: LowerContext, nodes: Sequence[Node]) -> tuple[EpilogueOp
         operands(cx, chain, frozenset({nodes[0].outputs[0]}))
     except CodegenError as err:
         raise CodegenError(f"{drain_refusal or err}; as a vector chain: {err}") from None
-    return EpilogueOps(None, None, False), chain
+    return EpilogueOps(own, None, False), chain
 
 
 def _row_order(perm: tuple[int, ...] | None) -> Callable[[View], View]:

@@ -332,18 +332,11 @@ def test_swapped_gemm_refuses_what_neither_drain_nor_chain_can_apply() -> None:
     b = GraphBuilder("bad_epilogues")
     x = b.input("x", (8, 32))
     w = b.constant(np.ones((32, 24), np.float32), "w")
-    b.output(b.op(OpType.Gemm, x, w, b.constant(np.ones(24, np.float32), "c"), name="gemm"))
     b.output(b.op(OpType.Softmax, b.op(OpType.MatMul, x, w, name="mm"), axis=0, name="sm"))
     graph = b.build()
     mc = context(graph, _inputs(graph), "fp32")
-    with pytest.raises(CodegenError, match="own per-column bias"):
-        build_kernel(mc, Group(("gemm",), "swapped"))
     with pytest.raises(CodegenError, match="as a vector chain: .*last axis"):
         build_kernel(mc, Group(("mm", "sm"), "swapped"))
-    tall = _short_wide(32, 16, 16, False)
-    mc = context(tall, _inputs(tall), "fp32")
-    with pytest.raises(CodegenError, match="stationary"):
-        build_kernel(mc, Group((tall.nodes[0].name,), "swapped"))
 
 
 def _linear_block(m: int, k: int, n: int, tail: str, batch: int = 0, lead_transpose: bool = False) -> Graph:
