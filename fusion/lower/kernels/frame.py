@@ -1,0 +1,176 @@
+"""The frame of a vector-unit window kernel (depthwise Conv, MaxPool) over the UNPADDED input: no DRAM padding
+phase, no DRAM scratch, no copy phase picking output pixels.
+
+A step holds whole channels. Input rows are split by DMA into `sh` row phases (phase p = rows sh*m + p; one
+row-strided DMA per phase, uniform across channels because H % sh == 0), each row at pitch W' = sw * OW in local
+memory. Output row i, frame column q then reads tap (kh, kw) at phase p(kh), row i + dm(kh), column q + o(kw):
+every tap is ONE vector op over the whole [channels, OH, W'] frame, shifted by dm * W' + o. Reads that fall
+outside the image (the padding) land on a neighbouring row or channel, or the tile's slack: they are masked,
+vertically per frame row (`.vc`, period W': zero weights / the lowest value on rows whose tap row is outside)
+and horizontally per frame column (`.vr`, period W'). The kept columns q = sw * j are then compacted by a
+masked period-sw reduction (`v.rsum` / `v.rmax`), so the result tile is the dense [channels, OH, OW] output,
+stored with one DMA.
+
+Geometries outside this frame (H % sh != 0, OH != H / sh, a pitch sw * OW narrower than the columns read, a
+channel that does not fit a buffer slot) return None: the padded-band kernels (`conv_depthwise`,
+`pool_vector`) run them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion.lower.emitter import Emitter, f32_bits
+from fusion.lower.views import View
+from isa.enums import DType
+
+MAX_PERIOD = (1 << 15) - 1  # the `period` field of a vector instruction
+MAX_N = (1 << 16) - 1  # the `n` field
+
+
+@dataclass(frozen=True)
+class Tap:
+    phase: int  # the input row phase it reads
+    dm: int  # phase rows below the output row
+    o: int  # input columns right of the frame column
+
+    def offset(self, pitch: int) -> int:
+        return self.dm * pitch + self.o
+
+
+@dataclass(frozen=True)
+class Frame:
+    n: int
+    c: int
+    h: int
+    w: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[int, int]  # top, left
+    out: tuple[int, int]
+
+    @property
+    def pitch(self) -> int:
+        """W': frame columns per row."""
+        return self.strides[1] * self.out[1]
+
+    @property
+    def rows(self) -> int:
+        """Rows of one input phase (= OH)."""
+        return self.h // self.strides[0]
+
+    @property
+    def cols(self) -> int:
+        """Input columns a row loads: min(W, W')."""
+        return min(self.w, self.pitch)
+
+    @property
+    def positions(self) -> int:
+        """Frame positions of one channel."""
+        return self.out[0] * self.pitch
+
+    def taps(self) -> list[Tap]:
+        sh = self.strides[0]
+        out = []
+        for kh in range(self.kernel[0]):
+            v = kh * self.dilations[0] - self.pads[0]
+            for kw in range(self.kernel[1]):
+                out.append(Tap(v % sh, v // sh, kw * self.dilations[1] - self.pads[1]))
+        return out
+
+    def slack(self) -> tuple[int, int]:
+        """Elements a phase tile needs before and after its data for the taps' shifted reads."""
+        offsets = [t.offset(self.pitch) for t in self.taps()]
+        return max(0, -min(offsets)), max(0, max(offsets))
+
+    def row_mask_needed(self, dm: int) -> bool:
+        return dm != 0
+
+    def col_invalid(self, o: int) -> list[tuple[int, int]]:
+        """Frame column ranges [a, b) whose tap column q + o is outside the image (kept columns only matter,
+        masking the others too is harmless)."""
+        ranges = []
+        if o < 0:
+            ranges.append((0, min(self.pitch, -o)))
+        if self.w - o < self.pitch:
+            ranges.append((max(0, self.w - o), self.pitch))
+        return ranges
+
+    def col_mask_needed(self, o: int) -> bool:
+        sw = self.strides[1]
+        return any(-(-a // sw) * sw < b for a, b in self.col_invalid(o))
+
+    def phase_view(self, x: View, img: int, c0: int, kb: int, p: int) -> list[tuple[View, int]]:
+        """The DRAM views of phase p of channels [c0, c0 + kb) and their element offsets in the (data part of
+        the) phase tile: rows at pitch W'. When W' > W a row's last W' - W elements are the next row's first
+        ones (masked); the very last row is loaded alone so no read passes the tensor's end."""
+        es = x.dtype.size
+        sh = self.strides[0]
+        base = x.index((img,)).slice(0, c0, kb)  # [kb, H, W]
+        first = base.address + p * self.w * es
+        rows = kb * self.rows
+        stride = sh * self.w * es
+        if self.pitch <= self.w:
+            return [(View(first, (rows, self.pitch), (stride, es), x.dtype), 0)]
+        head = [(View(first, (rows - 1, self.pitch), (stride, es), x.dtype), 0)] if rows > 1 else []
+        last = View(first + (rows - 1) * stride, (1, self.w), (stride, es), x.dtype)
+        return [*head, (last, (rows - 1) * self.pitch)]
+
+
+def frame_of(
+    n: int,
+    c: int,
+    spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    pads: tuple[int, ...],
+    out: tuple[int, ...],
+) -> Frame | None:
+    """The frame of a 1-D or 2-D window (pads: begins then ends), or None when it does not apply."""
+    if len(kernel) not in (1, 2):
+        return None
+    s = len(kernel)
+    lift = (1,) * (2 - s)
+    f = Frame(
+        n,
+        c,
+        *((1, spatial[0]) if s == 1 else spatial),
+        kernel=(*lift, *kernel),
+        strides=(*lift, *strides),
+        dilations=(*lift, *dilations),
+        pads=(0, pads[0]) if s == 1 else (pads[0], pads[1]),
+        out=(*lift, *out),
+    )
+    sh, sw = f.strides
+    if f.h % sh or f.out[0] != f.rows:
+        return None
+    last_col = sw * (f.out[1] - 1) + (f.kernel[1] - 1) * f.dilations[1] - f.pads[1]
+    if min(f.w, last_col + 1) > f.pitch:  # a row's columns read do not fit the pitch
+        return None
+    if f.pitch > MAX_PERIOD or f.out[0] * f.out[1] > MAX_PERIOD:
+        return None
+    return f
+
+
+def fill_runs(em: Emitter, dst: int, runs: list[tuple[int, int, float]], dtype: DType) -> None:
+    """dst[a:b] = value for each (a, b, value), NaN-safe (an integer multiply by zero clears the bits)."""
+    for a, b, value in runs:
+        if b <= a:
+            continue
+        n, addr = b - a, dst + a * dtype.size
+        clear = DType.i8 if dtype is DType.i8 else DType.i32
+        em.b.v_mul_vs(*em.regs(addr, addr), 0, n, clear.name)
+        if value:
+            bits = int(value) if dtype is not DType.f32 else f32_bits(value)
+            em.b.v_add_vs(*em.regs(addr, addr, bits), n, dtype.name)
+
+
+def repeat(em: Emitter, dst: int, period: int, count: int, dtype: DType) -> None:
+    """dst[0 : period * count] = dst[0:period] repeated, by doubling copies."""
+    have = 1
+    while have < count:
+        k = min(have, count - have)
+        em.b.v_copy(*em.regs(dst + have * period * dtype.size, dst), k * period, dtype.name)
+        have += k
