@@ -154,7 +154,8 @@ _MATRIX = (
         B,
         "preload",
         0,
-        "weights = spad[rs1] rows(K) x cols, zero-padded to N x N",
+        "weights = spad[rs1] rows(K) x cols, zero-padded to N x N, for the next mx.mm*: they shift into the "
+        "array's shadow buffer while it computes (double-buffered)",
         (I8, F32),
     ),
     _row(
@@ -166,7 +167,8 @@ _MATRIX = (
         B,
         "matmul",
         0,
-        "acc[rd] = spad[rs1] (rows x K) @ weights (int8 -> int32 or fp32)",
+        "acc[rd] = spad[rs1] (rows x K) @ weights (int8 -> int32 or fp32); rows enter right behind the previous "
+        "matmul's, the results follow 2N - 1 cycles later",
     ),
     _row("mx.mma", "rd, rs1, rows", 0x21, 1, MX, B, "matmul", 0, "acc[rd] += spad[rs1] (rows x K) @ weights"),
     _row(

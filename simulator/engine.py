@@ -6,7 +6,10 @@ its dependency is satisfied (a `sync.pop`'s matching push has retired; a `vc.lds
 begun) and no other unit holds a bank it touches. Instructions are timed lazily, always the one with the
 earliest possible start next, so bank and DRAM-channel arbitration is first come, first served in time
 (ties: lower unit number first) while the engine jumps from event to event instead of ticking cycles.
-Every dependency points to an earlier-issued instruction. The one exception is the bounded stream FIFO:
+The matrix unit is pipelined (`MatrixPipe`): it starts its instructions in order, but a matmul holds only the
+array's input and a preload only the weight port, so the next one may start while earlier results are still on
+their way (double-buffered weights); instructions that need those results wait for them. Every dependency points
+to an earlier-issued instruction. The one exception is the bounded stream FIFO:
 an `mx.mms` whose rows fill it cannot finish until a `vc.lds` takes them, so its finish stays open (the
 matrix unit and its banks are held) until the consumers of its rows are timed; a program whose `vc.lds`
 can never start then is a deadlock, reported as a trap.
@@ -19,14 +22,25 @@ from collections import deque
 from isa.enums import Unit
 from simulator.config import MachineConfig
 from simulator.errors import Fault
-from simulator.timing import chain_stream_finish, stream_row_out, stream_row_ready, stream_row_taken
+from simulator.timing import (
+    chain_stream_finish,
+    matmul_input_cycles,
+    matmul_start,
+    matrix_drained_start,
+    preload_start,
+    stream_row_out,
+    stream_row_ready,
+    stream_row_taken,
+)
 
 INF = float("inf")
 LOAD, MATRIX, VECTOR, STORE = int(Unit.load), int(Unit.matrix), int(Unit.vector), int(Unit.store)
 QUEUED_UNITS = (LOAD, MATRIX, VECTOR, STORE)  # plain ints: list indexing with IntEnum members is slower
 
-# Op kinds: how the finish cycle and the dependency are computed (PRODUCER: mx.mms, STREAM: vc.lds).
-PLAIN, DMA, STREAM, POP, PRODUCER = 0, 1, 2, 3, 4
+# Op kinds: how the start, the finish cycle and the dependency are computed (PRODUCER: mx.mms, STREAM: vc.lds;
+# on the matrix unit PRELOAD, MATMUL (mx.mm, mx.mma) and CONFIG (ep.cfg) overlap, PLAIN ones (mx.drain,
+# sync.push) wait for every earlier result and hold the whole unit until they finish).
+PLAIN, DMA, STREAM, POP, PRODUCER, PRELOAD, MATMUL, CONFIG = range(8)
 
 # Per-pc statistics row layout (one list per instruction, shared with the counters module).
 (
@@ -105,6 +119,68 @@ def retired_token(now: int) -> Op:
     return op
 
 
+class MatrixPipe:
+    """The matrix unit's pipeline: when each of its resources frees up, by the rules of `simulator.timing`.
+
+    Instructions start in order (never before the previous one started). A preload holds the weight port, a
+    matmul the array's input (`matmul_input_cycles`); their results are in at their finish. PLAIN instructions
+    (`mx.drain`, `sync.push`) and `mx.mms` wait for every earlier finish; a drain holds the whole unit until its own.
+    """
+
+    __slots__ = ("cfg", "last", "hold", "weights", "input", "done", "open", "busy_until")
+
+    def __init__(self, cfg: MachineConfig) -> None:
+        self.cfg = cfg
+        self.last = 0  # start of the previous instruction
+        self.hold = 0  # finish of the last instruction that holds the whole unit
+        self.weights = 0  # finish of the last preload: the weight port is free and its weights are in
+        self.input: float = 0  # the array's input is free (INF behind an mx.mms waiting for the stream FIFO)
+        self.done = 0  # latest known finish of any instruction
+        self.open = False  # an mx.mms whose finish waits for the stream FIFO
+        self.busy_until = 0  # end of the busy time counted so far (overlapping instructions count once)
+
+    def results(self) -> float:
+        return INF if self.open else self.done
+
+    def ready(self, op: Op) -> float:
+        """Earliest start of `op` as far as the matrix unit is concerned (tokens and banks aside)."""
+        t = max(op.issue, self.last, self.hold)
+        kind = op.kind
+        if kind == MATMUL:
+            return matmul_start(t, self.input, self.weights)
+        if kind == PRELOAD:
+            return preload_start(t, self.weights)
+        if kind in (PLAIN, PRODUCER):
+            return matrix_drained_start(t, self.results())
+        return t  # CONFIG, POP
+
+    def started(self, op: Op, t: int, finish: float) -> int:
+        """Book `op` started at t; returns the busy cycles it adds beyond those already counted."""
+        self.last = t
+        kind = op.kind
+        if kind == PRELOAD:
+            self.weights = int(finish)
+        elif kind == MATMUL:
+            self.input = t + matmul_input_cycles(self.cfg, op.n)
+        elif kind == PRODUCER:
+            self.input = finish
+            self.open = finish == INF
+        elif kind == PLAIN:
+            self.hold = int(finish)
+        if finish != INF:
+            self.done = max(self.done, int(finish))
+        end = t + op.dur
+        busy = max(0, end - max(t, self.busy_until))
+        self.busy_until = max(self.busy_until, end)
+        return busy
+
+    def resolved(self, finish: int) -> None:
+        """The open mx.mms is done at `finish`."""
+        self.open = False
+        self.input = finish
+        self.done = max(self.done, finish)
+
+
 class Engine:
     def __init__(self, cfg: MachineConfig, trace: list[tuple[int, int, int, int]] | None) -> None:
         self.cfg = cfg
@@ -123,6 +199,8 @@ class Engine:
         self.row_out: list[int] = []  # cycle each row did leave it (known prefix)
         self.row_taken: list[int] = []  # cycle the vector unit took each row (known prefix)
         self.open: tuple[Op, int] | None = None  # an mx.mms whose finish waits for FIFO room, with its last row
+        self.matrix = MatrixPipe(cfg)
+        self.behind_open: dict[int, int] = {}  # bank -> latest finish of matrix ops on it while an mx.mms is open
 
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""
@@ -186,9 +264,12 @@ class Engine:
                 return
 
     def _candidate(self, u: int, op: Op) -> float:
-        t = op.issue
-        if self.free[u] > t:
-            t = self.free[u]
+        if u == MATRIX:
+            t = self.matrix.ready(op)
+        else:
+            t = op.issue
+            if self.free[u] > t:
+                t = self.free[u]
         dep = op.dep
         if dep is not None:
             if dep.start < 0:
@@ -206,7 +287,7 @@ class Engine:
         op = self.queues[u].popleft()
         self.pending -= 1
         stats = op.stats
-        ready = max(op.issue, self.free[u])
+        ready = self.matrix.ready(op) if u == MATRIX else max(op.issue, self.free[u])
         if op.dep is not None:
             dep_ready = op.dep.finish if op.kind == POP else op.dep.start
             if dep_ready > ready:
@@ -228,9 +309,11 @@ class Engine:
             stats[S_BUSY] += finish - t
         elif kind == PRODUCER:
             finish = self._produce(op, t)
-            stats[S_BUSY] += op.dur
         else:
             finish = t + op.dur
+        if u == MATRIX:
+            stats[S_BUSY] += self.matrix.started(op, t, finish)
+        elif kind != DMA and kind != STREAM:
             stats[S_BUSY] += op.dur
         self._finish(op, finish)
         if kind == STREAM:
@@ -239,10 +322,18 @@ class Engine:
     def _finish(self, op: Op, finish: int | float) -> None:
         """Record when `op` frees its unit and banks (INF: not known yet, an mx.mms waiting for the FIFO)."""
         u = op.unit
-        self.free[u] = finish
-        for b in op.banks:
-            self.bank_owner[b] = u
-            self.bank_until[b] = finish
+        owner, until = self.bank_owner, self.bank_until
+        if u == MATRIX:  # overlapping instructions: each bank is held until the latest of them finishes
+            self.free[u] = self.matrix.results()
+            for b in op.banks:
+                if owner[b] != u or until[b] < finish:
+                    owner[b], until[b] = u, finish
+                elif until[b] == INF and finish != INF:
+                    self.behind_open[b] = max(self.behind_open.get(b, 0), int(finish))
+        else:
+            self.free[u] = finish
+            for b in op.banks:
+                owner[b], until[b] = u, finish
         cand = self.cand
         cand[u] = None
         for v in QUEUED_UNITS:
@@ -296,4 +387,9 @@ class Engine:
         if self.open is not None and self.open[1] < len(self.row_out):
             op, last = self.open
             self.open = None
-            self._finish(op, self._stalled_finish(op, last))
+            finish = self._stalled_finish(op, last)
+            self.matrix.resolved(finish)
+            for b in op.banks:
+                if self.bank_until[b] == INF:
+                    self.bank_until[b] = max(finish, self.behind_open.pop(b, 0))
+            self._finish(op, finish)

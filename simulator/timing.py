@@ -40,17 +40,73 @@ def dma_transposed_cycles(cfg: MachineConfig, rows: int, row_bytes: int, stride:
 
 
 def preload_cycles(cfg: MachineConfig) -> int:
-    """`preload`: weights shift into the N x N array one row per cycle."""
+    """`preload`: weights shift into the array's shadow buffer one row per cycle. The weight port is busy N cycles
+    and a matmul can switch to the new weights N cycles after the preload starts (`matmul_start`); meanwhile the
+    array keeps computing with its active weights (double-buffered stationary weights)."""
     return cfg.array_size
 
 
 def matmul_cycles(cfg: MachineConfig, rows: int) -> int:
     """`matmul`, `matmul_stream`: rows enter skewed one per cycle; the last leaves 2N - 1 cycles after it enters.
 
-    An `mx.mms` takes longer when the stream FIFO is full: the unit is free the cycle after its last row's
-    `stream_row_out`.
+    This is the latency until the last result is in the accumulator (or, for `mx.mms`, out of the array): what an
+    accumulator reader waits for. The array's input is busy only `matmul_input_cycles`. An `mx.mms` takes longer
+    when the stream FIFO is full: it is done the cycle after its last row's `stream_row_out`.
     """
     return rows + 2 * cfg.array_size - 1
+
+
+def matmul_input_cycles(cfg: MachineConfig, rows: int) -> int:
+    """Cycles an `mx.mm`/`mx.mma` occupies the array's input: one row per cycle. The next matmul's first row may
+    enter the cycle after this one's last row (the 2N - 1 skew is latency, not occupancy): back-to-back matmuls
+    of R rows each take R per matmul plus one 2N - 1 at the end."""
+    return rows
+
+
+def matmul_start(ready: int, input_free: int, weights_ready: int) -> int:
+    """Earliest start of an `mx.mm`/`mx.mma`: in order (`ready`), once the previous matmul's rows have entered
+    (`input_free`, from `matmul_input_cycles`) and the last preload's weights are in (`weights_ready`: its start +
+    `preload_cycles`). An accumulating matmul needs no more: the accumulator's read-modify-write happens where rows
+    leave the array, in order, so it follows the earlier results into the same rows."""
+    return max(ready, input_free, weights_ready)
+
+
+def preload_start(ready: int, weights_free: int) -> int:
+    """Earliest start of an `mx.preload`: in order, once the previous preload has finished shifting. It may start
+    in the same cycle as the matmul that switches to the previous preload's weights (that switch reads the shadow
+    buffer before the new rows overwrite it), and overlaps that matmul's rows."""
+    return max(ready, weights_free)
+
+
+def matrix_drained_start(ready: int, results: int) -> int:
+    """Earliest start of an instruction that needs every earlier matrix result: `mx.drain`, `mx.mms` (it starts on
+    an empty array, so a full-FIFO freeze stalls no other matmul), `sync.push` from the matrix unit (its token
+    means the results are there), and a preload or matmul whose operand is in the accumulator. `results` is the
+    latest finish (`matmul_cycles` after its start) of any earlier matrix instruction. A drain holds the whole
+    unit until it finishes."""
+    return max(ready, results)
+
+
+def matrix_segment_cycles(cfg: MachineConfig, tiles: int, matmuls_per_tile: int, rows: int) -> int:
+    """Cycles from the first preload of a run of `tiles` weight tiles, each one preload followed by
+    `matmuls_per_tile` back-to-back matmuls of `rows` rows, until the last result is in the accumulator (where a
+    drain can start). Each preload after the first overlaps the previous tile's last matmul, so consecutive tiles'
+    first matmuls are (m - 1) * rows + max(N, rows) apart (`preload_start`, `matmul_start`)."""
+    if tiles <= 0 or matmuls_per_tile <= 0:
+        return 0
+    n = preload_cycles(cfg)
+    period = (matmuls_per_tile - 1) * matmul_input_cycles(cfg, rows) + max(n, matmul_input_cycles(cfg, rows))
+    last = n + (tiles - 1) * period + (matmuls_per_tile - 1) * matmul_input_cycles(cfg, rows)
+    return last + matmul_cycles(cfg, rows)
+
+
+def matrix_lower_bound(cfg: MachineConfig, preloads: int, rows: int) -> int:
+    """A lower bound on the matrix unit's time for `preloads` weight tiles and `rows` matmul rows in total, however
+    they are split: the weight port takes every preload in turn and the input one row per cycle, and the last
+    result needs 2N - 1 more cycles (`matmul_cycles` of 0 rows)."""
+    if preloads <= 0 and rows <= 0:
+        return 0
+    return max(preloads * preload_cycles(cfg), matmul_input_cycles(cfg, rows)) + matmul_cycles(cfg, 0)
 
 
 def stream_row_ready(cfg: MachineConfig, start: int, row: int) -> int:

@@ -1,7 +1,9 @@
 """The analytic cost model: per-unit busy time from the simulator's timing rules, composed as a pipeline.
 
 Every formula is a call into `simulator.timing` (never a copy): DMA transfers, preloads, matmuls, drains and
-vector passes are charged at their average size, each unit's total is its busy time. A kernel's steps run as a
+vector passes are charged at their average size, each unit's total is its busy time (the matrix unit's preloads
+and matmuls overlap as the pipelined array runs them, `timing.matrix_segment_cycles`, one segment per drain or
+step). A kernel's steps run as a
 software pipeline of stages load -> matrix -> vector -> store (a step's store waits for its compute, which waits
 for its loads): the busiest stage (or the DRAM channel the DMAs share, or instruction issue) sets the pace, and
 the other stages' share of one step does not overlap it; every fenced phase drains the pipeline and fills it
@@ -56,6 +58,18 @@ class UnitTimes:
         return max(top, self.transfer, self.issue) + rest * restarts / steps
 
 
+def _matmul_time(f: KernelFeatures, cfg: MachineConfig) -> int:
+    """Preloads and matmuls on the pipelined array: each drain, and each step's hand-over to the other units (a
+    token from the matrix unit), ends a segment by waiting for the results; within one the tiles overlap as
+    `timing.matrix_segment_cycles` says, at the kernel's average sizes."""
+    if not f.matmuls:
+        return f.preloads * timing.preload_cycles(cfg)
+    tiles = max(f.preloads, 1)
+    segments = min(max(f.drains, f.steps, 1), tiles)
+    rows = _avg(f.matmul_rows, f.matmuls)
+    return segments * timing.matrix_segment_cycles(cfg, _avg(tiles, segments), _avg(f.matmuls, tiles), rows)
+
+
 def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
     latency = timing.dma_cycles(cfg, 1, 0, 0)  # an empty transfer: the access latency alone
     ld_bytes, st_bytes = f.load_bursts * cfg.burst_bytes, f.store_bursts * cfg.burst_bytes
@@ -63,9 +77,9 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
     store = f.dma_stores * latency + timing.dma_transfer_cycles(cfg, 1, st_bytes, st_bytes)
     skips = f.strategy in REGISTRY and REGISTRY[f.strategy].skips_zero_tiles
     kept = 1.0 - f.zero_tile_fraction if skips else 1.0
-    matrix = kept * (
-        f.preloads * timing.preload_cycles(cfg) + f.matmuls * timing.matmul_cycles(cfg, _avg(f.matmul_rows, f.matmuls))
-    ) + f.drains * timing.drain_cycles(cfg, _avg(f.drain_rows, f.drains), DRAIN_LATENCY)
+    matrix = kept * _matmul_time(f, cfg) + f.drains * timing.drain_cycles(
+        cfg, _avg(f.drain_rows, f.drains), DRAIN_LATENCY
+    )
     vector = f.vector_instrs * timing.vector_cycles(
         cfg, _avg(f.vector_pass_elems, f.vector_instrs), VECTOR_LATENCY
     ) + f.chain_ops * timing.chain_op_cycles(cfg, VECTOR_LATENCY)

@@ -2,9 +2,10 @@
 
 Planning generates, links and counts a kernel for every schedule it compares; most of that time goes to GEMM
 schedules that cannot win. Every GEMM schedule issues at least one `mx.mm` per (GEMM, weight panel, k-slice)
-of its orientation and streams a known number of rows in total, and the analytic model charges each instruction
-`timing.matmul_cycles` (rows + 2N - 1) plus a preload: that sum bounds its predicted cycles from below, so a
-schedule whose bound is above the best prediction so far is never built (branch and bound). Other strategies get
+of its orientation and streams a known number of rows in total: the pipelined array needs at least a preload's
+time per weight tile or a cycle per row, whichever is more, plus one 2N - 1 skew (`timing.matrix_lower_bound`),
+which bounds the analytic model's prediction and the simulated cycles from below, so a schedule whose bound is
+above the best prediction so far is never built (branch and bound). Other strategies get
 bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`).
 """
 
@@ -38,7 +39,7 @@ def _gemm_shape(mc: ModelContext, group: Group) -> tuple[int, int, int, int] | N
 
 
 def _cycles(mc: ModelContext, instrs: int, rows: int) -> float:
-    return rows + instrs * (2 * mc.config.array_size - 1 + timing.preload_cycles(mc.config))
+    return timing.matrix_lower_bound(mc.config, instrs, rows)
 
 
 def gemm_bound(mc: ModelContext, group: Group) -> float:

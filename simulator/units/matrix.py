@@ -1,4 +1,8 @@
-"""Matrix unit: weight preload, (accumulating / streaming) matmul, epilogue configuration and drain."""
+"""Matrix unit: weight preload, (accumulating / streaming) matmul, epilogue configuration and drain.
+
+Timing (`simulator.engine.MatrixPipe`): a preload fills the array's shadow weights while it computes, and the next
+matmul switches to them; matmuls follow each other one row per cycle. Program semantics do not change: a matmul
+uses the weights of the latest preload before it."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import numpy as np
 from isa import Instruction
 from isa.enums import Activation, DType, EpilogueFlags
 from isa.memory_map import LOCAL_ACC_BASE
-from simulator.engine import MATRIX, PRODUCER, S_MACS_F32, S_MACS_I8
+from simulator.engine import CONFIG, MATMUL, MATRIX, PLAIN, PRELOAD, PRODUCER, S_MACS_F32, S_MACS_I8
 from simulator.errors import Fault
 from simulator.semantics import matrix as sem
 from simulator.timing import drain_cycles, epilogue_config_cycles, matmul_cycles, preload_cycles
@@ -18,6 +22,12 @@ if TYPE_CHECKING:
     from simulator.machine import Builder, Machine, Step
 
 _ACC_DTYPE = {DType.i8: np.dtype(np.int32), DType.f32: np.dtype(np.float32)}
+
+
+def _pipelined(kind: int, operand: int) -> int:
+    """`kind`, or PLAIN (wait for every earlier result, hold the unit) when the operand is read from the
+    accumulator, which earlier matmuls may still be writing."""
+    return PLAIN if operand >= LOCAL_ACC_BASE else kind
 
 
 def preload(m: Machine, pc: int, ins: Instruction) -> Step:
@@ -30,7 +40,7 @@ def preload(m: Machine, pc: int, ins: Instruction) -> Step:
             raise Fault(f"weight tile {rows} x {cols} exceeds the {n} x {n} array")
         w = m.read_local(x[rs1], rows * cols, dt.numpy, row).reshape(rows, cols).copy()
         m.weights = w
-        op = m.unit_op(MATRIX, pc, dur, row)
+        op = m.unit_op(MATRIX, pc, dur, row, _pipelined(PRELOAD, x[rs1]))
         if m.transactions is not None:
             m.record(op, pc, {"w": w}, w)
         m.submit(op)
@@ -75,7 +85,8 @@ def matmul(accumulate: bool) -> Builder:
                     operands["acc"] = old.copy()
                 product = sem.accumulate(old, product)
             m.write_local(dest, product, row)
-            op = m.unit_op(MATRIX, pc, dur, row)
+            op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, x[rs1]))
+            op.n = rows
             if recording:
                 m.record(op, pc, operands, product)
             m.submit(op)
@@ -111,7 +122,7 @@ def epilogue_config(m: Machine, pc: int, ins: Instruction) -> Step:
 
     def step() -> int:
         m.epilogue = (x[rs1], x[rs2], x[rs3], *config)
-        m.submit(m.unit_op(MATRIX, pc, dur, row))
+        m.submit(m.unit_op(MATRIX, pc, dur, row, CONFIG))
         return nxt
 
     return step

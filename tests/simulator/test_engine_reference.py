@@ -6,8 +6,12 @@ other unit holds one of its banks; then the scalar core issues the next instruct
 has room, and units get another chance in the same cycle. DMA data phases share one DRAM channel. Then
 the stream moves: a running mx.mms lets its next row out of the array when the row has come through
 (2N - 1 array steps after it entered) unless the FIFO holds `stream_fifo_depth` rows, in which case the
-whole array freezes for the cycle; a running vc.lds takes one row that is out. The engine must give every
-instruction the same start and finish cycle, and deadlock exactly when the reference never finishes.
+whole array freezes for the cycle; a running vc.lds takes one row that is out. The matrix unit is pipelined: a
+preload waits for the previous preload, a matmul for the previous matmul's rows (`n` cycles after its start) and the
+last preload, a drain-like (PLAIN) instruction or an mx.mms for every earlier matrix instruction to finish, and
+nothing starts before a drain has finished. A bank is held until the last of its owner's instructions on it has
+finished. The engine must give every instruction the same start and finish cycle, and deadlock exactly when the
+reference never finishes.
 """
 
 from __future__ import annotations
@@ -20,7 +24,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import PRESETS
-from simulator.engine import DMA, MATRIX, PLAIN, POP, PRODUCER, QUEUED_UNITS, STAT_FIELDS, STREAM, VECTOR, Engine, Op
+from simulator.engine import (
+    CONFIG,
+    DMA,
+    MATMUL,
+    MATRIX,
+    PLAIN,
+    POP,
+    PRELOAD,
+    PRODUCER,
+    QUEUED_UNITS,
+    STAT_FIELDS,
+    STREAM,
+    VECTOR,
+    Engine,
+    Op,
+)
 from simulator.errors import Fault
 
 
@@ -50,7 +69,9 @@ def programs(draw) -> list[Spec]:
     streamed, taken = 0, 0  # elements produced and consumed
     for _ in range(draw(st.integers(1, 30))):
         unit = draw(st.sampled_from(QUEUED_UNITS))
-        choice = draw(st.sampled_from(["work", "work", "dma", "push", "pop", "stream", "take", "take"]))
+        choice = draw(
+            st.sampled_from(["work", "work", "dma", "push", "pop", "stream", "take", "take", "preload", "mm", "mm"])
+        )
         banks = tuple(sorted(draw(st.sets(st.integers(0, 3), max_size=2))))
         if choice == "pop" and pushes:
             specs.append(Spec(unit, 0, (), POP, pushes.pop(draw(st.integers(0, len(pushes) - 1)))))
@@ -62,6 +83,11 @@ def programs(draw) -> list[Spec]:
             producers.append((len(specs), rows))
             specs.append(Spec(MATRIX, rows + 2 * N - 1, banks, PRODUCER, n=rows))  # mx.mms
             streamed += rows * N
+        elif choice == "preload":
+            specs.append(Spec(MATRIX, N, banks, PRELOAD))
+        elif choice == "mm":
+            rows = draw(st.integers(0, 12))
+            specs.append(Spec(MATRIX, rows + 2 * N - 1, banks, MATMUL, n=rows))
         elif choice == "take" and taken < streamed:
             specs.append(_take(draw, producers, taken, draw(st.integers(1, streamed - taken))))
             taken = specs[-1].n + taken
@@ -69,7 +95,8 @@ def programs(draw) -> list[Spec]:
             xfer, extra = draw(st.integers(1, 12)), draw(st.integers(0, 2))
             specs.append(Spec(unit, 0, banks, DMA, None, xfer, extra))
         else:
-            specs.append(Spec(unit, draw(st.integers(0, 15)), banks, PLAIN))
+            kind = CONFIG if unit == MATRIX and draw(st.booleans()) else PLAIN
+            specs.append(Spec(unit, draw(st.integers(0, 15)), banks, kind))
     if taken < streamed and draw(st.integers(0, 3)):  # else rows may stay in the FIFO (a deadlock if too many)
         specs.append(_take(draw, producers, taken, streamed - taken))
     return specs
@@ -116,27 +143,60 @@ def reference_times(specs: list[Spec], cfg) -> list[tuple[int, int]] | str:
     finish: list[int | None] = [None] * n
     queues: dict[int, deque[int]] = {u: deque() for u in QUEUED_UNITS}
     free: dict[int, float] = dict.fromkeys(QUEUED_UNITS, 0)
-    owner, until = [-1] * 4, [0.0] * 4
+    owner, holders = [-1] * 4, [[] for _ in range(4)]  # a bank's unit and its instructions on it since it took it
+    matrix: list[int] = []  # matrix instructions started so far
+    weights, rows_free, hold = 0, 0.0, 0.0  # last preload's finish, array input free, last drain's finish
     channel = 0
     out: list[int] = []  # cycle each streamed row left the array
     took: list[int] = []  # cycle the vector unit took each row
     producing: list | None = None  # [spec index, rows out, array steps done]
     consuming: list | None = None  # [spec index, rows taken]
 
+    def done_by(i: int, t: int) -> bool:
+        return finish[i] is not None and finish[i] <= t
+
+    def matrix_ready(spec: Spec, t: int) -> bool:
+        if hold > t:
+            return False
+        if spec.kind == PRELOAD:
+            return weights <= t
+        if spec.kind == MATMUL:
+            return weights <= t and rows_free <= t
+        if spec.kind in (PLAIN, PRODUCER):
+            return all(done_by(i, t) for i in matrix)
+        return True
+
     def eligible(u: int, t: int) -> bool:
-        if not queues[u] or free[u] > t:
+        if not queues[u]:
             return False
         spec = specs[queues[u][0]]
+        if (not matrix_ready(spec, t)) if u == MATRIX else free[u] > t:
+            return False
         if spec.kind == STREAM and start[spec.dep] is None:  # the stream has not begun
             return False
         if spec.kind == POP and (finish[spec.dep] is None or finish[spec.dep] > t):
             return False
-        return all(owner[b] == u or until[b] <= t for b in spec.banks)
+        return all(owner[b] == u or all(done_by(i, t) for i in holders[b]) for b in spec.banks)
+
+    def take_banks(i: int, u: int) -> None:
+        for b in specs[i].banks:
+            if owner[b] != u:
+                owner[b], holders[b] = u, []
+            holders[b].append(i)
 
     def occupy(i: int, u: int, end: float) -> None:
+        nonlocal weights, rows_free, hold
         finish[i], free[u] = (None if end == float("inf") else int(end)), end
-        for b in specs[i].banks:
-            owner[b], until[b] = u, end
+        spec = specs[i]
+        if u == MATRIX:
+            if spec.kind == PRELOAD:
+                weights = int(end)
+            elif spec.kind == MATMUL:
+                rows_free = start[i] + spec.n
+            elif spec.kind == PRODUCER:
+                rows_free = end
+            elif spec.kind == PLAIN:
+                hold = end
 
     def start_all(t: int) -> None:
         nonlocal channel, producing, consuming
@@ -147,6 +207,9 @@ def reference_times(specs: list[Spec], cfg) -> list[tuple[int, int]] | str:
             i = queues[u].popleft()
             spec = specs[i]
             start[i] = t
+            take_banks(i, u)
+            if u == MATRIX:
+                matrix.append(i)
             if spec.kind == DMA:
                 data = max(t + cfg.dram_latency, channel)
                 channel = data + spec.xfer
