@@ -84,6 +84,14 @@ def run_group(mc: ModelContext, group: Group, inputs: dict[str, np.ndarray], spa
     return kernel, run_kernel(mc, kernel, env, checked=True), env
 
 
+def assert_reference(outputs: dict[str, np.ndarray], env: dict[str, np.ndarray], value: str, dtype: str, tol: float):
+    """A kernel's output equals the (quantized) reference: int8 bit-exact, fp32 within `tol`."""
+    if dtype == "int8":
+        np.testing.assert_array_equal(outputs[value], env[value])
+    else:
+        np.testing.assert_allclose(outputs[value], env[value], rtol=tol, atol=tol)
+
+
 def conv_graph(n, c, cout, spatial, kernel, strides, dilations, pads, groups, relu, seed=7):
     """One Conv (+ bias, optional Relu) with seeded fan-in-scaled weights; returns the graph and its node names."""
     rng = np.random.default_rng(seed)

@@ -6,7 +6,7 @@ bit-exact against the quantized reference, fp32 within 1e-5."""
 from __future__ import annotations
 
 import numpy as np
-from engine_helpers import context, run_group
+from engine_helpers import assert_reference, context, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,11 +44,7 @@ def test_swapped_gemm_of_any_shape_matches_the_reference(m, k, n, bias, tail, dt
     inputs = {"x": np.random.default_rng(m + n).standard_normal((m, k)).astype(np.float32)}
     mc = context(graph, inputs, dtype)
     kernel, run, env = run_group(mc, Group(tuple(node.name for node in graph.nodes), "swapped"), inputs)
-    out = graph.outputs[0]
-    if dtype == "int8":
-        np.testing.assert_array_equal(run.outputs[out], env[out])
-    else:
-        np.testing.assert_allclose(run.outputs[out], env[out], rtol=1e-5, atol=1e-5)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-5)
     mnemonics = [i.mnemonic for i in kernel.program.instructions()]
     blocks, slices = -(-m // 16), -(-k // 16)
     assert mnemonics.count("mx.drain") % blocks == 0  # one drain per stationary row block and chunk

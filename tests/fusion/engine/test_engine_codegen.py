@@ -6,7 +6,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from engine_helpers import context, gemm_graph, linear_relu_graph, model, run_group, sparse_activations
+from engine_helpers import (
+    assert_reference,
+    context,
+    gemm_graph,
+    linear_relu_graph,
+    model,
+    run_group,
+    sparse_activations,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -293,11 +301,7 @@ def _whole_graph_swapped(graph: Graph, dtype: str, tol: float):
     inputs = _inputs(graph)
     mc = context(graph, inputs, dtype)
     kernel, run, env = run_group(mc, Group(tuple(node.name for node in graph.nodes), "swapped"), inputs)
-    out = graph.outputs[0]
-    if dtype == "int8":
-        np.testing.assert_array_equal(run.outputs[out], env[out])
-    else:
-        np.testing.assert_allclose(run.outputs[out], env[out], rtol=tol, atol=tol)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, tol)
     return mc, kernel, run
 
 
