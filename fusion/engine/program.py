@@ -405,12 +405,18 @@ def _data(b: ProgramBuilder, data: bytes, tables: Mapping[str, str], addresses: 
 
 
 def run_program(
-    mc: ModelContext, linked: LinkedProgram, inputs: Mapping[str, np.ndarray], checked: bool = False
+    mc: ModelContext,
+    linked: LinkedProgram,
+    inputs: Mapping[str, np.ndarray],
+    checked: bool = False,
+    max_cycles: int | None = None,
 ) -> ProgramRun:
     """One simulation of the whole program on the graph inputs: every value's bytes, the model's cycles, each
-    kernel's share, and the variant each on-chip dispatch took (the kernel whose instructions ran)."""
+    kernel's share, and the variant each on-chip dispatch took (the kernel whose instructions ran).
+    `max_cycles`: a tighter watchdog than the machine's (a SimulatorTrap past it)."""
     names = linked.symbols
-    result = simulate(linked.program, mc.config, {names[v]: inputs[v] for v in mc.graph.inputs}, checked=checked)
+    config = mc.config if max_cycles is None else replace(mc.config, max_cycles=max_cycles)
+    result = simulate(linked.program, config, {names[v]: inputs[v] for v in mc.graph.inputs}, checked=checked)
     per = result.kernel_counters
     outputs = {v: result.outputs[t] for v, t in names.items() if t in result.outputs}
     decisions = tuple(
@@ -428,6 +434,12 @@ def run_program(
         float(c.energy_total_pj),
         c,
     )
+
+
+def kernel_at(linked: LinkedProgram, pc: int) -> ProgramKernel | None:
+    """The plan kernel whose instructions hold `pc` (None: the driver, `program_io` or a dispatch measurement)."""
+    block = next((k.name for k in linked.program.kernels if k.start <= pc < k.end), None)
+    return next((k for k in linked.kernels if k.name == block), None)
 
 
 def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:

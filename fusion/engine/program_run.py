@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fusion.engine.context import ModelContext
+from fusion.engine.errors import EngineError
 from fusion.engine.execute import to_real
 from fusion.engine.plan import Group, GroupChoice, baseline_group
 from fusion.engine.program import (
@@ -29,6 +30,7 @@ from fusion.engine.program import (
     ProgramKernel,
     ProgramRun,
     data_class_of,
+    kernel_at,
     link_plan,
     model_prefers,
 )
@@ -37,6 +39,7 @@ from fusion.engine.strategies import strategy_of
 from fusion.engine.validation import compare
 from fusion.engine.views import is_view
 from fusion.graph.ir import Graph
+from simulator.errors import SimulatorTrap
 
 if TYPE_CHECKING:
     from fusion.engine.engine import CallResult, FusionEngine, KernelRecord, _Call
@@ -80,11 +83,16 @@ def run_as_program(
     for _ in range(len(c.plan.choices) + 1):
         choices = _with_fallbacks(engine, c, replaced)
         linked = _linked(engine, c, choices)
-        run = simulate_program(mc, linked, inputs, checked=engine.options.checked)
+        run = _run_checked(engine, c, linked, inputs)
+        if not isinstance(run, ProgramRun):
+            replaced.update(run)
+            continue
         failures, validated = _validate(engine, c, linked, run, inputs)
         if not failures:
             break
         replaced.update(failures)
+    else:
+        raise EngineError(f"the program still fails after replacing {len(replaced)} groups by unfused kernels")
     records = _records(engine, c, linked, run, replaced, validated)
     call = ProgramCall(
         run.cycles,
@@ -121,27 +129,45 @@ def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram:
     with engine._lock:
         linked = engine.programs.setdefault(c.state, {}).get(choices)
     if linked is None:
-        linked = faster_link(c.state.mc, choices, model_prefers(c.state.mc, engine.cost_model))
+        groups = [g for choice in choices for g in _variants(choice)]
+        budget = _budget(engine, c, groups)
+        linked = faster_link(c.state.mc, choices, model_prefers(c.state.mc, engine.cost_model), budget)
         with engine._lock:
             engine.programs[c.state][choices] = linked
     return linked
 
 
-def faster_link(mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None) -> LinkedProgram:
+def faster_link(
+    mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None, max_cycles: int | None = None
+) -> LinkedProgram:
     """The program with token-ordered boundaries, unless the same program with a fence at every boundary
     measures fewer cycles (on zero inputs: timing does not depend on values, the on-chip dispatch aside, which
-    both take alike): so a program never runs slower than its kernels fenced one after another."""
+    both take alike): so a program never runs slower than its kernels fenced one after another. A measurement
+    that traps or passes `max_cycles` counts as slowest (the fenced program is kept: the call's own run then
+    finds the failing kernel)."""
     zeros = {v: np.zeros(mc.graph.types[v].shape, mc.graph.types[v].dtype.numpy) for v in mc.graph.inputs}
     fenced = link_plan(mc, choices, prefer, join=False)
-    joined = link_plan(mc, choices, prefer, fenced=best_fences(mc, choices, fenced, zeros))
+    joined = link_plan(mc, choices, prefer, fenced=best_fences(mc, choices, fenced, zeros, max_cycles))
     if not any(b.joined for b in joined.boundaries):
         return joined
-    faster = simulate_program(mc, fenced, zeros).cycles < simulate_program(mc, joined, zeros).cycles
-    return fenced if faster else joined
+    faster = _cycles(mc, joined, zeros, max_cycles) < _cycles(mc, fenced, zeros, max_cycles)
+    return joined if faster else fenced
+
+
+def _cycles(mc: ModelContext, linked: LinkedProgram, zeros: Mapping[str, np.ndarray], max_cycles: int | None) -> float:
+    """A program's cycles on zero inputs; infinite when it traps or overruns."""
+    try:
+        return simulate_program(mc, linked, zeros, max_cycles=max_cycles).cycles
+    except SimulatorTrap:
+        return math.inf
 
 
 def best_fences(
-    mc: ModelContext, choices: Sequence[GroupChoice], fenced: LinkedProgram, zeros: Mapping[str, np.ndarray]
+    mc: ModelContext,
+    choices: Sequence[GroupChoice],
+    fenced: LinkedProgram,
+    zeros: Mapping[str, np.ndarray],
+    max_cycles: int | None = None,
 ) -> frozenset[int]:
     """Which boundaries to fence: each boundary's gain measured on its two kernels alone (joined vs fenced, zero
     inputs), then the set of joins of largest total gain in which no single-phase kernel is joined at both ends
@@ -154,8 +180,9 @@ def best_fences(
         if pair:
             alone = link_plan(mc, pair, join=True)
             if alone.boundaries and alone.boundaries[0].joined:
-                apart = simulate_program(mc, link_plan(mc, pair, join=False), zeros).cycles
-                gain = apart - simulate_program(mc, alone, zeros).cycles
+                apart = _cycles(mc, link_plan(mc, pair, join=False), zeros, max_cycles)
+                joined = _cycles(mc, alone, zeros, max_cycles)
+                gain = apart - joined if math.isfinite(apart + joined) else 0
         gains.append(gain)
     # value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]: the
     # previous boundary's state on that best path
@@ -178,6 +205,45 @@ def best_fences(
 def _fused(group: Group) -> bool:
     """A fusion (validated, blockable): several nodes, or one node run by a strategy other than the baseline's."""
     return group.fused or not strategy_of(group).baseline
+
+
+def _run_checked(
+    engine: FusionEngine, c: _Call, linked: LinkedProgram, inputs: Mapping[str, np.ndarray]
+) -> ProgramRun | dict[tuple[str, ...], str]:
+    """Run the program within the sum of its kernels' cycle budgets (`engine.cycle_budget`). A trap or an overrun
+    inside a fused kernel is that kernel's failure, as in host mode (evicted, blocked, logged): returns
+    {its nodes: the fallback reason}; one elsewhere (an unfused kernel, the driver) propagates."""
+    from fusion.engine.engine import _Target
+
+    st = c.state
+    budget = _budget(engine, c, [k.group for k in linked.kernels])
+    try:
+        return simulate_program(st.mc, linked, inputs, checked=engine.options.checked, max_cycles=budget)
+    except SimulatorTrap as trap:
+        kernel = kernel_at(linked, trap.pc)
+        if kernel is None or not _fused(kernel.group):
+            raise
+        group = kernel.group
+        key = engine._key(st, group, data_class_of(group))
+        what = f"over the program's cycle budget of {budget}" if "watchdog" in trap.reason else "trapped"
+        target = _Target(key, engine._signature(st, group), group, group.schedule)
+        return {group.nodes: engine._reject(c, target, "", float("inf"), f"{what}: {trap}")}
+
+
+def _variants(choice: GroupChoice) -> list[Group]:
+    """The kernels a choice may link: its group (none for a host view) and its dense / zero-skip variants."""
+    if strategy_of(choice.group).host_view:
+        return []
+    return list(dict.fromkeys(g for g in (choice.group, choice.dense, choice.zero_skip) if g is not None))
+
+
+def _budget(engine: FusionEngine, c: _Call, groups: Sequence[Group]) -> int:
+    """The program's cycle budget: the sum of its kernels' budgets (`engine.cycle_budget` of each prediction),
+    never past the machine's watchdog. A hung kernel then ends the run in bounded time, not the watchdog's."""
+    from fusion.engine.engine import cycle_budget
+
+    watchdog = engine.config.max_cycles
+    return min(watchdog, sum(cycle_budget(engine._predicted(c, g), watchdog) for g in groups))
 
 
 def _ran(run: ProgramRun, kernel: ProgramKernel) -> bool:

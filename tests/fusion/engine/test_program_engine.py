@@ -17,6 +17,7 @@ from fusion.engine.errors import EngineError
 from fusion.engine.validation import ValidationPolicy
 from fusion.engine.views import is_view
 from fusion.lower.emitter import Step
+from isa.enums import Unit
 
 PROGRAM = EngineOptions(execution="program")
 
@@ -114,3 +115,44 @@ def test_the_engine_links_the_faster_of_chosen_joins_and_fenced_boundaries(name:
     single = {k.index for k in chosen.kernels if k.phases == 1}
     joined = [b for b in chosen.boundaries if b.joined]
     assert not any(a.after == b.before and a.after in single for a, b in zip(joined, joined[1:], strict=False))
+
+
+def _fault(kind: str):
+    """A scalar step that traps (a load below address 0) or never halts (a jump to itself)."""
+
+    def emit(em) -> None:
+        if kind == "trap":
+            em.b.instr("lw", 1, -4, 0)
+        else:
+            spin = em.local_label("spin")
+            em.b.label(spin)
+            em.b.instr("jal", 0, spin)
+
+    return Step([], [(Unit.scalar, emit)], [])
+
+
+@pytest.mark.parametrize("kind", ["trap", "never_halts"])
+def test_a_fused_kernel_that_traps_or_never_halts_in_the_program_is_replaced(monkeypatch, kind: str) -> None:
+    graph, inputs = model("mlp")
+    host = FusionEngine(graph, "base", "int8", EngineOptions(execution="host")).run(inputs)
+    real = program_module.group_phases
+    victim: list[tuple[str, ...]] = []
+
+    def faulty(cx, nodes, group, rounding_change):  # fault injection: the first fused kernel starts with the fault
+        phases = real(cx, nodes, group, rounding_change)
+        if group.fused and (not victim or victim[0] == group.nodes):
+            victim[:] = [group.nodes]
+            return [[_fault(kind)], *phases]
+        return phases
+
+    monkeypatch.setattr(program_module, "group_phases", faulty)
+    engine = FusionEngine(graph, "base", "int8", PROGRAM)
+    result = engine.run(inputs)
+    assert victim and result.program.replaced == (victim[0],)
+    for v in graph.outputs:
+        np.testing.assert_array_equal(result.outputs[v], host.outputs[v])
+    (event,) = engine.events
+    assert event.nodes == victim[0]
+    assert ("trapped" if kind == "trap" else "over the program's cycle budget") in event.action
+    again = engine.run(inputs)  # blocked: linked unfused from the start
+    assert len(engine.events) == 1 and again.program.replaced == ()
