@@ -36,11 +36,14 @@ def _cache() -> Path:
     return Path(os.environ.get("DYNFUSE_ZOO_CACHE", Path.home() / ".cache" / "dynfuse" / "zoo"))
 
 
-def conv_layers(model: str) -> list[tuple[str, object, dict]]:
-    """(name, graph of the Conv (+ its Relu), attrs) for each distinct Conv shape of the small export."""
-    dirs = sorted(_cache().glob(f"{model}-small-*"))
+def conv_layers(model: str, size: str = "small") -> list[tuple[str, object, dict]]:
+    """(name, graph of the Conv (+ its Relu), attrs) for each distinct Conv shape of the model's export."""
+    dirs = sorted(_cache().glob(f"{model}-{size}-*"))
     if not dirs:
-        raise SystemExit(f"error: no exported {model!r} in {_cache()} (run bench/bench_zoo.py --models {model})")
+        raise SystemExit(
+            f"error: no {size} export of {model!r} in {_cache()} "
+            f"(run bench/bench_zoo.py --models {model} --sizes {size})"
+        )
     graph = load_graph(str(dirs[0] / "model.onnx"))
     seen, out = set(), []
     for node in graph.nodes:
@@ -78,7 +81,12 @@ def measure(graph, config: str, dtype: str) -> dict[str, object]:
     )
     names = tuple(n.name for n in graph.nodes)
     row: dict[str, object] = {}
-    for label, group in (("unfused", Group(("conv",), "unfused")), ("implicit", Group(names, "implicit_gemm"))):
+    groups = (
+        ("unfused", Group(("conv",), "unfused")),
+        ("implicit", Group(names, "implicit_gemm")),
+        ("packed", Group(names, "implicit_packed")),
+    )
+    for label, group in groups:
         try:
             run = run_kernel(mc, build_kernel(mc, group), env)
         except CodegenError as err:
@@ -114,29 +122,31 @@ def _cell(value, compulsory: int, bound: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="resnet18,mobilenet_v2")
+    ap.add_argument("--size", default="small", choices=("small", "full"), help="the zoo export (64x64 or 224x224)")
     ap.add_argument("--config", default="base")
     ap.add_argument("--dtype", default="int8", choices=("fp32", "int8"))
     ap.add_argument("--out", default="bench/results/conv.md")
     args = ap.parse_args(argv)
     lines = [
-        f"# Conv layers alone ({args.config}, {args.dtype}): `python bench/bench_conv.py --models {args.models} "
-        f"--dtype {args.dtype}`",
+        f"# Conv layers alone ({args.config}, {args.dtype}, {args.size}): `python bench/bench_conv.py --models "
+        f"{args.models} --dtype {args.dtype} --size {args.size}`",
         "",
         "Cell: cycles (roofline bound / cycles; bound = max(MACs / N^2, compulsory bytes / DRAM bytes per cycle)) "
         "/ DRAM bytes moved as a multiple of compulsory "
         "(input + weights + bias + output once). `unfused` includes the Relu kernel where the model has one; "
-        "`implicit` absorbs it into the drain.",
+        "`implicit` (band schedule) and `packed` (channels-last, taps packed into K) absorb it into the drain.",
         "",
-        "| layer | x | w | stride | pads | group | unfused | implicit | speedup |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| layer | x | w | stride | pads | group | unfused | implicit | packed | best vs unfused |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in args.models.split(","):
-        for name, graph, a in conv_layers(model):
+        for name, graph, a in conv_layers(model, args.size):
             row = measure(graph, args.config, args.dtype)
             c = row["compulsory"]
-            un, im = row["unfused"], row["implicit"]
-            speed = f"{un[0] / im[0]:.2f}x" if not isinstance(un, str) and not isinstance(im, str) else "-"
-            cells = f"{_cell(un, c, row['bound'])} | {_cell(im, c, row['bound'])}"
+            un = row["unfused"]
+            fused = [row[k][0] for k in ("implicit", "packed") if not isinstance(row[k], str)]
+            speed = f"{un[0] / min(fused):.2f}x" if not isinstance(un, str) and fused else "-"
+            cells = " | ".join(_cell(row[k], c, row["bound"]) for k in ("unfused", "implicit", "packed"))
             line = f"| {name} | {a['x']} | {a['w']} | {a['strides']} | {a['pads']} | {a['group']} | {cells} | {speed} |"
             print(line, flush=True)
             lines.append(line)

@@ -40,8 +40,9 @@ from simulator.config import MachineConfig
 TAPS = "taps"  # constant-form key of a Conv weight as per-tap [C/group, Cout] tiles (see pack_taps)
 
 
-def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvGeometry:
-    """The geometry; CodegenError for convolutions this generator does not run."""
+def conv_shape(graph: Graph, cfg: MachineConfig, node: Node, packed: bool = False) -> ConvGeometry:
+    """The geometry; CodegenError for convolutions this generator does not run (`packed`: the taps of a kernel
+    row share a preload's K, `codegen.conv_packed`)."""
     if node.op != OpType.Conv:
         raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Conv")
     w = window_of(graph, node)
@@ -51,9 +52,10 @@ def conv_shape(graph: Graph, cfg: MachineConfig, node: Node) -> ConvGeometry:
         raise CodegenError(f"node {node.name!r}: the implicit GEMM needs a constant weight")
     cout, cg = graph.types[node.inputs[1]].shape[:2]
     groups = node.attr("group")
-    if cg * (cout // groups) < cfg.array_size:
+    k = cg * (w.kernel[-1] if packed else 1)  # K rows one preload can carry
+    if k * (cout // groups) < cfg.array_size:
         raise CodegenError(
-            f"node {node.name!r}: {cg} input x {cout // groups} output channels per group use under 1/"
+            f"node {node.name!r}: {k} K rows x {cout // groups} output channels per group use under 1/"
             f"{cfg.array_size} of the array (the baseline kernel runs it)"
         )
     return conv_geometry(graph, node, w.padded_shape)
@@ -131,34 +133,21 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     input (none without padding), the implicit GEMM into the DRAM scratch, the transposing loads to NCHW."""
     graph, cfg, node = cx.graph, cx.config, nodes[0]
     s = conv_shape(graph, cfg, node)
-    ops = epilogue_ops_of_conv(graph, nodes)
-    if cx.int8 and ops.residual is not None:
-        raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
-    if ops.residual is not None and s.strides[1] != 1:
+    out = cx.view(nodes[-1].outputs[0])
+    ep = conv_epilogue(cx, nodes, s, out)
+    if ep.residual is not None and s.strides[1] != 1:
         raise CodegenError(f"node {node.name!r}: a residual Add after a horizontally strided Conv is not absorbed")
     w = window_of(graph, node)
     padded, phases = padded_input(cx, node, w, 0.0)
-    out = cx.view(nodes[-1].outputs[0])
     mm_dt = DType.i8 if cx.int8 else DType.f32
     quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
-    z = _Sizes(s, cfg.array_size, padded.dtype, mm_dt, out.dtype, quantize is not None, ops.residual is not None)
+    z = _Sizes(s, cfg.array_size, padded.dtype, mm_dt, out.dtype, quantize is not None, ep.residual is not None)
     tiling = choose_tiling(cfg, z, node.name)
     image = padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1]))
     pixels_out = s.out[0] * s.out[1]
     scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), out.dtype)
-    k = _Kernel(
-        s,
-        tiling,
-        z,
-        dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt),
-        bias_view(cx, node),
-        None if ops.residual is None else cx.view(ops.residual).reshape_dense((s.n, s.cout, pixels_out)),
-        requant_table(cx, node),
-        None if requant_table(cx, node) is not None else requant(cx, node) or (f32_bits(1.0), 0),
-        Activation.relu if ops.relu else Activation.none,
-        "i8" if cx.int8 else "f32",
-        quantize,
-    )
+    taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt)
+    k = _Kernel(s, tiling, z, taps, ep, quantize)
     steps: list[Step] = []
     blocks = tiles = 0
     for img in range(s.n):
@@ -183,7 +172,7 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                     tiles += 1
                 blocks += 1
     phases.append(steps)
-    phases.append(_to_nchw(cfg, s, scratch, out.reshape_dense((s.n, s.cout, pixels_out)), cx.rotation))
+    phases.append(to_nchw(cfg, s.strides[1], scratch, out.reshape_dense((s.n, s.cout, pixels_out)), cx.rotation))
     return phases
 
 
@@ -203,6 +192,84 @@ class _Tile:
 
 
 @dataclass(frozen=True)
+class Epilogue:
+    """What the drain applies to a conv's output tiles: the absorbed bias, residual, activation and int8
+    requantization (per channel from a table, or per tensor)."""
+
+    bias: View | None
+    residual: View | None  # [n, Cout, OH * OW]
+    table: View | None  # int8 per output channel: [Cout, 2] (mult, shift) pairs, read by the drain per column
+    requant: tuple[int, int] | None  # int8 per tensor (fp32: the identity)
+    act: Activation
+    drain_dtype: str
+    out_dt: DType
+    out_w: int  # output pixels per output row (the residual's row pitch)
+
+    def tiles(self, arena: TileArena, rows: int, tn: int) -> tuple[int, int, int]:
+        """Local bias, residual and requantizer tiles of one step's last K chunk (0 = none)."""
+        bias = arena.tile(tn * 4) if self.bias is not None else 0
+        res = arena.tile(rows * self.out_w * tn * 4) if self.residual is not None else 0
+        table = arena.tile(tn * 8) if self.table is not None else 0
+        return bias, res, table
+
+    def load(self, em: Emitter, tiles: tuple[int, int, int], img: int, col: int, tn: int, oh0: int, rows: int) -> None:
+        bias, res, table = tiles
+        if bias:
+            em.dma_load(self.bias.slice(0, col, tn), bias)
+        if table:
+            em.dma_load(self.table.slice(0, col, tn), table)
+        if res:
+            part = self.residual.index((img,)).slice(0, col, tn)
+            load_transposed(em, part.slice(1, oh0 * self.out_w, rows * self.out_w), res)
+
+    def drain(self, em: Emitter, band: DrainBand, tiles: tuple[int, int, int], out_tile: int) -> None:
+        """Each output row's `band.valid` accumulator rows through the epilogue into the out tile."""
+        bias_tile, res_tile, table_tile = tiles
+        flags = (
+            "_".join(name for name, on in (("bias", bias_tile), ("res", res_tile), ("pc", table_tile)) if on) or "none"
+        )
+        mult, shift = (table_tile, 0) if self.table is not None else self.requant
+        for r in range(band.rows):
+            if r == 0 or res_tile:
+                row_res = res_tile + r * self.out_w * band.tn * 4 if res_tile else 0
+                em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, self.act, flags, self.drain_dtype)
+            dst = out_tile + r * band.cols * band.tn * self.out_dt.size
+            em.b.mx_drain(*em.regs(dst, band.acc + r * band.pitch * band.tn * 4), band.valid, band.tn)
+
+
+@dataclass(frozen=True)
+class DrainBand:
+    """A band's accumulator rows: `rows` output rows of `tn` columns at `acc`, each `pitch` rows apart, `valid`
+    drained per row into an out tile `cols` positions per row."""
+
+    acc: int
+    rows: int
+    tn: int
+    pitch: int
+    valid: int
+    cols: int
+
+
+def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out: View) -> Epilogue:
+    """The drain's work for the Conv `nodes[0]` and the consumers it absorbs."""
+    graph, node = cx.graph, nodes[0]
+    ops = epilogue_ops_of_conv(graph, nodes)
+    if cx.int8 and ops.residual is not None:
+        raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
+    table = requant_table(cx, node)
+    return Epilogue(
+        bias_view(cx, node),
+        None if ops.residual is None else cx.view(ops.residual).reshape_dense((s.n, s.cout, s.out[0] * s.out[1])),
+        table,
+        None if table is not None else requant(cx, node) or (f32_bits(1.0), 0),
+        Activation.relu if ops.relu else Activation.none,
+        "i8" if cx.int8 else "f32",
+        out.dtype,
+        s.out[1],
+    )
+
+
+@dataclass(frozen=True)
 class _Kernel:
     """What every step of one conv kernel shares."""
 
@@ -210,12 +277,7 @@ class _Kernel:
     tiling: _Tiling
     z: _Sizes
     taps: View  # [taps, C/group, Cout]
-    bias: View | None
-    residual: View | None  # [n, Cout, OH * OW]
-    table: View | None  # int8 per output channel: [Cout, 2] (mult, shift) pairs, read by the drain per column
-    requant: tuple[int, int] | None  # int8 per tensor (fp32: the identity)
-    act: Activation
-    drain_dtype: str
+    ep: Epilogue
     quantize: float | None
 
     def step(
@@ -226,24 +288,16 @@ class _Kernel:
         ready = raw[len(slices) :] if self.quantize is not None else raw[: len(slices)]
         last = t.c0 + t.kc == s.cg
         weights = arena.tile(s.taps * t.kc * t.tn * z.mm_dt.size)
-        bias_tile = arena.tile(t.tn * 4) if self.bias is not None and last else 0
-        res_tile = arena.tile(t.rows * s.out[1] * t.tn * 4) if self.residual is not None and last else 0
-        table_tile = arena.tile(t.tn * 8) if self.table is not None and last else 0
+        tiles = self.ep.tiles(arena, t.rows, t.tn) if last else (0, 0, 0)
         out_tile = arena.tile(t.rows * s.cols * t.tn * z.out_dt.size) if last else 0
         stream = s.stream_rows(t.rows)
 
         def load(em: Emitter) -> None:
             if first:
                 for part, tile in zip(band, raw, strict=False):
-                    _load_transposed(em, part, tile)
+                    load_transposed(em, part, tile)
             em.dma_load(self.taps.slice(1, t.c0, t.kc).slice(2, t.col, t.tn), weights)
-            if bias_tile:
-                em.dma_load(self.bias.slice(0, t.col, t.tn), bias_tile)
-            if table_tile:
-                em.dma_load(self.table.slice(0, t.col, t.tn), table_tile)
-            if res_tile:
-                part = self.residual.index((t.img,)).slice(0, t.col, t.tn)
-                _load_transposed(em, part.slice(1, t.oh0 * s.out[1], t.rows * s.out[1]), res_tile)
+            self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
 
         def to_int8(em: Emitter) -> None:
             for (_, kb), src, dst, part in zip(slices, raw, ready, band, strict=False):
@@ -263,7 +317,8 @@ class _Kernel:
                         (em.b.mx_mm if not opened else em.b.mx_mma)(*em.regs(t.acc, start), stream)
                         opened = True
             if last:
-                self._drain(em, t, (bias_tile, res_tile, table_tile), out_tile)
+                rows = DrainBand(t.acc, t.rows, t.tn, s.pitch, s.valid, s.cols)
+                self.ep.drain(em, rows, tiles, out_tile)
 
         compute = [(Unit.load, load)]
         if first and self.quantize is not None:
@@ -275,24 +330,8 @@ class _Kernel:
             stores.append((out_tile, view))
         return Step([], compute, stores)
 
-    def _drain(self, em: Emitter, t: _Tile, tiles: tuple[int, int, int], out_tile: int) -> None:
-        """Each output row's `valid` accumulator rows through the epilogue into the out tile (bias, residual and
-        per-channel requantizer `tiles`: 0 = none)."""
-        s = self.s
-        bias_tile, res_tile, table_tile = tiles
-        flags = (
-            "_".join(name for name, on in (("bias", bias_tile), ("res", res_tile), ("pc", table_tile)) if on) or "none"
-        )
-        mult, shift = (table_tile, 0) if self.table is not None else self.requant
-        for r in range(t.rows):
-            if r == 0 or res_tile:
-                row_res = res_tile + r * s.out[1] * t.tn * 4 if res_tile else 0
-                em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, self.act, flags, self.drain_dtype)
-            dst = out_tile + r * s.cols * t.tn * self.z.out_dt.size
-            em.b.mx_drain(*em.regs(dst, t.acc + r * s.pitch * t.tn * 4), s.valid, t.tn)
 
-
-def _load_transposed(em: Emitter, part: View, tile: int) -> None:
+def load_transposed(em: Emitter, part: View, tile: int) -> None:
     """A [rows, cols] DRAM view (cols contiguous) as a [cols, rows] tile, in transposing loads of at most
     MAX_COLS columns."""
     rows, cols = part.shape
@@ -312,10 +351,10 @@ def epilogue_ops_of_conv(graph: Graph, nodes: Sequence[Node]) -> EpilogueOps:
     return ops
 
 
-def _to_nchw(cfg: MachineConfig, s: ConvGeometry, scratch: View, out: View, rotation: int) -> list[Step]:
-    """The DRAM scratch [OH * stride_w * OW, Cout] of each image -> out[img] as [Cout, OH * OW]: transposing
-    loads of every stride_w-th pixel row, in runs that fit a buffer slot."""
-    n, pixels, cout = out.shape[0], out.shape[2], s.cout
+def to_nchw(cfg: MachineConfig, step: int, scratch: View, out: View, rotation: int) -> list[Step]:
+    """The DRAM scratch [OH * step * OW, Cout] of each image -> out[img] as [Cout, OH * OW]: transposing loads of
+    every `step`-th pixel row, in runs that fit a buffer slot."""
+    n, cout, pixels = out.shape
     es = scratch.dtype.size
     probe = TileArena(cfg, 0)
     run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits([p * cout * es]))
@@ -326,10 +365,10 @@ def _to_nchw(cfg: MachineConfig, s: ConvGeometry, scratch: View, out: View, rota
         for p0 in range(0, pixels, run):
             count = min(run, pixels - p0)
             tile = TileArena(cfg, len(steps), rotation).tile(count * cout * es)
-            address = scratch.index((img,)).address + p0 * s.strides[1] * cout * es
+            address = scratch.index((img,)).address + p0 * step * cout * es
 
             def load(em: Emitter, tile=tile, address=address, count=count) -> None:
-                local, dram, stride = em.regs(tile, address, s.strides[1] * cout * es)
+                local, dram, stride = em.regs(tile, address, step * cout * es)
                 em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
 
             steps.append(Step([], [(Unit.load, load)], [(tile, out.index((img,)).slice(1, p0, count))]))

@@ -1,9 +1,12 @@
 """A Conv's geometry over its padded input, 1-D convs lifted to 2-D with height 1: what the implicit GEMM
 (`fusion.engine.codegen.conv`) and the depthwise vector kernel (`conv_depthwise`) both compute positions from.
 
-Both generators compute over the padded width: output row r of a band starts at r * stride_h * W' (one padded
-input row per vertical stride step), and tap (kh, kw) reads the input `offset(kh, kw)` positions further on, so a
-tap over a whole band is one contiguous run; of each output row's computed positions every stride_w-th is kept.
+The implicit GEMM's channels-last schedule (`codegen.conv_packed`) instead reads the input rewritten by row
+phase (`positions`, `phase_rows`, `phase_width`, `row_phase`) and computes only the pixels it keeps, plus a few
+past each output row's end. The band schedule and the depthwise kernel compute over the padded width: output
+row r of a band starts at r * stride_h * W' (one padded input row per vertical stride step), and tap (kh, kw)
+reads the input `offset(kh, kw)` positions further on, so a tap over a whole band is one contiguous run; of each
+output row's computed positions every stride_w-th is kept.
 """
 
 from __future__ import annotations
@@ -64,6 +67,28 @@ class ConvGeometry:
     def in_rows(self, rows: int) -> int:
         """Padded input rows a band of `rows` output rows reads."""
         return (rows - 1) * self.strides[0] + self.span
+
+    @property
+    def positions(self) -> int:
+        """Channels-last schedule (`codegen.conv_packed`): positions computed per output row, stride_w apart (the
+        first `out[1]` kept)."""
+        return -(-self.padded[1] // self.strides[1])
+
+    @property
+    def phase_rows(self) -> int:
+        """Channels-last schedule: padded input rows per row phase (row h is row h // stride_h of phase
+        h % stride_h)."""
+        return -(-self.padded[0] // self.strides[0])
+
+    @property
+    def phase_width(self) -> int:
+        """Channels-last schedule: positions per input row, a multiple of stride_w (extra ones only ever read by
+        positions past an output row's last pixel)."""
+        return self.positions * self.strides[1]
+
+    def row_phase(self, kh: int) -> tuple[int, int]:
+        """Channels-last schedule: (row phase, rows past the output row) of the input row kernel row kh reads."""
+        return divmod(kh * self.dilations[0], self.strides[0])[::-1]
 
     def offset(self, kh: int, kw: int) -> int:
         """How far past an output position tap (kh, kw) reads, in padded input positions."""

@@ -1,0 +1,338 @@
+"""Conv as an implicit GEMM over a channels-last copy of its input, kernel taps packed into K (`implicit_packed`).
+
+The band schedule (`codegen.conv`) preloads one [channel block, Cout tile] weight tile per kernel tap, so a Conv
+with few input channels fills K = Cin of the N array rows (ResNet's first layer: 3 of 16), and a strided one
+computes every padded position and drops the ones between kept pixels. This schedule instead:
+
+- phase 1 rewrites the (padded) input as X[img][row phase][i][w][c]: padded row h = i * stride_h + phase,
+  channels last, `phase_width` (a multiple of stride_w) positions per row (a transposing load of the rows' pixels,
+  stores of whole rows: no im2col);
+- in X, the elements kernel row kh needs for output row r, position q are one contiguous run of kw * C (+ c)
+  starting at row (r + kh * dilation_h // stride_h) of phase (kh * dilation_h % stride_h), position q * stride_w;
+  consecutive positions are stride_w * C elements apart, and output rows `phase_width * C`: so ONE strided DMA
+  (rows = a band's positions, DRAM row stride stride_w * C, cols = up to N elements of the run) is a packed
+  [positions, K] A tile, and a preload carries up to N rows of K (one kernel row's taps and channels together:
+  with a dilation or groups, one tap's channel slice);
+- positions step by stride_w and rows go through the row phase, so the array computes only the kept pixels plus
+  `positions - OW` past each output row's end (those read the next row's elements and are never drained).
+
+The weights are the band schedule's per-tap form [kh, kw, C/group, Cout] read as [kh * kw * C/group, Cout]: each
+A tile's K rows are a contiguous run of its rows. Loop order per band of output rows: the A tiles stay resident
+while every Cout tile's weights stream past (when all of K does not fit beside them, K is cut into groups whose A
+tiles each step loads again); the drain applies bias, residual, activation and requantization per output row
+into a dense [rows * OW, Cout tile] tile stored to a DRAM scratch, brought back as NCHW by transposing loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from fusion.engine.codegen.conv import (
+    TAPS,
+    DrainBand,
+    Epilogue,
+    conv_epilogue,
+    conv_shape,
+    load_transposed,
+    to_nchw,
+)
+from fusion.engine.codegen.gemm import k_slices
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph, Node
+from fusion.lower.context import LowerContext, const_key
+from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.windows import padded_input, window_of
+from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
+from fusion.lower.views import MAX_ROWS, View, dense
+from isa.enums import DType, Unit
+from simulator.config import MachineConfig
+
+SCRATCH, CHANNELS_LAST = 2, 3  # the Conv's DRAM temps: the output before NCHW, the channels-last input
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One preload's K rows: elements [offset, offset + k) past a position's start in X (kernel row kh; plus
+    g * C/group for group g), which are rows [row, row + k) of the weight as [kh * kw * C/group, Cout]."""
+
+    kh: int
+    offset: int
+    row: int
+    k: int
+
+
+def pieces(s: ConvGeometry, n: int) -> list[Piece]:
+    """The K pieces of every kernel row: the whole kw * C run when taps are adjacent in X (no dilation, one
+    group), else each tap's channel slice; cut into runs of at most n."""
+    kw, cg = s.kernel[1], s.cg
+    if s.groups == 1 and s.dilations[1] == 1:
+        runs = [(0, 0, kw * cg)]
+    else:
+        runs = [(j * s.dilations[1] * s.c, j * cg, cg) for j in range(kw)]
+    return [
+        Piece(kh, offset + a, kh * kw * cg + row + a, k)
+        for kh in range(s.kernel[0])
+        for offset, row, length in runs
+        for a, k in k_slices(length, n)
+    ]
+
+
+def stream_rows(s: ConvGeometry, rows: int) -> int:
+    """Positions a band of `rows` output rows computes, up to its last kept pixel."""
+    return (rows - 1) * s.positions + s.out[1]
+
+
+def scratch_sizes(graph: Graph, cfg: MachineConfig, node: Node, out_dt: DType, mm_dt: DType) -> dict[int, int]:
+    """Bytes of the DRAM temps: the output before its layout change, the channels-last input."""
+    s = conv_shape(graph, cfg, node, packed=True)
+    channels_last = s.n * s.strides[0] * s.phase_rows * s.phase_width * s.c * mm_dt.size
+    return {SCRATCH: s.n * s.out[0] * s.out[1] * s.cout * out_dt.size, CHANNELS_LAST: channels_last}
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Output rows per band, output channels per column tile, the K pieces of each step, and whether the A tiles
+    (then one K group) stay resident for the band or each step loads its group's."""
+
+    rows: int
+    tn: int
+    groups: tuple[tuple[Piece, ...], ...]
+    resident: bool
+
+
+def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DType, residual: bool) -> Tiling:
+    """The most output rows per band with every A tile resident beside one Cout tile's weights (fewer bands read
+    the weights fewer times); when one output row's A tiles do not fit, the most rows beside the largest piece
+    and K groups as long as fit."""
+    tn, probe, every = min(cfg.array_size, s.coutg), TileArena(cfg, 0), pieces(s, cfg.array_size)
+
+    def fits(rows: int, group: Sequence[Piece], resident: bool = False) -> bool:
+        """A tiles and one step's tiles in a slot (resident: the step's in a third of `_step_region`)."""
+        stream = stream_rows(s, rows)
+        a = [stream * p.k * mm_dt.size for p in group]
+        step = [sum(p.k for p in group) * tn * mm_dt.size, tn * 4, tn * 8, rows * s.out[1] * tn * out_dt.size]
+        step += [rows * s.out[1] * tn * 4] if residual else []
+        if stream > MAX_ROWS or not probe.fits([] if resident else a, [stream * tn * 4]):
+            return False
+        if not resident:
+            return probe.fits(a + step)
+        region = _step_region(cfg, probe.spad, a)
+        return (
+            probe.fits(a) and sum(-(-size // ALIGN) * ALIGN for size in step) <= region.size // DEPTH // ALIGN * ALIGN
+        )
+
+    rows = largest_fitting(s.out[0], lambda r: fits(r, every, True))
+    if rows:
+        return Tiling(rows, tn, (tuple(every),), True)
+    widest = max(every, key=lambda p: p.k)
+    rows = largest_fitting(s.out[0], lambda r: fits(r, [widest]))
+    if rows == 0:
+        raise CodegenError(f"one output row of one K piece does not fit a buffer slot ({probe.spad.size} bytes)")
+    groups: list[list[Piece]] = [[]]
+    for p in every:
+        if groups[-1] and not fits(rows, [*groups[-1], p]):
+            groups.append([])
+        groups[-1].append(p)
+    return Tiling(rows, tn, tuple(tuple(g) for g in groups), False)
+
+
+def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
+    """The Conv `nodes[0]` and the consumers its drain absorbs as phases: the padded input (none without padding),
+    its channels-last copy, the implicit GEMM into the DRAM scratch, the transposing loads to NCHW."""
+    graph, cfg, node = cx.graph, cx.config, nodes[0]
+    s = conv_shape(graph, cfg, node, packed=True)
+    out = cx.view(nodes[-1].outputs[0])
+    ep = conv_epilogue(cx, nodes, s, out)
+    padded, phases = padded_input(cx, node, window_of(graph, node), 0.0)
+    mm_dt = DType.i8 if cx.int8 else DType.f32
+    quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
+    x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
+    phases.append(_channels_last(cx, s, padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1])), x, quantize))
+    tiling = choose_tiling(cfg, s, mm_dt, out.dtype, ep.residual is not None)
+    scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), out.dtype)
+    rows_k = s.taps * s.cg
+    weights = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (rows_k, s.cout), mm_dt)
+    k = _Kernel(s, tiling, ep, weights, x, scratch)
+    reserved = k.a_sizes(tiling.rows, tiling.groups[0]) if tiling.resident else []
+    spans = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
+    arenas = [TileArena(cfg, b, cx.rotation) for b in range(len(spans))]
+    bands = [
+        (_Tile(img, g, 0, 0, oh0, rows, 0, 0), _tiles(arenas[b], reserved))
+        for b, (img, g, oh0, rows) in enumerate(spans)
+    ]
+    per_band = len(k_slices(s.coutg, tiling.tn)) * len(tiling.groups)
+    steps: list[Step] = []
+    tiles = 0
+    for b, (band, resident) in enumerate(bands):
+        # a band's resident A tiles: loaded by its own first step (the first band, or bands of one step), else
+        # spread over the previous band's steps so they load while it computes (its slot's last user, three
+        # bands back, is done: every step waits for the one `DEPTH` before it, and bands have >= 2 steps)
+        own = tiling.resident and (b == 0 or per_band < 2)
+        ahead = k.a_loads(*bands[b + 1]) if tiling.resident and per_band >= 2 and b + 1 < len(bands) else []
+        for j0, tn in k_slices(s.coutg, tiling.tn):
+            acc = TileArena(cfg, tiles, cx.rotation).acc_tile(stream_rows(s, band.rows) * tn * 4)
+            for gi in range(len(tiling.groups)):
+                if tiling.resident:
+                    arena = _step_arena(cfg, _step_region(cfg, arenas[b].spad, reserved), len(steps))
+                else:
+                    arena = TileArena(cfg, len(steps), cx.rotation)
+                t = replace(band, col=band.g * s.coutg + j0, tn=tn, acc=acc, kgroup=gi)
+                i = len(steps) - b * per_band
+                loads = k.a_loads(band, resident) if own and i == 0 else []
+                loads += ahead[len(ahead) * i // per_band : len(ahead) * (i + 1) // per_band]
+                steps.append(k.step(arena, t, resident, loads))
+            tiles += 1
+    phases.append(steps)
+    phases.append(to_nchw(cfg, 1, scratch, out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1])), cx.rotation))
+    return phases
+
+
+def _tiles(arena: TileArena, sizes: Sequence[int]) -> list[int]:
+    return [arena.tile(size) for size in sizes]
+
+
+def _step_region(cfg: MachineConfig, band: Slot, reserved: Sequence[int]) -> Slot:
+    """Where a resident schedule's steps put their own tiles: the scratchpad bank no slot uses (`TileArena.spare`),
+    else the band's slot past its A tiles. Then the next band's A tiles, loading into another slot, share no bank
+    with what the matrix unit reads (measured: 281k of resnet18 conv1's 1.04M cycles were matrix bank stalls with
+    step tiles rotating over every slot; 155k with them in the band's slot)."""
+    spare = TileArena.spare(cfg)
+    if spare is not None:
+        return spare.spad
+    used = sum(-(-size // ALIGN) * ALIGN for size in reserved)
+    return Slot(band.base + used, band.size - used)
+
+
+def _step_arena(cfg: MachineConfig, region: Slot, index: int) -> TileArena:
+    """Step `index`'s tiles in the third of `region` numbered index % DEPTH: step index + DEPTH reuses its bytes
+    only after step index is done (`run_pipeline`'s credits)."""
+    third = region.size // DEPTH // ALIGN * ALIGN
+    arena = TileArena(cfg, index)
+    arena.spad = Slot(region.base + (index % DEPTH) * third, third)
+    return arena
+
+
+def _channels_last(cx: LowerContext, s: ConvGeometry, image: View, x: View, quantize: float | None) -> list[Step]:
+    """Padded input [n, C, H' * W'] -> X: blocks of whole padded rows by transposing loads ([pixels, C] tiles),
+    quantized to int8 when the input is float on the int8 path, each row stored where its row phase keeps it."""
+    width, c, es = s.padded[1], s.c, image.dtype.size
+    probe = TileArena(cx.config, 0)
+
+    def sizes(rows: int) -> list[int]:
+        return [rows * width * c * es] + ([rows * width * c] if quantize is not None else [])
+
+    block = largest_fitting(s.padded[0], lambda r: probe.fits(sizes(r)))
+    if block == 0:
+        raise CodegenError(f"one padded input row of {c} channels does not fit a buffer slot")
+    steps = []
+    for img in range(s.n):
+        for h0, rows in k_slices(s.padded[0], block):
+            arena = TileArena(cx.config, len(steps), cx.rotation)
+            tiles = [arena.tile(size) for size in sizes(rows)]
+            part = image.index((img,)).slice(1, h0 * width, rows * width)
+
+            def load(em: Emitter, part=part, raw=tiles[0]) -> None:
+                load_transposed(em, part, raw)
+
+            compute = [(Unit.load, load)]
+            if quantize is not None:
+
+                def to_int8(em: Emitter, raw=tiles[0], q=tiles[1], n=rows * width * c) -> None:
+                    em.b.v_qnt(*em.regs(q, raw, f32_bits(1.0 / quantize)), n)
+
+                compute.append((Unit.vector, to_int8))
+            ready, row_bytes = tiles[-1], width * c * x.dtype.size
+            if s.strides[0] == 1:
+                stores = [(ready, x.index((img, 0)).slice(0, h0, rows).slice(1, 0, width * c))]
+            else:
+                stores = [
+                    (ready + r * row_bytes, x.index((img, h % s.strides[0], h // s.strides[0])).slice(0, 0, width * c))
+                    for r, h in enumerate(range(h0, h0 + rows))
+                ]
+            steps.append(Step([], compute, stores))
+    return steps
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """One step: image, group, output channel columns [col, col + tn), output rows [oh0, oh0 + rows), the
+    accumulator tile, the K group."""
+
+    img: int
+    g: int
+    col: int
+    tn: int
+    oh0: int
+    rows: int
+    acc: int
+    kgroup: int
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """What every step of one kernel shares."""
+
+    s: ConvGeometry
+    tiling: Tiling
+    ep: Epilogue
+    weights: View  # [kh * kw * C/group, Cout]
+    x: View  # [n, stride_h, phase rows, phase width * C]
+    scratch: View  # [n, OH * OW, Cout]
+
+    @property
+    def dt(self) -> DType:
+        return self.weights.dtype
+
+    def a_sizes(self, rows: int, group: Sequence[Piece]) -> list[int]:
+        return [stream_rows(self.s, rows) * p.k * self.dt.size for p in group]
+
+    def a_view(self, t: _Tile, p: Piece) -> View:
+        """The packed A tile of piece p over the band: positions stride_w * C elements apart."""
+        s, es = self.s, self.dt.size
+        phase, down = s.row_phase(p.kh)
+        start = self.x.index((t.img, phase, t.oh0 + down)).address + (p.offset + t.g * s.cg) * es
+        return View(start, (stream_rows(s, t.rows), p.k), (s.strides[1] * s.c * es, es), self.dt)
+
+    def a_loads(self, band: _Tile, tiles: list[int], group: Sequence[Piece] | None = None) -> list[tuple[View, int]]:
+        """The DMAs bringing a band's A tiles (of a K group; default: the first) to local `tiles`."""
+        group = self.tiling.groups[0] if group is None else group
+        return [(self.a_view(band, p), tile) for p, tile in zip(group, tiles, strict=True)]
+
+    def step(self, arena: TileArena, t: _Tile, resident: list[int], a_loads: list[tuple[View, int]]) -> Step:
+        """One Cout tile x K group of a band; `a_loads`: the resident A tiles this step loads (its own band's or
+        the next band's)."""
+        s, es, group = self.s, self.dt.size, self.tiling.groups[t.kgroup]
+        if self.tiling.resident:
+            a_tiles = resident
+        else:
+            a_tiles = [arena.tile(size) for size in self.a_sizes(t.rows, group)]
+            a_loads = self.a_loads(t, a_tiles, group)
+        row0, krows = group[0].row, sum(p.k for p in group)
+        w_tile = arena.tile(krows * t.tn * es)
+        last = t.kgroup == len(self.tiling.groups) - 1
+        tiles = self.ep.tiles(arena, t.rows, t.tn) if last else (0, 0, 0)
+        out_tile = arena.tile(t.rows * s.out[1] * t.tn * self.ep.out_dt.size) if last else 0
+        stream = stream_rows(s, t.rows)
+
+        def load(em: Emitter) -> None:
+            for view, tile in a_loads:
+                em.dma_load(view, tile)
+            em.dma_load(self.weights.slice(0, row0, krows).slice(1, t.col, t.tn), w_tile)
+            self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
+
+        def matmul(em: Emitter) -> None:
+            for i, (p, tile) in enumerate(zip(group, a_tiles, strict=True)):
+                em.b.mx_preload(em.reg(w_tile + (p.row - row0) * t.tn * es), p.k, t.tn, self.dt.name)
+                opened = t.kgroup or i  # a later piece adds to the accumulator the first one opened
+                (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(t.acc, tile), stream)
+            if last:
+                band = DrainBand(t.acc, t.rows, t.tn, s.positions, s.out[1], s.out[1])
+                self.ep.drain(em, band, tiles, out_tile)
+
+        stores = []
+        if last:
+            view = self.scratch.index((t.img,)).slice(0, t.oh0 * s.out[1], t.rows * s.out[1]).slice(1, t.col, t.tn)
+            stores.append((out_tile, view))
+        return Step([], [(Unit.load, load), (Unit.matrix, matmul)], stores)
