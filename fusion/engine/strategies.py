@@ -26,6 +26,8 @@ from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
 from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
+from fusion.engine.codegen.conv_packed import packed_phases
+from fusion.engine.codegen.conv_packed import scratch_sizes as packed_scratch_sizes
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
@@ -48,6 +50,7 @@ from fusion.lower import LOWERINGS
 from fusion.lower.compiler import ALIAS_OPS
 from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
 from fusion.lower.emitter import Step
+from isa.enums import DType
 
 if TYPE_CHECKING:
     from fusion.engine.candidates import Candidate
@@ -123,6 +126,10 @@ def _conv(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change
     return conv_phases(cx, nodes)
 
 
+def _conv_packed(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return packed_phases(cx, nodes)
+
+
 def _chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [layout_chain_steps(cx, nodes) if layout_prefix(nodes) else chain_steps(cx, nodes)]
 
@@ -177,6 +184,15 @@ def _conv_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -
     return taps, {temp_key(conv, 2): conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))}
 
 
+def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """As the band schedule's, plus the channels-last copy of the input (`codegen.conv_packed`)."""
+    conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
+    taps = {const_key(conv.inputs[1], TAPS): pack_taps(forms[const_key(conv.inputs[1], _weight_form(mc))])}
+    mm_dt = DType.i8 if mc.int8 else DType.f32
+    sizes = packed_scratch_sizes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last), mm_dt)
+    return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
+
+
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The positions a generated mask is computed from (`codegen.attention`)."""
     return attention_forms(sub), {}
@@ -194,6 +210,12 @@ def _views(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
     head = _head(mc, cand)
     single = cand.family == "single"
     return [Group(cand.nodes, s.name)] if single and (head.op in ALIAS_OPS or is_view(mc.graph, head)) else []
+
+
+def _conv_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """A Conv alone or with the consumers its drain absorbs (another schedule of the `conv` family)."""
+    conv = cand.family == "conv" or (cand.family == "single" and _head(mc, cand).op == OpType.Conv)
+    return [Group(cand.nodes, s.name)] if conv else []
 
 
 def _matrix(mc: ModelContext, cand: Candidate) -> bool:
@@ -256,7 +278,11 @@ REGISTRY: Mapping[str, Strategy] = {
             single=lambda n: n.op == OpType.Conv,
             dram_forms=_conv_forms,
         ),
-        Strategy("stream", _stream, "stream", ("stream",)),
+        # the conv family's channels-last schedule: kernel taps packed into K, only kept pixels computed
+        Strategy(
+            "implicit_packed", _conv_packed, "implicit_gemm", schedules=_conv_space, dram_forms=_conv_packed_forms
+        ),
+        Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
         # them: their steps run their segments in series, which the stage-overlap composition does not see)
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.64),
