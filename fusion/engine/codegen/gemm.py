@@ -11,6 +11,7 @@ activations cost fewer matrix-unit cycles; it is selected at dispatch time by th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,24 @@ from simulator.config import MachineConfig
 ZERO_SKIP_MAX_PANELS = 12  # 1 + 2 * panels register values per k-slice stay within the emitter's 31 registers
 
 
+ChainStep = tuple[list, Callable[[Emitter], None], list]  # (loads, the vector unit's emitter, stores)
+
+
+@dataclass(frozen=True)
+class ChainEpilogue:
+    """A vector chain run on each drained output tile before it is stored (`codegen.stream` for K or N beyond the
+    array): `step(arena, (i0, rows), [(j0, cols, drained tile address), ...])` allocates its operand tiles for one
+    step's panels and returns (loads, the vector unit's emitter, stores); `tile_bytes` / `row_bytes` say what it
+    allocates per output element (its tile operands and output) and per column (its row operands, loaded once per
+    step for all its panels), so the tiling counts them."""
+
+    step: Callable[
+        [TileArena, tuple[int, int], list[tuple[int, int, int]]], tuple[list, Callable[[Emitter], None], list]
+    ]
+    tile_bytes: tuple[int, ...]
+    row_bytes: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class FusedGemm:
     """C[M, N] = epilogue(A[M, K] @ B[K, N]); `bias` is a length-N view, `residual` a view shaped like `out`."""
@@ -39,6 +58,7 @@ class FusedGemm:
     requant: tuple[int, int] | None = None  # int8 path: (mult, shift)
     out_scale: float = 1.0  # without requant: the drain writes f32(t) * out_scale (int8 operands: accumulator scale)
     b_panels: View | None = None  # a constant B pre-packed panel-major (P, K, N): one contiguous DMA per panel
+    chain: ChainEpilogue | None = None  # applied to each drained tile instead of storing it (`out` is not stored)
 
     @property
     def int8(self) -> bool:
@@ -88,6 +108,8 @@ def _spad_bytes(g: FusedGemm, tm: int, panels: int, tn: int, k: int, n_arr: int)
         spad.append(tm * tn * (1 if g.int8 else 4))
         if g.residual is not None:
             spad.append(tm * tn * 4)
+        if g.chain is not None:
+            spad += [tm * tn * size for size in g.chain.tile_bytes] + [tn * size for size in g.chain.row_bytes]
     if g.bias is not None:
         spad.append(panels * tn * 4)
     return spad, [tm * tn * 4] * panels
@@ -106,7 +128,8 @@ def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[in
     want_panels = min(schedule.panels or all_panels, all_panels)
     if schedule.zero_skip:  # a skipped block must find every register it uses already loaded (see _tile_step)
         want_panels = min(want_panels, ZERO_SKIP_MAX_PANELS)
-    tm = largest_fitting(min(m, MAX_ROWS), lambda t: _fits(cfg, g, t, 1))
+    rows_limit = MAX_ROWS if g.chain is None else cfg.vreg_elems // cfg.array_size  # a chain's tile: one register
+    tm = largest_fitting(min(m, rows_limit), lambda t: _fits(cfg, g, t, 1))
     if tm == 0:
         raise CodegenError(f"a fused GEMM with K={k} does not fit a buffer half of the scratchpad or accumulator")
     if schedule.tile_m:
@@ -300,5 +323,9 @@ def _tile_step(
     if zero_skip:
         compute += [(Unit.vector, clear), (Unit.scalar, lambda em: None)]
     compute.append((Unit.matrix, matmul))
-    stores = [(out, g.out.slice(0, i0, rows).slice(1, j0, cols)) for j0, cols, _, _, _, _, out in tiles]
-    return Step(loads, compute, stores)
+    if g.chain is None:
+        stores = [(out, g.out.slice(0, i0, rows).slice(1, j0, cols)) for j0, cols, _, _, _, _, out in tiles]
+        return Step(loads, compute, stores)
+    more_loads, emit, stores = g.chain.step(arena, block, [(j0, cols, out) for j0, cols, _, _, _, _, out in tiles])
+    compute.append((Unit.vector, emit))
+    return Step(loads + more_loads, compute, stores)

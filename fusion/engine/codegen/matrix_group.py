@@ -118,7 +118,7 @@ def matrix_group_steps(
     res = None if ops.residual is None else cx.view(ops.residual).broadcast_to((*batch, m, n))
     bias = None if ops.bias is None else _bias(cx, head, ops.bias, n)
     requant_mult = None if skips_requant else requant(cx, head)
-    packed = _packed_weight(cx, head)
+    packed = packed_weight(cx, head)
     out_scale = q.accumulator_scale if skips_requant and q is not None else 1.0
     if flatten:
         if not can_flatten(cx, nodes) or not is_dense(av) or (res is not None and not is_dense(res)):
@@ -165,7 +165,7 @@ def packable_weight(graph: Graph, head: Node) -> str | None:
     return w if graph.is_constant(w) and len(graph.types[w].shape) == 2 else None
 
 
-def _packed_weight(cx: LowerContext, head: Node) -> View | None:
+def packed_weight(cx: LowerContext, head: Node) -> View | None:
     w = packable_weight(cx.graph, head)
     key = const_key(w, PACKED) if w else None
     if key is None or key not in cx.addresses:

@@ -1,26 +1,36 @@
-"""Matrix -> vector streaming: a MatMul whose rows flow straight into a vector chain (`mx.mms` + `vc.lds`).
+"""Matrix -> vector streaming: a MatMul whose output flows straight into a vector chain, never stored.
 
 For a MatMul with K <= N and at most N output columns (one weight tile, no accumulation), each output tile is
-streamed row by row from the array into a vector register and the consumers (e.g. the scaled Softmax of
-attention scores, an activation) run on it in registers: the scores never exist in the scratchpad or DRAM.
-On the int8 path the stream carries int32 sums; the chain requantizes them exactly as the drain would
-(`vc.rqnt`) and dequantizes like the unfused consumer, so results stay bit-exact.
+streamed row by row from the array into a vector register (`mx.mms` + `vc.lds`) and the consumers (e.g. the
+scaled Softmax of attention scores, an activation) run on it in registers: the scores never exist in the
+scratchpad or DRAM. On the int8 path the stream carries int32 sums; the chain requantizes them exactly as the
+drain would (`vc.rqnt`) and dequantizes like the unfused consumer, so results stay bit-exact.
+
+Any other MatMul with a 2-D weight (K or N beyond the array) is the fused GEMM (`codegen.gemm`, tiled over rows,
+weight panels and k-slices) whose drained tiles, instead of being stored, feed the chain in the scratchpad
+(`gemm.ChainEpilogue`): the drain requantizes as the unfused MatMul's does, the chain loads the tile and
+dequantizes like the unfused consumer (bit-exact again), and only the chain's result is stored. A chain reducing
+whole rows (Softmax, LayerNorm, a reduction) needs the row in one tile: at most N output columns.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import product
 
-from fusion.engine.codegen.chain import Registers, emit_chain, operand_views, operands
-from fusion.engine.codegen.gemm import _load_operand, _quantizer
+from fusion.engine.codegen.chain import ROWS, Registers, emit_chain, operand_views, operands
+from fusion.engine.codegen.gemm import ChainEpilogue, FusedGemm, Schedule, _load_operand, _quantizer, fused_gemm_steps
+from fusion.engine.codegen.matrix_group import packed_weight
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step, Streamed, f32_bits
+from fusion.lower.kernels.gemm import Operand
 from fusion.lower.kernels.matrix import matrix_operand, requant
 from fusion.lower.local_alloc import TileArena
+from fusion.lower.views import dense
 from isa.enums import Unit
 
 
@@ -34,8 +44,10 @@ def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     b = matrix_operand(cx, head, head.inputs[1], q.weight_scale if q else None)
     *batch, m, k = a.view.shape
     n = b.view.shape[-1]
-    if len(b.view.shape) > len(a.view.shape) or k > cx.config.array_size or n > cx.config.array_size:
-        raise CodegenError(f"node {head.name!r}: streaming needs K and N at most the array size")
+    if k > cx.config.array_size or n > cx.config.array_size:
+        return [*_drained_chain_steps(cx, head, rest, a, b)]
+    if len(b.view.shape) > len(a.view.shape):
+        raise CodegenError(f"node {head.name!r}: a streamed weight with more batch axes than the activation")
     b_full = b.view.broadcast_to((*batch, k, n))
     if m * n > cx.config.vreg_elems or m > 4095:
         raise CodegenError(f"node {head.name!r}: a {m} x {n} tile does not fit a vector register")
@@ -74,3 +86,55 @@ def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
         compute += [(Unit.matrix, matrix), (Unit.vector, Streamed(vector))]  # the chain takes rows as they leave
         steps.append(Step(loads, compute, [(out_addr, out.index(index))]))
     return steps
+
+
+def _drained_chain_steps(cx: LowerContext, head: Node, rest: list[Node], a: Operand, b: Operand) -> list[Step]:
+    """The fused GEMM over all rows of A (batches flattened) with the chain run on each drained tile."""
+    graph, cfg = cx.graph, cx.config
+    if len(b.view.shape) != 2:
+        raise CodegenError(f"node {head.name!r}: a chain after a GEMM with K or N beyond the array needs a 2-D weight")
+    (k, n), c_value = b.view.shape, head.outputs[0]
+    rows = math.prod(a.view.shape[:-1])
+    if any(node.op in ROWS for node in rest) and n > cfg.array_size:
+        raise CodegenError(f"node {head.name!r}: a chain reducing rows of {n} > N columns needs them in one tile")
+    table = operands(cx, rest)  # the MatMul's output is the chain's external operand: its drained tile
+    tiles, row_views = operand_views(cx, table, graph.types[c_value].shape)
+    tiles.pop(c_value, None)
+    flat = {v: view.reshaped((rows, n)) for v, view in tiles.items()}
+    av, out = a.view.reshaped((rows, k)), cx.view(rest[-1].outputs[0]).reshaped((rows, n))
+    if av is None or out is None or any(view is None for view in flat.values()):
+        raise CodegenError(f"node {head.name!r}: the GEMM's rows and the chain's tiles must flatten to 2-D views")
+    c_dtype = cx.dtype(c_value)
+
+    def step(arena: TileArena, block: tuple[int, int], panels: list[tuple[int, int, int]]):
+        (i0, m), j_first = block, panels[0][0]
+        span = panels[-1][0] + panels[-1][1] - j_first
+        rows_at = {v: arena.tile(span * 4) for v in row_views}  # each row operand once for all the step's panels
+        loads = [(view.slice(0, j_first, span), rows_at[v]) for v, view in row_views.items()]
+        emits, stores = [], []
+        for j0, cols, drained in panels:
+            addr = {c_value: drained}
+            for v, view in flat.items():
+                addr[v] = arena.tile(m * cols * view.dtype.size)
+                loads.append((view.slice(0, i0, m).slice(1, j0, cols), addr[v]))
+            addr |= {v: at + (j0 - j_first) * 4 for v, at in rows_at.items()}
+            out_addr = arena.tile(m * cols * 4)
+            emits.append((addr, out_addr, m * cols, cols))
+            stores.append((out_addr, out.slice(0, i0, m).slice(1, j0, cols)))
+
+        def emit(em: Emitter) -> None:
+            for addr, out_addr, count, period in emits:
+                emit_chain(cx, em, rest, table, addr, out_addr, count, period)
+
+        return loads, emit, stores
+
+    chain = ChainEpilogue(step, (*(view.dtype.size for view in flat.values()), 4), (4,) * len(row_views))
+    g = FusedGemm(
+        Operand(av, a.quantize_scale),
+        Operand(b.view, b.quantize_scale),
+        dense(0, (rows, n), c_dtype),  # shape and drained dtype only: the chain stores, this is never written
+        requant=requant(cx, head),
+        b_panels=packed_weight(cx, head),
+        chain=chain,
+    )
+    return fused_gemm_steps(cfg, g, Schedule(panels=2), alone=True, rotation=cx.rotation)
