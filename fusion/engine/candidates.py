@@ -25,6 +25,8 @@ from fusion.graph.ops import OpType
 from fusion.lower.compiler import ALIAS_OPS
 
 ABSORBABLE = frozenset({OpType.Add, OpType.Relu})
+# a Conv's drain also applies a trailing Clip where it is the int8 requantization clamp (`codegen.conv.clip_tail`)
+CONV_ABSORBABLE = ABSORBABLE | {OpType.Clip}
 MAX_CHAIN = 4
 MAX_VECTOR_CHAIN = 8  # a run of chain nodes alone: RMSNorm is 7 (Pow, ReduceMean, Add, Sqrt, Div, Mul, Mul)
 
@@ -93,7 +95,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)  # the epilogue as a chain after the transposing load
             out += [Candidate(tuple(n.name for n in run[:k]), "swapped") for k in range(2, len(run) + 1)]
         if node.op == OpType.Conv:
-            run = _follow(graph, node, ABSORBABLE, MAX_CHAIN)
+            run = _follow(graph, node, CONV_ABSORBABLE, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "conv") for k in range(2, len(run) + 1)]
         if node.op in CHAIN_OPS:
             run = _follow(graph, node, CHAIN_OPS, MAX_VECTOR_CHAIN)

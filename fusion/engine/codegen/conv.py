@@ -31,6 +31,7 @@ from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.matrix import bias_view, requant, requant_table
+from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.kernels.windows import padded_input, window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
@@ -141,11 +142,11 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     padded, phases = padded_input(cx, node, w, 0.0)
     mm_dt = DType.i8 if cx.int8 else DType.f32
     quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
-    z = _Sizes(s, cfg.array_size, padded.dtype, mm_dt, out.dtype, quantize is not None, ep.residual is not None)
+    z = _Sizes(s, cfg.array_size, padded.dtype, mm_dt, ep.out_dt, quantize is not None, ep.residual is not None)
     tiling = choose_tiling(cfg, z, node.name)
     image = padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1]))
     pixels_out = s.out[0] * s.out[1]
-    scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), out.dtype)
+    scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), ep.out_dt)
     taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt)
     k = _Kernel(s, tiling, z, taps, ep, quantize)
     steps: list[Step] = []
@@ -172,7 +173,8 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                     tiles += 1
                 blocks += 1
     phases.append(steps)
-    phases.append(to_nchw(cfg, s.strides[1], scratch, out.reshape_dense((s.n, s.cout, pixels_out)), cx.rotation))
+    nchw = out.reshape_dense((s.n, s.cout, pixels_out))
+    phases.append(to_nchw(cfg, s.strides[1], scratch, nchw, cx.rotation, ep.dequant))
     return phases
 
 
@@ -202,8 +204,9 @@ class Epilogue:
     requant: tuple[int, int] | None  # int8 per tensor (fp32: the identity)
     act: Activation
     drain_dtype: str
-    out_dt: DType
+    out_dt: DType  # of the drained tiles and the DRAM scratch
     out_w: int  # output pixels per output row (the residual's row pitch)
+    dequant: float | None = None  # int8 drained, float32 out (an absorbed Clip's output): the scale
 
     def tiles(self, arena: TileArena, rows: int, tn: int) -> tuple[int, int, int]:
         """Local bias, residual and requantizer tiles of one step's last K chunk (0 = none)."""
@@ -253,20 +256,47 @@ class DrainBand:
 def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out: View) -> Epilogue:
     """The drain's work for the Conv `nodes[0]` and the consumers it absorbs."""
     graph, node = cx.graph, nodes[0]
-    ops = epilogue_ops_of_conv(graph, nodes)
+    drained, clip = clip_tail(cx, nodes)
+    ops = epilogue_ops_of_conv(graph, drained)
     if cx.int8 and ops.residual is not None:
         raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
     table = requant_table(cx, node)
+    dequant = None if clip is None else cx.scale(drained[-1].outputs[0])
     return Epilogue(
         bias_view(cx, node),
         None if ops.residual is None else cx.view(ops.residual).reshape_dense((s.n, s.cout, s.out[0] * s.out[1])),
         table,
         None if table is not None else requant(cx, node) or (f32_bits(1.0), 0),
-        Activation.relu if ops.relu else Activation.none,
+        Activation.relu if ops.relu or clip == "relu" else Activation.none,
         "i8" if cx.int8 else "f32",
-        out.dtype,
+        DType.i8 if dequant is not None else out.dtype,
         s.out[1],
+        dequant,
     )
+
+
+def clip_tail(cx: LowerContext, nodes: Sequence[Node]) -> tuple[Sequence[Node], str | None]:
+    """`nodes` without a trailing Clip the int8 drain applies exactly, and what it is there ("relu": Clip(0, hi),
+    "none": bounds beyond the int8 range): a Clip whose upper bound is at or beyond the largest value the
+    drained int8 output can hold (127 x its scale; ReLU6 in MobileNetV2, whose convs' int8 ranges all end
+    below 6) and whose lower bound is 0 or beyond -128 x the scale is the requantization clamp (with the ReLU
+    the drain applies). Its output is float32 in the int8 plan: the kernel dequantizes on the way out, as the
+    quantized reference does (f32(q) x f32(scale), then the clamp, which then changes nothing)."""
+    last = nodes[-1]
+    if last.op != OpType.Clip:
+        return nodes, None
+    if not cx.int8 or len(nodes) < 2:
+        raise CodegenError(f"node {last.name!r}: the fp32 drain has no upper clamp (a Clip runs as its own kernel)")
+    value = nodes[-2].outputs[0]
+    scale, lo, hi = cx.scale(value), float(last.attr("min")), float(last.attr("max"))
+    if last.inputs[0] != value or scale is None or cx.scale(last.outputs[0]) is not None:
+        raise CodegenError(f"node {last.name!r}: the Clip does not read the drained int8 value {value!r}")
+    if hi < 127 * scale or not (lo == 0.0 or lo <= -128 * scale):
+        raise CodegenError(
+            f"node {last.name!r}: Clip({lo:g}, {hi:g}) binds inside the int8 range of {value!r} "
+            f"(+-{127 * scale:.4g}): it is not the requantization clamp"
+        )
+    return nodes[:-1], "relu" if lo == 0.0 else "none"
 
 
 @dataclass(frozen=True)
@@ -351,25 +381,39 @@ def epilogue_ops_of_conv(graph: Graph, nodes: Sequence[Node]) -> EpilogueOps:
     return ops
 
 
-def to_nchw(cfg: MachineConfig, step: int, scratch: View, out: View, rotation: int) -> list[Step]:
+def to_nchw(
+    cfg: MachineConfig, step: int, scratch: View, out: View, rotation: int, dequant: float | None = None
+) -> list[Step]:
     """The DRAM scratch [OH * step * OW, Cout] of each image -> out[img] as [Cout, OH * OW]: transposing loads of
-    every `step`-th pixel row, in runs that fit a buffer slot."""
+    every `step`-th pixel row, in runs that fit a buffer slot (int8 dequantized to a float32 out at `dequant`)."""
     n, cout, pixels = out.shape
     es = scratch.dtype.size
+
+    def sizes(p: int) -> list[int]:
+        return [p * cout * es] + ([p * cout * 4] if dequant is not None else [])
+
     probe = TileArena(cfg, 0)
-    run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits([p * cout * es]))
+    run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits(sizes(p)))
     if run == 0 or cout > MAX_COLS:
         raise CodegenError(f"{cout} output channels of one pixel exceed a buffer slot or one transposing DMA")
     steps = []
     for img in range(n):
         for p0 in range(0, pixels, run):
             count = min(run, pixels - p0)
-            tile = TileArena(cfg, len(steps), rotation).tile(count * cout * es)
+            arena = TileArena(cfg, len(steps), rotation)
+            tile, *deq = [arena.tile(size) for size in sizes(count)]
             address = scratch.index((img,)).address + p0 * step * cout * es
 
             def load(em: Emitter, tile=tile, address=address, count=count) -> None:
                 local, dram, stride = em.regs(tile, address, step * cout * es)
                 em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
 
-            steps.append(Step([], [(Unit.load, load)], [(tile, out.index((img,)).slice(1, p0, count))]))
+            compute = [(Unit.load, load)]
+            if deq:
+
+                def to_f32(em: Emitter, src=tile, dst=deq[0], n=count * cout) -> None:
+                    dequantize(em, dst, src, n, dequant)
+
+                compute.append((Unit.vector, to_f32))
+            steps.append(Step([], compute, [((deq or [tile])[0], out.index((img,)).slice(1, p0, count))]))
     return steps

@@ -150,8 +150,8 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
     x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
     phases.append(_channels_last(cx, s, padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1])), x, quantize))
-    tiling = choose_tiling(cfg, s, mm_dt, out.dtype, ep.residual is not None)
-    scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), out.dtype)
+    tiling = choose_tiling(cfg, s, mm_dt, ep.out_dt, ep.residual is not None)
+    scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), ep.out_dt)
     rows_k = s.taps * s.cg
     weights = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (rows_k, s.cout), mm_dt)
     k = _Kernel(s, tiling, ep, weights, x, scratch)
@@ -185,7 +185,8 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                 steps.append(k.step(arena, t, resident, loads))
             tiles += 1
     phases.append(steps)
-    phases.append(to_nchw(cfg, 1, scratch, out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1])), cx.rotation))
+    nchw = out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
+    phases.append(to_nchw(cfg, 1, scratch, nchw, cx.rotation, ep.dequant))
     return phases
 
 

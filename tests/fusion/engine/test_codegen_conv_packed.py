@@ -129,3 +129,37 @@ def test_depthwise_is_left_to_the_vector_kernel() -> None:
     mc = context(graph, {"x": np.zeros((1, 16, 8, 8), np.float32)}, "fp32")
     with pytest.raises(CodegenError, match="of the array"):
         build_kernel(mc, Group(names, PACKED))
+
+
+def _conv_clip(hi: float):
+    b = GraphBuilder("conv")
+    x = b.input("x", (1, 8, 10, 10))
+    rng = np.random.default_rng(4)
+    w = b.constant((rng.standard_normal((16, 8, 3, 3)) / 8).astype(np.float32), "w")
+    bias = b.constant((rng.standard_normal(16) * 0.1).astype(np.float32), "b")
+    h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=(1, 1), group=1, pads=(1, 1, 1, 1), strides=(2, 2))
+    b.output(b.op(OpType.Clip, h, name="clip", min=0.0, max=hi))
+    return b.build(), ("conv", "clip")
+
+
+@pytest.mark.parametrize("strategy", [PACKED, "implicit_gemm"])
+def test_int8_relu6_is_the_requantization_clamp_of_the_drain(strategy: str) -> None:
+    """Clip(0, 6) after a Conv whose int8 output range ends below 6 (as every MobileNetV2 conv's does): the drain's
+    ReLU + requantization, dequantized to the Clip's float32 output on the way out; bit-exact in both schedules."""
+    graph, names = _conv_clip(6.0)
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((1, 8, 10, 10)).astype(np.float32)}
+    mc = context(graph, inputs, "int8")
+    assert 127 * mc.qplan.scales["conv"] < 6.0
+    _, run, env = run_group(mc, Group(names, strategy), inputs)
+    assert run.outputs["clip"].dtype == np.float32
+    np.testing.assert_array_equal(run.outputs["clip"], env["clip"])
+
+
+def test_a_clip_binding_inside_the_int8_range_or_in_fp32_is_refused() -> None:
+    graph, names = _conv_clip(0.25)
+    inputs = {"x": np.random.default_rng(3).standard_normal((1, 8, 10, 10)).astype(np.float32)}
+    with pytest.raises(CodegenError, match="binds inside the int8 range"):
+        build_kernel(context(graph, inputs, "int8"), Group(names, PACKED))
+    with pytest.raises(CodegenError, match="no upper clamp"):
+        build_kernel(context(graph, inputs, "fp32"), Group(names, PACKED))
