@@ -66,7 +66,10 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     both MatMuls as their drains would and runs the rest as the unfused recipes."""
     if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped", "attention"):
         return FusionDecision.yes()
-    changes = [n.name for n in nodes[1:] if n.op not in VALUE_PRESERVING]
+    # a Conv's trailing Clip: its generator takes it only where it is the requantization clamp, exactly
+    # (`codegen.conv.clip_tail`), and refuses the rest
+    exact = {OpType.Clip} if family == "conv" else set()
+    changes = [n.name for n in nodes[1:] if n.op not in VALUE_PRESERVING | exact]
     if changes and mc.allow_rounding_change:
         return FusionDecision.yes(f"int8: fusing {changes[0]!r} changes rounding (allowed by option)")
     if changes:
