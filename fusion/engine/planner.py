@@ -94,9 +94,12 @@ class Evaluator:
         profiles: Mapping[str, TensorProfile],
         dram_weight: float = DRAM_WEIGHT,
         pool: CompilePool | None = None,
+        overlap: Callable[[list[Evaluated]], float] | None = None,
     ) -> None:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
         self.pool = pool
+        # a plan run as one program: the separate kernels' predicted boundary overlap (`overlap.chain_overlap`)
+        self.overlap = overlap or (lambda parts: 0.0)
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
         self.measure_seconds = 0.0  # host time of those simulations
@@ -449,11 +452,12 @@ def plan_dynamic(
 
 
 def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], threshold: float) -> float:
-    """The score the fused kernel saves over its nodes' best single kernels: predicted, or measured (each kernel
-    simulated once on zero inputs) when the expected regret of the decision the prediction makes (fuse when the
+    """The score the fused kernel saves over its nodes' best single kernels (less the overlap their boundaries
+    would gain in one program, `Evaluator.overlap`): predicted, or measured (each kernel simulated once on zero
+    inputs) when the expected regret of the decision the prediction makes (fuse when the
     gain exceeds `threshold` of the separate score) is at least REGRET_FLOOR of that score. Zero-skip kernels,
     whose timing depends on the data, are never measured."""
-    base, base_sd = sum(p.score for p in parts), sum(p.sd for p in parts)
+    base, base_sd = sum(p.score for p in parts) - ev.overlap(parts), sum(p.sd for p in parts)
     gain = base - fused.score
     if gain > threshold * base:
         regret = expected_regret(fused.score, fused.sd, base, base_sd)
@@ -461,7 +465,7 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
         regret = expected_regret(base, base_sd, fused.score, fused.sd)
     if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
         return gain
-    return sum(map(ev.measured_score, parts)) - ev.measured_score(fused)
+    return sum(map(ev.measured_score, parts)) - ev.overlap(parts) - ev.measured_score(fused)
 
 
 def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> list:
