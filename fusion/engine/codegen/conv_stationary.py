@@ -1,0 +1,272 @@
+"""Conv with the activation patch stationary and the weights streamed (`implicit_stationary`): for few output
+pixels and many output channels (ResNet layer4 at 64x64: M = 4 pixels, K = 4608, Cout = 512).
+
+The weight-stationary schedules pay a preload and a 2N - 1 skew per K piece and Cout tile for only a few streamed
+rows. Here each K piece of the band's positions is the preloaded operand instead: A^T [k, M] (M <= N positions of
+the channels-last input, `codegen.conv_packed`; one transposing DMA per kernel row brings [kw * C, M], whose row
+blocks are the pieces), and the piece's weights stream through it as rows, [Cout chunk, k] -> acc [Cout chunk, M]:
+per piece one preload and Cout + 2N - 1 cycles for all output channels. The accumulator holds out^T, channels as
+rows, so the epilogue runs on the vector unit (bias per row, ReLU, per-channel requantize as the baseline GEMM
+does) and the result is already NCHW: stored straight to the output when a band is one output row, else through a
+DRAM scratch that drops the positions past each row's end.
+
+Weights are packed at compile time piece-major ([group][piece][Cout/group][k], `pack_pieces`), so each step's
+weights are one contiguous DMA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.engine.codegen.conv import Epilogue, conv_epilogue, conv_shape, pack_taps
+from fusion.engine.codegen.conv_packed import Piece, _channels_last, pieces, stream_rows
+from fusion.engine.codegen.gemm import k_slices
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph, Node
+from fusion.lower.context import LowerContext, const_key
+from fusion.lower.emitter import Emitter, Step
+from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.windows import padded_input, window_of
+from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
+from isa.enums import Activation, DType, Unit
+from simulator.config import MachineConfig
+
+PIECES = "pieces"  # constant-form key of a Conv weight packed piece-major (see pack_pieces)
+SCRATCH, CHANNELS_LAST = 2, 3  # the Conv's DRAM temps: out^T bands before dropping positions, the input
+
+
+def pack_pieces(weights: np.ndarray, s: ConvGeometry, n: int) -> np.ndarray:
+    """W[Cout, C/group, kh, kw] as [group][piece][Cout/group][k] (flat): piece p's K rows of every output channel
+    of a group, contiguous (the rows the array streams)."""
+    taps = pack_taps(weights).reshape(s.taps * s.cg, s.cout)  # [K, Cout], K = (kh, kw, c)
+    blocks = [
+        taps[p.row : p.row + p.k, g * s.coutg : (g + 1) * s.coutg].T.ravel()
+        for g in range(s.groups)
+        for p in pieces(s, n)
+    ]
+    return np.ascontiguousarray(np.concatenate(blocks))
+
+
+def scratch_sizes(graph: Graph, cfg: MachineConfig, node: Node, mm_dt: DType) -> dict[int, int]:
+    """Bytes of the DRAM temps: out^T bands (int32 / float32 at most), the channels-last input."""
+    s = conv_shape(graph, cfg, node, packed=True)
+    rows = _band_rows(cfg, s)
+    bands = -(-s.out[0] // rows)
+    out_t = s.n * s.groups * bands * s.coutg * stream_rows(s, rows) * 4
+    return {SCRATCH: out_t, CHANNELS_LAST: s.n * s.strides[0] * s.phase_rows * s.phase_width * s.c * mm_dt.size}
+
+
+def _band_rows(cfg: MachineConfig, s: ConvGeometry) -> int:
+    """Output rows per band: the most whose positions fit the array's columns."""
+    rows = largest_fitting(s.out[0], lambda r: stream_rows(s, r) <= cfg.array_size)
+    if rows == 0:
+        raise CodegenError(f"one output row of {s.out[1]} pixels exceeds the array's {cfg.array_size} columns")
+    return rows
+
+
+def row_runs(s: ConvGeometry) -> list[int]:
+    """Elements of each A^T tile of a band: one per kernel row (per tap for dilated or grouped convs), the runs of
+    `conv_packed.pieces` before they are cut."""
+    per_row = [s.kernel[1] * s.cg] if s.groups == 1 and s.dilations[1] == 1 else [s.cg] * s.kernel[1]
+    return per_row * s.kernel[0]
+
+
+def _output_row(nchw: View, img: int, ch0: int, nc: int, oh: int) -> View:
+    """out[img, ch0 : ch0 + nc, oh, :] as [nc, OW]."""
+    part = nchw.index((img,)).slice(0, ch0, nc).slice(1, oh, 1)
+    return View(part.address, (nc, part.shape[2]), (part.strides[0], part.strides[2]), part.dtype)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    rows: int  # output rows per band
+    nc: int  # output channels per step (rows streamed)
+    groups: tuple[tuple[Piece, ...], ...]  # the K pieces of each step
+
+
+def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType) -> Tiling:
+    """Band rows by the array's columns; the most output channels per step whose accumulator and output tiles fit
+    beside the band's A^T; K groups as long as their weights fit beside them."""
+    rows, probe, every = _band_rows(cfg, s), TileArena(cfg, 0), pieces(s, cfg.array_size)
+    m = stream_rows(s, rows)
+    a_tiles = [run * m * mm_dt.size for run in row_runs(s)]
+    a_bytes = sum(a_tiles)
+
+    def fits(nc: int, group: Sequence[Piece]) -> bool:
+        step = [sum(p.k for p in group) * nc * mm_dt.size, nc * 4, nc * 8, nc * m * 4]
+        return probe.fits([*a_tiles, *step], [nc * m * 4])
+
+    nc = largest_fitting(min(s.coutg, MAX_ROWS), lambda c: fits(c, every[:1]))
+    if nc == 0:
+        raise CodegenError(f"a band's A^T ({a_bytes} bytes) and one output channel do not fit a buffer slot")
+    groups: list[list[Piece]] = [[]]
+    for p in every:
+        if groups[-1] and not fits(nc, [*groups[-1], p]):
+            groups.append([])
+        groups[-1].append(p)
+    return Tiling(rows, nc, tuple(tuple(g) for g in groups))
+
+
+def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
+    """The Conv `nodes[0]` and its absorbed bias / ReLU as phases: the padded input (none without padding), its
+    channels-last copy, the GEMM (out^T per band), and the positions past each row's end dropped (bands of more
+    than one output row)."""
+    graph, cfg, node = cx.graph, cx.config, nodes[0]
+    s = conv_shape(graph, cfg, node, packed=True)
+    out = cx.view(nodes[-1].outputs[0])
+    ep = conv_epilogue(cx, nodes, s, out)
+    if ep.residual is not None or ep.dequant is not None:
+        raise CodegenError(f"node {node.name!r}: the patch-stationary conv absorbs a bias and a ReLU only")
+    padded, phases = padded_input(cx, node, window_of(graph, node), 0.0)
+    mm_dt = DType.i8 if cx.int8 else DType.f32
+    quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
+    x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
+    phases.append(_channels_last(cx, s, padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1])), x, quantize))
+    tiling = choose_tiling(cfg, s, mm_dt)
+    m = stream_rows(s, tiling.rows)
+    bands = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
+    acc_dt = DType.i32 if cx.int8 else DType.f32
+    scratch = dense(cx.temp(node, SCRATCH), (len(bands), s.coutg, m), ep.out_dt if cx.int8 else acc_dt)
+    weights = dense(cx.addresses[const_key(node.inputs[1], PIECES)], (s.groups * s.taps * s.cg * s.coutg,), mm_dt)
+    nchw = out.reshape_dense((s.n, s.cout, s.out[0], s.out[1]))
+    k = _Kernel(s, tiling, ep, weights, x, mm_dt, acc_dt)
+    a_sizes = [run * m * mm_dt.size for run in row_runs(s)]
+    steps: list[Step] = []
+    accs = 0
+    for b, (img, g, oh0, rows) in enumerate(bands):
+        band = TileArena(cfg, b, cx.rotation)
+        a_tiles = [band.tile(size) for size in a_sizes]
+        for c0, nc in k_slices(s.coutg, tiling.nc):
+            acc = TileArena(cfg, accs, cx.rotation).acc_tile(nc * m * 4)
+            accs += 1
+            for gi in range(len(tiling.groups)):
+                arena = TileArena(cfg, len(steps), cx.rotation)
+                for size in a_sizes:  # every step keeps clear the bytes a band's A^T tiles use
+                    arena.tile(size)
+                first = c0 == 0 and gi == 0
+                dest = (
+                    _output_row(nchw, img, g * s.coutg + c0, nc, oh0)
+                    if tiling.rows == 1
+                    else scratch.index((b,)).slice(0, c0, nc)
+                )
+                steps.append(k.step(arena, _Tile(img, g, oh0, rows, c0, nc, gi, acc), a_tiles, first, dest))
+    phases.append(steps)
+    if tiling.rows > 1:
+        phases.append(_drop_positions(cx, s, tiling.rows, bands, scratch, nchw))
+    return phases
+
+
+@dataclass(frozen=True)
+class _Tile:
+    img: int
+    g: int
+    oh0: int
+    rows: int
+    c0: int  # first output channel of the group
+    nc: int
+    kgroup: int
+    acc: int
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    s: ConvGeometry
+    tiling: Tiling
+    ep: Epilogue
+    weights: View  # flat, piece-major
+    x: View
+    mm_dt: DType
+    acc_dt: DType
+
+    def a_loads(self, em: Emitter, t: _Tile, tiles: list[int]) -> None:
+        """A^T of the band: per kernel row (or tap) run, one transposing DMA of [positions, run] -> [run, M]."""
+        s, es, m = self.s, self.mm_dt.size, stream_rows(self.s, t.rows)
+        runs = row_runs(s)
+        per_row = len(runs) // s.kernel[0]
+        for i, (run, tile) in enumerate(zip(runs, tiles, strict=True)):
+            kh, j = divmod(i, per_row)
+            phase, down = s.row_phase(kh)
+            offset = j * s.dilations[1] * s.c if per_row > 1 else 0
+            start = self.x.index((t.img, phase, t.oh0 + down)).address + (offset + t.g * s.cg) * es
+            for c0 in range(0, run, MAX_COLS):
+                cols = min(MAX_COLS, run - c0)
+                local, dram, stride = em.regs(tile + c0 * m * es, start + c0 * es, s.strides[1] * s.c * es)
+                em.b.dma_ldt(local, dram, stride, m, cols, self.mm_dt.name)
+
+    def piece_tile(self, tiles: list[int], p: Piece, m: int) -> int:
+        """Local address of piece p's [k, M] rows inside its kernel row's (or tap's) A^T tile."""
+        runs = row_runs(self.s)
+        index, start = 0, 0
+        while start + runs[index] <= p.row:
+            start += runs[index]
+            index += 1
+        return tiles[index] + (p.row - start) * m * self.mm_dt.size
+
+    def step(self, arena: TileArena, t: _Tile, a_tiles: list[int], first: bool, dest: View) -> Step:
+        s, es, group = self.s, self.mm_dt.size, self.tiling.groups[t.kgroup]
+        m, kt = stream_rows(s, t.rows), s.taps * s.cg
+        w_tile = arena.tile(sum(p.k for p in group) * t.nc * es)
+        last = t.kgroup == len(self.tiling.groups) - 1
+        col = t.g * s.coutg + t.c0
+        bias = arena.tile(t.nc * 4) if last and self.ep.bias is not None else 0
+        table = arena.tile(t.nc * 8) if last and self.ep.table is not None else 0
+        out_tile = arena.tile(t.nc * m) if last and self.acc_dt is DType.i32 else t.acc
+
+        def load(em: Emitter) -> None:
+            if first:
+                self.a_loads(em, t, a_tiles)
+            # the group's pieces for channels [c0, c0 + nc): one contiguous run for all of them when nc is all
+            # of the group's channels, else one per piece
+            runs = [group] if t.nc == s.coutg else [[p] for p in group]
+            local = w_tile
+            for run in runs:
+                count = sum(p.k for p in run) * t.nc
+                em.dma_load(self.weights.slice(0, (t.g * kt + run[0].row) * s.coutg + t.c0 * run[0].k, count), local)
+                local += count * es
+            if bias:
+                em.dma_load(self.ep.bias.slice(0, col, t.nc), bias)
+            if table:
+                em.dma_load(self.ep.table.slice(0, col, t.nc), table)
+
+        def matmul(em: Emitter) -> None:
+            local = w_tile
+            for i, p in enumerate(group):
+                em.b.mx_preload(em.reg(self.piece_tile(a_tiles, p, m)), p.k, m, self.mm_dt.name)
+                (em.b.mx_mma if t.kgroup or i else em.b.mx_mm)(*em.regs(t.acc, local), t.nc)
+                local += t.nc * p.k * es
+
+        def epilogue(em: Emitter) -> None:
+            n, dt = t.nc * m, self.acc_dt.name
+            if bias:
+                em.b.v_add_vc(*em.regs(t.acc, t.acc, bias), n, m, dt)
+            if self.ep.act is Activation.relu:
+                em.b.v_relu(*em.regs(t.acc, t.acc), n, dt)
+            if table:
+                em.b.v_rqnt_vc(*em.regs(out_tile, t.acc, table), n, m)
+            elif self.acc_dt is DType.i32:
+                mult, shift = self.ep.requant
+                em.b.v_rqnt(*em.regs(out_tile, t.acc, mult), shift, n)
+
+        compute = [(Unit.load, load), (Unit.matrix, matmul)]
+        if last:
+            compute.append((Unit.vector, epilogue))
+        return Step([], compute, [(out_tile, dest)] if last else [])
+
+
+def _drop_positions(
+    cx: LowerContext, s: ConvGeometry, rows: int, bands: list[tuple[int, int, int, int]], scratch: View, nchw: View
+) -> list[Step]:
+    """Each band's out^T [Cout/group, M] -> the output's rows: for output row r, the OW positions from r * L."""
+    steps = []
+    for b, (img, g, oh0, count) in enumerate(bands):
+        src = scratch.index((b,))  # [coutg, M]
+        for c0, nc in k_slices(s.coutg, max(1, min(s.coutg, MAX_ROWS))):
+            for r in range(count):
+                tile = TileArena(cx.config, len(steps), cx.rotation).tile(nc * s.out[1] * src.dtype.size)
+                part = src.slice(0, c0, nc).slice(1, r * s.positions, s.out[1])
+                steps.append(Step([(part, tile)], [], [(tile, _output_row(nchw, img, g * s.coutg + c0, nc, oh0 + r))]))
+    return steps
