@@ -24,10 +24,12 @@ from fusion.engine.bounds import gemm_bound, swapped_bound
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
-from fusion.engine.codegen.conv import TAPS, conv_phases, pack_taps
+from fusion.engine.codegen.conv import TAPS, conv_phases, conv_shape, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
 from fusion.engine.codegen.conv_packed import packed_phases
 from fusion.engine.codegen.conv_packed import scratch_sizes as packed_scratch_sizes
+from fusion.engine.codegen.conv_stationary import PIECES, pack_pieces, stationary_phases
+from fusion.engine.codegen.conv_stationary import scratch_sizes as stationary_scratch_sizes
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
@@ -130,6 +132,10 @@ def _conv_packed(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding
     return packed_phases(cx, nodes)
 
 
+def _conv_stationary(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return stationary_phases(cx, nodes)
+
+
 def _chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [layout_chain_steps(cx, nodes) if layout_prefix(nodes) else chain_steps(cx, nodes)]
 
@@ -191,6 +197,16 @@ def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndar
     mm_dt = DType.i8 if mc.int8 else DType.f32
     sizes = packed_scratch_sizes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last), mm_dt)
     return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
+
+
+def _conv_stationary_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The Conv weight packed piece-major (`codegen.conv_stationary`), the out^T and channels-last temps."""
+    conv, cfg = sub.nodes[0], mc.config
+    weights = forms[const_key(conv.inputs[1], _weight_form(mc))]
+    s = conv_shape(sub, cfg, conv, packed=True)
+    packed = {const_key(conv.inputs[1], PIECES): pack_pieces(np.asarray(weights), s, cfg.array_size)}
+    sizes = stationary_scratch_sizes(sub, cfg, conv, DType.i8 if mc.int8 else DType.f32)
+    return packed, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
 
 
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
@@ -281,6 +297,15 @@ REGISTRY: Mapping[str, Strategy] = {
         # the conv family's channels-last schedule: kernel taps packed into K, only kept pixels computed
         Strategy(
             "implicit_packed", _conv_packed, "implicit_gemm", schedules=_conv_space, dram_forms=_conv_packed_forms
+        ),
+        # few output pixels, many channels: the patch preloaded, the weights streamed as rows
+        Strategy(
+            "implicit_stationary",
+            _conv_stationary,
+            "implicit_gemm",
+            schedules=_conv_space,
+            loop_order="nm",
+            dram_forms=_conv_stationary_forms,
         ),
         Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
