@@ -30,6 +30,7 @@ from fusion.engine.codegen.conv_packed import packed_phases
 from fusion.engine.codegen.conv_packed import scratch_sizes as packed_scratch_sizes
 from fusion.engine.codegen.conv_stationary import PIECES, pack_pieces, stationary_phases
 from fusion.engine.codegen.conv_stationary import scratch_sizes as stationary_scratch_sizes
+from fusion.engine.codegen.gated import GATED, gated_heads, gated_steps, pack_gated
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.stream import stream_steps
@@ -148,6 +149,10 @@ def _attention(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_c
     return [attention_steps(cx, nodes)]
 
 
+def _gated(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [gated_steps(cx, nodes)]
+
+
 def _transpose(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
 
@@ -197,6 +202,13 @@ def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndar
     mm_dt = DType.i8 if mc.int8 else DType.f32
     sizes = packed_scratch_sizes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last), mm_dt)
     return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
+
+
+def _gated_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The two weights packed panel-interleaved (`codegen.gated`)."""
+    (first, second), _ = gated_heads(sub.nodes)
+    data = [np.asarray(forms[const_key(n.inputs[1], _weight_form(mc))]) for n in (first, second)]
+    return {const_key(first.inputs[1], GATED): pack_gated(*data, mc.config.array_size)}, {}
 
 
 def _conv_stationary_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
@@ -308,6 +320,8 @@ REGISTRY: Mapping[str, Strategy] = {
             dram_forms=_conv_stationary_forms,
         ),
         Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
+        # two GEMMs of one activation joined by a chain (a gated MLP): one kernel, A read once
+        Strategy("gated", _gated, "other", ("gated",), dram_forms=_gated_forms),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
         # them: their steps run their segments in series, which the stage-overlap composition does not see)
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.64),

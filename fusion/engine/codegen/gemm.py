@@ -59,6 +59,8 @@ class FusedGemm:
     out_scale: float = 1.0  # without requant: the drain writes f32(t) * out_scale (int8 operands: accumulator scale)
     b_panels: View | None = None  # a constant B pre-packed panel-major (P, K, N): one contiguous DMA per panel
     chain: ChainEpilogue | None = None  # applied to each drained tile instead of storing it (`out` is not stored)
+    # int8: panel p drains with panel_requant[p % len] instead of `requant` (interleaved GEMMs, `codegen.gated`)
+    panel_requant: tuple[tuple[int, int], ...] = ()
 
     @property
     def int8(self) -> bool:
@@ -316,7 +318,8 @@ def _tile_step(
             if zero_skip:
                 em.b.label(skip)
         for j0, cols, _, _, res, acc, out in tiles:
-            em.b.ep_cfg(*em.regs(bias_addr + (j0 - j_first) * 4, res, mult), shift, act, flags, out_dt)
+            rq = g.panel_requant[j0 // cfg.array_size % len(g.panel_requant)] if g.panel_requant else (mult, shift)
+            em.b.ep_cfg(*em.regs(bias_addr + (j0 - j_first) * 4, res, rq[0]), rq[1], act, flags, out_dt)
             em.b.mx_drain(*em.regs(out, acc), rows, cols)
 
     compute: list = [(Unit.vector, _quantizer(quants))] if quants else []

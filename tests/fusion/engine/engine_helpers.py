@@ -92,6 +92,22 @@ def assert_reference(outputs: dict[str, np.ndarray], env: dict[str, np.ndarray],
         np.testing.assert_allclose(outputs[value], env[value], rtol=tol, atol=tol)
 
 
+def gated_mlp_graph(lead: tuple[int, ...], m: int, k: int, n: int, act: str, seed: int = 0) -> Graph:
+    """gate = x @ Wg, up = x @ Wu, act(gate) * up (act: silu, gelu or none), in LLaMA's export order (the
+    activation between the two GEMMs)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("gated")
+    x = b.input("x", (*lead, m, k))
+    g = b.op(OpType.MatMul, x, b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)), name="gate")
+    if act == "silu":
+        g = b.op(OpType.Mul, g, b.op(OpType.Sigmoid, g, name="sig"), name="silu")
+    elif act == "gelu":
+        g = b.op(OpType.Gelu, g, approximate="tanh", name="gelu")
+    u = b.op(OpType.MatMul, x, b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)), name="up")
+    b.output(b.op(OpType.Mul, g, u, name="gated"))
+    return b.build()
+
+
 def conv_graph(n, c, cout, spatial, kernel, strides, dilations, pads, groups, relu, seed=7):
     """One Conv (+ bias, optional Relu) with seeded fan-in-scaled weights; returns the graph and its node names."""
     rng = np.random.default_rng(seed)
