@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from fusion.engine.attention_match import find_attention
 from fusion.engine.codegen.absorbed_layout import loads_in_place
 from fusion.engine.codegen.chain import CHAIN_OPS
+from fusion.engine.codegen.gated import find_gated
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.context import ModelContext
 from fusion.engine.plan import Group
@@ -103,6 +104,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op == OpType.Transpose:
             out += _layout_chains(graph, node)
     out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
+    out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
     return out
 
 
