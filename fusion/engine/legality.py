@@ -62,9 +62,9 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     """int8: moving a float Add that follows a requantized MatMul into the drain skips that requantization
     (the sum is rounded once instead of twice): allowed only with `allow_rounding_change`. A stream requantizes
     in the vector chain exactly as the drain would, and a swapped GEMM drains only value-preserving ops (the rest
-    runs as a vector chain on the requantized output), so both keep the numerics; an attention kernel requantizes
-    both MatMuls as their drains would and runs the rest as the unfused recipes."""
-    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped", "attention"):
+    runs as a vector chain on the requantized output), so both keep the numerics; an attention kernel (and a gated
+    pair of GEMMs) requantizes both MatMuls as their drains would and runs the rest as the unfused recipes."""
+    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped", "attention", "gated"):
         return FusionDecision.yes()
     # a Conv's trailing Clip: its generator takes it only where it is the requantization clamp, exactly
     # (`codegen.conv.clip_tail`), and refuses the rest
@@ -79,9 +79,9 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
 
 def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
     graph = mc.graph
-    # an attention is a DAG (Q, K and V paths meet): its one output is the last node's, which
-    # internal_values_private checks; every other family is a producer/consumer chain
-    chain = dependencies_respected(graph, nodes) if family != "attention" else FusionDecision.yes()
+    # an attention is a DAG (Q, K and V paths meet), so is a gated pair of GEMMs (both read one activation): its one
+    # output is the last node's, which internal_values_private checks; every other family is a producer/consumer chain
+    chain = dependencies_respected(graph, nodes) if family not in ("attention", "gated") else FusionDecision.yes()
     return (
         chain
         & internal_values_private(graph, nodes)
