@@ -200,7 +200,7 @@ def link_plan(
     for k in range(len(blocks) - 1):
         i, g, phases, cx = blocks[k]
         j, nxt, _, _ = blocks[k + 1]
-        written += [_extent(cx, v) for v in mc.subgraph(g.nodes).outputs]
+        written += [value_extent(cx, v) for v in mc.subgraph(g.nodes).outputs]
         chained = joined_at_start and len(phases) == 1
         reason = _fence_reason(i, j, g, nxt, tables, fenced if join else None, chained)
         if not reason:
@@ -329,7 +329,7 @@ def _kernel_name(g: Group) -> str:
     return identifier(f"{g.strategy}_{g.nodes[0]}")
 
 
-def _extent(cx: LowerContext, value: str) -> tuple[int, int]:
+def value_extent(cx: LowerContext, value: str) -> tuple[int, int]:
     """DRAM bytes [lo, hi) of a value in the whole-program image."""
     view = cx.view(value)
     return view.address, view.address + int(np.prod(view.shape, dtype=np.int64)) * view.dtype.size

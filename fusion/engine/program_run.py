@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +22,7 @@ import numpy as np
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import to_real
-from fusion.engine.overlap import Priced, chain_overlap
+from fusion.engine.overlap import BoundaryOverlap, Priced
 from fusion.engine.plan import Group, GroupChoice, baseline_group
 from fusion.engine.program import (
     Boundary,
@@ -63,9 +62,9 @@ class ProgramCall:
 
 def planning_overlap(mc: ModelContext, execution: str) -> Callable[[Sequence[Priced]], float] | None:
     """What the planner prices at kernel boundaries (`Evaluator(overlap=)`): the predicted overlap of separate
-    kernels (`overlap.chain_overlap`) when the plan runs as one program; nothing when each kernel is launched on
-    its own and ends in a fence."""
-    return partial(chain_overlap, mc) if execution == "program" else None
+    kernels (`overlap.BoundaryOverlap.chain`) when the plan runs as one program; nothing when each kernel is
+    launched on its own and ends in a fence."""
+    return BoundaryOverlap(mc).chain if execution == "program" else None
 
 
 def host_launches(graph: Graph, records: Sequence[KernelRecord]) -> int:

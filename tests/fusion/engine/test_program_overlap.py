@@ -1,6 +1,6 @@
 """The predicted overlap at a kernel boundary in one program (`fusion.engine.overlap`) and the planner's use of it:
-bounded by the next kernel's independent loads and the previous kernel's compute tail, zero where the link fences
-or the next kernel reads only what the previous one writes."""
+the next kernel's early loads (as the link joins them) under the previous kernel's compute tail, checked against
+the simulated gain; zero where the link fences or the next kernel reads only what the previous one writes."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import pytest
 
 from fusion.cost.analytic import AnalyticCostModel
 from fusion.engine.engine import EngineOptions, FusionEngine
-from fusion.engine.overlap import boundary_overlap, chain_overlap, independent_fraction
-from fusion.engine.plan import Group, baseline_group
+from fusion.engine.overlap import BoundaryOverlap, early_loads
+from fusion.engine.plan import Group, GroupChoice, baseline_group
 from fusion.engine.planner import Evaluator, plan_dynamic
+from fusion.engine.program import link_plan, run_program
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
 
 
-def _relu_gemm_relu(m: int = 64, k: int = 256, n: int = 64):
+def _relu_gemm_relu(m: int = 16, k: int = 256, n: int = 64):
     """x -> Relu -> MatMul(W) -> Relu: the GEMM's weight does not depend on the first kernel, its activation does."""
     rng = np.random.default_rng(0)
     b = GraphBuilder("relu_gemm_relu")
@@ -26,41 +27,57 @@ def _relu_gemm_relu(m: int = 64, k: int = 256, n: int = 64):
     w = b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w")
     b.output(b.op(OpType.Relu, b.op(OpType.MatMul, h, w, name="mm"), name="post"))
     graph = b.build()
+    x = rng.standard_normal((m, k)).astype(np.float32)
     engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="host", workers=1))
-    engine.run({"x": rng.standard_normal((m, k)).astype(np.float32)})
-    return graph, engine
+    engine.run({"x": x})
+    return graph, engine, {"x": x}
 
 
 @pytest.fixture(scope="module")
 def priced():
-    graph, engine = _relu_gemm_relu()
+    graph, engine, x = _relu_gemm_relu()
     ev = Evaluator(engine.mc, AnalyticCostModel(), engine.profiles)
-    return engine.mc, ev, {n.name: ev.evaluate(baseline_group(n)) for n in graph.nodes}
+    return engine.mc, ev, {n.name: ev.evaluate(baseline_group(n)) for n in graph.nodes}, x
 
 
-def test_overlap_is_bounded_by_the_independent_loads_and_the_compute_tail(priced) -> None:
-    mc, _, k = priced
-    cfg = mc.config
+def _measured_gain(mc, groups, x) -> int:
+    """The simulator's answer: the two kernels linked with a fence, minus token-ordered."""
+    choices = [GroupChoice(g, 0.0, 0.0, "test") for g in groups]
+    apart = run_program(mc, link_plan(mc, choices, join=False), x).cycles
+    return apart - run_program(mc, link_plan(mc, choices), x).cycles
+
+
+def test_overlap_is_the_early_loads_under_the_compute_tail(priced) -> None:
+    mc, _, k, _ = priced
+    cfg, overlap = mc.config, BoundaryOverlap(mc)
     pre, mm, post = k["pre"], k["mm"], k["post"]
-    x_bytes, w_bytes = 64 * 256, 256 * 64  # int8 storage
-    assert independent_fraction(mc, pre.group, mm.group) == pytest.approx(w_bytes / (x_bytes + w_bytes))
-    into_gemm = boundary_overlap(mc, pre, mm)
-    first_step = mm.features.dram_read_bytes / max(1, mm.features.steps) * w_bytes / (x_bytes + w_bytes)
-    expected = min(cfg.dram_latency + first_step / cfg.dram_bytes_per_cycle, pre.cycles / max(1, pre.features.steps))
-    assert into_gemm == pytest.approx(expected) and into_gemm > 0
-    assert boundary_overlap(mc, mm, post) == 0.0  # the Relu reads only the GEMM's output: it waits for all of it
-    assert chain_overlap(mc, [pre, mm, post]) == pytest.approx(into_gemm)
+    early, steps = early_loads(mc, pre.group, mm.group)
+    assert 0 < early <= 256 * 64  # some of the GEMM's weight (int8), none of its activation: the Relu writes it
+    into_gemm = overlap(pre, mm)
+    assert into_gemm == pytest.approx(min(cfg.dram_latency + early / cfg.dram_bytes_per_cycle, pre.cycles / steps))
+    assert early_loads(mc, mm.group, post.group)[0] == 0  # the Relu reads only the GEMM's output
+    assert overlap(mm, post) == 0.0
+    assert overlap.chain([pre, mm, post]) == pytest.approx(into_gemm)
+
+
+@pytest.mark.parametrize("panels", [1, 2])
+def test_predicted_overlap_matches_the_simulated_gain_where_weights_load_early(priced, panels: int) -> None:
+    mc, ev, k, x = priced
+    gemm = ev.evaluate(Group(("mm",), "epilogue", panels=panels))
+    predicted = BoundaryOverlap(mc)(k["pre"], gemm)
+    measured = _measured_gain(mc, [k["pre"].group, gemm.group], x)
+    assert measured > 0 and abs(predicted - measured) <= 0.25 * measured
 
 
 def test_no_overlap_where_the_link_keeps_a_fence(priced) -> None:
-    mc, ev, k = priced
+    mc, ev, k, _ = priced
+    overlap = BoundaryOverlap(mc)
     zero_skip = ev.evaluate(Group(("mm",), "zero_skip"), 0.5)  # tests tiles at issue: never token-ordered
-    assert boundary_overlap(mc, k["pre"], zero_skip) == 0.0
-    assert boundary_overlap(mc, zero_skip, k["post"]) == 0.0
+    assert overlap(k["pre"], zero_skip) == 0.0 and overlap(zero_skip, k["post"]) == 0.0
 
 
 def test_the_planner_weighs_a_fusion_against_the_overlap_of_its_separate_kernels(priced) -> None:
-    mc, ev, _ = priced
+    mc, ev, _, _ = priced
     assert any(c.group.fused for c in plan_dynamic(ev, guard=False).choices)
     # separate kernels whose boundaries would hide more than any fusion saves: nothing is fused
     hidden = Evaluator(mc, AnalyticCostModel(), ev.profiles, overlap=lambda parts: math.inf)
