@@ -98,7 +98,7 @@ class Evaluator:
     ) -> None:
         self.mc, self.cost_model, self.profiles, self.dram_weight = mc, cost_model, profiles, dram_weight
         self.pool = pool
-        # a plan run as one program: X
+        # a plan run as one program: the separate kernels' predicted boundary overlap (`overlap.BoundaryOverlap`)
         self.overlap = overlap or (lambda parts: 0.0)
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
