@@ -85,6 +85,7 @@ def measure(graph, config: str, dtype: str) -> dict[str, object]:
         ("unfused", Group(("conv",), "unfused")),
         ("implicit", Group(names, "implicit_gemm")),
         ("packed", Group(names, "implicit_packed")),
+        ("stationary", Group(names, "implicit_stationary")),
     )
     for label, group in groups:
         try:
@@ -134,19 +135,20 @@ def main(argv: list[str] | None = None) -> int:
         "Cell: cycles (roofline bound / cycles; bound = max(MACs / N^2, compulsory bytes / DRAM bytes per cycle)) "
         "/ DRAM bytes moved as a multiple of compulsory "
         "(input + weights + bias + output once). `unfused` includes the Relu kernel where the model has one; "
-        "`implicit` (band schedule) and `packed` (channels-last, taps packed into K) absorb it into the drain.",
+        "`implicit` (band schedule), `packed` (channels-last, taps packed into K) and `stationary` (the patch "
+        "preloaded, weights streamed) absorb it.",
         "",
-        "| layer | x | w | stride | pads | group | unfused | implicit | packed | best vs unfused |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| layer | x | w | stride | pads | group | unfused | implicit | packed | stationary | best vs unfused |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in args.models.split(","):
         for name, graph, a in conv_layers(model, args.size):
             row = measure(graph, args.config, args.dtype)
             c = row["compulsory"]
             un = row["unfused"]
-            fused = [row[k][0] for k in ("implicit", "packed") if not isinstance(row[k], str)]
+            fused = [row[k][0] for k in ("implicit", "packed", "stationary") if not isinstance(row[k], str)]
             speed = f"{un[0] / min(fused):.2f}x" if not isinstance(un, str) and fused else "-"
-            cells = " | ".join(_cell(row[k], c, row["bound"]) for k in ("unfused", "implicit", "packed"))
+            cells = " | ".join(_cell(row[k], c, row["bound"]) for k in ("unfused", "implicit", "packed", "stationary"))
             line = f"| {name} | {a['x']} | {a['w']} | {a['strides']} | {a['pads']} | {a['group']} | {cells} | {speed} |"
             print(line, flush=True)
             lines.append(line)

@@ -43,7 +43,8 @@ from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry
-from fusion.lower.kernels.windows import padded_input, window_of
+from fusion.lower.kernels.vector_ops import fill
+from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import DType, Unit
@@ -145,11 +146,9 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     s = conv_shape(graph, cfg, node, packed=True)
     out = cx.view(nodes[-1].outputs[0])
     ep = conv_epilogue(cx, nodes, s, out)
-    padded, phases = padded_input(cx, node, window_of(graph, node), 0.0)
     mm_dt = DType.i8 if cx.int8 else DType.f32
-    quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
     x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
-    phases.append(_channels_last(cx, s, padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1])), x, quantize))
+    phases = channels_last_phases(cx, node, s, x)
     tiling = choose_tiling(cfg, s, mm_dt, ep.out_dt, ep.residual is not None)
     scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), ep.out_dt)
     rows_k = s.taps * s.cg
@@ -215,14 +214,23 @@ def _step_arena(cfg: MachineConfig, region: Slot, index: int) -> TileArena:
     return arena
 
 
-def _channels_last(cx: LowerContext, s: ConvGeometry, image: View, x: View, quantize: float | None) -> list[Step]:
-    """Padded input [n, C, H' * W'] -> X: blocks of whole padded rows by transposing loads ([pixels, C] tiles),
-    quantized to int8 when the input is float on the int8 path, each row stored where its row phase keeps it."""
-    width, c, es = s.padded[1], s.c, image.dtype.size
-    probe = TileArena(cx.config, 0)
+def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View) -> list[list[Step]]:
+    """The Conv's input -> X (see the module docstring): the padding is written as zeros with the data, no
+    padded copy. Blocks of padded rows in a tile [rows, W', C]: cleared (only when the conv pads: the pad
+    positions stay zero), each input row brought into its place by one transposing load ([C, W] -> [W, C]),
+    quantized to int8 when the input is float on the int8 path, each padded row stored where its row phase
+    keeps it (one store for the block when stride_h is 1)."""
+    cfg, w = cx.config, window_of(cx.graph, node)
+    image = cx.view(node.inputs[0])
+    quantize = cx.matrix(node).input_scale if cx.int8 and image.dtype is DType.f32 else None
+    height, width = (w.in_shape[2] if w.s == 2 else 1), w.in_shape[-1]
+    top, left = (w.pads[0], w.pads[1]) if w.s == 2 else (0, w.pads[0])
+    image = image.reshape_dense((s.n, s.c, height * width))
+    pitch, c, es = s.padded[1], s.c, image.dtype.size
+    probe = TileArena(cfg, 0)
 
     def sizes(rows: int) -> list[int]:
-        return [rows * width * c * es] + ([rows * width * c] if quantize is not None else [])
+        return [rows * pitch * c * es] + ([rows * pitch * c] if quantize is not None else [])
 
     block = largest_fitting(s.padded[0], lambda r: probe.fits(sizes(r)))
     if block == 0:
@@ -230,30 +238,42 @@ def _channels_last(cx: LowerContext, s: ConvGeometry, image: View, x: View, quan
     steps = []
     for img in range(s.n):
         for h0, rows in k_slices(s.padded[0], block):
-            arena = TileArena(cx.config, len(steps), cx.rotation)
+            arena = TileArena(cfg, len(steps), cx.rotation)
             tiles = [arena.tile(size) for size in sizes(rows)]
-            part = image.index((img,)).slice(1, h0 * width, rows * width)
+            inside = [h for h in range(h0, h0 + rows) if top <= h < top + height]
+            parts = [
+                (image.index((img,)).slice(1, (h - top) * width, width), tiles[0] + ((h - h0) * pitch + left) * c * es)
+                for h in inside
+            ]
+            compute = []
+            if w.needs_pad:
 
-            def load(em: Emitter, part=part, raw=tiles[0]) -> None:
-                load_transposed(em, part, raw)
+                def clear(em: Emitter, raw=tiles[0], n=rows * pitch * c) -> None:
+                    fill(em, raw, n, image.dtype, 0.0)
 
-            compute = [(Unit.load, load)]
+                compute.append((Unit.vector, clear))
+
+            def load(em: Emitter, parts=parts) -> None:
+                for part, local in parts:
+                    load_transposed(em, part, local)
+
+            compute.append((Unit.load, load))
             if quantize is not None:
 
-                def to_int8(em: Emitter, raw=tiles[0], q=tiles[1], n=rows * width * c) -> None:
+                def to_int8(em: Emitter, raw=tiles[0], q=tiles[1], n=rows * pitch * c) -> None:
                     em.b.v_qnt(*em.regs(q, raw, f32_bits(1.0 / quantize)), n)
 
                 compute.append((Unit.vector, to_int8))
-            ready, row_bytes = tiles[-1], width * c * x.dtype.size
+            ready, row_bytes = tiles[-1], pitch * c * x.dtype.size
             if s.strides[0] == 1:
-                stores = [(ready, x.index((img, 0)).slice(0, h0, rows).slice(1, 0, width * c))]
+                stores = [(ready, x.index((img, 0)).slice(0, h0, rows).slice(1, 0, pitch * c))]
             else:
                 stores = [
-                    (ready + r * row_bytes, x.index((img, h % s.strides[0], h // s.strides[0])).slice(0, 0, width * c))
+                    (ready + r * row_bytes, x.index((img, h % s.strides[0], h // s.strides[0])).slice(0, 0, pitch * c))
                     for r, h in enumerate(range(h0, h0 + rows))
                 ]
             steps.append(Step([], compute, stores))
-    return steps
+    return [steps]
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.engine.codegen.conv import Epilogue, conv_epilogue, conv_shape, pack_taps
-from fusion.engine.codegen.conv_packed import Piece, _channels_last, pieces, stream_rows
+from fusion.engine.codegen.conv_packed import Piece, channels_last_phases, pieces, stream_rows
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.conv_geometry import ConvGeometry
-from fusion.lower.kernels.windows import padded_input, window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
@@ -121,11 +120,9 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
     ep = conv_epilogue(cx, nodes, s, out)
     if ep.residual is not None or ep.dequant is not None:
         raise CodegenError(f"node {node.name!r}: the patch-stationary conv absorbs a bias and a ReLU only")
-    padded, phases = padded_input(cx, node, window_of(graph, node), 0.0)
     mm_dt = DType.i8 if cx.int8 else DType.f32
-    quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
     x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
-    phases.append(_channels_last(cx, s, padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1])), x, quantize))
+    phases = channels_last_phases(cx, node, s, x)
     tiling = choose_tiling(cfg, s, mm_dt)
     m = stream_rows(s, tiling.rows)
     bands = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
@@ -151,7 +148,7 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
                 dest = (
                     _output_row(nchw, img, g * s.coutg + c0, nc, oh0)
                     if tiling.rows == 1
-                    else scratch.index((b,)).slice(0, c0, nc)
+                    else scratch.index((b,)).slice(0, c0, nc).slice(1, 0, stream_rows(s, rows))
                 )
                 steps.append(k.step(arena, _Tile(img, g, oh0, rows, c0, nc, gi, acc), a_tiles, first, dest))
     phases.append(steps)

@@ -70,3 +70,10 @@ def test_pack_pieces_holds_each_pieces_rows_of_every_channel_contiguously() -> N
     start = (1 * s.taps * s.cg + p.row) * s.coutg
     block = flat[start : start + s.coutg * p.k].reshape(s.coutg, p.k)
     np.testing.assert_array_equal(block, w[2:4, :, 2, 1])
+
+
+def test_a_shorter_last_band_keeps_its_own_positions() -> None:
+    """3 output rows of 6 pixels in bands of 2 (12 positions <= 16 columns): the last band has one row, whose
+    out^T is stored and dropped at its own width (regression: it was stored as 12 columns)."""
+    graph, names = conv_graph(1, 3, 8, (3, 6), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1, False)
+    _run(graph, names, "fp32")
