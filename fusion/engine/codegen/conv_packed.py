@@ -147,9 +147,9 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     out = cx.view(nodes[-1].outputs[0])
     ep = conv_epilogue(cx, nodes, s, out)
     mm_dt = DType.i8 if cx.int8 else DType.f32
+    tiling = choose_tiling(cfg, s, mm_dt, ep.out_dt, ep.residual is not None)
     x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
     phases = channels_last_phases(cx, node, s, x)
-    tiling = choose_tiling(cfg, s, mm_dt, ep.out_dt, ep.residual is not None)
     scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), ep.out_dt)
     rows_k = s.taps * s.cg
     weights = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (rows_k, s.cout), mm_dt)

@@ -121,9 +121,9 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
     if ep.residual is not None or ep.dequant is not None:
         raise CodegenError(f"node {node.name!r}: the patch-stationary conv absorbs a bias and a ReLU only")
     mm_dt = DType.i8 if cx.int8 else DType.f32
+    tiling = choose_tiling(cfg, s, mm_dt)  # refuses before anything is built
     x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
     phases = channels_last_phases(cx, node, s, x)
-    tiling = choose_tiling(cfg, s, mm_dt)
     m = stream_rows(s, tiling.rows)
     bands = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
     acc_dt = DType.i32 if cx.int8 else DType.f32
