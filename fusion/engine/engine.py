@@ -236,6 +236,7 @@ class FusionEngine:
         self._evaluator: Evaluator | None = None
         self._costs: object = None  # the cost model's `generation` the plan was made with (online learning)
         self._pool: CompilePool | None = None  # compile workers of the current model context
+        self._unions: dict[PipelinedPair, Group] = {}  # a pipelined pair's nodes as one group (`_union`)
         self._by_shape: dict[tuple, FusionEngine] = {}  # specialisations for other input shapes (`for_inputs`)
         self._last_engine: FusionEngine | None = None  # the specialisation of the previous call (shape drift)
         # execution="program": linked plans per calibration state (`program_run`), dropped with the state
@@ -393,9 +394,14 @@ class FusionEngine:
         return kernel, hit, key
 
     def _union(self, pair: PipelinedPair) -> Group:
-        """The pair's nodes in graph order, as a group (its signature and shadow validation)."""
-        nodes = set(pair.producer.nodes) | set(pair.consumer.nodes)
-        return Group(tuple(n.name for n in self.graph.nodes if n.name in nodes), "unfused")
+        """The pair's nodes in graph order, as a group (its signature and shadow validation); memoised (a walk
+        over the graph's nodes: dispatch asks on every call)."""
+        union = self._unions.get(pair)
+        if union is None:
+            nodes = set(pair.producer.nodes) | set(pair.consumer.nodes)
+            union = Group(tuple(n.name for n in self.graph.nodes if n.name in nodes), "unfused")
+            self._unions[pair] = union
+        return union
 
     # --- running ----------------------------------------------------------------------------
     def for_inputs(self, inputs: Mapping[str, np.ndarray]) -> FusionEngine:
@@ -766,8 +772,18 @@ class FusionEngine:
         zf = round(self._zero_fraction.get(self.graph.node(group.nodes[0]).inputs[0], 0.0), 2)
         cache_key = f"{key}:{zf}"
         if cache_key not in st.features:
-            st.features[cache_key] = kernel_features(st.mc, kernel, zf)
+            st.features[cache_key] = self._counted(st, kernel, zf)
         return st.features[cache_key]
+
+    def _counted(self, st: _State, kernel: Kernel, zero_fraction: float) -> KernelFeatures:
+        """`kernel_features` of a kernel: the planner's count when it built this very kernel (only the zero-tile
+        fraction it was priced at may differ; counting a large program again takes ~0.1 s)."""
+        ev = self._evaluator
+        if ev is not None and ev.mc is st.mc:
+            for done in ev.priced([kernel.group]):
+                if done.kernel is kernel:
+                    return replace(done.features, zero_tile_fraction=zero_fraction)
+        return kernel_features(st.mc, kernel, zero_fraction)
 
     def _unfused_bytes(self, c: _Call, group: Group) -> int:
         st = c.state

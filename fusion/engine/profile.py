@@ -45,10 +45,16 @@ def as_matrix(x: np.ndarray) -> np.ndarray:
 
 
 def zero_tile_fraction(x: np.ndarray, tile: int) -> float:
-    """Fraction of all-zero tile x tile blocks (edge blocks, partly outside the tensor, count as blocks)."""
-    nonzero = as_matrix(x) != 0
-    if nonzero.size == 0:
+    """Fraction of all-zero tile x tile blocks (edge blocks, partly outside the tensor, count as blocks). Exact;
+    a tensor with fewer zeros than its smallest block holds no all-zero block and is answered from one count
+    (the dispatch table asks this of every GEMM group's dense operand on every call)."""
+    m = as_matrix(x)
+    if m.size == 0:
         return 0.0
+    smallest = (m.shape[0] % tile or tile) * (m.shape[1] % tile or tile)
+    if m.size - np.count_nonzero(m) < smallest:
+        return 0.0
+    nonzero = m != 0
     bands = np.logical_or.reduceat(nonzero, np.arange(0, nonzero.shape[0], tile), axis=0)
     blocks = np.logical_or.reduceat(bands, np.arange(0, nonzero.shape[1], tile), axis=1)
     return float(1.0 - blocks.mean())

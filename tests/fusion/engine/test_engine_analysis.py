@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import context, gemm_graph, model, sparse_activations
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from fusion.engine.candidates import enumerate_candidates
 from fusion.engine.decision import FusionDecision
@@ -31,6 +33,31 @@ def test_zero_tile_fraction_matches_brute_force(shape: tuple[int, int]) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape) * (rng.random((shape[0], 1)) < 0.5) * (rng.random((1, shape[1])) < 0.6)
     assert zero_tile_fraction(x, 4) == pytest.approx(_brute_zero_tiles(x, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@example(rows=6, cols=7, tile=4, zeros=1, block=(9, 9), seed=0)  # the 2 x 3 corner block: 6 zeros, 6 elements
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 40),
+    tile=st.integers(1, 8),
+    zeros=st.integers(0, 60),
+    block=st.tuples(st.integers(0, 9), st.integers(0, 9)),
+    seed=st.integers(0, 2**16),
+)
+def test_zero_tile_fraction_is_exact_around_its_few_zeros_shortcut(
+    rows: int, cols: int, tile: int, zeros: int, block: tuple[int, int], seed: int
+) -> None:
+    """Few zeros (the shortcut: fewer than the smallest, edge, block holds) or one whole block zeroed: the
+    fraction is the brute-force one either way, including the edge block just as large as the zeros."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(1, 100, (rows, cols)).astype(np.int8)
+    i, j = (min(b, (n - 1) // tile) * tile for b, n in zip(block, (rows, cols), strict=True))
+    if zeros % 2:  # one block alone (an edge block when it is the last one: exactly as many zeros as it holds)
+        x[i : i + tile, j : j + tile] = 0
+    else:
+        x.reshape(-1)[rng.choice(x.size, min(zeros, x.size), replace=False)] = 0
+    assert zero_tile_fraction(x, tile) == pytest.approx(_brute_zero_tiles(x, tile))
 
 
 def test_profile_fields_and_sparsity_class() -> None:

@@ -13,8 +13,9 @@ from fusion.engine.cache import KernelCache
 from fusion.engine.context import ModelContext
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import CodegenError
-from fusion.engine.execute import run_kernel
+from fusion.engine.execute import run_kernel, timing_cycles
 from fusion.engine.kernel import build_kernel
+from fusion.engine.pairing import worth_pairing
 from fusion.engine.pipelined import build_pipelined
 from fusion.engine.plan import Group
 from fusion.engine.report import build_report, format_report
@@ -164,3 +165,36 @@ def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkey
     for v, data in result.outputs.items():
         np.testing.assert_array_equal(data, want[v])
     assert not any(r.pipelined_with for r in engine.run(x).records)  # blocked from then on
+
+
+def test_planner_race_checks_only_pairs_worth_taking_and_refuses_a_racing_one(monkeypatch) -> None:
+    """The checked (race-finding) simulation runs only for pairs saving at least the regret floor, each taken pair
+    passed it, and a pair whose DRAM ordering is missing is found racing and not taken."""
+    import fusion.engine.pairing as pairing
+
+    runs: list[tuple[bool, int]] = []
+
+    def counted(mc, kernel, checked=False):
+        cycles = timing_cycles(mc, kernel, checked=checked)
+        runs.append((checked, cycles))
+        return cycles
+
+    graph, x = model("resnet_block")
+    monkeypatch.setattr(pairing, "timing_cycles", counted)
+    engine = FusionEngine(graph, "base", "int8")
+    engine.run(x)
+    pairs = engine.plan.pipelined
+    assert pairs and all(worth_pairing(p.separate_cycles, p.pipelined_cycles) for p in pairs)
+    checked = [c for flag, c in runs if flag]
+    assert sorted(checked) == sorted(p.pipelined_cycles for p in pairs)  # no race check for a pair not taken
+    assert len(runs) > len(checked)  # each pair simulated plainly first
+
+    monkeypatch.setattr(pairing, "build_pipelined", lambda mc, a, b: build_pipelined(mc, a, b, order_dram=False))
+    racing = FusionEngine(graph, "base", "int8")
+    racing.run(x)
+    assert not racing.plan.pipelined
+
+
+def test_a_saving_below_the_regret_floor_is_not_worth_a_pair() -> None:
+    assert worth_pairing(10_000, 9_950) and not worth_pairing(10_000, 9_951)  # REGRET_FLOOR = 0.5%
+    assert worth_pairing(100, 99) and not worth_pairing(100, 100)  # at least one cycle
