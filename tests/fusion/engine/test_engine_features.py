@@ -4,14 +4,20 @@ kernels from the default order (and the HPM's feature vector encodes it)."""
 from __future__ import annotations
 
 import numpy as np
-from engine_helpers import context
+import pytest
+from engine_helpers import context, model
 
-from fusion.engine.candidates import Candidate, schedules
+from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
+from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import try_build
+from fusion.engine.strategies import strategy_of
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
 from fusion.hpm.schema import FEATURE_NAMES, vectorize
+from isa.encoding import decode
+from isa.enums import DType
+from simulator.timing import dma_bursts
 
 
 def test_loop_order_follows_the_schedule() -> None:
@@ -31,3 +37,80 @@ def test_loop_order_follows_the_schedule() -> None:
         row = dict(zip(FEATURE_NAMES, vectorize(feats, mc.config), strict=True))
         assert row[f"loop.{want}"] == 1.0 and sum(v for k, v in row.items() if k.startswith("loop.")) == 1.0
     assert set(seen) == {"mn", "nm", "knm"}
+
+
+def test_dispatched_kernels_features_are_their_own_counts() -> None:
+    """The engine takes a dispatched kernel's features from the planner's count of that very kernel (re-counting
+    a large program is slow): they are what counting the dispatched program gives, at the live zero-tile
+    fraction, for every group of the plan."""
+    graph, x = model("encoder_post_d64")
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False))
+    result = engine.run(x)
+    kernels = {c.group.nodes: engine._kernel(engine._state, c.group, "any")[0] for c in engine.plan.choices}
+    checked = 0
+    for record in result.records:
+        if record.features is None:
+            continue
+        kernel = kernels[record.nodes]
+        assert record.features == kernel_features(engine.mc, kernel, record.features.zero_tile_fraction)
+        checked += 1
+    assert checked >= 4
+
+
+def _decoded_counts(mc, kernel) -> dict[str, int]:
+    """The counts the features hold, from the ISA's own decoder word by word (an oracle sharing no table or field
+    arithmetic with `kernel_features`)."""
+    counts = dict.fromkeys(("instructions", "dma_loads", "dma_stores", "load_bytes", "store_bytes"), 0)
+    counts.update(dict.fromkeys(("load_bursts", "store_bursts", "preloads", "matmuls", "matmul_rows"), 0))
+    counts.update(dict.fromkeys(("drains", "drain_rows", "phases", "tile_m", "tile_k", "tile_n"), 0))
+    regs: dict[int, int] = {}
+    for word in kernel.program.text:
+        ins = decode(word)
+        t = ins.spec.timing
+        counts["instructions"] += 1
+        if ins.mnemonic == "li":
+            regs[ins.field("rd")] = ins.field("imm32") & 0xFFFFFFFF
+        elif t.startswith("dma_"):
+            side = "store" if t == "dma_store" else "load"
+            rows, row_bytes = ins.field("rows"), ins.field("cols") * (1 if ins.field("dtype") == DType.i8 else 4)
+            counts[f"dma_{side}s"] += 1
+            counts[f"{side}_bytes"] += rows * row_bytes
+            counts[f"{side}_bursts"] += dma_bursts(mc.config, rows, row_bytes, regs.get(ins.field("rs2"), row_bytes))
+        elif t == "preload":
+            counts["preloads"] += 1
+            counts["tile_k"], counts["tile_n"] = (
+                max(counts["tile_k"], ins.field("rows")),
+                max(counts["tile_n"], ins.field("cols")),
+            )
+        elif t in ("matmul", "matmul_stream"):
+            counts["matmuls"] += 1
+            counts["matmul_rows"] += ins.field("rows")
+            counts["tile_m"] = max(counts["tile_m"], ins.field("rows"))
+        elif t == "drain":
+            counts["drains"] += 1
+            counts["drain_rows"] += ins.field("rows")
+        elif ins.mnemonic == "fence":
+            counts["phases"] += 1
+    return counts
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("encoder_post_d64", "int8"), ("resnet_block", "fp32")])
+def test_features_count_what_the_isa_decoder_reads(name: str, dtype: str) -> None:
+    """Every candidate kernel (every schedule, zero-skip twins included) of a bundled model: the vectorised
+    counts equal a word-by-word count through `isa.encoding.decode`."""
+    graph, x = model(name)
+    mc = context(graph, x, dtype)
+    seen = 0
+    for cand in enumerate_candidates(graph):
+        groups = schedules(mc, cand)
+        for group in groups + [t for g in groups if (t := zero_skip_twin(g))]:
+            kernel = try_build(mc, group, "sparse" if strategy_of(group).skips_zero_tiles else "any")
+            if isinstance(kernel, str) or kernel.program is None:
+                continue
+            f = kernel_features(mc, kernel)
+            want = _decoded_counts(mc, kernel)
+            got = {k: getattr(f, k, None) for k in want}
+            got.update(load_bytes=f.dram_read_bytes, store_bytes=f.dram_write_bytes)
+            assert got == want, group
+            seen += 1
+    assert seen >= 20
