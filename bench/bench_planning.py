@@ -1,0 +1,215 @@
+"""Host-side cost of the engine: planning time, JIT time, peak memory per zoo model, and cache-hit dispatch latency.
+
+Each (model, size, dtype) is planned by the `dynamic` policy in its own child process (so its peak RSS is its
+own): `plan s` is `FusionEngine.plan_seconds` (candidates, codegen of every schedule tried, cost model, the
+kernels simulated while planning, pipelined pairs), `JIT s` the planned kernels through the cache, `measured`
+the kernels simulated while planning and their host seconds, all three in CPU seconds of the process (the
+machine is shared with other jobs; alone, wall time is the same), `peak RSS` the child's maximum resident set after
+its first call (plan + JIT + one simulated run), and `cycles` the plan's simulated cycles (what a planning
+speed-up must not change). Dispatch: the median host time of a cache-hit dispatch per kernel over warm calls of
+a bundled model and a zoo model, wall and thread CPU time (the CPU figure does not see this shared machine's
+other jobs).
+
+`--baseline DIR` runs every child a second time on another source tree (e.g. `git archive <commit> | tar -x -C
+DIR`), interleaved with this one so both see the same machine load, and reports the two side by side.
+
+    python bench/bench_planning.py                                  # -> bench/results/planning.md
+    python bench/bench_planning.py --models bert:small:int8 --out /tmp/p.md
+    python bench/bench_planning.py --baseline /tmp/base             # before / after
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results" / "planning.md"
+MODELS = (
+    "resnet18:full:int8",
+    "resnet18:small:int8",
+    "resnet50:small:fp32",
+    "resnet50:small:int8",
+    "mobilenet_v2:small:int8",
+    "vit:small:int8",
+    "bert:small:int8",
+    "bert:small:fp32",
+    "gpt2:small:int8",
+    "llama:small:int8",
+    "whisper_encoder:small:int8",
+)
+DISPATCH = ("bundled:encoder_post_d64:int8", "zoo:bert:int8")
+WARM_CALLS = 41
+CHILD_TIMEOUT_S = 3600
+
+
+def plan_child(name: str, size: str, dtype: str) -> dict:
+    """Plan, JIT and run one zoo model once (in this process); plan and JIT times in CPU seconds."""
+    import fusion.engine.engine as engine_module
+    import fusion.engine.planner as planner_module
+    from bench.zoo import zoo_model
+    from fusion.engine.engine import EngineOptions, FusionEngine
+    from fusion.engine.validation import ValidationPolicy
+    from fusion.lower.compiler import load_graph
+
+    entry = zoo_model(name, size)
+    graph = load_graph(entry.onnx_path)
+    inputs = {graph.inputs[0]: entry.input}
+    for module in (engine_module, planner_module):  # the engine's timers read this process's CPU time
+        module.time = _Clock(time.process_time)
+    start = time.perf_counter()
+    engine = FusionEngine(graph, "base", dtype, EngineOptions(validation=ValidationPolicy("off")))
+    result = engine.run(inputs)
+    measured = engine.plan.measured
+    return {
+        "plan_s": engine.plan_seconds,
+        "jit_s": engine.compile_seconds,
+        "first_call_s": time.perf_counter() - start,
+        "measured": None if measured is None else [measured.kernels, measured.seconds],
+        "pairs": len(engine.plan.pipelined),
+        "groups": len(engine.plan.choices),
+        "cycles": result.cycles,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def dispatch_child(kind: str, name: str, dtype: str) -> dict:
+    """Median cache-hit dispatch time per kernel over WARM_CALLS calls: wall (the engine's own figure) and the
+    same span in thread CPU time."""
+    import numpy as np
+
+    import fusion.engine.engine as engine_module
+    from fusion.engine.engine import EngineOptions, FusionEngine
+    from fusion.engine.validation import ValidationPolicy
+    from fusion.lower.compiler import load_graph
+
+    if kind == "bundled":
+        models = ROOT / "tests" / "fusion" / "models"
+        graph = load_graph(models / f"{name}.onnx")
+        inputs = {graph.inputs[0]: np.load(models / f"{name}.npz")["input"]}
+    else:
+        from bench.zoo import zoo_model
+
+        entry = zoo_model(name, "small")
+        graph = load_graph(entry.onnx_path)
+        inputs = {graph.inputs[0]: entry.input}
+    options = EngineOptions(validation=ValidationPolicy("off"), execution="host")
+    engine = FusionEngine(graph, "base", dtype, options, samples=[inputs])
+    engine.run(inputs)
+    figures = {}
+    for clock, counter in (("wall", time.perf_counter), ("cpu", time.thread_time)):
+        engine_module.time = _Clock(counter)
+        per_kernel = []
+        for _ in range(WARM_CALLS):
+            warm = engine.run(inputs)
+            per_kernel.append(warm.dispatch_seconds / len(warm.records))
+        figures[clock] = 1e6 * float(np.median(per_kernel))
+    return {"wall_us": figures["wall"], "cpu_us": figures["cpu"], "kernels": len(warm.records)}
+
+
+class _Clock:
+    """Stands in for the `time` module in an engine module, so its timers read another clock."""
+
+    def __init__(self, counter) -> None:
+        self.perf_counter = counter
+
+
+def run_child(tree: Path, args: list[str]) -> dict:
+    """This script's child mode on the source tree `tree` (its packages first on the path)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--child", *args],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {CHILD_TIMEOUT_S} s"}
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        return {"error": lines[-1][:200]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _table(trees: list[tuple[str, Path]], head: list[str], rows: list, cells) -> list[str]:
+    """Markdown rows: each (model, dtype, child arguments) measured on every tree in turn (interleaved)."""
+    several = len(trees) > 1
+    lines = ["| " + " | ".join((["tree"] if several else []) + head) + " |", "|" + "---|" * (len(head) + several)]
+    for model, dtype, child in rows:
+        for label, tree in trees:
+            r = run_child(tree, child)
+            row = [model, dtype, *([r["error"]] if "error" in r else cells(r))]
+            row += [""] * (len(head) - len(row))
+            lines.append("| " + " | ".join(([label] if several else []) + row) + " |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def _plan_cells(r: dict) -> list[str]:
+    kernels, seconds = r["measured"] or (0, 0.0)
+    return [
+        f"{r['plan_s']:.1f}",
+        f"{r['jit_s']:.2f}",
+        f"{kernels} / {seconds:.1f}",
+        str(r["pairs"]),
+        f"{r['peak_rss_mb']:.0f}",
+        f"{r['cycles']:,}",
+    ]
+
+
+def _dispatch_cells(r: dict) -> list[str]:
+    return [str(r["kernels"]), f"{r['wall_us']:.1f}", f"{r['cpu_us']:.1f}"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS), help="name:size:dtype,... (zoo models)")
+    ap.add_argument("--dispatch", default=",".join(DISPATCH), help="bundled|zoo:name:dtype,... ('' for none)")
+    ap.add_argument("--baseline", type=Path, help="another source tree, measured side by side")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        sys.path.insert(0, os.getcwd())  # the tree measured (`bench.zoo` of that tree)
+        kind, *rest = args.child
+        result = plan_child(*rest) if kind == "plan" else dispatch_child(*rest)
+        print(json.dumps(result))
+        return
+    trees = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+    start = time.perf_counter()
+    head = ["model", "dtype", "plan s (CPU)", "JIT s (CPU)", "measured kernels / s", "pairs", "peak RSS MB", "cycles"]
+    plans = [(name, size, dtype) for name, size, dtype in (m.split(":") for m in filter(None, args.models.split(",")))]
+    lines = _table(trees, head, [(f"{n} ({s})", d, ["plan", n, s, d]) for n, s, d in plans], _plan_cells)
+    dhead = ["model", "dtype", "kernels", "dispatch us/kernel wall", "dispatch us/kernel CPU"]
+    items = [m.split(":") for m in filter(None, args.dispatch.split(","))]
+    dlines = _table(trees, dhead, [(f"{n} ({k})", d, ["dispatch", k, n, d]) for k, n, d in items], _dispatch_cells)
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average "
+        f"{os.getloadavg()[0]:.1f} at the end (wall times on a shared machine)"
+    )
+    base = f"; baseline tree `{args.baseline}`" if args.baseline else ""
+    args.out.write_text(
+        "# Planning, JIT and dispatch cost\n\n"
+        f"`python bench/bench_planning.py` on `base`, {machine}{base}; {time.perf_counter() - start:.0f} s. "
+        "Dynamic policy, validation off, each model in its own process (`peak RSS` is that process's, after "
+        "planning, JIT and one run). `measured`: kernels simulated while planning and their host seconds; "
+        "`pairs`: pipelined pairs taken; `cycles`: the plan's simulated cycles.\n\n"
+        + "\n".join(lines)
+        + "\n\nCache-hit dispatch (median over "
+        f"{WARM_CALLS} warm calls, host execution, simulation excluded):\n\n" + "\n".join(dlines) + "\n"
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
