@@ -11,6 +11,10 @@ and horizontally per frame column (`.vr`, period W'). The kept columns q = sw * 
 masked period-sw reduction (`v.rsum` / `v.rmax`), so the result tile is the dense [channels, OH, OW] output,
 stored with one DMA.
 
+Masks (`Mask`) are exact for any input, Inf and NaN included: a sum's mask multiplies the float's BITS by 0 or 1
+as int32 (a select: the product is +0.0 or the value itself, never Inf * 0 = NaN); a float max's mask is that
+select plus an int32 add of -inf's bits where it is 0; an integer max's is a `v.min` with the lowest value.
+
 Geometries outside this frame (H % sh != 0, OH != H / sh, a pitch sw * OW narrower than the columns read, a
 channel that does not fit a buffer slot) return None: the padded-band kernels (`conv_depthwise`,
 `pool_vector`) run them.
@@ -18,6 +22,7 @@ channel that does not fit a buffer slot) return None: the padded-band kernels (`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fusion.lower.emitter import Emitter, f32_bits
@@ -84,8 +89,10 @@ class Frame:
         offsets = [t.offset(self.pitch) for t in self.taps()]
         return max(0, -min(offsets)), max(0, max(offsets))
 
-    def row_mask_needed(self, dm: int) -> bool:
-        return dm != 0
+    def row_invalid(self, dm: int) -> list[tuple[int, int]]:
+        """Output row ranges [a, b) whose tap row (phase row i + dm) is outside the image."""
+        r = self.out[0]
+        return [(0, max(0, -dm)), (min(r, self.rows - dm), r)]
 
     def col_invalid(self, o: int) -> list[tuple[int, int]]:
         """Frame column ranges [a, b) whose tap column q + o is outside the image (kept columns only matter,
@@ -174,3 +181,50 @@ def repeat(em: Emitter, dst: int, period: int, count: int, dtype: DType) -> None
         k = min(have, count - have)
         em.b.v_copy(*em.regs(dst + have * period * dtype.size, dst), k * period, dtype.name)
         have += k
+
+
+@dataclass(frozen=True)
+class Mask:
+    """How masked positions are set: to 0 for a sum (`for_max` False), to the dtype's lowest value for a max.
+
+    Tiles, each `length` elements per repeat: `name` (int32 1 on valid positions, 0 on masked ones; for an integer
+    max the dtype's highest / lowest value instead) and, for a float max, `name + "v"` (int32 bits of -inf on
+    masked positions, 0 elsewhere)."""
+
+    dtype: DType  # the masked data's dtype
+    for_max: bool
+
+    @property
+    def integer_max(self) -> bool:
+        return self.for_max and self.dtype is not DType.f32
+
+    def sizes(self, name: str, length: int) -> dict[str, int]:
+        size = length * (self.dtype.size if self.integer_max else 4)
+        return {name: size, name + "v": size} if self.for_max and not self.integer_max else {name: size}
+
+    def build(
+        self, em: Emitter, tiles: dict[str, int], name: str, invalid: list[tuple[int, int]], length: int, count: int = 1
+    ) -> None:
+        """The mask over [0, length) with `invalid` ranges masked, repeated `count` times."""
+        if self.integer_max:
+            lo, hi = (-128, 127) if self.dtype is DType.i8 else (-(1 << 31), (1 << 31) - 1)
+            parts = [(name, self.dtype, hi, lo)]
+        else:
+            parts = [(name, DType.i32, 1, 0)]
+            if self.for_max:
+                parts.append((name + "v", DType.i32, 0, f32_bits(-math.inf)))
+        for tile, dtype, keep, drop in parts:
+            fill_runs(em, tiles[tile], [(0, length, keep)] + [(a, b, drop) for a, b in invalid], dtype)
+            repeat(em, tiles[tile], length, count, dtype)
+
+    def apply(
+        self, em: Emitter, tiles: dict[str, int], name: str, dst: int, src: int, n: int, period: int, mode: str
+    ) -> None:
+        """dst[0:n] = src masked; mode "vr" (the mask repeats every `period`) or "vc" (one per `period`)."""
+        b = em.b
+        if self.integer_max:
+            getattr(b, f"v_min_{mode}")(*em.regs(dst, src, tiles[name]), n, period, self.dtype.name)
+            return
+        getattr(b, f"v_mul_{mode}")(*em.regs(dst, src, tiles[name]), n, period, "i32")
+        if self.for_max:
+            getattr(b, f"v_add_{mode}")(*em.regs(dst, dst, tiles[name + "v"]), n, period, "i32")

@@ -1,14 +1,14 @@
-"""Depthwise Conv and MaxPool on the vector unit over the unpadded input's frame (`frame`): per step a block
-of whole channels, one DMA per input row phase in, one vector op (plus its masks) per tap, a masked period-sw
-reduction keeping the strided columns, and one DMA out of the dense [channels, OH, OW] result.
+"""Depthwise Conv on the vector unit over the unpadded input's frame (`frame`): per step a block of whole
+channels, one DMA per input row phase in, one vector op (plus its masks) per tap, a masked period-sw reduction
+keeping the strided columns, and one DMA out of the dense [channels, OH, OW] result. Also the frame's step
+machinery (plan of masks, tile sizes, steps, phase preparation) that the pooling kernels (`frame_pool`) share.
 
-`lower_conv` / `lower_pool` run a node this way when its geometry has a frame and a channel fits a buffer slot,
+`lower_conv` runs a depthwise Conv this way when its geometry has a frame and a channel fits a buffer slot,
 else the padded-band / window kernels of `windows` (the routing the baseline compiler registers).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from fusion.graph.ir import Node
@@ -17,7 +17,7 @@ from fusion.lower.context import CONST_I8, LowerContext
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels import windows
 from fusion.lower.kernels.conv_depthwise import is_depthwise
-from fusion.lower.kernels.frame import MAX_N, MAX_PERIOD, Frame, Tap, fill_runs, frame_of, repeat
+from fusion.lower.kernels.frame import MAX_N, MAX_PERIOD, Frame, Mask, Tap, fill_runs, frame_of
 from fusion.lower.kernels.matrix import bias_view, requant, requant_table
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View
@@ -44,11 +44,13 @@ def node_frame(cx: LowerContext, node: Node) -> Frame | None:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """Which masks and expansions a frame's taps need (the same for every step)."""
+class Plan:
+    """Which masks and expansions a frame's taps need (the same for every step). A conv on the int8 path folds
+    its row masks into per-frame-row weights; fp32 masks each product instead (exact for Inf and NaN: `Mask`)."""
 
     f: Frame
     conv: bool
+    int8: bool = False
 
     @property
     def taps(self) -> list[Tap]:
@@ -59,15 +61,14 @@ class _Plan:
         return sorted({t.phase for t in self.taps})
 
     def expands(self, tap: Tap) -> bool:
-        """A conv tap multiplies by per-frame-row weights (zero on rows outside the image)."""
-        return tap.dm != 0 or self.f.positions > MAX_PERIOD
+        """An int8 conv tap multiplies by per-frame-row weights (zero on rows outside the image)."""
+        return self.conv and self.int8 and (tap.dm != 0 or self.f.positions > MAX_PERIOD)
 
     @property
     def row_masks(self) -> list[int]:
         """The dm values needing a per-row mask."""
-        if self.conv:
-            return sorted({t.dm for t in self.taps if self.expands(t)})
-        return sorted({t.dm for t in self.taps if t.dm != 0})
+        dms = {t.dm for t in self.taps if t.dm != 0}
+        return sorted(dms | {t.dm for t in self.taps if self.expands(t)})
 
     @property
     def col_masks(self) -> list[int]:
@@ -75,70 +76,87 @@ class _Plan:
 
     @property
     def expanded(self) -> list[int]:
-        return [i for i, t in enumerate(self.taps) if self.conv and self.expands(t)]
+        return [i for i, t in enumerate(self.taps) if self.expands(t)]
 
 
-def _sizes(p: _Plan, kb: int, xdt: DType, acc: DType, int8: bool, quantize: bool) -> dict[str, int]:
-    """Bytes of each tile of a step of kb channels."""
+def mask_sizes(p: Plan, mask: Mask, kb: int) -> dict[str, int]:
+    """The row, column and (strided columns) keep masks of a step of kb channels."""
     f = p.f
-    pre, post = f.slack()
-    wide = pre + kb * f.rows * f.pitch + post
-    n = kb * f.positions
-    m = kb * f.out[0] * f.out[1]
-    rows = kb * f.out[0]
     sizes: dict[str, int] = {}
-    for ph in p.phases:
-        sizes[f"x{ph}"] = wide * xdt.size
-        if int8:
-            sizes[f"xi{ph}"] = wide * 4
-            if quantize:
-                sizes[f"q{ph}"] = wide
     for dm in p.row_masks:
-        sizes[f"rm{dm}"] = rows * acc.size
+        sizes.update(mask.sizes(f"rm{dm}", kb * f.out[0]))
     for o in p.col_masks:
-        sizes[f"cm{o}"] = f.pitch * acc.size
+        sizes.update(mask.sizes(f"cm{o}", f.pitch))
     if f.strides[1] > 1:
-        sizes["keep"] = f.pitch * acc.size
-    sizes["acc"] = n * acc.size
-    if p.conv:
-        taps = len(p.taps)
-        sizes["w"] = taps * kb * 4  # [taps, kb]: each tap's weights contiguous
-        sizes["wrow"] = taps * kb * 4  # [kb, taps] as loaded (one DMA)
-        sizes["wtmp"] = taps * kb * 4
-        sizes["eye"] = taps * taps * 4
-        if int8:
-            sizes["w8"] = taps * kb
-        for i in p.expanded:
-            sizes[f"we{i}"] = rows * 4
-        sizes["tmp"] = n * 4
-        sizes["bias"] = kb * 4
-        sizes["table"] = kb * 8
-        if f.strides[1] > 1:
-            sizes["cmp"] = m * 4
-        if int8:
-            sizes["res"] = m
-    else:
-        if p.row_masks or p.col_masks:
-            sizes["tmp"] = n * acc.size
-        if f.strides[1] > 1:
-            sizes["cmp"] = m * acc.size
+        sizes.update(mask.sizes("keep", f.pitch))
     return sizes
 
 
-def _channels(cx: LowerContext, p: _Plan, sizes) -> int:
+def build_masks(em: Emitter, p: Plan, mask: Mask, tiles: dict[str, int], kb: int) -> None:
+    f = p.f
+    for dm in p.row_masks:
+        mask.build(em, tiles, f"rm{dm}", f.row_invalid(dm), f.out[0], kb)
+    for o in p.col_masks:
+        mask.build(em, tiles, f"cm{o}", f.col_invalid(o), f.pitch)
+    if f.strides[1] > 1:
+        mask.build(em, tiles, "keep", [(1, f.strides[1])], f.strides[1], f.out[1])
+
+
+def phase_sizes(p: Plan, kb: int, xdt: DType, slack: tuple[int, int]) -> dict[str, int]:
+    wide = sum(slack) + kb * p.f.rows * p.f.pitch
+    return {f"x{ph}": wide * xdt.size for ph in p.phases}
+
+
+def _sizes(p: Plan, kb: int, xdt: DType, acc: DType, quantize: bool) -> dict[str, int]:
+    """Bytes of each tile of a depthwise step of kb channels."""
+    f = p.f
+    slack = f.slack()
+    wide = sum(slack) + kb * f.rows * f.pitch
+    n = kb * f.positions
+    m = kb * f.out[0] * f.out[1]
+    rows = kb * f.out[0]
+    taps = len(p.taps)
+    sizes = phase_sizes(p, kb, xdt, slack)
+    for ph in p.phases:
+        if p.int8:
+            sizes[f"xi{ph}"] = wide * 4
+            if quantize:
+                sizes[f"q{ph}"] = wide
+    sizes.update(mask_sizes(p, Mask(acc, for_max=False), kb))
+    sizes["acc"] = n * acc.size
+    sizes["w"] = taps * kb * 4  # [taps, kb]: each tap's weights contiguous
+    sizes["wrow"] = taps * kb * 4  # [kb, taps] as loaded (one DMA)
+    sizes["wtmp"] = taps * kb * 4
+    sizes["eye"] = taps * taps * 4
+    if p.int8:
+        sizes["w8"] = taps * kb
+    for i in p.expanded:
+        sizes[f"we{i}"] = rows * 4
+    sizes["tmp"] = n * 4
+    sizes["bias"] = kb * 4
+    sizes["table"] = kb * 8
+    if f.strides[1] > 1:
+        sizes["cmp"] = m * 4
+    if p.int8:
+        sizes["res"] = m
+    return sizes
+
+
+def channels(cx: LowerContext, f: Frame, slack: tuple[int, int], sizes) -> int:
     """Channels per step (0: one channel does not fit a slot, or an op would pass the `n` field)."""
     probe = TileArena(cx.config, 0)
 
     def fits(kb: int) -> bool:
-        n = kb * p.f.positions + sum(p.f.slack())
+        n = kb * f.positions + sum(slack)
         return n <= MAX_N and probe.fits(list(sizes(kb).values()))
 
-    return largest_fitting(p.f.c, fits)
+    return largest_fitting(f.c, fits)
 
 
-def _steps(cx: LowerContext, p: _Plan, x: View, out: View, sizes, kb: int, extra, body) -> list[Step]:
+def frame_steps(cx: LowerContext, p: Plan, pre: int, x: View, out: View, sizes, kb: int, extra, body) -> list[Step]:
+    """Steps over images x blocks of kb channels: each loads its row phases (data `pre` elements into each
+    phase tile) and `extra`'s loads, runs `body`'s vector work and stores the dense result tile it names."""
     f = p.f
-    pre = f.slack()[0]
     steps = []
     image_out = out.reshape_dense((f.n, f.c, f.out[0] * f.out[1]))
     for img in range(f.n):
@@ -157,31 +175,14 @@ def _steps(cx: LowerContext, p: _Plan, x: View, out: View, sizes, kb: int, extra
     return steps
 
 
-def _prepare_x(em: Emitter, f: Frame, tile: int, kb: int, dtype: DType, value: float) -> None:
+def prepare_x(em: Emitter, f: Frame, tile: int, kb: int, dtype: DType, value: float, slack: tuple[int, int]) -> None:
     """The slack around a phase tile's data and (W' > W) the last row's gap set to the pad value."""
-    pre, post = f.slack()
+    pre, post = slack
     data = kb * f.rows * f.pitch
     runs = [(0, pre, value), (pre + data, pre + data + post, value)]
     if f.pitch > f.w:
         runs.append((pre + data - f.pitch + f.w, pre + data, value))
     fill_runs(em, tile, runs, dtype)
-
-
-def _row_mask(em: Emitter, f: Frame, tile: int, kb: int, dm: int, dtype: DType, lo: float, hi: float) -> None:
-    r = f.out[0]
-    a, b = max(0, -dm), min(r, f.rows - dm)
-    fill_runs(em, tile, [(0, a, lo), (a, b, hi), (b, r, lo)], dtype)
-    repeat(em, tile, r, kb, dtype)
-
-
-def _col_mask(em: Emitter, f: Frame, tile: int, o: int, dtype: DType, lo: float, hi: float) -> None:
-    fill_runs(em, tile, [(0, f.pitch, hi)] + [(a, b, lo) for a, b in f.col_invalid(o)], dtype)
-
-
-def _keep_mask(em: Emitter, f: Frame, tile: int, dtype: DType, lo: float, hi: float) -> None:
-    sw = f.strides[1]
-    fill_runs(em, tile, [(0, 1, hi), (1, sw, lo)], dtype)
-    repeat(em, tile, sw, f.out[1], dtype)
 
 
 # --- depthwise Conv -----------------------------------------------------------------------------------------
@@ -194,16 +195,18 @@ def depthwise_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] | N
     out = cx.view(node.outputs[0])
     if cx.int8 and out.dtype is not DType.i8:
         return None
-    x = cx.view(node.inputs[0])
     int8 = cx.int8
+    if not int8 and f.positions > MAX_PERIOD:  # fp32 multiplies each tap by one weight per channel (`.vc`)
+        return None
+    x = cx.view(node.inputs[0])
     acc = DType.i32 if int8 else DType.f32
     quantize = int8 and x.dtype is DType.f32
-    p = _Plan(f, conv=True)
+    p = Plan(f, conv=True, int8=int8)
 
     def sizes(kb: int) -> dict[str, int]:
-        return _sizes(p, kb, x.dtype, acc, int8, quantize)
+        return _sizes(p, kb, x.dtype, acc, quantize)
 
-    kb = _channels(cx, p, sizes)
+    kb = channels(cx, f, f.slack(), sizes)
     if kb == 0:
         return None
     weights = cx.const_view(node.inputs[1], CONST_I8) if int8 else cx.view(node.inputs[1])
@@ -221,23 +224,26 @@ def depthwise_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] | N
         return loads
 
     def body(k: int, tiles: dict[str, int]):
-        conv = _ConvBody(p, k, tiles, int8, x.dtype, in_scale, bias is not None, table is not None, pair)
+        conv = _ConvBody(p, k, tiles, x.dtype, in_scale, bias is not None, table is not None, pair)
         return conv.result, conv
 
-    return [_steps(cx, p, x, out, sizes, kb, extra, body)]
+    return [frame_steps(cx, p, f.slack()[0], x, out, sizes, kb, extra, body)]
 
 
 @dataclass(frozen=True)
 class _ConvBody:
-    p: _Plan
+    p: Plan
     kb: int
     tiles: dict[str, int]
-    int8: bool
     xdt: DType
     quantize: float | None
     bias: bool
     table: bool
     pair: tuple[int, int] | None
+
+    @property
+    def int8(self) -> bool:
+        return self.p.int8
 
     @property
     def result(self) -> int:
@@ -250,12 +256,14 @@ class _ConvBody:
         f, t, b, kb = self.p.f, self.tiles, em.b, self.kb
         acc = "i32" if self.int8 else "f32"
         adt = DType.i32 if self.int8 else DType.f32
-        pre, post = f.slack()
-        wide = pre + kb * f.rows * f.pitch + post
+        mask = Mask(adt, for_max=False)
+        slack = f.slack()
+        pre = slack[0]
+        wide = sum(slack) + kb * f.rows * f.pitch
         n = kb * f.positions
         src = {}
         for ph in self.p.phases:
-            _prepare_x(em, f, t[f"x{ph}"], kb, self.xdt, 0.0)
+            prepare_x(em, f, t[f"x{ph}"], kb, self.xdt, 0.0, slack)
             src[ph] = t[f"x{ph}"]
             if self.int8:
                 if self.quantize is not None:
@@ -267,29 +275,27 @@ class _ConvBody:
         if self.int8:
             b.v_cvt(*em.regs(t["wrow"], t["w8"]), len(taps) * kb, "i8", "i32")
         _transpose_weights(em, t, kb, len(taps), adt)
-        for dm in self.p.row_masks:
-            _row_mask(em, f, t[f"rm{dm}"], kb, dm, adt, 0.0, 1.0)
-        for o in self.p.col_masks:
-            _col_mask(em, f, t[f"cm{o}"], o, adt, 0.0, 1.0)
+        build_masks(em, self.p, mask, t, kb)
         rows = kb * f.out[0]
-        for i in self.p.expanded:
+        for i in self.p.expanded:  # int8: the row mask (int32 0/1) folded into per-row weights
             tap = taps[i]
             b.v_mul_vc(*em.regs(t[f"we{i}"], t[f"rm{tap.dm}"], t["w"] + i * kb * 4), rows, f.out[0], acc)
         for i, tap in enumerate(taps):
             dst = t["acc"] if i == 0 else t["tmp"]
             x = src[tap.phase] + (pre + tap.offset(f.pitch)) * 4
-            if tap.dm != 0 or f.positions > MAX_PERIOD:
+            if self.p.expands(tap):
                 b.v_mul_vc(*em.regs(dst, x, t[f"we{i}"]), n, f.pitch, acc)
             else:
                 b.v_mul_vc(*em.regs(dst, x, t["w"] + i * kb * 4), n, f.positions, acc)
+                if tap.dm != 0:
+                    mask.apply(em, t, f"rm{tap.dm}", dst, dst, n, f.pitch, "vc")
             if tap.o in self.p.col_masks:
-                b.v_mul_vr(*em.regs(dst, dst, t[f"cm{tap.o}"]), n, f.pitch, acc)
+                mask.apply(em, t, f"cm{tap.o}", dst, dst, n, f.pitch, "vr")
             if i:
                 b.v_add(*em.regs(t["acc"], t["acc"], dst), n, acc)
         res, m = t["acc"], n
         if f.strides[1] > 1:
-            _keep_mask(em, f, t["keep"], adt, 0.0, 1.0)
-            b.v_mul_vr(*em.regs(t["acc"], t["acc"], t["keep"]), n, f.pitch, acc)
+            mask.apply(em, t, "keep", t["acc"], t["acc"], n, f.pitch, "vr")
             m = n // f.strides[1]
             b.v_rsum(*em.regs(t["cmp"], t["acc"]), n, f.strides[1], acc)
             res = t["cmp"]
@@ -314,78 +320,6 @@ def _transpose_weights(em: Emitter, t: dict[str, int], kb: int, taps: int, dtype
         em.b.v_rsum(*em.regs(t["w"] + i * kb * 4, t["wtmp"]), n, taps, dtype.name)
 
 
-# --- MaxPool ------------------------------------------------------------------------------------------------
-
-
-def max_pool_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] | None:
-    f = node_frame(cx, node)
-    if f is None:
-        return None
-    x, out = cx.view(node.inputs[0]), cx.view(node.outputs[0])
-    if out.dtype is not x.dtype:
-        return None
-    p = _Plan(f, conv=False)
-
-    def sizes(kb: int) -> dict[str, int]:
-        return _sizes(p, kb, x.dtype, x.dtype, False, False)
-
-    kb = _channels(cx, p, sizes)
-    if kb == 0:
-        return None
-
-    def body(k: int, tiles: dict[str, int]):
-        pool = _MaxBody(p, k, tiles, x.dtype)
-        return (tiles["cmp"] if f.strides[1] > 1 else tiles["acc"]), pool
-
-    return [_steps(cx, p, x, out, sizes, kb, lambda c0, k, tiles: [], body)]
-
-
-def _bounds(dtype: DType) -> tuple[float, float]:
-    return (-128.0, 127.0) if dtype is DType.i8 else (-math.inf, math.inf)
-
-
-@dataclass(frozen=True)
-class _MaxBody:
-    p: _Plan
-    kb: int
-    tiles: dict[str, int]
-    dtype: DType
-
-    def __call__(self, em: Emitter) -> None:
-        f, t, b, kb, d = self.p.f, self.tiles, em.b, self.kb, self.dtype
-        lo, hi = _bounds(d)
-        es, pre = d.size, f.slack()[0]
-        n = kb * f.positions
-        for ph in self.p.phases:
-            _prepare_x(em, f, t[f"x{ph}"], kb, d, lo)
-        for dm in self.p.row_masks:
-            _row_mask(em, f, t[f"rm{dm}"], kb, dm, d, lo, hi)
-        for o in self.p.col_masks:
-            _col_mask(em, f, t[f"cm{o}"], o, d, lo, hi)
-        for i, tap in enumerate(self.p.taps):
-            x = t[f"x{tap.phase}"] + (pre + tap.offset(f.pitch)) * es
-            operand = x
-            dst = t["acc"] if i == 0 else t.get("tmp", 0)
-            if tap.dm != 0:
-                b.v_min_vc(*em.regs(dst, operand, t[f"rm{tap.dm}"]), n, f.pitch, d.name)
-                operand = dst
-            if tap.o in self.p.col_masks:
-                b.v_min_vr(*em.regs(dst, operand, t[f"cm{tap.o}"]), n, f.pitch, d.name)
-                operand = dst
-            if i == 0:
-                if operand != t["acc"]:
-                    b.v_copy(*em.regs(t["acc"], operand), n, d.name)
-            else:
-                b.v_max(*em.regs(t["acc"], t["acc"], operand), n, d.name)
-        if f.strides[1] > 1:
-            _keep_mask(em, f, t["keep"], d, lo, hi)
-            b.v_min_vr(*em.regs(t["acc"], t["acc"], t["keep"]), n, f.pitch, d.name)
-            b.v_rmax(*em.regs(t["cmp"], t["acc"]), n, f.strides[1], d.name)
-
-
-# --- routing ------------------------------------------------------------------------------------------------
-
-
 def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     """A depthwise Conv on its frame when it has one, else the window kernels'."""
     if is_depthwise(cx.graph, node):
@@ -395,13 +329,4 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     return windows.lower_conv(cx, node)
 
 
-def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
-    """A MaxPool on its frame when it has one, else the window kernels'."""
-    if node.op == OpType.MaxPool:
-        phases = max_pool_frame_phases(cx, node)
-        if phases is not None:
-            return phases
-    return windows.lower_pool(cx, node)
-
-
-LOWERINGS = {OpType.Conv: lower_conv, OpType.MaxPool: lower_pool}
+LOWERINGS = {OpType.Conv: lower_conv}
