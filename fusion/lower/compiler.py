@@ -26,7 +26,7 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
-from fusion.lower.kernels import elementwise, frame_windows, matrix, movement, normalize, windows
+from fusion.lower.kernels import elementwise, frame_pool, frame_windows, matrix, movement, normalize, windows
 from fusion.lower.kernels.matrix import CONST_RQNT
 from fusion.lower.kernels.recipes import RECIPES, refusal, trilu_mask, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
@@ -44,7 +44,8 @@ LOWERINGS: dict[OpType, Callable[[LowerContext, Node], list[list[Step]]]] = {
     **normalize.LOWERINGS,
     **movement.LOWERINGS,
     **windows.LOWERINGS,
-    **frame_windows.LOWERINGS,  # depthwise Conv and MaxPool on their unpadded frame where it applies
+    **frame_windows.LOWERINGS,  # depthwise Conv on its unpadded frame where it applies
+    **frame_pool.LOWERINGS,  # MaxPool and AveragePool likewise
 }
 SCRATCH: dict[OpType, Callable[[Graph, Node, QuantPlan | None], list[int]]] = windows.SCRATCH
 DTYPES = ("fp32", "int8")
