@@ -13,11 +13,13 @@ from engine_helpers import gemm_graph, linear_relu_graph, model, sparse_activati
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import EngineError
 from fusion.engine.kernel import build_kernel
+from fusion.engine.planner import DRAM_WEIGHT
 from fusion.engine.validation import ValidationPolicy
 from fusion.lower.errors import LoweringError
 from fusion.reference.interpreter import run
 from fusion.reference.quantized import run_quantized
 from isa.encoding import decode, encode, make
+from simulator.config import load_config
 
 
 def _engine(graph, policy: str, dtype: str, **kw) -> FusionEngine:
@@ -46,9 +48,12 @@ def test_dynamic_is_correct_and_beats_none_and_matches_or_beats_static(name: str
                 np.testing.assert_allclose(res.outputs[out], ref[out], rtol=1e-4, atol=1e-4)
         assert not engine.events
         results[policy] = res
-    none, static, dynamic = results["none"], results["static"], results["dynamic"]
-    assert dynamic.cycles < none.cycles and dynamic.dram_bytes < none.dram_bytes
-    assert dynamic.cycles <= static.cycles and dynamic.dram_bytes <= static.dram_bytes
+    # dynamic may trade bytes for cycles (a swapped GEMM's C^T round trip) by its objective, cycles + DRAM_WEIGHT x
+    # the bytes' channel time: fewer cycles than none and at most static's, and a better objective than both
+    channel = load_config("base").dram_bytes_per_cycle
+    score = {p: r.cycles + DRAM_WEIGHT * r.dram_bytes / channel for p, r in results.items()}
+    assert results["dynamic"].cycles < results["none"].cycles and score["dynamic"] < score["none"]
+    assert results["dynamic"].cycles <= results["static"].cycles and score["dynamic"] <= score["static"]
 
 
 def test_oracle_on_the_mlp_is_at_least_as_good_as_dynamic() -> None:
@@ -202,7 +207,10 @@ def test_rounding_changing_int8_fusion_only_with_the_option() -> None:
     inputs = {"x": np.random.default_rng(4).standard_normal((32, 64)).astype(np.float32)}
     strict = FusionEngine(graph, "base", "int8", EngineOptions(policy="dynamic"), samples=[inputs])
     res = strict.run(inputs)
-    assert not any({"mm", "add_bias"} <= set(g.nodes) for g in strict.plan.groups)  # (a pipelined pair is no fusion)
+    # the drain epilogue would skip the MatMul's requantization: refused (a pipelined pair is no fusion); kernels that
+    # requantize as the unfused MatMul and run the Add as its unfused recipe (stream, swapped) may still take both
+    drained = [g for g in strict.plan.groups if {"mm", "add_bias"} <= set(g.nodes)]
+    assert all(g.strategy in ("stream", "swapped") for g in drained)
     assert any("changes rounding" in why for _, why in strict.plan.rejected)
     np.testing.assert_array_equal(res.outputs["relu"], run_quantized(graph, inputs, strict.mc.params)["relu"])
     options = EngineOptions(policy="dynamic", allow_rounding_change=True, validation=ValidationPolicy("always"))
