@@ -1,16 +1,16 @@
-"""Pooling and depthwise Conv layers alone on the vector unit: the frame kernel (`fusion.lower.kernels.frame_windows`,
-what the baseline and the fused plans run now) beside the padded-band kernel it replaced (`windows`: DRAM padding
-phase, band of shifted ops at every padded position, DRAM scratch and a copy phase picking the strided pixels),
-each against the layer's bounds.
+"""Pooling and depthwise Conv layers alone on the vector unit: the frame kernels (`fusion.lower.kernels.frame_windows`
+and `frame_pool`, what the baseline and the fused plans run now) beside the padded-band / window kernels they
+replaced (`windows`: DRAM padding phase, band of shifted ops at every padded position, DRAM scratch and a copy
+phase picking the strided pixels), each against the layer's bounds.
 
     python bench/bench_pool.py --dtype int8 --out bench/results/pool.md
 
 Layers: the zoo CNNs' distinct depthwise Convs and MaxPools (from the exported small models in the zoo cache,
-`$DYNFUSE_ZOO_CACHE`, default ~/.cache/dynfuse/zoo) and resnet18's 224x224 MaxPool (64x112x112, 3x3 stride 2)
-built with the graph builder, each after a 1x1 identity Conv + Relu (so its input is int8 on the int8 path, as in
-the model; that prefix's own cycles are subtracted). Seeded standard-normal inputs. Bounds: DRAM = compulsory
-bytes (input + weights + output once) / bytes per cycle;
-vector = one lane-wide op per tap per output element (two for a multiply-accumulate) / lanes.
+`$DYNFUSE_ZOO_CACHE`, default ~/.cache/dynfuse/zoo) and the pools of `SYNTHETIC` built with the graph builder,
+each after a 1x1 identity Conv + Relu (so its input is int8 on the int8 path, as in the model; that prefix's own
+cycles are subtracted). Seeded standard-normal inputs. Bounds: DRAM = compulsory bytes (input + weights + output
+once) / bytes per cycle; vector = one lane-wide op per tap per output element (two for a multiply-accumulate) /
+lanes (a per-tap bound: the separable MaxPool needs about k_h + s_h * k_w ops per output and can go below it).
 """
 
 from __future__ import annotations
@@ -68,12 +68,22 @@ def layers(models: list[str]) -> list[tuple[str, object]]:
                 if name not in seen:
                     seen.add(name)
                     out.append((f"{model}: {name}", g))
-    b = GraphBuilder("resnet18_224_maxpool")
-    h = _prefix(b, (1, 64, 112, 112))
-    pool = dict(kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1), ceil_mode=0)
-    b.output(b.op(OpType.MaxPool, h, name="layer", **pool))
-    out.append(("resnet18 224: MaxPool x[1, 64, 112, 112] k(3, 3) s(2, 2)", b.build()))
+    for name, op, shape, kernel, stride, pad in SYNTHETIC:
+        b = GraphBuilder(name)
+        pool = dict(kernel=kernel, strides=stride, pads=(pad,) * 4, dilations=(1, 1), ceil_mode=0)
+        extra = {"count_include_pad": 0} if op == OpType.AveragePool else {}
+        b.output(b.op(op, _prefix(b, shape), name="layer", **pool, **extra))
+        out.append((f"{name}: {op.value} x{list(shape)} k{list(kernel)} s{list(stride)}", b.build()))
     return out
+
+
+# Pools the small zoo models do not have at these sizes: resnet18's 224x224 stem MaxPool, an Inception-style
+# 3x3 stride-1 AveragePool and a DenseNet-style 2x2 stride-2 transition AveragePool.
+SYNTHETIC = (
+    ("resnet18 224", OpType.MaxPool, (1, 64, 112, 112), (3, 3), (2, 2), 1),
+    ("inception-like", OpType.AveragePool, (1, 64, 28, 28), (3, 3), (1, 1), 1),
+    ("densenet-like", OpType.AveragePool, (1, 128, 28, 28), (2, 2), (2, 2), 0),
+)
 
 
 @contextmanager

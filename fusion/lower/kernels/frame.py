@@ -108,21 +108,25 @@ class Frame:
         sw = self.strides[1]
         return any(-(-a // sw) * sw < b for a, b in self.col_invalid(o))
 
-    def phase_view(self, x: View, img: int, c0: int, kb: int, p: int) -> list[tuple[View, int]]:
-        """The DRAM views of phase p of channels [c0, c0 + kb) and their element offsets in the (data part of
-        the) phase tile: rows at pitch W'. When W' > W a row's last W' - W elements are the next row's first
-        ones (masked); the very last row is loaded alone so no read passes the tensor's end."""
+    def phase_view(
+        self, x: View, img: int, c0: int, kb: int, p: int, first: int = 0, last: int | None = None
+    ) -> list[tuple[View, int]]:
+        """The DRAM views of phase p of channels [c0, c0 + kb) (one channel: its phase rows [first, last)) and
+        their element offsets in the (data part of the) phase tile: rows at pitch W'. When W' > W a row's last
+        W' - W elements are the next row's first ones (masked); a channel's very last row is loaded alone so no
+        read passes the tensor's end."""
         es = x.dtype.size
         sh = self.strides[0]
+        last = self.rows if last is None else last
         base = x.index((img,)).slice(0, c0, kb)  # [kb, H, W]
-        first = base.address + p * self.w * es
-        rows = kb * self.rows
         stride = sh * self.w * es
-        if self.pitch <= self.w:
-            return [(View(first, (rows, self.pitch), (stride, es), x.dtype), 0)]
-        head = [(View(first, (rows - 1, self.pitch), (stride, es), x.dtype), 0)] if rows > 1 else []
-        last = View(first + (rows - 1) * stride, (1, self.w), (stride, es), x.dtype)
-        return [*head, (last, (rows - 1) * self.pitch)]
+        start = base.address + p * self.w * es + first * stride
+        rows = kb * (last - first)
+        if self.pitch <= self.w or last < self.rows:
+            return [(View(start, (rows, self.pitch), (stride, es), x.dtype), 0)]
+        head = [(View(start, (rows - 1, self.pitch), (stride, es), x.dtype), 0)] if rows > 1 else []
+        tail = View(start + (rows - 1) * stride, (1, self.w), (stride, es), x.dtype)
+        return [*head, (tail, (rows - 1) * self.pitch)]
 
 
 def frame_of(

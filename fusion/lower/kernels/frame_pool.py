@@ -8,7 +8,9 @@ at shift s gives, for every output column j, the max of input columns sw * j + s
 only the kept columns are ever computed; a window of k >= sw columns is a union of such groups (the last one
 overlapping, harmless for a max). A group reading a column outside the image is masked to the lowest value,
 which is exact when another group of the window covers its valid columns (checked per output column, else the
-per-tap kernel runs). The column pass reads the row pass's result of each row phase shifted by whole rows.
+per-tap kernel runs). The column pass reads the row pass's result of each row phase shifted by whole rows. A
+channel larger than a buffer slot (fp32 112x112) runs in bands of output rows (`Band`), each loading and row-
+passing its halo rows too.
 
 AveragePool sums the window's taps in the reference's order (`sum_order`: numpy's sum over the window axes,
 which adds each kernel row's columns then the rows, or all taps in turn, depending on the window view's strides)
@@ -32,7 +34,7 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels import windows
-from fusion.lower.kernels.frame import Frame, Mask, fill_runs, repeat
+from fusion.lower.kernels.frame import MAX_N, Frame, Mask, fill_runs, repeat
 from fusion.lower.kernels.frame_windows import (
     Plan,
     build_masks,
@@ -44,7 +46,9 @@ from fusion.lower.kernels.frame_windows import (
     prepare_x,
 )
 from fusion.lower.kernels.vector_ops import dequantize
-from isa.enums import DType
+from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.views import View
+from isa.enums import DType, Unit
 
 PAIRWISE = 8  # numpy sums an inner loop of 8 or more terms pairwise (an order not followed here)
 
@@ -146,27 +150,82 @@ def _separable_sizes(sep: Separable, kb: int, dtype: DType) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class Band:
+    """Output rows [top, top + rows) of one channel, for a channel larger than a buffer slot: the row pass runs
+    over the phase rows the band's column pass reads (its halo: dm_min .. dm_max rows around it)."""
+
+    top: int
+    rows: int
+
+
+def _halo(sep: Separable) -> tuple[int, int]:
+    dms = [dm for _, dm in sep.row_taps]
+    return min(0, min(dms)), max(0, max(dms))
+
+
+def _band_sizes(sep: Separable, r: int, dtype: DType) -> dict[str, int]:
+    """Tiles of a band of r output rows of one channel."""
+    f, es = sep.f, dtype.size
+    lo, hi = _halo(sep)
+    rt, q = r + hi - lo, r * f.out[1]
+    mask = Mask(dtype, for_max=True)
+    sizes = {f"x{ph}": (sum(sep.x_slack()) + rt * f.pitch) * es for ph in sep.phases}
+    sizes.update({f"h{ph}": rt * f.out[1] * es for ph in sep.phases})
+    for s in sep.col_masks:
+        sizes.update(mask.sizes(f"cm{s}", f.out[1]))
+    for dm in sep.row_masks:
+        sizes.update(mask.sizes(f"rm{dm}", r))
+    sizes["tmp"] = q * es
+    sizes["out"] = q * es
+    return sizes
+
+
+def band_loads(sep: Separable, x: View, img: int, c: int, band: Band, tiles: dict[str, int]) -> list:
+    """Each row phase's image rows of the band and its halo, at their rows of the phase tile."""
+    f, es = sep.f, x.dtype.size
+    lo, hi = _halo(sep)
+    first, last = max(0, band.top + lo), min(f.rows, band.top + band.rows + hi)
+    loads = []
+    for ph in sep.phases:
+        at = tiles[f"x{ph}"] + (sep.x_slack()[0] + (first - band.top - lo) * f.pitch) * es
+        loads += [(view, at + local * es) for view, local in f.phase_view(x, img, c, 1, ph, first, last)]
+    return loads
+
+
+@dataclass(frozen=True)
 class _SeparableMax:
     sep: Separable
     kb: int
     tiles: dict[str, int]
     dtype: DType
+    band: Band | None = None  # None: every row of kb channels
 
     def __call__(self, em: Emitter) -> None:
         sep, f, t, kb, d = self.sep, self.sep.f, self.tiles, self.kb, self.dtype
-        es, lo = d.size, _lowest(d)
+        es, lo, ow = d.size, _lowest(d), f.out[1]
         mask = Mask(d, for_max=True)
         pre = sep.x_slack()[0]
-        hpre, hpost = sep.h_slack()
-        n, q, ow = kb * f.rows * f.pitch, kb * f.out[0] * f.out[1], f.out[1]
         for s in sep.col_masks:
             mask.build(em, t, f"cm{s}", sep.invalid(s), ow)
-        for dm in sep.row_masks:
-            mask.build(em, t, f"rm{dm}", f.row_invalid(dm), f.out[0], kb)
+        if self.band is None:
+            rows, hpre = kb * f.rows, sep.h_slack()[0]
+            for dm in sep.row_masks:
+                mask.build(em, t, f"rm{dm}", f.row_invalid(dm), f.out[0], kb)
+        else:
+            top, r = self.band.top, self.band.rows
+            low, high = _halo(sep)
+            rows, hpre = r + high - low, -low * ow
+            for dm in sep.row_masks:
+                mask.build(em, t, f"rm{dm}", [(0, max(0, -dm - top)), (max(0, f.rows - dm - top), r)], r)
+        n, q = rows * f.pitch, rows * ow
         for ph in sep.phases:  # the row pass
-            prepare_x(em, f, t[f"x{ph}"], kb, d, lo, sep.x_slack())
             h = t[f"h{ph}"]
-            fill_runs(em, h, [(0, hpre, lo), (hpre + q, hpre + q + hpost, lo)], d)
+            if self.band is None:
+                prepare_x(em, f, t[f"x{ph}"], kb, d, lo, sep.x_slack())
+                fill_runs(em, h, [(0, hpre, lo), (hpre + q, hpre + q + sep.h_slack()[1], lo)], d)
+                h += hpre * es
+            else:
+                self._prepare_band(em, t[f"x{ph}"], rows)
 
             def group(i: int, dst: int, ph=ph) -> int:
                 s = sep.groups[i]
@@ -179,16 +238,31 @@ class _SeparableMax:
                     src = dst
                 return src
 
-            _fold_max(em, h + hpre * es, [lambda dst, i=i: group(i, dst) for i in range(len(sep.groups))], t, q, d)
+            _fold_max(em, h, [lambda dst, i=i: group(i, dst) for i in range(len(sep.groups))], t, q, d)
+
+        out_rows = kb * f.out[0] if self.band is None else self.band.rows
+        m = out_rows * ow
 
         def row(ph: int, dm: int, dst: int) -> int:  # the column pass
             src = t[f"h{ph}"] + (hpre + dm * ow) * es
             if dm:
-                mask.apply(em, t, f"rm{dm}", dst, src, q, ow, "vc")
+                mask.apply(em, t, f"rm{dm}", dst, src, m, ow, "vc")
                 return dst
             return src
 
-        _fold_max(em, t["out"], [lambda dst, r=r: row(*r, dst) for r in sep.row_taps], t, q, d)
+        _fold_max(em, t["out"], [lambda dst, r=r: row(*r, dst) for r in sep.row_taps], t, m, d)
+
+    def _prepare_band(self, em: Emitter, tile: int, rows: int) -> None:
+        """The x slack, the halo rows outside the image and (W' > W) the last image row's gap: lowest value."""
+        sep, f, d, band = self.sep, self.sep.f, self.dtype, self.band
+        low, high = _halo(sep)
+        pre, post = sep.x_slack()
+        first, last = max(0, band.top + low), min(f.rows, band.top + band.rows + high)
+        a, b = pre + (first - band.top - low) * f.pitch, pre + (last - band.top - low) * f.pitch
+        runs = [(0, a), (b, pre + rows * f.pitch + post)]
+        if f.pitch > f.w and last == f.rows:
+            runs.append((b - f.pitch + f.w, b))
+        fill_runs(em, tile, [(x, y, _lowest(d)) for x, y in runs], d)
 
 
 def _fold_max(em: Emitter, acc: int, operands: list, t: dict[str, int], n: int, d: DType) -> None:
@@ -280,8 +354,38 @@ def max_pool_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] | No
 
     kb = channels(cx, f, slack, sizes)
     if kb == 0:
-        return None
+        return None if sep is None else _banded_steps(cx, sep, x, out)
     return [frame_steps(cx, p, slack[0], x, out, sizes, kb, lambda c0, k, tiles: [], body)]
+
+
+def _banded_steps(cx: LowerContext, sep: Separable, x: View, out: View) -> list[list[Step]] | None:
+    """A channel larger than a buffer slot: steps over bands of its output rows, each with its halo rows."""
+    f, d = sep.f, x.dtype
+    low, high = _halo(sep)
+    probe = TileArena(cx.config, 0)
+
+    def fits(r: int) -> bool:
+        return (r + high - low) * f.pitch + sum(sep.x_slack()) <= MAX_N and probe.fits(
+            list(_band_sizes(sep, r, d).values())
+        )
+
+    band = largest_fitting(f.out[0], fits)
+    if band == 0:
+        return None
+    image_out = out.reshape_dense((f.n, f.c, f.out[0] * f.out[1]))
+    steps = []
+    for img in range(f.n):
+        for c in range(f.c):
+            for top in range(0, f.out[0], band):
+                b = Band(top, min(band, f.out[0] - top))
+                arena = TileArena(cx.config, len(steps), cx.rotation)
+                tiles = {name: arena.tile(size) for name, size in _band_sizes(sep, b.rows, d).items()}
+                target = image_out.index((img,)).slice(0, c, 1).slice(1, top * f.out[1], b.rows * f.out[1])
+                body = _SeparableMax(sep, 1, tiles, d, b)
+                steps.append(
+                    Step(band_loads(sep, x, img, c, b, tiles), [(Unit.vector, body)], [(tiles["out"], target)])
+                )
+    return [steps]
 
 
 # --- AveragePool --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from assembler.disasm import disassemble
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import compile as compile_model
+from fusion.lower.kernels import frame_pool
 from fusion.lower.kernels.frame import frame_of
 from fusion.lower.kernels.frame_pool import separable_of, window_counts
 from fusion.reference.interpreter import run
@@ -111,3 +112,23 @@ def test_frame_masks_are_exact_for_inf_and_nan() -> None:
         _check_fp32_exactly(_pool(*case, relu=False))
         if with_conv:
             _check_fp32_exactly(_conv(*case, True))
+
+
+BANDED = [
+    (1, 2, (48, 48), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+    (2, 3, (40, 37), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (1, 1, (60, 50), (3, 2), (2, 2), (1, 1), (1, 0, 1, 1)),
+    (1, 2, (64, 64), (2, 3), (1, 2), (1, 1), (0, 1, 1, 1)),
+]
+
+
+def test_max_pool_channel_larger_than_a_slot_runs_in_row_bands(monkeypatch) -> None:
+    """fp32 channels that do not fit one buffer slot of `tiny`: bands of output rows with their halo rows, Inf
+    and NaN on the borders included."""
+    bands = []
+    banded = frame_pool._banded_steps
+    monkeypatch.setattr(frame_pool, "_banded_steps", lambda *a: bands.append(banded(*a)) or bands[-1])
+    for case in BANDED:
+        bands.clear()
+        _check_fp32_exactly(_pool(*case, relu=False))
+        assert bands and bands[0] is not None and len(bands[0][0]) > case[0] * case[1]  # several bands a channel
