@@ -8,7 +8,9 @@ blocks are the pieces), and the piece's weights stream through it as rows, [Cout
 per piece one preload and Cout + 2N - 1 cycles for all output channels. The accumulator holds out^T, channels as
 rows, so the epilogue runs on the vector unit (bias per row, ReLU, per-channel requantize as the baseline GEMM
 does) and the result is already NCHW: stored straight to the output when a band is one output row, else through a
-DRAM scratch that drops the positions past each row's end.
+DRAM scratch that drops the positions past each row's end. A pointwise conv (1x1, stride 1, no padding) whose
+input is already the matrix dtype needs no channels-last copy: its A^T pieces are [channels, pixels] blocks of the
+NCHW input, a band any N pixels, and out^T goes straight to the output.
 
 Weights are packed at compile time piece-major ([group][piece][Cout/group][k], `pack_pieces`), so each step's
 weights are one contiguous DMA.
@@ -29,6 +31,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
@@ -87,12 +90,13 @@ class Tiling:
     groups: tuple[tuple[Piece, ...], ...]  # the K pieces of each step
 
 
-def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType) -> Tiling:
-    """Band rows by the array's columns; the most output channels per step whose accumulator and output tiles fit
-    beside the band's A^T; K groups as long as their weights fit beside them."""
-    rows, probe, every = _band_rows(cfg, s), TileArena(cfg, 0), pieces(s, cfg.array_size)
-    m = stream_rows(s, rows)
-    a_tiles = [run * m * mm_dt.size for run in row_runs(s)]
+def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, direct: bool = False) -> Tiling:
+    """Band rows by the array's columns (`direct`: pixels, N at most); the most output channels per step whose
+    accumulator and output tiles fit beside the band's A^T; K groups as long as their weights fit beside them."""
+    probe, every = TileArena(cfg, 0), pieces(s, cfg.array_size)
+    rows = min(cfg.array_size, s.out[0] * s.out[1]) if direct else _band_rows(cfg, s)
+    m = rows if direct else stream_rows(s, rows)
+    a_tiles = [size * m * mm_dt.size for size in ([p.k for p in every] if direct else row_runs(s))]
     a_bytes = sum(a_tiles)
 
     def fits(nc: int, group: Sequence[Piece]) -> bool:
@@ -121,17 +125,24 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
     if ep.residual is not None or ep.dequant is not None:
         raise CodegenError(f"node {node.name!r}: the patch-stationary conv absorbs a bias and a ReLU only")
     mm_dt = DType.i8 if cx.int8 else DType.f32
-    tiling = choose_tiling(cfg, s, mm_dt)  # refuses before anything is built
-    x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
-    phases = channels_last_phases(cx, node, s, x)
-    m = stream_rows(s, tiling.rows)
-    bands = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
+    image = cx.view(node.inputs[0])
+    unpadded = not window_of(graph, node).needs_pad
+    direct = s.kernel == (1, 1) and s.strides == (1, 1) and unpadded and image.dtype is mm_dt
+    tiling = choose_tiling(cfg, s, mm_dt, direct)  # refuses before anything is built
+    if direct:  # a pointwise conv: A^T pieces are [channels, pixels] blocks of the NCHW input itself
+        x, phases = image.reshape_dense((s.n, s.c, s.out[0] * s.out[1])), []
+    else:
+        x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
+        phases = channels_last_phases(cx, node, s, x)
+    m = tiling.rows if direct else stream_rows(s, tiling.rows)
+    spans = k_slices(s.out[0] * s.out[1] if direct else s.out[0], tiling.rows)
+    bands = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in spans]
     acc_dt = DType.i32 if cx.int8 else DType.f32
     scratch = dense(cx.temp(node, SCRATCH), (len(bands), s.coutg, m), ep.out_dt if cx.int8 else acc_dt)
     weights = dense(cx.addresses[const_key(node.inputs[1], PIECES)], (s.groups * s.taps * s.cg * s.coutg,), mm_dt)
     nchw = out.reshape_dense((s.n, s.cout, s.out[0], s.out[1]))
-    k = _Kernel(s, tiling, ep, weights, x, mm_dt, acc_dt)
-    a_sizes = [run * m * mm_dt.size for run in row_runs(s)]
+    k = _Kernel(s, tiling, ep, weights, x, mm_dt, acc_dt, direct, tuple(pieces(s, cfg.array_size)))
+    a_sizes = [size * m * mm_dt.size for size in ([p.k for p in k.every] if direct else row_runs(s))]
     steps: list[Step] = []
     accs = 0
     for b, (img, g, oh0, rows) in enumerate(bands):
@@ -146,13 +157,18 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
                     arena.tile(size)
                 first = c0 == 0 and gi == 0
                 dest = (
-                    _output_row(nchw, img, g * s.coutg + c0, nc, oh0)
+                    out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
+                    .index((img,))
+                    .slice(0, g * s.coutg + c0, nc)
+                    .slice(1, oh0, rows)
+                    if direct
+                    else _output_row(nchw, img, g * s.coutg + c0, nc, oh0)
                     if tiling.rows == 1
                     else scratch.index((b,)).slice(0, c0, nc).slice(1, 0, stream_rows(s, rows))
                 )
                 steps.append(k.step(arena, _Tile(img, g, oh0, rows, c0, nc, gi, acc), a_tiles, first, dest))
     phases.append(steps)
-    if tiling.rows > 1:
+    if tiling.rows > 1 and not direct:
         phases.append(_drop_positions(cx, s, tiling.rows, bands, scratch, nchw))
     return phases
 
@@ -178,10 +194,21 @@ class _Kernel:
     x: View
     mm_dt: DType
     acc_dt: DType
+    direct: bool  # x is the NCHW input [n, C, pixels] (a pointwise conv), a band `rows` pixels from `oh0`
+    every: tuple[Piece, ...]  # every K piece, in order
+
+    def m(self, t: _Tile) -> int:
+        """Positions (preload columns) of the band."""
+        return t.rows if self.direct else stream_rows(self.s, t.rows)
 
     def a_loads(self, em: Emitter, t: _Tile, tiles: list[int]) -> None:
-        """A^T of the band: per kernel row (or tap) run, one transposing DMA of [positions, run] -> [run, M]."""
-        s, es, m = self.s, self.mm_dt.size, stream_rows(self.s, t.rows)
+        """A^T of the band: per kernel row (or tap) run, one transposing DMA of [positions, run] -> [run, M]
+        (`direct`: per piece, one DMA of its [k channels, pixels] block)."""
+        s, es, m = self.s, self.mm_dt.size, self.m(t)
+        if self.direct:
+            for p, tile in zip(self.every, tiles, strict=True):
+                em.dma_load(self.x.index((t.img,)).slice(0, t.g * s.cg + p.offset, p.k).slice(1, t.oh0, m), tile)
+            return
         runs = row_runs(s)
         per_row = len(runs) // s.kernel[0]
         for i, (run, tile) in enumerate(zip(runs, tiles, strict=True)):
@@ -196,6 +223,8 @@ class _Kernel:
 
     def piece_tile(self, tiles: list[int], p: Piece, m: int) -> int:
         """Local address of piece p's [k, M] rows inside its kernel row's (or tap's) A^T tile."""
+        if self.direct:
+            return tiles[self.every.index(p)]
         runs = row_runs(self.s)
         index, start = 0, 0
         while start + runs[index] <= p.row:
@@ -205,7 +234,7 @@ class _Kernel:
 
     def step(self, arena: TileArena, t: _Tile, a_tiles: list[int], first: bool, dest: View) -> Step:
         s, es, group = self.s, self.mm_dt.size, self.tiling.groups[t.kgroup]
-        m, kt = stream_rows(s, t.rows), s.taps * s.cg
+        m, kt = self.m(t), s.taps * s.cg
         w_tile = arena.tile(sum(p.k for p in group) * t.nc * es)
         last = t.kgroup == len(self.tiling.groups) - 1
         col = t.g * s.coutg + t.c0

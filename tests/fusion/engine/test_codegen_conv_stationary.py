@@ -17,6 +17,8 @@ from fusion.engine.codegen.conv_stationary import choose_tiling, pack_pieces
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
 from fusion.engine.plan import Group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
 from isa.enums import DType
 
 STATIONARY = "implicit_stationary"
@@ -77,3 +79,25 @@ def test_a_shorter_last_band_keeps_its_own_positions() -> None:
     out^T is stored and dropped at its own width (regression: it was stored as 12 columns)."""
     graph, names = conv_graph(1, 3, 8, (3, 6), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1, False)
     _run(graph, names, "fp32")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_pointwise_conv_reads_its_nchw_input_directly_and_writes_only_its_output(dtype: str) -> None:
+    """1x1 stride 1 after another conv (int8 input in the int8 plan): A^T pieces are [channels, pixels] blocks of
+    the input itself and out^T is the NCHW output: no channels-last copy, no scratch (DRAM writes = the output)."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("pw")
+    x = b.input("x", (1, 8, 5, 5))
+    w1 = b.constant((rng.standard_normal((32, 8, 1, 1)) / 3).astype(np.float32), "w1")
+    w2 = b.constant((rng.standard_normal((48, 32, 1, 1)) / 6).astype(np.float32), "w2")
+    bias = b.constant((rng.standard_normal(48) * 0.1).astype(np.float32), "b2")
+    kw = {"dilations": (1, 1), "group": 1, "pads": (0, 0, 0, 0), "strides": (1, 1)}
+    h = b.op(OpType.Conv, x, w1, name="conv1", **kw)
+    h = b.op(OpType.Conv, h, w2, bias, name="conv2", **kw)
+    b.output(b.op(OpType.Relu, h, name="relu"))
+    graph = b.build()
+    inputs = {"x": rng.standard_normal((1, 8, 5, 5)).astype(np.float32)}
+    mc = context(graph, inputs, dtype)
+    _, run, env = run_group(mc, Group(("conv2", "relu"), STATIONARY), inputs)
+    assert_reference(run.outputs, env, "relu", dtype, 1e-4)
+    assert run.dram_write_bytes == 48 * 25 * (1 if dtype == "int8" else 4)
