@@ -316,20 +316,17 @@ def _short_wide(m: int, k: int, n: int, relu: bool, batch: int = 0) -> GraphBuil
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 @pytest.mark.parametrize("shape", [(16, 64, 192, False, 0), (5, 40, 70, True, 0), (8, 128, 64, False, 2)])
-def test_swapped_gemm_matches_reference_with_fewer_matrix_cycles(dtype: str, shape: tuple) -> None:
+def test_swapped_gemm_matches_reference_with_a_preload_per_k_slice(dtype: str, shape: tuple) -> None:
     m, k, n, relu, batch = shape
     graph = _short_wide(m, k, n, relu, batch)
-    mc, kernel, run = _whole_graph_swapped(graph, dtype, 1e-5)
-    nodes = tuple(node.name for node in graph.nodes)
-    inputs = _inputs(graph)
+    _, kernel, run = _whole_graph_swapped(graph, dtype, 1e-5)
     if dtype == "int8":
         assert run.outputs[graph.outputs[0]].dtype == np.int8
     mnemonics = [i.mnemonic for i in kernel.program.instructions()]
     # a preload per k-slice of A^T (and per chunk of output columns), not per weight tile
     assert mnemonics.count("mx.preload") < -(-k // 16) * -(-n // 16)
-    if batch == 0 and dtype == "int8":  # the activation rows no longer refill the array once per weight tile
-        _, plain, _ = run_group(mc, Group(nodes, "epilogue", panels=0), inputs)
-        assert run.counters.matrix_busy < plain.counters.matrix_busy
+    # (fewer matrix cycles than the plain GEMM no longer follows: the pipelined matrix unit overlaps its preloads
+    # and skews too, so which orientation is faster is the planner's measured choice)
 
 
 def test_swapped_gemm_refuses_what_neither_drain_nor_chain_can_apply() -> None:
