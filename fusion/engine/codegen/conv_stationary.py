@@ -94,21 +94,26 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, direct: boo
     """Band rows by the array's columns (`direct`: pixels, N at most); the most output channels per step whose
     accumulator and output tiles fit beside the band's A^T; K groups as long as their weights fit beside them."""
     probe, every = TileArena(cfg, 0), pieces(s, cfg.array_size)
-    rows = min(cfg.array_size, s.out[0] * s.out[1]) if direct else _band_rows(cfg, s)
-    m = rows if direct else stream_rows(s, rows)
-    a_tiles = [size * m * mm_dt.size for size in ([p.k for p in every] if direct else row_runs(s))]
-    a_bytes = sum(a_tiles)
+    runs = [p.k for p in every] if direct else row_runs(s)
 
-    def fits(nc: int, group: Sequence[Piece]) -> bool:
+    def fits(nc: int, group: Sequence[Piece], rows: int) -> bool:
+        m = rows if direct else stream_rows(s, rows)
         step = [sum(p.k for p in group) * nc * mm_dt.size, nc * 4, nc * 8, nc * m * 4]
-        return probe.fits([*a_tiles, *step], [nc * m * 4])
+        return probe.fits([run * m * mm_dt.size for run in runs] + step, [nc * m * 4])
 
-    nc = largest_fitting(min(s.coutg, MAX_ROWS), lambda c: fits(c, every[:1]))
+    widest = min(cfg.array_size, s.out[0] * s.out[1]) if direct else _band_rows(cfg, s)
+    rows = largest_fitting(widest, lambda r: fits(1, every[:1], r))  # the band's A^T must fit a slot
+    m = rows if direct else stream_rows(s, rows)
+    a_bytes = sum(runs) * m * mm_dt.size
+
+    if rows == 0:
+        raise CodegenError(f"a band's A^T ({sum(runs) * mm_dt.size} bytes per position) does not fit a buffer slot")
+    nc = largest_fitting(min(s.coutg, MAX_ROWS), lambda c: fits(c, every[:1], rows))
     if nc == 0:
         raise CodegenError(f"a band's A^T ({a_bytes} bytes) and one output channel do not fit a buffer slot")
     groups: list[list[Piece]] = [[]]
     for p in every:
-        if groups[-1] and not fits(nc, [*groups[-1], p]):
+        if groups[-1] and not fits(nc, [*groups[-1], p], rows):
             groups.append([])
         groups[-1].append(p)
     return Tiling(rows, nc, tuple(tuple(g) for g in groups))

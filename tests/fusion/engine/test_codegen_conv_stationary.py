@@ -101,3 +101,13 @@ def test_a_pointwise_conv_reads_its_nchw_input_directly_and_writes_only_its_outp
     _, run, env = run_group(mc, Group(("conv2", "relu"), STATIONARY), inputs)
     assert_reference(run.outputs, env, "relu", dtype, 1e-4)
     assert run.dram_write_bytes == 48 * 25 * (1 if dtype == "int8" else 4)
+
+
+def test_band_rows_shrink_until_the_bands_patch_fits_a_slot() -> None:
+    """ResNet layer4 at 224x224 (7x7 pixels, K = 9 x 512): two output rows (16 positions) of A^T are 72 KiB in
+    int8, over a 64 KiB slot; one row (7 positions) fits."""
+    graph, names = conv_graph(1, 512, 16, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    mc = context(graph, {}, "fp32")
+    s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
+    assert choose_tiling(mc.config, s, DType.i8).rows == 1
+    _run(graph, names, "int8")
