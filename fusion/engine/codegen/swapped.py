@@ -121,25 +121,30 @@ def matrix_head(nodes: Sequence[Node]) -> Node:
     return nodes[1] if nodes[0].op == OpType.Transpose and len(nodes) > 1 else nodes[0]
 
 
-def _row_moves(graph: Graph, nodes: Sequence[Node]) -> tuple[list[Node], tuple[int, ...] | None]:
-    """Split off trailing layout nodes (a Reshape keeping the last axis, then a leading-axis Transpose): the
-    epilogue nodes and the Transpose's permutation (None when the group ends with its epilogue)."""
+def _row_moves(graph: Graph, nodes: Sequence[Node]) -> tuple[list[Node], tuple[int, ...] | None, int]:
+    """Split off trailing layout nodes (a Reshape keeping the last axis, or splitting it into (heads, D), then a
+    Transpose keeping the last axis): the epilogue nodes, the Transpose's permutation (None when the group ends with
+    its epilogue) and the split's D (0: no split; each block of D columns of C is then one head's rows)."""
     last = nodes[-1]
     if last.op != OpType.Transpose:
-        return list(nodes), None
+        return list(nodes), None, 0
     perm = tuple(last.attr("perm"))
     body = list(nodes[:-1])
     chained = all(b.outputs[0] in a.inputs[:1] for a, b in zip(nodes[1:], nodes[:-1], strict=False))
     if not chained:
         raise CodegenError(f"node {last.name!r}: the group is not a chain of producers and consumers")
+    split = 0
     if body and body[-1].op == OpType.Reshape:
         shape_in, shape_out = (graph.types[v].shape for v in (body[-1].inputs[0], body[-1].outputs[0]))
-        if shape_in[-1:] != shape_out[-1:]:
+        heads = shape_out[:-2] == shape_in[:-1] and len(shape_out) >= 2
+        if heads and shape_out[-2] * shape_out[-1] == shape_in[-1] and shape_in[-1:] != shape_out[-1:]:
+            split = shape_out[-1]
+        elif shape_in[-1:] != shape_out[-1:]:
             raise CodegenError(f"node {body[-1].name!r}: a Reshape that splits rows cannot be absorbed")
         body.pop()
     if perm[-1] != len(perm) - 1:
         raise CodegenError(f"node {last.name!r}: only a Transpose of leading axes is absorbed after the GEMM")
-    return body, perm
+    return body, perm, split
 
 
 def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
@@ -150,7 +155,7 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         nodes = nodes[1:]
     head = nodes[0]
     out = cx.view(nodes[-1].outputs[0])
-    nodes, out_perm = _row_moves(graph, nodes)
+    nodes, out_perm, split = _row_moves(graph, nodes)
     if perm is not None and out_perm is not None:
         raise CodegenError(f"node {head.name!r}: absorbs a Transpose before or after it, not both")
     ops, chain = _epilogue_split(cx, nodes)
@@ -236,8 +241,10 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         stores = [(o, scratch.slice(0, c0, rows).slice(1, r0, mb)) for (r0, mb), o in zip(blocks, outs, strict=True)]
         steps.append(Step([], compute, stores))
     if chain:
+        if split:
+            raise CodegenError(f"node {head.name!r}: a head split after the GEMM is absorbed without a chain only")
         return [steps, _chain_back(cx, scratch, chain, head.outputs[0], value_rows, out_rows)]
-    return [steps, _transpose_back(cfg, scratch, out_rows, cx.rotation)]
+    return [steps, _transpose_back(cfg, scratch, out_rows, cx.rotation, split)]
 
 
 def _epilogue_split(cx: LowerContext, nodes: Sequence[Node]) -> tuple[EpilogueOps, list[Node]]:
@@ -349,27 +356,33 @@ def _chain_back(
     return steps
 
 
-def _transpose_back(cfg: MachineConfig, scratch: View, out: View, rotation: int) -> list[Step]:
+def _transpose_back(cfg: MachineConfig, scratch: View, out: View, rotation: int, split: int = 0) -> list[Step]:
     """C^T (n_out x m, dense in DRAM) -> C (m rows of n_out, `out` lists them in C's row order, possibly strided):
-    transposing loads of column chunks, plain stores."""
+    transposing loads of column chunks, plain stores. With a head split (`split` = D: `out` is C's rows x heads x
+    D) each chunk lies within one head and is stored as that head's rows."""
     n_out, m = scratch.shape
     es = scratch.dtype.size
     probe = TileArena(cfg, 0)
-    chunk = largest_fitting(n_out, lambda c: probe.fits([c * m * es]))
-    scattered = scattered_rows(out, cfg) if chunk == n_out and probe.fits([n_out * m * es] * 2) else None
+    chunk = largest_fitting(split or n_out, lambda c: probe.fits([c * m * es]))
+    if split:
+        chunk = max(d for d in range(1, chunk + 1) if split % d == 0)
+    whole = chunk == n_out and probe.fits([n_out * m * es] * 2)
+    scattered = scattered_rows(out, cfg) if whole and not split else None
     steps = []
     for c0 in range(0, n_out, chunk):
         cols = min(chunk, n_out - c0)
         arena = TileArena(cfg, len(steps), rotation)
         tile = arena.tile(cols * m * es)
         part = scratch.slice(0, c0, cols)
+        last = len(out.shape) - 1  # with a head split: head c0 // D, its columns from c0 % D
+        target = _head_columns(out, c0 // split, c0 % split, cols) if split else out.slice(last, c0, cols)
 
         def load(em: Emitter, tile=tile, part=part, cols=cols) -> None:
             local, dram, stride = em.regs(tile, part.address, part.strides[0])
             em.b.dma_ldt(local, dram, stride, cols, m, part.dtype.name)
 
         if scattered is None:
-            steps.append(Step([], [(Unit.load, load)], [(tile, out.slice(len(out.shape) - 1, c0, cols))]))
+            steps.append(Step([], [(Unit.load, load)], [(tile, target)]))
             continue
         flat, runs = scattered  # rows stored where a trailing Transpose puts them: permuted locally, one store
         placed = arena.tile(cols * m * es)
@@ -379,3 +392,13 @@ def _transpose_back(cfg: MachineConfig, scratch: View, out: View, rotation: int)
 
         steps.append(Step([], [(Unit.load, load), (Unit.vector, permute)], [(placed, flat)]))
     return steps
+
+
+def _head_columns(out: View, head: int, j0: int, cols: int) -> View:
+    """Columns [j0, j0 + cols) of one head of C's rows x heads x D view: C's rows in order (the leading axes)."""
+    axis = len(out.shape) - 2
+    one = out.slice(axis, head, 1)
+    view = replace(
+        one, shape=one.shape[:axis] + one.shape[axis + 1 :], strides=one.strides[:axis] + one.strides[axis + 1 :]
+    )
+    return view.slice(len(view.shape) - 1, j0, cols)

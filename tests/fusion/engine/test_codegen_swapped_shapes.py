@@ -1,7 +1,7 @@
 """The swapped GEMM (`codegen.swapped`) over random shapes: any number of activation rows (stationary blocks of at
 most N), any K and output width (chunks of columns per step), a Gemm's own bias (a broadcast tile the drain adds
-before requantizing), with a ReLU or a phase-2 chain after it. Simulated in checked (race-detecting) mode; int8
-bit-exact against the quantized reference, fp32 within 1e-5."""
+before requantizing), with a ReLU or a phase-2 chain after it, or an attention head split (Reshape + Transpose).
+Simulated in checked (race-detecting) mode; int8 bit-exact against the quantized reference, fp32 within 1e-5."""
 
 from __future__ import annotations
 
@@ -51,3 +51,27 @@ def test_swapped_gemm_of_any_shape_matches_the_reference(m, k, n, bias, tail, dt
     assert mnemonics.count("mx.preload") == mnemonics.count("mx.drain") * slices
     if bias:
         assert "v.add.vc" in mnemonics
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 24),
+    k=st.integers(1, 80),
+    heads=st.integers(1, 5),
+    d=st.integers(1, 40),
+    dtype=st.sampled_from(["fp32", "int8"]),
+)
+def test_a_head_split_after_the_gemm_is_stored_head_by_head(m, k, heads, d, dtype) -> None:
+    """x @ W -> Reshape (rows, heads, D) -> Transpose (heads before rows): each head's D columns of C are stored as
+    that head's rows, with no separate Transpose kernel."""
+    rng = np.random.default_rng(m * k + d)
+    b = GraphBuilder("head_split")
+    x = b.input("x", (1, m, k))
+    h = b.op(OpType.MatMul, x, b.constant(rng.standard_normal((k, heads * d)).astype(np.float32), "w"), name="mm")
+    h = b.op(OpType.Reshape, h, shape=(1, m, heads, d), name="split")
+    b.output(b.op(OpType.Transpose, h, perm=(0, 2, 1, 3), name="heads"))
+    graph = b.build()
+    inputs = {"x": rng.standard_normal((1, m, k)).astype(np.float32)}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(("mm", "split", "heads"), "swapped"), inputs)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-5)
