@@ -405,12 +405,15 @@ def sum_order(w: windows.Window) -> str | None:
     """The order numpy's float32 sum over a window view [.., *out, *kernel] adds the taps: "rows" (each kernel
     row's columns summed, then the row sums in turn), "flat" (every tap in turn, row-major), or None (pairwise).
     Its inner loop is the smallest-stride axis (the kernel columns on a tie with the output columns); the
-    kernel rows and columns are one axis when a padded row is exactly a window's width."""
+    kernel rows and columns are one axis when a padded row is exactly a window's width. Checked against numpy
+    over every small geometry (H 2-5, W 1-6, kernels, strides and dilations 1-3, pads 0-1)."""
     kh, kw = ((1,) * (2 - w.s) + tuple(w.kernel))[-2:]
     sw, dw, dh = w.strides[-1], w.dilations[-1], w.dilations[0] if w.s == 2 else 1
     size, pl, pr = w.in_shape[-1], w.pads[w.s - 1], w.pads[-1]
     need = (w.out_spatial[-1] - 1) * sw + (kw - 1) * dw + 1
     padded = size + pl + max(pr, need - size - pl)
+    if kh > 1 and kw > 1 and w.out_spatial[-1] == 1:  # numpy drops the size-1 axis: other orders (measured)
+        return None
     if dw > sw and w.out_spatial[-1] > 1 and kw > 1:  # the output columns are the inner loop
         return "flat"
     if kh > 1 and kw > 1 and dh * padded == kw * dw:

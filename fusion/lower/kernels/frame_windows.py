@@ -46,11 +46,16 @@ def node_frame(cx: LowerContext, node: Node) -> Frame | None:
 @dataclass(frozen=True)
 class Plan:
     """Which masks and expansions a frame's taps need (the same for every step). A conv on the int8 path folds
-    its row masks into per-frame-row weights; fp32 masks each product instead (exact for Inf and NaN: `Mask`)."""
+    its row masks into per-frame-row weights; fp32 masks each product instead (exact for Inf and NaN: `Mask`).
+
+    `split` (a conv with column stride sw > 1): each row phase is split on chip into sw column phases (column
+    sw * j + pc at [row, j] of phase pc, by a masked period-sw `v.rsum`), so the taps run over the kept output
+    columns only, at pitch OW: tap column offset o reads column phase o % sw shifted by o // sw."""
 
     f: Frame
     conv: bool
     int8: bool = False
+    split: bool = False
 
     @property
     def taps(self) -> list[Tap]:
@@ -60,9 +65,38 @@ class Plan:
     def phases(self) -> list[int]:
         return sorted({t.phase for t in self.taps})
 
+    @property
+    def pitch(self) -> int:
+        """Positions per row the taps run over."""
+        return self.f.out[1] if self.split else self.f.pitch
+
+    @property
+    def positions(self) -> int:
+        return self.f.out[0] * self.pitch
+
+    def offset(self, tap: Tap) -> int:
+        """Where the tap reads, relative to the output position, in its (column-)phase tile."""
+        return tap.dm * self.pitch + (tap.o // self.f.strides[1] if self.split else tap.o)
+
+    def column_phase(self, tap: Tap) -> int:
+        return tap.o % self.f.strides[1] if self.split else 0
+
+    def slack(self) -> tuple[int, int]:
+        offsets = [self.offset(t) for t in self.taps]
+        return max(0, -min(offsets)), max(0, max(offsets))
+
+    def col_invalid(self, o: int) -> list[tuple[int, int]]:
+        """Row positions [a, b) where column offset o reads outside the image."""
+        if not self.split:
+            return self.f.col_invalid(o)
+        sw, ow = self.f.strides[1], self.f.out[1]
+        dn, pc = o // sw, o % sw
+        end = -(-(self.f.cols - pc) // sw) - dn  # first j reading past the last column
+        return [(a, b) for a, b in ((0, min(ow, -dn)), (max(0, end), ow)) if a < b]
+
     def expands(self, tap: Tap) -> bool:
         """An int8 conv tap multiplies by per-frame-row weights (zero on rows outside the image)."""
-        return self.conv and self.int8 and (tap.dm != 0 or self.f.positions > MAX_PERIOD)
+        return self.conv and self.int8 and (tap.dm != 0 or self.positions > MAX_PERIOD)
 
     @property
     def row_masks(self) -> list[int]:
@@ -72,7 +106,21 @@ class Plan:
 
     @property
     def col_masks(self) -> list[int]:
+        if self.split:
+            return sorted({t.o for t in self.taps if self.col_invalid(t.o)})
         return sorted({t.o for t in self.taps if self.f.col_mask_needed(t.o)})
+
+    def column_phases(self, phase: int) -> list[int]:
+        return sorted({self.column_phase(t) for t in self.taps if t.phase == phase})
+
+    def x_slack(self) -> tuple[int, int]:
+        """Slack around a loaded row phase: the taps' (split: none, the column phases have it)."""
+        return (0, 0) if self.split else self.slack()
+
+    @property
+    def compacts(self) -> bool:
+        """The strided columns are computed and then dropped (not split before the taps)."""
+        return self.f.strides[1] > 1 and not self.split
 
     @property
     def expanded(self) -> list[int]:
@@ -86,8 +134,8 @@ def mask_sizes(p: Plan, mask: Mask, kb: int) -> dict[str, int]:
     for dm in p.row_masks:
         sizes.update(mask.sizes(f"rm{dm}", kb * f.out[0]))
     for o in p.col_masks:
-        sizes.update(mask.sizes(f"cm{o}", f.pitch))
-    if f.strides[1] > 1:
+        sizes.update(mask.sizes(f"cm{o}", p.pitch))
+    if p.compacts:
         sizes.update(mask.sizes("keep", f.pitch))
     return sizes
 
@@ -97,8 +145,8 @@ def build_masks(em: Emitter, p: Plan, mask: Mask, tiles: dict[str, int], kb: int
     for dm in p.row_masks:
         mask.build(em, tiles, f"rm{dm}", f.row_invalid(dm), f.out[0], kb)
     for o in p.col_masks:
-        mask.build(em, tiles, f"cm{o}", f.col_invalid(o), f.pitch)
-    if f.strides[1] > 1:
+        mask.build(em, tiles, f"cm{o}", p.col_invalid(o), p.pitch)
+    if p.compacts:
         mask.build(em, tiles, "keep", [(1, f.strides[1])], f.strides[1], f.out[1])
 
 
@@ -110,18 +158,23 @@ def phase_sizes(p: Plan, kb: int, xdt: DType, slack: tuple[int, int]) -> dict[st
 def _sizes(p: Plan, kb: int, xdt: DType, acc: DType, quantize: bool) -> dict[str, int]:
     """Bytes of each tile of a depthwise step of kb channels."""
     f = p.f
-    slack = f.slack()
-    wide = sum(slack) + kb * f.rows * f.pitch
-    n = kb * f.positions
-    m = kb * f.out[0] * f.out[1]
+    raw = kb * f.rows * f.pitch  # a row phase as loaded
+    wide = sum(p.x_slack()) + raw
+    n = kb * p.positions
     rows = kb * f.out[0]
     taps = len(p.taps)
-    sizes = phase_sizes(p, kb, xdt, slack)
+    sizes = phase_sizes(p, kb, xdt, p.x_slack())
     for ph in p.phases:
-        if p.int8:
+        if quantize:
+            sizes[f"q{ph}"] = wide
+        if p.split:
+            for pc in p.column_phases(ph):
+                sizes[f"xs{ph}_{pc}"] = (sum(p.slack()) + n) * 4
+        elif p.int8:
             sizes[f"xi{ph}"] = wide * 4
-            if quantize:
-                sizes[f"q{ph}"] = wide
+    if p.split:
+        sizes["sel"] = raw * (1 if p.int8 else 4)
+        sizes.update({f"sp{pc}": f.strides[1] * 4 for pc in range(f.strides[1])})
     sizes.update(mask_sizes(p, Mask(acc, for_max=False), kb))
     sizes["acc"] = n * acc.size
     sizes["w"] = taps * kb * 4  # [taps, kb]: each tap's weights contiguous
@@ -135,11 +188,22 @@ def _sizes(p: Plan, kb: int, xdt: DType, acc: DType, quantize: bool) -> dict[str
     sizes["tmp"] = n * 4
     sizes["bias"] = kb * 4
     sizes["table"] = kb * 8
-    if f.strides[1] > 1:
-        sizes["cmp"] = m * 4
+    if p.compacts:
+        sizes["cmp"] = kb * f.out[0] * f.out[1] * 4
     if p.int8:
-        sizes["res"] = m
+        sizes["res"] = kb * f.out[0] * f.out[1]
     return sizes
+
+
+def split_pays(p: Plan) -> bool:
+    """Splitting the column phases (2 sw ops per input element of each row phase) costs less than computing
+    every column and compacting (each tap's ops over sw times the kept positions, plus 2 to compact), counted
+    in vector elements per kept output."""
+    sw = p.f.strides[1]
+    per_tap = 2 + len(p.col_masks) / len(p.taps)
+    whole = sw * (len(p.taps) * per_tap + 2)
+    split = len(p.taps) * per_tap + len(p.phases) * 2 * sw * sw
+    return sw > 1 and split < whole
 
 
 def channels(cx: LowerContext, f: Frame, slack: tuple[int, int], sizes) -> int:
@@ -196,17 +260,18 @@ def depthwise_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] | N
     if cx.int8 and out.dtype is not DType.i8:
         return None
     int8 = cx.int8
-    if not int8 and f.positions > MAX_PERIOD:  # fp32 multiplies each tap by one weight per channel (`.vc`)
+    p = Plan(f, conv=True, int8=int8)
+    p = Plan(f, conv=True, int8=int8, split=split_pays(p))
+    if not int8 and p.positions > MAX_PERIOD:  # fp32 multiplies each tap by one weight per channel (`.vc`)
         return None
     x = cx.view(node.inputs[0])
     acc = DType.i32 if int8 else DType.f32
     quantize = int8 and x.dtype is DType.f32
-    p = Plan(f, conv=True, int8=int8)
 
     def sizes(kb: int) -> dict[str, int]:
         return _sizes(p, kb, x.dtype, acc, quantize)
 
-    kb = channels(cx, f, f.slack(), sizes)
+    kb = channels(cx, f, p.x_slack(), sizes)
     if kb == 0:
         return None
     weights = cx.const_view(node.inputs[1], CONST_I8) if int8 else cx.view(node.inputs[1])
@@ -227,7 +292,7 @@ def depthwise_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] | N
         conv = _ConvBody(p, k, tiles, x.dtype, in_scale, bias is not None, table is not None, pair)
         return conv.result, conv
 
-    return [frame_steps(cx, p, f.slack()[0], x, out, sizes, kb, extra, body)]
+    return [frame_steps(cx, p, p.x_slack()[0], x, out, sizes, kb, extra, body)]
 
 
 @dataclass(frozen=True)
@@ -250,51 +315,74 @@ class _ConvBody:
         t = self.tiles
         if self.int8:
             return t["res"]
-        return t["cmp"] if self.p.f.strides[1] > 1 else t["acc"]
+        return t["cmp"] if self.p.compacts else t["acc"]
+
+    def _sources(self, em: Emitter) -> dict[tuple[int, int], int]:
+        """Each (row phase, column phase) tile the taps read, widened to int32 on the int8 path: the loaded
+        row phases themselves, or (split) their column phases."""
+        p, f, t, b, kb = self.p, self.p.f, self.tiles, em.b, self.kb
+        raw = kb * f.rows * f.pitch
+        wide = sum(p.x_slack()) + raw
+        pre, post = p.slack()
+        n = kb * p.positions
+        xdt = "i8" if self.int8 else "i32"  # the split's select: int8 data, or a float's bits
+        if p.split:
+            sw = f.strides[1]
+            for pc in range(sw):
+                fill_runs(em, t[f"sp{pc}"], [(0, sw, 0), (pc, pc + 1, 1)], DType.i8 if self.int8 else DType.i32)
+        src = {}
+        for ph in p.phases:
+            prepare_x(em, f, t[f"x{ph}"], kb, self.xdt, 0.0, p.x_slack())
+            x = t[f"x{ph}"]
+            if self.quantize is not None:
+                b.v_qnt(*em.regs(t[f"q{ph}"], x, f32_bits(1.0 / self.quantize)), wide)
+                x = t[f"q{ph}"]
+            if not p.split:
+                if self.int8:
+                    b.v_cvt(*em.regs(t[f"xi{ph}"], x), wide, "i8", "i32")
+                    x = t[f"xi{ph}"]
+                src[(ph, 0)] = x
+                continue
+            for pc in p.column_phases(ph):  # column sw * j + pc -> j: a one-hot period-sw select and sum
+                xs = t[f"xs{ph}_{pc}"]
+                fill_runs(em, xs, [(0, pre, 0.0), (pre + n, pre + n + post, 0.0)], DType.i32)
+                b.v_mul_vr(*em.regs(t["sel"], x, t[f"sp{pc}"]), raw, sw, xdt)
+                b.v_rsum(*em.regs(xs + pre * 4, t["sel"]), raw, sw, "i8" if self.int8 else "f32")
+                src[(ph, pc)] = xs
+        return src
 
     def __call__(self, em: Emitter) -> None:
-        f, t, b, kb = self.p.f, self.tiles, em.b, self.kb
+        p, f, t, b, kb = self.p, self.p.f, self.tiles, em.b, self.kb
         acc = "i32" if self.int8 else "f32"
         adt = DType.i32 if self.int8 else DType.f32
         mask = Mask(adt, for_max=False)
-        slack = f.slack()
-        pre = slack[0]
-        wide = sum(slack) + kb * f.rows * f.pitch
-        n = kb * f.positions
-        src = {}
-        for ph in self.p.phases:
-            prepare_x(em, f, t[f"x{ph}"], kb, self.xdt, 0.0, slack)
-            src[ph] = t[f"x{ph}"]
-            if self.int8:
-                if self.quantize is not None:
-                    b.v_qnt(*em.regs(t[f"q{ph}"], src[ph], f32_bits(1.0 / self.quantize)), wide)
-                    src[ph] = t[f"q{ph}"]
-                b.v_cvt(*em.regs(t[f"xi{ph}"], src[ph]), wide, "i8", "i32")
-                src[ph] = t[f"xi{ph}"]
-        taps = self.p.taps
+        pre = p.slack()[0]
+        n = kb * p.positions
+        src = self._sources(em)
+        taps = p.taps
         if self.int8:
             b.v_cvt(*em.regs(t["wrow"], t["w8"]), len(taps) * kb, "i8", "i32")
         _transpose_weights(em, t, kb, len(taps), adt)
-        build_masks(em, self.p, mask, t, kb)
+        build_masks(em, p, mask, t, kb)
         rows = kb * f.out[0]
-        for i in self.p.expanded:  # int8: the row mask (int32 0/1) folded into per-row weights
+        for i in p.expanded:  # int8: the row mask (int32 0/1) folded into per-row weights
             tap = taps[i]
             b.v_mul_vc(*em.regs(t[f"we{i}"], t[f"rm{tap.dm}"], t["w"] + i * kb * 4), rows, f.out[0], acc)
         for i, tap in enumerate(taps):
             dst = t["acc"] if i == 0 else t["tmp"]
-            x = src[tap.phase] + (pre + tap.offset(f.pitch)) * 4
-            if self.p.expands(tap):
-                b.v_mul_vc(*em.regs(dst, x, t[f"we{i}"]), n, f.pitch, acc)
+            x = src[(tap.phase, p.column_phase(tap))] + (pre + p.offset(tap)) * 4
+            if p.expands(tap):
+                b.v_mul_vc(*em.regs(dst, x, t[f"we{i}"]), n, p.pitch, acc)
             else:
-                b.v_mul_vc(*em.regs(dst, x, t["w"] + i * kb * 4), n, f.positions, acc)
+                b.v_mul_vc(*em.regs(dst, x, t["w"] + i * kb * 4), n, p.positions, acc)
                 if tap.dm != 0:
-                    mask.apply(em, t, f"rm{tap.dm}", dst, dst, n, f.pitch, "vc")
-            if tap.o in self.p.col_masks:
-                mask.apply(em, t, f"cm{tap.o}", dst, dst, n, f.pitch, "vr")
+                    mask.apply(em, t, f"rm{tap.dm}", dst, dst, n, p.pitch, "vc")
+            if tap.o in p.col_masks:
+                mask.apply(em, t, f"cm{tap.o}", dst, dst, n, p.pitch, "vr")
             if i:
                 b.v_add(*em.regs(t["acc"], t["acc"], dst), n, acc)
         res, m = t["acc"], n
-        if f.strides[1] > 1:
+        if p.compacts:
             mask.apply(em, t, "keep", t["acc"], t["acc"], n, f.pitch, "vr")
             m = n // f.strides[1]
             b.v_rsum(*em.regs(t["cmp"], t["acc"]), n, f.strides[1], acc)

@@ -17,8 +17,10 @@ from fusion.graph.ops import OpType
 from fusion.lower.compiler import compile as compile_model
 from fusion.lower.kernels import frame_pool
 from fusion.lower.kernels.frame import frame_of
-from fusion.lower.kernels.frame_pool import separable_of, window_counts
+from fusion.lower.kernels.frame_pool import separable_of, sum_order, window_counts
+from fusion.lower.kernels.windows import Window, window_of
 from fusion.reference.interpreter import run
+from fusion.reference.windows import windows as reference_windows
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
@@ -40,6 +42,7 @@ def _average(n, c, spatial, kernel, strides, dilations, pads, relu, include):
 def test_average_pool_on_the_frame_matches_the_references(case: tuple, relu: bool, include: bool) -> None:
     graph = _average(*case, relu, include)
     assume(_framed(graph))
+    assume(sum_order(window_of(graph, graph.nodes[-1])) is not None)  # else the window kernel (`windows`)
     check_both(graph)
 
 
@@ -132,3 +135,30 @@ def test_max_pool_channel_larger_than_a_slot_runs_in_row_bands(monkeypatch) -> N
         bands.clear()
         _check_fp32_exactly(_pool(*case, relu=False))
         assert bands and bands[0] is not None and len(bands[0][0]) > case[0] * case[1]  # several bands a channel
+
+
+@SETTINGS
+@given(
+    geometry=st.tuples(*[st.integers(1, 6)] * 2, *[st.integers(1, 3)] * 6, *[st.integers(0, 2)] * 4),
+    seed=st.integers(0, 2**16),
+)
+def test_sum_order_is_the_order_numpy_sums_a_window(geometry: tuple, seed: int) -> None:
+    """Where `sum_order` names an order, adding the taps that way reproduces the reference's float32 window sum
+    bit for bit (heavy-tailed data: another order differs)."""
+    h, w, kh, kw, sh, sw, dh, dw, *pads = geometry
+    spans = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    assume(spans[0] <= h + pads[0] + pads[2] and spans[1] <= w + pads[1] + pads[3])
+    out = ((h + pads[0] + pads[2] - spans[0]) // sh + 1, (w + pads[1] + pads[3] - spans[1]) // sw + 1)
+    order = sum_order(Window((kh, kw), (sh, sw), (dh, dw), tuple(pads), (1, 3, h, w), out))
+    assume(order is not None)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((1, 3, h, w)) * np.exp(rng.standard_normal((1, 3, h, w)) * 4)).astype(np.float32)
+    taps = reference_windows(x, (kh, kw), (sh, sw), (dh, dw), tuple(pads), out, 0.0)
+    rows = [taps[..., r, :] for r in range(kh)] if order == "rows" else [taps.reshape(*taps.shape[:-2], -1)]
+    total = None
+    for row in rows:
+        part = row[..., 0].copy()
+        for c in range(1, row.shape[-1]):
+            part = part + row[..., c]
+        total = part if total is None else total + part
+    np.testing.assert_array_equal(total, np.sum(taps, axis=(-2, -1)))

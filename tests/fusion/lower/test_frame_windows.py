@@ -17,7 +17,7 @@ from fusion.graph.ops import OpType
 from fusion.lower.compiler import compile as compile_model
 from fusion.lower.context import LowerContext
 from fusion.lower.kernels.frame import frame_of
-from fusion.lower.kernels.frame_windows import node_frame
+from fusion.lower.kernels.frame_windows import Plan, node_frame, split_pays
 
 
 def _conv(n, c, spatial, kernel, strides, dilations, pads, bias):
@@ -115,3 +115,16 @@ def test_frame_kernel_has_no_padding_phase_and_one_load_per_row_phase() -> None:
     _, counters = model.run(x, checked=True)
     compulsory = x["x"].nbytes + 16 * 9 + 16 * 4 + 16 * 8 + 16 * 12 * 12  # float input, int8 weights and output
     assert counters.dram_read_bytes + counters.dram_write_bytes == compulsory
+
+
+def test_strided_depthwise_splits_its_column_phases_where_it_pays() -> None:
+    """MobileNet's 3x3 stride-2 depthwise conv splits each row phase into its 2 column phases before the taps
+    (taps over the kept columns only, reading column phase o % 2 shifted by o // 2); a 1x3 stride-3 one (3 taps)
+    computes every column and compacts (the split's 2 * 3 ops per input element would cost more)."""
+    f = frame_of(1, 96, (32, 32), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), (16, 16))
+    p = Plan(f, conv=True, int8=True, split=split_pays(Plan(f, conv=True, int8=True)))
+    assert p.split and not p.compacts and p.pitch == 16
+    assert [(p.column_phase(t), p.offset(t)) for t in p.taps[:3]] == [(1, -16 - 1), (0, -16), (1, -16)]
+    assert p.col_masks == [-1] and p.col_invalid(-1) == [(0, 1)]
+    g = frame_of(1, 4, (6, 9), (1, 3), (2, 3), (1, 1), (0, 0, 0, 2), (3, 3))
+    assert not split_pays(Plan(g, conv=True, int8=True))
