@@ -42,6 +42,7 @@ class Case:
     charged: int  # cycles the simulator charges for the instruction
     busy: Busy
     origin: int = 0  # item offset at which the instruction starts (after others it waits for)
+    transactions: int = 1  # simulator transactions it replays (a run of overlapping matrix ones: several)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Verdict:
     value: Mismatch | None
     cycle: Mismatch | None
     measured: int  # busy cycles read off the RTL
+    transactions: int = 1  # simulator transactions it judged
 
     @property
     def ok(self) -> bool:
@@ -111,7 +113,7 @@ def compare(unit: RtlUnit, params: dict[str, int], case: Case, result: ItemResul
     measured = measured_busy(case, result.events[0] if result.events else ())
     if measured != case.charged and cycle is None:
         cycle = _mismatch(case, result, "cycle", max(measured, 0), "busy cycles", case.charged, measured)
-    return Verdict(case.label, value, cycle, measured)
+    return Verdict(case.label, value, cycle, measured, case.transactions)
 
 
 def _first_value_mismatch(

@@ -3,7 +3,9 @@
 Every matrix and vector transaction the simulator records (operands, result,
 charged cycles) becomes a `Case` on the RTL unit that implements it; each unit's
 cases run back to back in program order in one simulation; a `vc.lds` is replayed
-together with the `mx.mms` it consumes. Transactions the RTL has no datapath for
+together with the `mx.mms` it consumes. Preloads and matmuls that overlap on the pipelined matrix unit (a run:
+each starts before every earlier one of the run has finished) are replayed together, each at its simulator start
+cycle. Transactions the RTL has no datapath for
 (f32 arithmetic, conversions, configuration writes, partial streams) are counted
 as skipped, with the reason.
 """
@@ -21,9 +23,19 @@ from assembler.objfile import ObjectFile
 from isa import DType, EpilogueFlags, Instruction, decode, make
 from rtl.check import Case
 from rtl.replay import BatchReport, run_cases
-from rtl.stimulus import drain_case, matmul_case, per_channel_operands, preload_case, stream_case, vector_case
+from rtl.stimulus import (
+    MatrixOp,
+    drain_case,
+    matmul_case,
+    matrix_run_case,
+    per_channel_operands,
+    preload_case,
+    stream_case,
+    vector_case,
+)
 from rtl.units import EPILOGUE, LANE_BINARY, LANE_OTHER, LANE_REDUCE, LANE_UNARY, MATRIX, STREAM, VECTOR, RtlUnit
 from simulator.config import MachineConfig
+from simulator.timing import matmul_cycles
 from simulator.units.vector import MODE_VC, MODE_VR, MODE_VS, broadcast_rows
 
 INT_VECTOR_OPS = frozenset((*LANE_BINARY, *LANE_UNARY, *LANE_REDUCE, *LANE_OTHER))
@@ -45,7 +57,7 @@ class CosimReport:
 
     @property
     def compared(self) -> int:
-        return sum(len(b.verdicts) for b in self.batches)
+        return sum(v.transactions for b in self.batches for v in b.verdicts)
 
     @property
     def value_mismatches(self) -> int:
@@ -64,7 +76,7 @@ class CosimReport:
             f"{self.program} on {self.config}: {self.compared} transactions compared, "
             f"{self.value_mismatches} value mismatches, {self.cycle_mismatches} cycle mismatches"
         ]
-        out += [f"  {b.unit}: {len(b.verdicts)} compared" for b in self.batches]
+        out += [f"  {b.unit}: {sum(v.transactions for v in b.verdicts)} compared" for b in self.batches]
         out += [f"  skipped {n} x {mnemonic}: {reason}" for (mnemonic, reason), n in sorted(self.skipped.items())]
         out += [f"  FIRST MISMATCH {b.first_mismatch()}" for b in self.batches if not b.ok]
         return out
@@ -210,16 +222,50 @@ def _stream_case(cfg: MachineConfig, label: str, ins: Instruction, txn, mms, fif
     )
 
 
+def _matrix_op(cfg: MachineConfig, txn, origin: int) -> MatrixOp:
+    ops, start = txn.operands, txn.start - origin
+    if "a" not in ops:
+        return MatrixOp(start, txn.cycles, w=ops["w"])
+    charged = matmul_cycles(cfg, ops["a"].shape[0]) if txn.mnemonic == "mx.mms" else txn.cycles  # stalls: stream_path
+    return MatrixOp(start, charged, a=ops["a"], product=txn.result, acc=ops.get("acc"))
+
+
+def _flush(cfg: MachineConfig, run: list[tuple[str, object, Case]], out: list[Case]) -> None:
+    """One case for a run of overlapping matrix transactions (its only case if it has one)."""
+    if len(run) == 1:
+        out.append(run[0][2])
+    elif run:
+        origin = run[0][1].start
+        label = f"{run[0][0]} .. {run[-1][0]} (overlapping)"
+        out.append(matrix_run_case(cfg, label, [_matrix_op(cfg, txn, origin) for _, txn, _ in run]))
+    run.clear()
+
+
 def plan(cfg: MachineConfig, run: Recorded) -> tuple[dict[str, list[Case]], Counter]:
     """Group one program's transactions into per-unit case lists (program order); count the skipped ones."""
     cases: dict[str, list[Case]] = {}
     skipped: Counter = Counter()
     stream = None  # the last mx.mms transaction not yet consumed
     fifo_empty_at = 0  # the end of the last vc.lds: a replay starts from an empty FIFO
+    overlapping: list = []  # the current run of matrix transactions, (label, transaction, case)
+    busy_until = 0  # the latest finish in that run
+    matrix_cases = cases.setdefault(MATRIX.toplevel, [])
     for index, txn in enumerate(run.transactions):
         ins = decode(run.obj.text[txn.pc])
         timing = ins.spec.timing
         label = f"{run.name} #{index} pc {txn.pc} {ins.mnemonic}"
+        if ROUTES.get(timing, (None,))[0] is MATRIX:
+            made = _matrix_case(cfg, label, ins, txn.operands, txn.result, txn.cycles)
+            if timing == "matmul_stream":
+                stream = txn
+            if isinstance(made, Skip):
+                skipped[(made.mnemonic, made.reason)] += 1
+                continue
+            if txn.start >= busy_until:
+                _flush(cfg, overlapping, matrix_cases)
+            overlapping.append((label, txn, made))
+            busy_until = max(busy_until, txn.start + txn.cycles)
+            continue
         if timing == "chain_stream":
             whole = stream is not None and stream.result.size == txn.operands["n"]
             unit, made = STREAM, _stream_case(cfg, label, ins, txn, stream if whole else None, fifo_empty_at)
@@ -227,8 +273,6 @@ def plan(cfg: MachineConfig, run: Recorded) -> tuple[dict[str, list[Case]], Coun
         elif timing in ROUTES:
             unit, build_case = ROUTES[timing]
             made = build_case(cfg, label, ins, txn.operands, txn.result, txn.cycles)
-            if timing == "matmul_stream":
-                stream = txn
         else:
             skipped[(ins.mnemonic, NOT_REPLAYED.get(timing, f"no RTL unit implements timing rule {timing!r}"))] += 1
             continue
@@ -236,6 +280,9 @@ def plan(cfg: MachineConfig, run: Recorded) -> tuple[dict[str, list[Case]], Coun
             skipped[(made.mnemonic, made.reason)] += 1
         else:
             cases.setdefault(unit.toplevel, []).append(made)
+    _flush(cfg, overlapping, matrix_cases)
+    if not matrix_cases:
+        del cases[MATRIX.toplevel]
     return cases, skipped
 
 

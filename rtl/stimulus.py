@@ -8,6 +8,8 @@ and the whole instruction must occupy the unit exactly the cycles charged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from isa import DType, Instruction, encode
@@ -20,10 +22,10 @@ from simulator.config import MachineConfig
 WORD32 = (1 << 32) - 1
 SLACK = 8  # extra cycles to wait for late events before declaring them missing
 
-MATRIX_IDLE = {"en": 1, "w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "acc_en": 0, "in_acc": 0}
+MATRIX_IDLE = {"en": 1, "w_valid": 0, "in_w": 0, "in_valid": 0, "in_first": 0, "in_a": 0, "acc_en": 0, "in_acc": 0}
 VECTOR_IDLE = {"in_valid": 0, "in_mask": 0, "in_a": 0, "in_b": 0}
 EPILOGUE_IDLE = {"in_valid": 0, "in_acc": 0, "in_res": 0}
-STREAM_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_a": 0, "lds_start": 0}
+STREAM_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_first": 0, "in_a": 0, "lds_start": 0}
 
 
 def _pad(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -36,14 +38,18 @@ def _u32(value: int) -> int:
     return int(value) & WORD32
 
 
+def _weight_rows(w: np.ndarray, n: int) -> np.ndarray:
+    """A K x C weight tile as the array takes it: zero-padded to N x N, the last row first."""
+    return _pad(w, n, n)[::-1]
+
+
 def preload_case(cfg: MachineConfig, label: str, w: np.ndarray, charged: int | None = None) -> Case:
     """Shift a K x C int8 weight tile (zero-padded to N x N) into the array."""
     n = cfg.array_size
-    rows = _pad(w, n, n)
     item = Item(
         label,
         {},
-        {"w_valid": [1] * n, "in_w": pack(rows, ELEM_BITS)},
+        {"w_valid": [1] * n, "in_w": pack(_weight_rows(w, n), ELEM_BITS)},
         (Watch(("w_ready",), (), 1, edge=True),),
         timeout=n + SLACK,
     )
@@ -67,7 +73,7 @@ def matmul_case(
     n = cfg.array_size
     rows = a.shape[0]
     offsets = np.array([timing.matmul_cycles(cfg, i + 1) - 1 for i in range(rows)])
-    drive = {"in_valid": [1] * rows, "in_a": pack(_pad(a, rows, n), ELEM_BITS)}
+    drive = {"in_valid": [1] * rows, "in_first": [1], "in_a": pack(_pad(a, rows, n), ELEM_BITS)}
     if acc is not None:
         acc_rows = np.zeros((int(offsets[-1]) + 1, n), dtype=np.int64)
         acc_rows[offsets] = _pad(acc, rows, n)
@@ -84,6 +90,75 @@ def matmul_case(
     expected = Expected(offsets, {"out_p": _pad(product, rows, n)}, {"out_p": care})
     due = timing.matmul_cycles(cfg, rows)
     return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event)
+
+
+@dataclass(frozen=True)
+class MatrixOp:
+    """One preload or matmul of a run replayed on the matrix unit at the cycle the simulator started it."""
+
+    start: int  # cycles after the run's first instruction started
+    charged: int  # cycles the simulator charges it (preload: until its weights are in; matmul: its results)
+    w: np.ndarray | None = None  # preload: the K x C int8 weight tile
+    a: np.ndarray | None = None  # matmul: rows x K int8 activations
+    product: np.ndarray | None = None  # matmul: its rows x C int32 result (accumulated, for mx.mma)
+    acc: np.ndarray | None = None  # mx.mma: the accumulator rows it adds to
+
+
+def matrix_run_case(cfg: MachineConfig, label: str, ops: list[MatrixOp]) -> Case:
+    """Preloads and matmuls that overlap on the pipelined matrix unit, each driven from its simulator start cycle.
+
+    Matmul row i is due at its start + `matmul_cycles(i + 1)` - 1 (the last at start + its charged cycles - 1) and
+    each preload's weights at its start + charged cycles (`w_ready` rises): with the array fed on the simulator's
+    schedule, a preload overwriting weights still in use, or a matmul entering too early, shows as a wrong value.
+    The run is busy until its last matmul's results are out.
+    """
+    n = cfg.array_size
+    matmuls = [op for op in ops if op.a is not None]
+    preloads = [op for op in ops if op.w is not None]
+    due = [op.start + timing.matmul_cycles(cfg, i + 1) - 1 for op in matmuls for i in range(op.a.shape[0])]
+    length = max([*due, *(op.start + n - 1 for op in preloads)]) + 1
+    w_valid, in_valid, in_first, acc_en = (np.zeros(length, dtype=np.int64) for _ in range(4))
+    in_w, in_a = np.zeros((length, n), dtype=np.int64), np.zeros((length, n), dtype=np.int64)
+    in_acc = np.zeros((length, n), dtype=np.int64)
+    for op in preloads:
+        w_valid[op.start : op.start + n] = 1
+        in_w[op.start : op.start + n] = _weight_rows(op.w, n)
+    products, care = [], []
+    for op in matmuls:
+        rows = op.a.shape[0]
+        in_valid[op.start : op.start + rows] = 1
+        in_first[op.start] = 1
+        in_a[op.start : op.start + rows] = _pad(op.a, rows, n)
+        out = op.start + np.array([timing.matmul_cycles(cfg, i + 1) - 1 for i in range(rows)])
+        if op.acc is not None:
+            acc_en[out] = 1
+            in_acc[out] = _pad(op.acc, rows, n)
+        products.append(_pad(op.product, rows, n))
+        mask = np.zeros((rows, n), dtype=bool)
+        mask[:, : op.product.shape[1]] = True
+        care.append(mask)
+    drive = {
+        "w_valid": w_valid.tolist(),
+        "in_w": pack(in_w, ELEM_BITS),
+        "in_valid": in_valid.tolist(),
+        "in_first": in_first.tolist(),
+        "in_a": pack(in_a, ELEM_BITS),
+        "acc_en": acc_en.tolist(),
+        "in_acc": pack(in_acc, ACC_BITS),
+    }
+    item = Item(
+        label,
+        {},
+        drive,
+        (Watch(("out_valid",), ("out_p",), len(due)), Watch(("w_ready",), (), len(preloads), edge=True)),
+        timeout=SLACK,
+    )
+    expected = (
+        Expected(np.array(due), {"out_p": np.concatenate(products)}, {"out_p": np.concatenate(care)}),
+        Expected(np.array([op.start + op.charged for op in preloads], dtype=np.int64)),
+    )
+    charged = max(op.start + op.charged for op in matmuls)
+    return Case(label, item, expected, charged, Busy.last_event, transactions=len(ops))
 
 
 def vector_case(
@@ -260,8 +335,9 @@ def stream_case(
         {"instr": encode(lds)},
         {
             "w_valid": [1] * n,
-            "in_w": pack(_pad(w, n, n), ELEM_BITS),
+            "in_w": pack(_weight_rows(w, n), ELEM_BITS),
             "in_valid": valid.tolist(),
+            "in_first": [0] * int(enter[0]) + [1],
             "in_a": pack(a_rows, ELEM_BITS),
             "lds_start": [0] * s0 + [1],
         },

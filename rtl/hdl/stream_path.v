@@ -20,6 +20,7 @@ module stream_path #(
     input  [N*DATA_W-1:0]        in_w,
     output                       w_ready,
     input                        in_valid,
+    input                        in_first,
     output                       in_ready,
     input  [N*DATA_W-1:0]        in_a,
     output                       out_row_valid,
@@ -45,7 +46,7 @@ module stream_path #(
     assign out_row_valid = row_valid && row_ready;  // a row leaves the array (into or through the FIFO)
     matrix_unit #(.N(N), .DATA_W(DATA_W), .ACC_W(ACC_W)) u_matrix (
         .clk(clk), .rst(rst), .en(!stall), .w_valid(w_valid), .in_w(in_w), .w_ready(w_ready), .in_valid(in_valid),
-        .in_a(in_a), .acc_en(1'b0), .in_acc({N*ACC_W{1'b0}}), .out_valid(row_valid), .out_p(row)
+        .in_first(in_first), .in_a(in_a), .acc_en(1'b0), .in_acc({N*ACC_W{1'b0}}), .out_valid(row_valid), .out_p(row)
     );
     stream_fifo #(.WIDTH(N * ACC_W), .DEPTH(DEPTH)) u_fifo (
         .clk(clk), .rst(rst), .in_valid(row_valid), .in_ready(row_ready), .in_data(row),

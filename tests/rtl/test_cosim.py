@@ -32,6 +32,8 @@ def test_random_programs_match_on_tiny() -> None:
     units = {b.unit for r in reports for b in r.batches}
     assert units == {"matrix_unit", "vector_unit", "epilogue", "stream_path"}
     assert sum(r.compared for r in reports) > 100
+    # preloads and matmuls overlapping on the pipelined matrix unit were replayed together, on the simulator's cycles
+    assert any("(overlapping)" in v.label for r in reports for b in r.batches for v in b.verdicts)
     # some streams overflowed the FIFO: their mx.mms stalled, and the stream path replayed them all the same
     stalled = [
         (run.name, t.pc)

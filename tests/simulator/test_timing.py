@@ -22,6 +22,25 @@ def test_matrix_rules_follow_the_systolic_schedule() -> None:
     assert T.drain_cycles(BASE, 64, 3) == 67
 
 
+def test_pipelined_matrix_rules() -> None:
+    n = BASE.array_size
+    assert T.matmul_input_cycles(BASE, 16) == 16  # occupancy: the rows; the 2N - 1 skew is latency
+    assert T.matmul_start(5, 40, 21) == 40 and T.matmul_start(5, 20, 21) == 21 and T.matmul_start(50, 20, 21) == 50
+    assert T.preload_start(7, 30) == 30 and T.matrix_drained_start(7, 99) == 99
+    # one tile alone is the serial preload + matmul; every further tile adds max(N, rows), not N + rows + 2N - 1
+    for rows in (1, 4, 16, 40):
+        one = T.matrix_segment_cycles(BASE, 1, 1, rows)
+        assert one == T.preload_cycles(BASE) + T.matmul_cycles(BASE, rows)
+        assert T.matrix_segment_cycles(BASE, 9, 1, rows) - one == 8 * max(n, rows)
+    # 16-row tiles on base (transformers at 16 tokens): 16 cycles per tile instead of 16 + 16 + 31
+    assert T.matrix_segment_cycles(BASE, 288, 1, 16) == 16 + 288 * 16 + 31
+    assert T.matrix_segment_cycles(BASE, 3, 2, 10) == 16 + 2 * (10 + 16) + 20 + 31  # the preload hides under one
+    assert T.matrix_segment_cycles(BASE, 0, 1, 16) == 0
+    for tiles, per_tile, rows in ((1, 1, 1), (5, 3, 7), (288, 1, 4), (2, 2, 64)):
+        bound = T.matrix_lower_bound(BASE, tiles, tiles * per_tile * rows)
+        assert bound <= T.matrix_segment_cycles(BASE, tiles, per_tile, rows)
+
+
 def test_vector_rules() -> None:
     assert T.vector_cycles(BASE, 256, 2) == 16 + 2
     assert T.vector_cycles(BASE, 257, 2) == 17 + 2
