@@ -51,7 +51,7 @@ from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan, baseline
 from fusion.engine.planner import Evaluated, Evaluator, in_execution_order, make_plan, plan_dynamic
 from fusion.engine.profile import TensorProfile, data_class, profile_tensor
 from fusion.engine.program import LinkedProgram
-from fusion.engine.program_run import EXECUTIONS, ProgramCall, host_launches, run_as_program
+from fusion.engine.program_run import EXECUTIONS, ProgramCall, host_launches, planning_overlap, run_as_program
 from fusion.engine.strategies import strategy_of
 from fusion.engine.validation import ValidationPolicy, compare
 from fusion.engine.workers import CompilePool, capped, default_workers
@@ -328,7 +328,8 @@ class FusionEngine:
         assert self._state is not None
         start = time.perf_counter()
         self._costs = getattr(self.cost_model, "generation", None)
-        ev = Evaluator(self._state.mc, self.cost_model, self.profiles, pool=self._compile_pool())
+        overlap = planning_overlap(self._state.mc, self.options.execution)  # a program's boundaries, priced
+        ev = Evaluator(self._state.mc, self.cost_model, self.profiles, pool=self._compile_pool(), overlap=overlap)
         plan = policy(ev)
         if plan.policy == "dynamic" and self.options.pipeline and pipelines:
             plan = plan_pipelines(ev, plan)
