@@ -82,3 +82,16 @@ def test_the_planner_weighs_a_fusion_against_the_overlap_of_its_separate_kernels
     # separate kernels whose boundaries would hide more than any fusion saves: nothing is fused
     hidden = Evaluator(mc, AnalyticCostModel(), ev.profiles, overlap=lambda parts: math.inf)
     assert not any(c.group.fused for c in plan_dynamic(hidden, guard=False).choices)
+
+
+def test_the_engine_prices_boundaries_only_for_a_plan_run_as_a_program(priced) -> None:
+    mc, _, k, x = priced
+    kernels = [k["pre"], k["mm"]]
+    graph = mc.graph
+    host = FusionEngine(graph, "base", "int8", EngineOptions(execution="host", workers=1))
+    host.run(x)
+    assert host._evaluator.overlap(kernels) == 0.0
+    program = FusionEngine(graph, "base", "int8", EngineOptions(execution="program", workers=1))
+    program.run(x)
+    expected = BoundaryOverlap(mc)(*kernels)
+    assert expected > 0 and program._evaluator.overlap(kernels) == pytest.approx(expected)
