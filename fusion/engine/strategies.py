@@ -26,7 +26,8 @@ from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
 from fusion.engine.codegen.conv import TAPS, conv_phases, conv_shape, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
-from fusion.engine.codegen.conv_packed import packed_phases
+from fusion.engine.codegen.conv_packed import CONV_PANELS, packed_phases, panel_width
+from fusion.engine.codegen.conv_packed import pack_panels as pack_conv_panels
 from fusion.engine.codegen.conv_packed import scratch_sizes as packed_scratch_sizes
 from fusion.engine.codegen.conv_stationary import PIECES, pack_pieces, stationary_phases
 from fusion.engine.codegen.conv_stationary import scratch_sizes as stationary_scratch_sizes
@@ -196,9 +197,11 @@ def _conv_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -
 
 
 def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
-    """As the band schedule's, plus the channels-last copy of the input (`codegen.conv_packed`)."""
+    """The Conv weight in Cout-tile panels, the output scratch and the channels-last input (`codegen.conv_packed`)."""
     conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
-    taps = {const_key(conv.inputs[1], TAPS): pack_taps(forms[const_key(conv.inputs[1], _weight_form(mc))])}
+    s = conv_shape(sub, mc.config, conv, packed=True)
+    weights = np.asarray(forms[const_key(conv.inputs[1], _weight_form(mc))])
+    taps = {const_key(conv.inputs[1], CONV_PANELS): pack_conv_panels(weights, s, panel_width(mc.config, s))}
     mm_dt = DType.i8 if mc.int8 else DType.f32
     sizes = packed_scratch_sizes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last), mm_dt)
     return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
