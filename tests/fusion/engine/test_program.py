@@ -52,12 +52,22 @@ def link_cycles(mc, choices, inputs) -> int:
     return run_program(mc, link_plan(mc, choices, join=False), inputs).cycles
 
 
-@pytest.mark.parametrize("name", ["mlp", "resnet_block", "encoder_post_d64", "encoder_pre_d64"])
+@pytest.mark.parametrize("name", ["mlp", "resnet_block", "encoder_post_d64", "encoder_pre_d64", "encoder_post_d128"])
 def test_bundled_model_as_one_program_is_exact_race_free_and_no_slower(name: str) -> None:
     _check_program(*model(name))
 
 
-@pytest.mark.parametrize("name", ["whisper_encoder", "bert"])
+SLOW = pytest.mark.slow  # minutes each on 2 cores (resnet18: ~10; the race checker runs the whole program)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "whisper_encoder",
+        "bert",
+        *(pytest.param(n, marks=SLOW) for n in ("vit", "gpt2", "llama", "mobilenet_v2", "resnet18", "resnet50")),
+    ],
+)
 def test_zoo_model_as_one_program_is_exact_race_free_and_no_slower(name: str) -> None:
     from bench.zoo import zoo_model
     from fusion.lower.compiler import load_graph
