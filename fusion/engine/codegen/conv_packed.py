@@ -82,11 +82,25 @@ class Piece:
     k: int
 
 
-def pieces(s: ConvGeometry, n: int) -> list[Piece]:
+def block_width(n: int, s: ConvGeometry) -> int:
+    """Channels per block of X: n when the channels are several whole blocks of the array's width (one group),
+    so that a piece is one tap's block and its A tile's rows are contiguous in X (a DMA of packed bursts, not
+    one burst per row), else all of them."""
+    return n if s.groups == 1 and s.c > n and s.c % n == 0 else s.c
+
+
+def pieces(s: ConvGeometry, n: int, block: int | None = None) -> list[Piece]:
     """The K pieces of every kernel row: the whole kw * C run when taps are adjacent in X (no dilation, one
-    group), else each tap's channel slice; cut into runs of at most n."""
+    group), else each tap's channel slice (with X in `block`-channel blocks: each tap's block); cut into runs of
+    at most n."""
     kw, cg = s.kernel[1], s.cg
-    if s.groups == 1 and s.dilations[1] == 1:
+    if block is not None and block < s.c:
+        size = s.n * s.strides[0] * s.phase_rows * s.phase_width * block  # elements of one block of X
+        blocks = range(s.c // block)
+        runs = [
+            (cb * size + j * s.dilations[1] * block, j * cg + cb * block, block) for j in range(kw) for cb in blocks
+        ]
+    elif s.groups == 1 and s.dilations[1] == 1:
         runs = [(0, 0, kw * cg)]
     else:
         runs = [(j * s.dilations[1] * s.c, j * cg, cg) for j in range(kw)]
@@ -125,7 +139,8 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
     """The most output rows per band with every A tile resident beside one Cout tile's weights (fewer bands read
     the weights fewer times); when one output row's A tiles do not fit, the most rows beside the largest piece
     and K groups as long as fit."""
-    tn, probe, every = panel_width(cfg, s), TileArena(cfg, 0), pieces(s, cfg.array_size)
+    n = cfg.array_size
+    tn, probe, every = panel_width(cfg, s), TileArena(cfg, 0), pieces(s, n, block_width(n, s))
 
     def fits(rows: int, group: Sequence[Piece], resident: bool = False) -> bool:
         """A tiles and one step's tiles in a slot (resident: the step's in a third of `_step_region`)."""
@@ -166,7 +181,8 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     ep = conv_epilogue(cx, nodes, s, out)
     mm_dt = DType.i8 if cx.int8 else DType.f32
     tiling = choose_tiling(cfg, s, mm_dt, ep.out_dt, ep.residual is not None)
-    x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
+    block = block_width(cfg.array_size, s)
+    x = channels_last_view(cx.temp(node, CHANNELS_LAST), s, block, mm_dt)
     phases = channels_last_phases(cx, node, s, x)
     scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), ep.out_dt)
     rows_k = s.taps * s.cg
@@ -232,6 +248,12 @@ def _step_arena(cfg: MachineConfig, region: Slot, index: int) -> TileArena:
     return arena
 
 
+def channels_last_view(address: int, s: ConvGeometry, block: int, dtype: DType) -> View:
+    """X as [channel block, img, row phase, row, phase width * block]."""
+    shape = (s.c // block, s.n, s.strides[0], s.phase_rows, s.phase_width * block)
+    return dense(address, shape, dtype)
+
+
 def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View) -> list[list[Step]]:
     """The Conv's input -> X (see the module docstring): the padding is written as zeros with the data, no
     padded copy. Blocks of padded rows in a tile [rows, W', C]: cleared (only when the conv pads: the pad
@@ -244,7 +266,7 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
     height, width = (w.in_shape[2] if w.s == 2 else 1), w.in_shape[-1]
     top, left = (w.pads[0], w.pads[1]) if w.s == 2 else (0, w.pads[0])
     image = image.reshape_dense((s.n, s.c, height * width))
-    pitch, c, es = s.padded[1], s.c, image.dtype.size
+    pitch, c, es = s.padded[1], x.shape[-1] // s.phase_width, image.dtype.size  # c: channels per block
     probe = TileArena(cfg, 0)
 
     def sizes(rows: int) -> list[int]:
@@ -254,13 +276,14 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
     if block == 0:
         raise CodegenError(f"one padded input row of {c} channels does not fit a buffer slot")
     steps = []
-    for img in range(s.n):
+    for cb, img in ((cb, img) for cb in range(s.c // c) for img in range(s.n)):
         for h0, rows in k_slices(s.padded[0], block):
             arena = TileArena(cfg, len(steps), cx.rotation)
             tiles = [arena.tile(size) for size in sizes(rows)]
             inside = [h for h in range(h0, h0 + rows) if top <= h < top + height]
+            channels = image.index((img,)).slice(0, cb * c, c)
             parts = [
-                (image.index((img,)).slice(1, (h - top) * width, width), tiles[0] + ((h - h0) * pitch + left) * c * es)
+                (channels.slice(1, (h - top) * width, width), tiles[0] + ((h - h0) * pitch + left) * c * es)
                 for h in inside
             ]
             compute = []
@@ -284,10 +307,13 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
                 compute.append((Unit.vector, to_int8))
             ready, row_bytes = tiles[-1], pitch * c * x.dtype.size
             if s.strides[0] == 1:
-                stores = [(ready, x.index((img, 0)).slice(0, h0, rows).slice(1, 0, pitch * c))]
+                stores = [(ready, x.index((cb, img, 0)).slice(0, h0, rows).slice(1, 0, pitch * c))]
             else:
                 stores = [
-                    (ready + r * row_bytes, x.index((img, h % s.strides[0], h // s.strides[0])).slice(0, 0, pitch * c))
+                    (
+                        ready + r * row_bytes,
+                        x.index((cb, img, h % s.strides[0], h // s.strides[0])).slice(0, 0, pitch * c),
+                    )
                     for r, h in enumerate(range(h0, h0 + rows))
                 ]
             steps.append(Step([], compute, stores))
@@ -317,7 +343,7 @@ class _Kernel:
     tiling: Tiling
     ep: Epilogue
     weights: View  # flat, Cout-tile panels (`pack_panels`)
-    x: View  # [n, stride_h, phase rows, phase width * C]
+    x: View  # [channel blocks, n, stride_h, phase rows, phase width * channels per block]
     scratch: View  # [n, OH * OW, Cout]
 
     @property
@@ -331,8 +357,9 @@ class _Kernel:
         """The packed A tile of piece p over the band: positions stride_w * C elements apart."""
         s, es = self.s, self.dt.size
         phase, down = s.row_phase(p.kh)
-        start = self.x.index((t.img, phase, t.oh0 + down)).address + (p.offset + t.g * s.cg) * es
-        return View(start, (stream_rows(s, t.rows), p.k), (s.strides[1] * s.c * es, es), self.dt)
+        start = self.x.index((0, t.img, phase, t.oh0 + down)).address + (p.offset + t.g * s.cg) * es
+        block = self.x.shape[-1] // s.phase_width
+        return View(start, (stream_rows(s, t.rows), p.k), (s.strides[1] * block * es, es), self.dt)
 
     def a_loads(self, band: _Tile, tiles: list[int], group: Sequence[Piece] | None = None) -> list[tuple[View, int]]:
         """The DMAs bringing a band's A tiles (of a K group; default: the first) to local `tiles`."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.engine.codegen.conv import Epilogue, conv_epilogue, conv_shape, pack_taps
-from fusion.engine.codegen.conv_packed import Piece, channels_last_phases, pieces, stream_rows
+from fusion.engine.codegen.conv_packed import Piece, channels_last_phases, channels_last_view, pieces, stream_rows
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
@@ -137,7 +137,7 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
     if direct:  # a pointwise conv: A^T pieces are [channels, pixels] blocks of the NCHW input itself
         x, phases = image.reshape_dense((s.n, s.c, s.out[0] * s.out[1])), []
     else:
-        x = dense(cx.temp(node, CHANNELS_LAST), (s.n, s.strides[0], s.phase_rows, s.phase_width * s.c), mm_dt)
+        x = channels_last_view(cx.temp(node, CHANNELS_LAST), s, s.c, mm_dt)
         phases = channels_last_phases(cx, node, s, x)
     m = tiling.rows if direct else stream_rows(s, tiling.rows)
     spans = k_slices(s.out[0] * s.out[1] if direct else s.out[0], tiling.rows)
@@ -220,7 +220,7 @@ class _Kernel:
             kh, j = divmod(i, per_row)
             phase, down = s.row_phase(kh)
             offset = j * s.dilations[1] * s.c if per_row > 1 else 0
-            start = self.x.index((t.img, phase, t.oh0 + down)).address + (offset + t.g * s.cg) * es
+            start = self.x.index((0, t.img, phase, t.oh0 + down)).address + (offset + t.g * s.cg) * es
             for c0 in range(0, run, MAX_COLS):
                 cols = min(MAX_COLS, run - c0)
                 local, dram, stride = em.regs(tile + c0 * m * es, start + c0 * es, s.strides[1] * s.c * es)

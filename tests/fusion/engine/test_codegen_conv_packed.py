@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_codegen_conv import convs  # the band schedule's conv variants
 
 from fusion.engine.codegen.conv import conv_shape
-from fusion.engine.codegen.conv_packed import choose_tiling, pieces, stream_rows
+from fusion.engine.codegen.conv_packed import block_width, choose_tiling, pieces, stream_rows
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import build_kernel
@@ -163,3 +163,16 @@ def test_a_clip_binding_inside_the_int8_range_or_in_fp32_is_refused() -> None:
         build_kernel(context(graph, inputs, "int8"), Group(names, PACKED))
     with pytest.raises(CodegenError, match="no upper clamp"):
         build_kernel(context(graph, inputs, "fp32"), Group(names, PACKED))
+
+
+def test_channels_in_whole_blocks_of_the_array_width_make_each_a_tile_contiguous() -> None:
+    """C = 32 = 2 blocks of 16: X holds each block apart, so a piece (one tap's block) reads rows of 16 elements
+    16 apart: packed bursts, not one burst per position row (which every A tile would cost with C-wide rows)."""
+    graph, names = conv_graph(1, 32, 16, (24, 24), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, False)
+    mc, _, kernel = _check(graph, names, "int8")
+    s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
+    assert block_width(16, s) == 16 and {p.k for p in pieces(s, 16, 16)} == {16}
+    tiling = choose_tiling(mc.config, s, DType.i8, DType.i8, False)
+    bands = [min(tiling.rows, s.out[0] - oh0) for oh0 in range(0, s.out[0], tiling.rows)]
+    row_bursts = sum(stream_rows(s, r) for r in bands) * len(pieces(s, 16, 16))
+    assert kernel_features(mc, kernel, zero_tile_fraction=0.0).load_bursts < row_bursts / 2
