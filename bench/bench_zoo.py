@@ -47,8 +47,9 @@ COST_MODELS = ("analytic", "hpm")
 ORACLE_MODELS = ("whisper_encoder",)  # the oracle refuses the other zoo models (> 512 legal plans) or takes minutes
 
 
-def measure(name: str, size: str, dtype: str, config: str) -> dict:
-    """One model at one size and dtype under each policy (in this process)."""
+def measure(name: str, size: str, dtype: str, config: str, execution: bool = True) -> dict:
+    """One model at one size and dtype under each policy (in this process); `execution`: also the dynamic plan's
+    execution-model figures (`measure_execution`)."""
     from fusion.cost.roofline import model_roofline
     from fusion.engine.engine import EngineOptions, FusionEngine
     from fusion.engine.validation import ValidationPolicy
@@ -64,7 +65,7 @@ def measure(name: str, size: str, dtype: str, config: str) -> dict:
         start = time.perf_counter()
         result = engine.run(inputs)
         wall = time.perf_counter() - start
-        if policy == "dynamic":
+        if policy == "dynamic" and execution:
             row["execution"] = measure_execution(engine, inputs)
         engine.close()
         bound = model_roofline(engine.graph, engine.config, engine.mc.qplan)
@@ -444,7 +445,9 @@ def write_results(args: argparse.Namespace, rows: list, planned: int, seconds: f
         title, text, body = "# Model zoo: cost models", COST_TEXT.format(path=path), cost_table(rows, labels)
     else:
         title, text = "# Model zoo benchmark", POLICY_TEXT
-        body = [*table(rows), "", "## Execution models (dynamic plan)", "", EXECUTION_TEXT, "", *execution_table(rows)]
+        body = table(rows)
+        if any("execution" in r for *_, r in rows):
+            body += ["", "## Execution models (dynamic plan)", "", EXECUTION_TEXT, "", *execution_table(rows)]
     args.out.write_text(
         f"{title}\n\n`{command}` on `{args.config}`, {machine}; {seconds:.0f} s{partial}. {text}\n\n"
         + "\n".join(body)
@@ -475,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(ORACLE_MODELS),
         help="with --cost-models: models whose oracle plan is measured too (comma-separated; empty: none)",
     )
+    ap.add_argument(
+        "--no-execution",
+        action="store_true",
+        help="skip the execution-models table (the program figures: ~5 min more for resnet18 small on 2 cores)",
+    )
     ap.add_argument("--out", type=Path, help="default: bench/results/zoo.md (zoo_cost_models.md with --cost-models)")
     ap.add_argument("--child", nargs=3, metavar=("NAME", "SIZE", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -487,10 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         if labels:
             print(json.dumps(measure_cost_models(name, size, dtype, args.config, labels, name in oracle)))
         else:
-            print(json.dumps(measure(name, size, dtype, args.config)))
+            print(json.dumps(measure(name, size, dtype, args.config, not args.no_execution)))
         return 0
     args.out = args.out or (COST_RESULTS if labels else RESULTS)
     extra = ("--cost-models", args.cost_models, "--oracle", args.oracle) if labels else ()
+    extra += ("--no-execution",) if args.no_execution else ()
     names = args.models.split(",") if args.models else list(NAMES)
     dtypes = args.dtypes.split(",")
     sizes = tuple(args.sizes.split(",")) if args.sizes else ("small", "full") if args.full else ("small",)
