@@ -319,7 +319,7 @@ REGISTRY: Mapping[str, Strategy] = {
             _conv_stationary,
             "implicit_gemm",
             schedules=_conv_space,
-            loop_order="nm",
+            loop_order="knm",  # as the swapped GEMM: each K piece of A^T preloaded, the weights streamed as rows
             dram_forms=_conv_stationary_forms,
         ),
         Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
