@@ -73,7 +73,7 @@ def layers(models: list[str]) -> list[tuple[str, object]]:
         pool = dict(kernel=kernel, strides=stride, pads=(pad,) * 4, dilations=(1, 1), ceil_mode=0)
         extra = {"count_include_pad": 0} if op == OpType.AveragePool else {}
         b.output(b.op(op, _prefix(b, shape), name="layer", **pool, **extra))
-        out.append((f"{name}: {op.value} x{list(shape)} k{list(kernel)} s{list(stride)}", b.build()))
+        out.append((f"{name}: {op.value} x{list(shape)} k{kernel} s{stride}", b.build()))
     return out
 
 
@@ -104,6 +104,15 @@ def layer_cycles(graph, config: str, dtype: str) -> int:
     model = compile_model(graph, config, dtype, samples=[x] if dtype == "int8" else None, cleanup=False)
     relu = compile_model(_relu_only(graph), config, dtype, samples=[x] if dtype == "int8" else None, cleanup=False)
     return model.run(x)[1].cycle - relu.run(x)[1].cycle
+
+
+def _frame_column(path: Path) -> dict[str, str]:
+    """layer -> its frame cells in an earlier results file (a missing or malformed file is a clear error)."""
+    try:
+        rows = [line.split("|") for line in path.read_text().splitlines() if line.startswith("| ")]
+    except OSError as e:
+        raise SystemExit(f"error: --previous {path}: {e.strerror}") from None
+    return {cells[1].strip(): cells[3].strip() for cells in rows if len(cells) > 4 and cells[1].strip() != "layer"}
 
 
 def _prefix(b: GraphBuilder, shape: tuple[int, ...]):
@@ -143,15 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="base")
     ap.add_argument("--dtype", default="int8", choices=("fp32", "int8"))
     ap.add_argument("--out", default="bench/results/pool.md")
+    ap.add_argument(
+        "--previous",
+        help="an earlier results file (e.g. `git show REV:bench/results/pool.md > pool@REV.md`): its frame column "
+        "beside this run's, per layer",
+    )
     args = ap.parse_args(argv)
+    previous = _frame_column(Path(args.previous)) if args.previous else {}
     lines = [
         f"# Pooling and depthwise layers alone ({args.config}, {args.dtype}): `python bench/bench_pool.py "
-        f"--models {args.models} --dtype {args.dtype}`",
+        f"--models {args.models} --dtype {args.dtype}" + (f" --previous {args.previous}" if previous else "") + "`",
         "",
         "Cycles of the layer's kernel; `bound` = max(DRAM, vector) as in the module docstring; % = bound / cycles.",
         "",
-        "| layer | padded band (before) | frame (now) | speedup | DRAM bound | vector bound |",
-        "|---|---|---|---|---|---|",
+        "| layer | padded band (before) | frame (now) | speedup | DRAM bound | vector bound |"
+        + (f" frame in {args.previous} |" if previous else ""),
+        "|---|---|---|---|---|---|" + ("---|" if previous else ""),
     ]
     for name, graph in layers(args.models.split(",")):
         with padded_band():
@@ -162,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         line = (
             f"| {name} | {before:,} ({bound / before:.0%}) | {now:,} ({bound / now:.0%}) | {before / now:.2f}x "
             f"| {dram:,.0f} | {vector:,.0f} |"
-        )
+        ) + (f" {previous.get(name, 'not measured')} |" if previous else "")
         print(line, flush=True)
         lines.append(line)
     Path(args.out).write_text("\n".join(lines) + "\n")
