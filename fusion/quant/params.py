@@ -103,18 +103,32 @@ def quantize_bias(bias: np.ndarray, input_scale: float, weight_scale: float | np
 
 @dataclass(frozen=True)
 class QuantParams:
-    """The int8 scale of every float value of a graph (activations and constants), by value name."""
+    """What calibration measured: the int8 scale of every float value of a graph (activations and constants), by
+    value name, and, by matrix node name, the mean input window its bias correction needs
+    (`fusion.quant.bias_correction`; a node without one is not corrected). Means are tuples: hashable, and equal
+    params compare equal."""
 
     scales: Mapping[str, float] = field(default_factory=dict)
+    window_means: Mapping[str, tuple[tuple[float, ...], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in self.scales.items() if not (math.isfinite(v) and v > 0)}
         if bad:
             raise QuantizationError(f"scales must be positive and finite: {bad}")
+        means = {k: tuple(tuple(float(x) for x in row) for row in v) for k, v in self.window_means.items()}
+        odd = sorted(k for k, v in means.items() if not all(math.isfinite(x) for row in v for x in row))
+        if odd:
+            raise QuantizationError(f"window means must be finite: {odd}")
         object.__setattr__(self, "scales", MappingProxyType(dict(self.scales)))
+        object.__setattr__(self, "window_means", MappingProxyType(means))
 
     def __reduce__(self) -> tuple:
-        return (QuantParams, (dict(self.scales),))
+        return (QuantParams, (dict(self.scales), dict(self.window_means)))
+
+    def window_mean(self, node: str) -> np.ndarray | None:
+        """The node's mean input window (float64; 2-D for a Conv: one row per group), or None: not corrected."""
+        rows = self.window_means.get(node)
+        return None if rows is None else np.array(rows, np.float64)
 
     def scale(self, value: str) -> float:
         if value not in self.scales:

@@ -7,6 +7,8 @@ Rules (symmetric int8 as deployed by TFLite / ONNX QOperator; see fusion.referen
   in int32, add the bias in accumulator units, and requantize to int8 at their output's scale.
 - A Conv's constant weight is quantized per output channel (max |w| of each channel / 127), so its bias and
   requantizer are per channel too: one (mult, shift) per output channel (`MatrixQuant.channels`).
+- A matrix node with a constant weight and a per-channel constant bias has that bias corrected for the weight's
+  rounding, (W_q - W) E[x] subtracted, E[x] from calibration (`fusion.quant.bias_correction`).
 - A matrix node read only by a Relu takes the Relu's calibrated scale as its output scale: the activation is
   folded into the requantization clamp, as a fused Conv+Relu is deployed, so the int8 steps cover the
   activation's range, not the pre-activation one. (A ReLU6 Clip is not folded: measured on the zoo,
@@ -19,13 +21,14 @@ Rules (symmetric int8 as deployed by TFLite / ONNX QOperator; see fusion.referen
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
 
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import MATRIX_OPS, OpType
+from fusion.quant.bias_correction import bias_shift, corrects
 from fusion.quant.params import QuantParams, quantize_bias, quantize_tensor, requant_params, scale_for
 
 INT8_PRESERVING = frozenset(
@@ -69,6 +72,7 @@ class MatrixQuant:
     mult: int
     shift: int
     channels: tuple[ChannelQuant, ...] = ()
+    bias_shift: tuple[float, ...] = ()  # per output channel, real units: subtracted from the bias (bias correction)
 
     @property
     def per_channel(self) -> bool:
@@ -94,8 +98,15 @@ class MatrixQuant:
         return np.clip(np.rint(data * inv), -128, 127).astype(np.int8)
 
     def quantize_bias(self, bias: np.ndarray) -> np.ndarray:
-        """The bias in accumulator units (per channel: each at input_scale * that channel's weight scale)."""
-        return quantize_bias(bias, self.input_scale, self.weight_scales() if self.channels else self.weight_scale)
+        """The bias, less its correction (if any), in accumulator units (per channel: each at input_scale * that
+        channel's weight scale)."""
+        real = np.asarray(bias, np.float64) - np.array(self.bias_shift or 0.0, np.float64)
+        return quantize_bias(real, self.input_scale, self.weight_scales() if self.channels else self.weight_scale)
+
+    def dequantize_weight(self, weight: np.ndarray) -> np.ndarray:
+        """The real value of the int8 weight `quantize_weight` makes (float64): what the integers compute with."""
+        scales = self.weight_scales().reshape((-1,) + (1,) * (np.ndim(weight) - 1))
+        return self.quantize_weight(weight).astype(np.float64) * scales
 
     def requant_table(self) -> np.ndarray:
         """int32 (channels x 2): each output channel's (mult, shift), as the per-channel requantizer reads it."""
@@ -148,6 +159,16 @@ def _matrix_quant(graph: Graph, node: Node, sa: float, sw: float, out: float) ->
     return MatrixQuant(sa, top.weight_scale, out, top.mult, top.shift, channels)
 
 
+def _corrected(graph: Graph, node: Node, q: MatrixQuant, params: QuantParams) -> MatrixQuant:
+    """q with the node's bias correction, when calibration measured its input windows."""
+    mean = params.window_mean(node.name)
+    if mean is None or not corrects(graph, node):
+        return q
+    weight = graph.constants[node.inputs[1]]
+    shift = bias_shift(node, weight, q.dequantize_weight(weight), mean)
+    return replace(q, bias_shift=tuple(float(v) for v in shift))
+
+
 def plan_quantization(graph: Graph, params: QuantParams) -> QuantPlan:
     scales: dict[str, float | None] = dict.fromkeys((*graph.inputs, *graph.constants))
     matrix: dict[str, MatrixQuant] = {}
@@ -156,7 +177,7 @@ def plan_quantization(graph: Graph, params: QuantParams) -> QuantPlan:
             sa, sw = (scales[v] or params.scale(v) for v in node.inputs[:2])
             act = folded_activation(graph, node)
             out = params.scale((act or node).outputs[0])
-            matrix[node.name] = _matrix_quant(graph, node, sa, sw, out)
+            matrix[node.name] = _corrected(graph, node, _matrix_quant(graph, node, sa, sw, out), params)
             scales[node.outputs[0]] = out
             continue
         ins = {scales[v] for v in _data_inputs(node)}
