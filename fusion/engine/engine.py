@@ -288,12 +288,14 @@ class FusionEngine:
         return self._pool
 
     def _signature(self, st: _State, group: Group) -> str:
-        """Op signature of a group: its subgraph's structural hash plus the int8 scales of its values."""
+        """Op signature of a group: its subgraph's structural hash plus the int8 scales of its values and its
+        matrix nodes' quantization (a bias correction is calibrated data the scales do not determine)."""
         if group not in st.signatures:
             sub = group_subgraph(self.graph, group)
             values = [*sub.inputs, *(v for n in sub.nodes for v in n.outputs)]
             scales = tuple(st.mc.scale(v) for v in values)
-            st.signatures[group] = hashlib.sha256(repr((structural_hash(sub), scales)).encode()).hexdigest()
+            matrix = () if st.mc.qplan is None else tuple(st.mc.qplan.matrix.get(n.name) for n in sub.nodes)
+            st.signatures[group] = hashlib.sha256(repr((structural_hash(sub), scales, matrix)).encode()).hexdigest()
         return st.signatures[group]
 
     def make_plan(self, policy: str | None = None) -> Plan:
