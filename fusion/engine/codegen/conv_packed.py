@@ -83,10 +83,12 @@ class Piece:
 
 
 def block_width(n: int, s: ConvGeometry) -> int:
-    """Channels per block of X: n when the channels are several whole blocks of the array's width (one group),
-    so that a piece is one tap's block and its A tile's rows are contiguous in X (a DMA of packed bursts, not
-    one burst per row), else all of them."""
-    return n if s.groups == 1 and s.c > n and s.c % n == 0 else s.c
+    """Channels per block of X: n when the channels are several whole blocks of the array's width (one group, no
+    horizontal stride), so that a piece is one tap's block and its A tile's rows are contiguous in X (a DMA of
+    packed bursts, not one burst per row), else all of them (with a horizontal stride the rows are not contiguous
+    either way, and blocks cost a transposing load per block in phase 1: resnet18's 1x1/2 downsample at 224,
+    98k -> 116k cycles)."""
+    return n if s.groups == 1 and s.c > n and s.c % n == 0 and s.strides[1] == 1 else s.c
 
 
 def pieces(s: ConvGeometry, n: int, block: int | None = None) -> list[Piece]:
