@@ -46,6 +46,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.vector_ops import fill
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
@@ -274,7 +275,7 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
     def sizes(rows: int) -> list[int]:
         return [rows * pitch * c * es] + ([rows * pitch * c] if quantize is not None else [])
 
-    block = largest_fitting(s.padded[0], lambda r: probe.fits(sizes(r)))
+    block = largest_fitting(s.padded[0], lambda r: r * pitch * c <= MAX_N and probe.fits(sizes(r)))  # n fields
     if block == 0:
         raise CodegenError(f"one padded input row of {c} channels does not fit a buffer slot")
     steps = []

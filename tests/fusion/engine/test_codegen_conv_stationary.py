@@ -16,6 +16,7 @@ from fusion.engine.codegen.conv_packed import pieces
 from fusion.engine.codegen.conv_stationary import choose_tiling, pack_pieces
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
+from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
@@ -111,3 +112,20 @@ def test_band_rows_shrink_until_the_bands_patch_fits_a_slot() -> None:
     s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
     assert choose_tiling(mc.config, s, DType.i8).rows == 1
     _run(graph, names, "int8")
+
+
+def test_a_channels_last_block_never_exceeds_a_vector_ops_element_count() -> None:
+    """An int8 input of 256 channels, 16 padded columns: 16 rows fill a 64 KiB slot with 65536 elements, one more
+    than a vector op's n field holds (regression: resnet18 layer3 at 224 failed to assemble)."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("deep")
+    x = b.input("x", (1, 16, 14, 14))
+    w1 = b.constant((rng.standard_normal((256, 16, 1, 1)) / 4).astype(np.float32), "w1")
+    w2 = b.constant((rng.standard_normal((16, 256, 3, 3)) / 48).astype(np.float32), "w2")
+    kw = {"dilations": (1, 1), "group": 1, "strides": (1, 1)}
+    h = b.op(OpType.Conv, x, w1, name="conv1", pads=(0, 0, 0, 0), **kw)
+    b.output(b.op(OpType.Conv, h, w2, name="conv2", pads=(1, 1, 1, 1), **kw))
+    graph = b.build()
+    mc = context(graph, {"x": rng.standard_normal((1, 16, 14, 14)).astype(np.float32)}, "int8")
+    assert mc.qplan.scales["conv1"] is not None  # conv2 reads int8
+    build_kernel(mc, Group(("conv2",), STATIONARY))
