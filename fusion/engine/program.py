@@ -177,6 +177,7 @@ def link_plan(
     scratch: dict[str, int] = {}
     for _, g in blocks_groups:
         more, extra = dram_forms(mc, mc.subgraph(g.nodes), g)
+        _check_one_image(forms, more, g)
         forms.update(more)
         scratch.update(extra)
     data, addresses, _ = plan_dram(graph, mc.qplan, cfg, forms, whole_program=True, scratch=scratch)
@@ -258,6 +259,19 @@ def link_plan(
     _data(b, data, {f"{TABLE}{d.index}": d.zero_skip for d in dispatches}, addresses)
     kernels = tuple(ProgramKernel(kernel_names[_kernel_name(g)], i, g, len(p)) for i, g, p, _ in blocks)
     return LinkedProgram(b.build(), names, kernels, tuple(dispatches), tuple(boundaries))
+
+
+def _check_one_image(forms: Mapping[str, np.ndarray], more: Mapping[str, np.ndarray], group: Group) -> None:
+    """One DRAM image holds each constant form once: refuse a group whose form of a key differs from another
+    group's (e.g. one bias initializer shared by two convolutions whose int8 biases are corrected differently),
+    instead of linking a program in which one of them reads the other's constant."""
+    for key, data in more.items():
+        known = forms.get(key)
+        if known is not None and not (known.shape == data.shape and np.array_equal(known, data)):
+            raise CodegenError(
+                f"constant form {key!r} of group {list(group.nodes)} differs from another group's: one program "
+                "image cannot hold both"
+            )
 
 
 class _KernelEmitter(Emitter):

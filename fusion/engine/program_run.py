@@ -21,7 +21,7 @@ import numpy as np
 
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
-from fusion.engine.execute import to_real
+from fusion.engine.execute import KernelRun, to_real
 from fusion.engine.overlap import BoundaryOverlap, Priced
 from fusion.engine.plan import Group, GroupChoice, baseline_group
 from fusion.engine.program import (
@@ -301,7 +301,8 @@ def _records(
     replaced: Mapping[tuple[str, ...], str],
     validated: set[tuple[str, ...]],
 ) -> list[KernelRecord]:
-    """One record per kernel that ran: its share of the program's timeline and its own counters."""
+    """One record per kernel that ran: its share of the program's timeline and its own counters, its features and
+    prediction (as host mode records them; an online-learning cost model is fed the share)."""
     from fusion.engine.engine import KernelRecord
 
     dispatched = {d.index for d in linked.dispatches}
@@ -312,20 +313,25 @@ def _records(
         group, counters = kernel.group, run.kernel_counters[kernel.name]
         data_class = _data_class(kernel, dispatched)
         fallback = next((why for nodes, why in replaced.items() if set(group.nodes) <= set(nodes)), "")
+        built, hit, key = engine._kernel(c.state, group, data_class_of(group), c.evaluator)
+        feats = engine._feature_row(c.state, key, built, group)
+        reads, writes = int(counters.dram_read_bytes), int(counters.dram_write_bytes)
+        share = KernelRun({}, run.kernel_cycles[kernel.name], reads, writes, float(counters.energy_total_pj), counters)
         records.append(
             KernelRecord(
                 group.nodes,
                 group.schedule,
                 data_class,
-                engine._predicted(c, group),
-                run.kernel_cycles[kernel.name],
-                int(counters.dram_read_bytes) + int(counters.dram_write_bytes),
+                engine._predict(feats),
+                share.cycles,
+                reads + writes,
                 engine._unfused_bytes(c, group),
-                float(counters.energy_total_pj),
-                False,
+                share.energy_pj,
+                hit,
                 group.nodes in validated,
                 fallback,
-                None,
+                feats,
+                engine._learn(feats, share),  # an online-learning model learns the kernel's share in the program
             )
         )
     return records

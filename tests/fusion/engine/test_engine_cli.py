@@ -9,6 +9,7 @@ import numpy as np
 from engine_helpers import MODELS
 
 from dynfuse.cli import main
+from fusion.engine.strategies import NAMES
 
 
 def _input(tmp_path: Path) -> str:
@@ -21,7 +22,9 @@ def test_fuse_report_lists_groups_and_totals(tmp_path: Path, capsys) -> None:
     code = main(["fuse", str(MODELS / "mlp.onnx"), "--input", _input(tmp_path), "--policy", "dynamic", "--report"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "policy dynamic" in out and "epilogue" in out and "roofline bound" in out and "cache" in out
+    assert "policy dynamic" in out and "roofline bound" in out and "cache" in out
+    groups = out.split("pipelined with\n", 1)[1].split("total:", 1)[0].splitlines()
+    assert groups and all(line[45:].split()[0].split(",")[0] in NAMES for line in groups)  # each group's strategy
     assert "validations run" in out
 
 

@@ -142,3 +142,13 @@ def test_figures_price_launches_and_the_overlap_per_boundary() -> None:
     linked = link_plan(mc, choices)
     assert [(b, a) for b, a, _ in f.boundaries] == [(b.before, b.after) for b in linked.boundaries if b.joined]
     assert sum(g for *_, g in f.boundaries) > 0
+
+
+def test_one_image_refuses_two_groups_with_different_forms_of_one_constant() -> None:
+    from fusion.engine.errors import CodegenError
+    from fusion.engine.program import _check_one_image
+
+    forms = {"const:bias:b": np.array([1, 2], np.int32)}
+    _check_one_image(forms, {"const:bias:b": np.array([1, 2], np.int32)}, Group(("c2",), "unfused"))  # same: fine
+    with pytest.raises(CodegenError, match="const:bias:b"):  # e.g. one bias initializer, two corrected biases
+        _check_one_image(forms, {"const:bias:b": np.array([1, 3], np.int32)}, Group(("c2",), "unfused"))
