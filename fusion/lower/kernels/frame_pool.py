@@ -104,11 +104,13 @@ class Separable:
         return [s for s in self.groups if self.invalid(s)]
 
     def x_slack(self) -> tuple[int, int]:
-        return max(0, -min(self.groups)), max(0, max(self.groups) + self.width - self.sw)
+        """Slack around a loaded row phase for the column pass's whole-row shifts."""
+        low, high = _halo(self)
+        return -low * self.f.pitch, high * self.f.pitch
 
-    def h_slack(self) -> tuple[int, int]:
-        dms = [dm for _, dm in self.row_taps]
-        return max(0, -min(dms)) * self.f.out[1], max(0, max(dms)) * self.f.out[1]
+    def v_slack(self) -> tuple[int, int]:
+        """Slack around the column pass's result for the row pass's group shifts."""
+        return max(0, -min(self.groups)), max(0, max(self.groups) + self.width - self.sw)
 
 
 def separable_of(f: Frame) -> Separable | None:
@@ -133,18 +135,23 @@ def separable_of(f: Frame) -> Separable | None:
     return sep if bool(np.all(covered | ~inside)) else None
 
 
-def _separable_sizes(sep: Separable, kb: int, dtype: DType) -> dict[str, int]:
+def _separable_sizes(sep: Separable, kb: int, dtype: DType, band: int = 0) -> dict[str, int]:
+    """Tiles of a step of kb channels (band > 0: of that many output rows of one channel)."""
     f, es = sep.f, dtype.size
-    q = kb * f.out[0] * f.out[1]
+    rows = band or kb * f.out[0]
+    low, high = _halo(sep)
+    n, q = rows * f.pitch, rows * f.out[1]
     mask = Mask(dtype, for_max=True)
-    sizes = phase_sizes(Plan(f, conv=False), kb, dtype, sep.x_slack())
-    for ph in sep.phases:
-        sizes[f"h{ph}"] = (sum(sep.h_slack()) + q) * es
+    if band:
+        sizes = {f"x{ph}": (band + high - low) * f.pitch * es for ph in sep.phases}
+    else:
+        sizes = phase_sizes(Plan(f, conv=False), kb, dtype, sep.x_slack())
+    sizes["v"] = (sum(sep.v_slack()) + n) * es
     for s in sep.col_masks:
         sizes.update(mask.sizes(f"cm{s}", f.out[1]))
     for dm in sep.row_masks:
-        sizes.update(mask.sizes(f"rm{dm}", kb * f.out[0]))
-    sizes["tmp"] = q * es
+        sizes.update(mask.sizes(f"rm{dm}", rows))
+    sizes["tmp"] = n * es
     sizes["out"] = q * es
     return sizes
 
@@ -163,23 +170,6 @@ def _halo(sep: Separable) -> tuple[int, int]:
     return min(0, min(dms)), max(0, max(dms))
 
 
-def _band_sizes(sep: Separable, r: int, dtype: DType) -> dict[str, int]:
-    """Tiles of a band of r output rows of one channel."""
-    f, es = sep.f, dtype.size
-    lo, hi = _halo(sep)
-    rt, q = r + hi - lo, r * f.out[1]
-    mask = Mask(dtype, for_max=True)
-    sizes = {f"x{ph}": (sum(sep.x_slack()) + rt * f.pitch) * es for ph in sep.phases}
-    sizes.update({f"h{ph}": rt * f.out[1] * es for ph in sep.phases})
-    for s in sep.col_masks:
-        sizes.update(mask.sizes(f"cm{s}", f.out[1]))
-    for dm in sep.row_masks:
-        sizes.update(mask.sizes(f"rm{dm}", r))
-    sizes["tmp"] = q * es
-    sizes["out"] = q * es
-    return sizes
-
-
 def band_loads(sep: Separable, x: View, img: int, c: int, band: Band, tiles: dict[str, int]) -> list:
     """Each row phase's image rows of the band and its halo, at their rows of the phase tile."""
     f, es = sep.f, x.dtype.size
@@ -187,13 +177,16 @@ def band_loads(sep: Separable, x: View, img: int, c: int, band: Band, tiles: dic
     first, last = max(0, band.top + lo), min(f.rows, band.top + band.rows + hi)
     loads = []
     for ph in sep.phases:
-        at = tiles[f"x{ph}"] + (sep.x_slack()[0] + (first - band.top - lo) * f.pitch) * es
+        at = tiles[f"x{ph}"] + (first - band.top - lo) * f.pitch * es
         loads += [(view, at + local * es) for view, local in f.phase_view(x, img, c, 1, ph, first, last)]
     return loads
 
 
 @dataclass(frozen=True)
 class _SeparableMax:
+    """The column pass first (the max over the window's rows, at every input column of the kept rows), then the
+    row pass over its result (only OH rows: with a row stride that is fewer than the input's)."""
+
     sep: Separable
     kb: int
     tiles: dict[str, int]
@@ -202,64 +195,56 @@ class _SeparableMax:
 
     def __call__(self, em: Emitter) -> None:
         sep, f, t, kb, d = self.sep, self.sep.f, self.tiles, self.kb, self.dtype
-        es, lo, ow = d.size, _lowest(d), f.out[1]
+        es, lo, ow, pitch = d.size, _lowest(d), f.out[1], f.pitch
         mask = Mask(d, for_max=True)
-        pre = sep.x_slack()[0]
+        low, _ = _halo(sep)
         for s in sep.col_masks:
             mask.build(em, t, f"cm{s}", sep.invalid(s), ow)
         if self.band is None:
-            rows, hpre = kb * f.rows, sep.h_slack()[0]
+            rows, base = kb * f.out[0], sep.x_slack()[0]
+            for ph in sep.phases:
+                prepare_x(em, f, t[f"x{ph}"], kb, d, lo, sep.x_slack())
             for dm in sep.row_masks:
                 mask.build(em, t, f"rm{dm}", f.row_invalid(dm), f.out[0], kb)
         else:
-            top, r = self.band.top, self.band.rows
-            low, high = _halo(sep)
-            rows, hpre = r + high - low, -low * ow
+            top, rows, base = self.band.top, self.band.rows, -low * pitch
+            for ph in sep.phases:
+                self._prepare_band(em, t[f"x{ph}"])
             for dm in sep.row_masks:
-                mask.build(em, t, f"rm{dm}", [(0, max(0, -dm - top)), (max(0, f.rows - dm - top), r)], r)
-        n, q = rows * f.pitch, rows * ow
-        for ph in sep.phases:  # the row pass
-            h = t[f"h{ph}"]
-            if self.band is None:
-                prepare_x(em, f, t[f"x{ph}"], kb, d, lo, sep.x_slack())
-                fill_runs(em, h, [(0, hpre, lo), (hpre + q, hpre + q + sep.h_slack()[1], lo)], d)
-                h += hpre * es
-            else:
-                self._prepare_band(em, t[f"x{ph}"], rows)
-
-            def group(i: int, dst: int, ph=ph) -> int:
-                s = sep.groups[i]
-                src = t[f"x{ph}"] + (pre + s) * es
-                if sep.sw > 1:
-                    em.b.v_rmax(*em.regs(dst, src), n, sep.sw, d.name)
-                    src = dst
-                if s in sep.col_masks:
-                    mask.apply(em, t, f"cm{s}", dst, src, q, ow, "vr")
-                    src = dst
-                return src
-
-            _fold_max(em, h, [lambda dst, i=i: group(i, dst) for i in range(len(sep.groups))], t, q, d)
-
-        out_rows = kb * f.out[0] if self.band is None else self.band.rows
-        m = out_rows * ow
+                mask.build(em, t, f"rm{dm}", [(0, max(0, -dm - top)), (max(0, f.rows - dm - top), rows)], rows)
+        n, q = rows * pitch, rows * ow
+        vpre, vpost = sep.v_slack()
+        fill_runs(em, t["v"], [(0, vpre, lo), (vpre + n, vpre + n + vpost, lo)], d)
 
         def row(ph: int, dm: int, dst: int) -> int:  # the column pass
-            src = t[f"h{ph}"] + (hpre + dm * ow) * es
+            src = t[f"x{ph}"] + (base + dm * pitch) * es
             if dm:
-                mask.apply(em, t, f"rm{dm}", dst, src, m, ow, "vc")
+                mask.apply(em, t, f"rm{dm}", dst, src, n, pitch, "vc")
                 return dst
             return src
 
-        _fold_max(em, t["out"], [lambda dst, r=r: row(*r, dst) for r in sep.row_taps], t, m, d)
+        _fold_max(em, t["v"] + vpre * es, [lambda dst, r=r: row(*r, dst) for r in sep.row_taps], t, n, d)
 
-    def _prepare_band(self, em: Emitter, tile: int, rows: int) -> None:
-        """The x slack, the halo rows outside the image and (W' > W) the last image row's gap: lowest value."""
+        def group(i: int, dst: int) -> int:  # the row pass
+            s = sep.groups[i]
+            src = t["v"] + (vpre + s) * es
+            if sep.sw > 1:
+                em.b.v_rmax(*em.regs(dst, src), n, sep.sw, d.name)
+                src = dst
+            if s in sep.col_masks:
+                mask.apply(em, t, f"cm{s}", dst, src, q, ow, "vr")
+                src = dst
+            return src
+
+        _fold_max(em, t["out"], [lambda dst, i=i: group(i, dst) for i in range(len(sep.groups))], t, q, d)
+
+    def _prepare_band(self, em: Emitter, tile: int) -> None:
+        """The halo rows outside the image and (W' > W) the last image row's gap: the lowest value."""
         sep, f, d, band = self.sep, self.sep.f, self.dtype, self.band
         low, high = _halo(sep)
-        pre, post = sep.x_slack()
         first, last = max(0, band.top + low), min(f.rows, band.top + band.rows + high)
-        a, b = pre + (first - band.top - low) * f.pitch, pre + (last - band.top - low) * f.pitch
-        runs = [(0, a), (b, pre + rows * f.pitch + post)]
+        a, b = (first - band.top - low) * f.pitch, (last - band.top - low) * f.pitch
+        runs = [(0, a), (b, (band.rows + high - low) * f.pitch)]
         if f.pitch > f.w and last == f.rows:
             runs.append((b - f.pitch + f.w, b))
         fill_runs(em, tile, [(x, y, _lowest(d)) for x, y in runs], d)
@@ -365,8 +350,8 @@ def _banded_steps(cx: LowerContext, sep: Separable, x: View, out: View) -> list[
     probe = TileArena(cx.config, 0)
 
     def fits(r: int) -> bool:
-        return (r + high - low) * f.pitch + sum(sep.x_slack()) <= MAX_N and probe.fits(
-            list(_band_sizes(sep, r, d).values())
+        return (r + high - low) * f.pitch + sum(sep.v_slack()) <= MAX_N and probe.fits(
+            list(_separable_sizes(sep, 1, d, r).values())
         )
 
     band = largest_fitting(f.out[0], fits)
@@ -379,7 +364,7 @@ def _banded_steps(cx: LowerContext, sep: Separable, x: View, out: View) -> list[
             for top in range(0, f.out[0], band):
                 b = Band(top, min(band, f.out[0] - top))
                 arena = TileArena(cx.config, len(steps), cx.rotation)
-                tiles = {name: arena.tile(size) for name, size in _band_sizes(sep, b.rows, d).items()}
+                tiles = {name: arena.tile(size) for name, size in _separable_sizes(sep, 1, d, b.rows).items()}
                 target = image_out.index((img,)).slice(0, c, 1).slice(1, top * f.out[1], b.rows * f.out[1])
                 body = _SeparableMax(sep, 1, tiles, d, b)
                 steps.append(
