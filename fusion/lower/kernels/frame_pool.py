@@ -1,26 +1,26 @@
 """MaxPool and AveragePool on the vector unit over the unpadded input's frame (`frame`, steps and masks of
 `frame_windows`): one DMA per input row phase in, one DMA of the dense [channels, OH, OW] result out.
 
-MaxPool is separable (max is exact in any order): a row pass takes each kept output column's max over the
-window's columns, then a column pass the max over the window's rows (k_h + k_w ops per output instead of
-k_h * k_w). With a column stride sw > 1 the row pass reads the frame in period-sw groups: `v.rmax` of period sw
-at shift s gives, for every output column j, the max of input columns sw * j + s .. sw * j + s + sw - 1, so
-only the kept columns are ever computed; a window of k >= sw columns is a union of such groups (the last one
-overlapping, harmless for a max). A group reading a column outside the image is masked to the lowest value,
-which is exact when another group of the window covers its valid columns (checked per output column, else the
-per-tap kernel runs). The column pass reads the row pass's result of each row phase shifted by whole rows. A
-channel larger than a buffer slot (fp32 112x112) runs in bands of output rows (`Band`), each loading and row-
-passing its halo rows too.
+MaxPool is separable (max is exact in any order): a column pass takes the max over the window's rows at every
+input column of the kept output rows (the row phases shifted by whole rows), then a row pass each kept output
+column's max over the window's columns (k_h + k_w ops per output instead of k_h * k_w; the row pass runs over OH
+rows, not H). With a column stride sw > 1 the row pass reads in period-sw groups: `v.rmax` of period sw at shift
+s gives, for every output column j, the max of columns sw * j + s .. sw * j + s + sw - 1, so only the kept
+columns are ever computed; a window of k >= sw columns is a union of such groups (the last one overlapping,
+harmless for a max). A group reading a column outside the image is masked to the lowest value, which is exact
+when another group of the window covers its valid columns (checked per output column, else the per-tap kernel
+runs). A channel larger than a buffer slot (fp32 112x112) runs in bands of output rows (`Band`), each loading
+its halo rows too.
 
 AveragePool sums the window's taps in the reference's order (`sum_order`: numpy's sum over the window axes,
 which adds each kernel row's columns then the rows, or all taps in turn, depending on the window view's strides)
-with masked (zero) out-of-image reads, keeps the strided
-columns with a masked period-sw sum, and divides by the window's count (explicit pads counted with
-count_include_pad; a product of a per-row and a per-column count), all in float32 (the int8 path dequantizes
-its input first, as the quantized reference does).
+with masked (zero) out-of-image reads, keeps the strided columns with a masked period-sw sum, and divides by the
+window's count (explicit pads counted with count_include_pad; a product of a per-row and a per-column count),
+all in float32 (the int8 path dequantizes its input first, as the quantized reference does).
 
-Other geometries and nodes (no frame, a channel larger than a buffer slot, an AveragePool numpy would sum
-pairwise, an int8 AveragePool output) run on the padded-band / window kernels of `windows`.
+Other geometries and nodes (no frame, a depthwise or AveragePool channel larger than a buffer slot, an
+AveragePool whose sum numpy orders otherwise, an int8 AveragePool output) run on the padded-band / window
+kernels of `windows`.
 """
 
 from __future__ import annotations
