@@ -1,6 +1,7 @@
-"""MaxPool on the vector unit in the baseline compiler (shifted `v.max` over bands of the padded input): 1-D and
-2-D, strides, dilations, asymmetric padding, ceil mode, against the numpy reference (fp32) and the quantized
-reference (int8 bit-exact), compiled and simulated in checked mode on `tiny` (bands of rows, blocks of channels)."""
+"""MaxPool on the vector unit in the baseline compiler (the frame kernels of `frame_pool`, and shifted `v.max`
+over bands of the padded input where they do not apply): 1-D and 2-D, strides, dilations, asymmetric padding,
+ceil mode, against the numpy reference (fp32) and the quantized reference (int8 bit-exact), compiled and
+simulated in checked mode on `tiny` (bands of rows, blocks of channels)."""
 
 from __future__ import annotations
 
@@ -52,10 +53,11 @@ def test_every_max_pool_variant_matches_the_references(case: tuple) -> None:
 
 
 def test_max_pool_is_shifted_vector_max_without_window_copies() -> None:
-    graph = _graph(16, (24, 24), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False, False)
+    """An odd height with a row stride of 2 has no frame (`frame_pool`): the padded-band kernel runs it."""
+    graph = _graph(16, (25, 24), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False, False)
     model = compile_model(graph, "base", "fp32")
     text = disassemble(model.program)
-    x = np.random.default_rng(0).standard_normal((2, 16, 24, 24)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((2, 16, 25, 24)).astype(np.float32)
     _, counters = model.run({"x": x}, checked=True)
     maxes = text.count("v.max ")
     assert maxes and maxes % 8 == 0  # each step: 9 taps, 8 shifted maxima over its whole tile
