@@ -33,7 +33,7 @@ from fusion.lower import (
     plan_dram,
     symbol_names,
 )
-from fusion.lower.context import CONST_BIAS, LowerContext, const_key
+from fusion.lower.context import LowerContext, bias_form, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import LoweringError
 from fusion.quant.params import quantize_bias
@@ -173,7 +173,7 @@ def _absorbed_biases(mc: ModelContext, sub: Graph) -> dict[str, np.ndarray]:
         return {}
     q = mc.qplan.matrix[sub.nodes[0].name]
     return {
-        const_key(v, CONST_BIAS): quantize_bias(sub.constants[v], q.input_scale, q.weight_scale)
+        const_key(v, bias_form(sub.nodes[0].name)): quantize_bias(sub.constants[v], q.input_scale, q.weight_scale)
         for node in sub.nodes[1:]
         if node.op == OpType.Add
         for v in node.inputs

@@ -23,7 +23,15 @@ from assembler.builder import ProgramBuilder
 from assembler.objfile import ObjectFile
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
-from fusion.lower.context import CONST_BIAS, CONST_F32, CONST_I8, LowerContext, const_key, storage_dtype, temp_key
+from fusion.lower.context import (
+    CONST_F32,
+    CONST_I8,
+    LowerContext,
+    bias_form,
+    const_key,
+    storage_dtype,
+    temp_key,
+)
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, frame_pool, frame_windows, matrix, movement, normalize, windows
@@ -99,7 +107,7 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
                 if pos == 1 and q.per_channel:
                     forms[const_key(value, CONST_RQNT)] = q.requant_table()
             elif plan is not None and node.op in MATRIX_OPS and pos == 2:
-                forms[const_key(value, CONST_BIAS)] = plan.matrix[node.name].quantize_bias(data)
+                forms[const_key(value, bias_form(node.name))] = plan.matrix[node.name].quantize_bias(data)
             elif node.op == OpType.Where and pos == 0:
                 forms.update({const_key(value, form): mask for form, mask in where_masks(data).items()})
             elif data.dtype == np.float32:

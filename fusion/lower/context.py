@@ -52,7 +52,7 @@ class LowerContext:
 
     def dtype(self, value: str) -> DType:
         if (form := split_const_key(value)) is not None:
-            return FORM_DTYPES[form[0]]
+            return form_dtype(form[0])
         return storage_dtype(self.graph, self.plan, value)
 
     def view(self, value: str) -> View:
@@ -66,7 +66,7 @@ class LowerContext:
         return dense(self.addresses[value], self.graph.types[value].shape, self.dtype(value))
 
     def const_view(self, value: str, form: str) -> View:
-        return dense(self.addresses[const_key(value, form)], self.graph.types[value].shape, FORM_DTYPES[form])
+        return dense(self.addresses[const_key(value, form)], self.graph.types[value].shape, form_dtype(form))
 
     def matrix(self, node: Node) -> MatrixQuant:
         assert self.plan is not None
@@ -78,6 +78,17 @@ class LowerContext:
 
 def const_key(value: str, form: str) -> str:
     return f"const:{form}:{value}"
+
+
+def bias_form(node: str) -> str:
+    """The form of an int32 bias as matrix node `node` adds it. Per node: two nodes sharing one bias constant (CSE
+    merges equal ones) quantize it at their own scales and bias corrections, so one key per value would give one of
+    them the other's bias."""
+    return f"{CONST_BIAS}@{node}"
+
+
+def form_dtype(form: str) -> DType:
+    return FORM_DTYPES[form.partition("@")[0]]
 
 
 def split_const_key(key: str) -> tuple[str, str] | None:

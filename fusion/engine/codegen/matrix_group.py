@@ -20,7 +20,7 @@ from fusion.engine.codegen.gemm import FusedGemm, Schedule, fused_gemm_steps, ro
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
-from fusion.lower.context import CONST_BIAS, LowerContext, const_key
+from fusion.lower.context import LowerContext, bias_form, const_key
 from fusion.lower.emitter import Step
 from fusion.lower.kernels.gemm import Operand
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
@@ -184,7 +184,7 @@ def _bias(cx: LowerContext, head: Node, value: str, n: int) -> View:
         view = bias_view(cx, head)
         assert view is not None
     elif cx.int8:  # an absorbed Add's bias, quantized to accumulator units by the engine's DRAM image
-        view = cx.const_view(value, CONST_BIAS)
+        view = cx.const_view(value, bias_form(head.name))
     else:
         view = cx.view(value)
     if view.size != n:

@@ -9,7 +9,7 @@ import numpy as np
 
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
-from fusion.lower.context import CONST_BIAS, CONST_I8, LowerContext, const_key
+from fusion.lower.context import CONST_I8, LowerContext, bias_form, const_key
 from fusion.lower.emitter import Step
 from fusion.lower.errors import LoweringError
 from fusion.lower.kernels.gemm import Gemm, Operand, gemm_steps
@@ -57,7 +57,7 @@ def bias_view(cx: LowerContext, node: Node) -> View | None:
     if len(node.inputs) < 3:
         return None
     value = node.inputs[2]
-    return cx.const_view(value, CONST_BIAS) if cx.int8 else cx.view(value)
+    return cx.const_view(value, bias_form(node.name)) if cx.int8 else cx.view(value)
 
 
 def _scales(cx: LowerContext, node: Node) -> tuple[float | None, float | None]:

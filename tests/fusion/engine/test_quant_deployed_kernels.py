@@ -64,3 +64,31 @@ def test_resnet_block_is_bit_exact_in_every_policy(policy: str) -> None:
     for out in graph.outputs:
         np.testing.assert_array_equal(result.outputs[out], want[out])
     assert not engine.events
+
+
+def _two_convs_one_bias(seed: int = 7):
+    """Two Convs reading one bias constant (as CSE leaves equal biases) at very different input scales."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("shared_bias")
+    x = b.input("x", (1, 8, 6, 6))
+    bias = b.constant((rng.standard_normal(16) * 0.5).astype(np.float32), "b")
+    attrs = {"dilations": (1, 1), "group": 1, "pads": (1, 1, 1, 1), "strides": (1, 1)}
+    w1 = b.constant((rng.standard_normal((16, 8, 3, 3)) * 0.1).astype(np.float32), "w1")
+    w2 = b.constant((rng.standard_normal((16, 16, 3, 3)) * 0.01).astype(np.float32), "w2")
+    h = b.op(OpType.Relu, b.op(OpType.Conv, x, w1, bias, name="conv1", **attrs), name="relu1")
+    b.output(b.op(OpType.Conv, b.op(OpType.Mul, h, h, name="square"), w2, bias, name="conv2", **attrs))
+    return b.build(), {"x": (rng.standard_normal((1, 8, 6, 6)) * 4).astype(np.float32)}
+
+
+@pytest.mark.parametrize("policy", ["none", "dynamic"])
+@pytest.mark.parametrize("execution", ["host", "program"])
+def test_a_bias_shared_by_two_convs_is_quantized_per_conv(policy: str, execution: str) -> None:
+    graph, inputs = _two_convs_one_bias()
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(policy=policy, execution=execution))
+    result = engine.run(inputs)
+    q = engine.mc.qplan.matrix
+    assert not np.array_equal(
+        q["conv1"].quantize_bias(graph.constants["b"]), q["conv2"].quantize_bias(graph.constants["b"])
+    )
+    want = run_quantized(graph, inputs, engine.mc.params)
+    np.testing.assert_array_equal(result.outputs[graph.outputs[0]], want[graph.outputs[0]])
