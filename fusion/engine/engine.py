@@ -39,7 +39,7 @@ from fusion.cost.interface import CostModel, KernelFeatures
 from fusion.engine.cache import KernelCache, kernel_key, schedule_key
 from fusion.engine.context import ModelContext
 from fusion.engine.drift import Drift, DriftThresholds, detect_drift, outgrew_calibration
-from fusion.engine.errors import EngineError
+from fusion.engine.errors import CodegenError, EngineError
 from fusion.engine.execute import KernelRun, run_kernel, to_real
 from fusion.engine.features import kernel_features
 from fusion.engine.footprint import check_fits_dram
@@ -60,6 +60,7 @@ from fusion.graph.hashing import structural_hash
 from fusion.graph.ir import Graph
 from fusion.graph.shapes import with_input_shapes
 from fusion.lower.compiler import check_inputs, check_supported, load_graph
+from fusion.lower.errors import LoweringError
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams
 from simulator.config import MachineConfig, load_config
@@ -576,11 +577,23 @@ class FusionEngine:
             return dense, "dense"
         if dense is choice.zero_skip:
             return dense, "sparse"
+        if not self.variant_builds(c, choice.zero_skip, "sparse"):
+            return dense, "sparse"
         twin, _, key = self._kernel(c.state, choice.zero_skip, "sparse", c.evaluator)
         dense_cycles = choice.predicted_cycles if choice.group is dense else self._predicted(c, dense)
         if self._predict(self._feature_row(c.state, key, twin, choice.zero_skip)) < dense_cycles:
             return choice.zero_skip, "sparse"
         return dense, "sparse"
+
+    def variant_builds(self, c: _Call, group: Group, sparsity: str) -> bool:
+        """Whether a dispatch-table variant can be generated. The planner names a zero-skip twin (or a dense
+        alternative) without building it (`planner._dispatch_variants`); one its generator refuses leaves the table
+        with the planned kernel only, rather than failing the call."""
+        try:
+            self._kernel(c.state, group, sparsity, c.evaluator)
+        except (CodegenError, LoweringError):
+            return False
+        return True
 
     def _predicted(self, c: _Call, group: Group) -> float:
         kernel, _, key = self._kernel(c.state, group, "any", c.evaluator)

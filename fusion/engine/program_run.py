@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -128,8 +128,18 @@ def _with_fallbacks(engine: FusionEngine, c: _Call, replaced: Mapping[tuple[str,
             why = replaced.get(group.nodes, "fusion blocked for this signature after a failed validation")
             out += [GroupChoice(baseline_group(engine.graph.node(n)), 0.0, 0.0, why) for n in group.nodes]
         else:
-            out.append(choice)
+            out.append(_buildable_variants(engine, c, choice))
     return tuple(out)
+
+
+def _buildable_variants(engine: FusionEngine, c: _Call, choice: GroupChoice) -> GroupChoice:
+    """The choice without the dispatch-table variants its generators refuse (`FusionEngine.variant_builds`)."""
+    twin, dense = choice.zero_skip, choice.dense
+    if twin is not None and twin != choice.group and not engine.variant_builds(c, twin, "sparse"):
+        twin = None
+    if dense is not None and dense != choice.group and not engine.variant_builds(c, dense, "any"):
+        dense = None
+    return choice if (twin, dense) == (choice.zero_skip, choice.dense) else replace(choice, zero_skip=twin, dense=dense)
 
 
 def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram:
