@@ -141,6 +141,19 @@ _DMA = (
         "dram[rd] = local[rs1] rows x cols, DRAM row stride rs2 bytes",
         ALL,
     ),
+    _row(
+        "dma.stz",
+        "rd, rs1, rs2, rows, cols, dtype",
+        0x11,
+        1,
+        ST,
+        F,
+        "dma_store",
+        0,
+        "dma.st, and the zero-tile counter += the all-zero N x N tiles of the stored rows x cols (tiled from its "
+        "first row and column; edge tiles partial; f32 -0.0 is zero), counted on the store path at no cost",
+        ALL,
+    ),
 )
 
 # --- systolic matrix unit ------------------------------------------------------------------
@@ -423,6 +436,28 @@ _CONTROL = (
         "dispatch",
         1,
         "if rs1 < ncase: pc = dram32[table + 4 * rs1], else fall through",
+    ),
+    _row(
+        "zc.clr",
+        "",
+        0x52,
+        0,
+        ST,
+        F,
+        "zero_count_clear",
+        0,
+        "zero-tile counter = 0, in order with the stores (it enters the store queue)",
+    ),
+    _row(
+        "zc.rd",
+        "rd",
+        0x52,
+        1,
+        SC,
+        F,
+        "zero_count_read",
+        1,
+        "rd = the zero-tile counter, once every earlier dma.stz has finished (issue waits for them)",
     ),
 )
 
