@@ -201,6 +201,10 @@ class Engine:
         self.open: tuple[Op, int] | None = None  # an mx.mms whose finish waits for FIFO room, with its last row
         self.matrix = MatrixPipe(cfg)
         self.behind_open: dict[int, int] = {}  # bank -> latest finish of matrix ops on it while an mx.mms is open
+        # the store path's zero-tile counter: `dma.stz` adds (at issue, like all data work), `zc.clr` clears, and
+        # `zc.rd` waits for the last `dma.stz` issued (`counted`) before it reads
+        self.zero_tiles = 0
+        self.counted: Op | None = None
 
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""

@@ -177,6 +177,18 @@ def branch_cycles(cfg: MachineConfig, taken: bool) -> int:
     return 1 + (cfg.branch_penalty if taken else 0)
 
 
+def zero_count_clear_cycles(cfg: MachineConfig) -> int:
+    """`zero_count_clear` (`zc.clr`): the store queue passes it on at once, in order with the stores."""
+    return 0
+
+
+def zero_count_read_start(ready: int, counted: int) -> int:
+    """Earliest issue of a `zero_count_read` (`zc.rd`): the counter is complete once the last `dma.stz` issued
+    before it has finished (`counted`: its finish; its zero-tile count is combinational on the store path, so it
+    adds no cycle to the store). It then costs `scalar_cycles`."""
+    return max(ready, counted)
+
+
 def scalar_mem_cycles(cfg: MachineConfig) -> int:
     """`scalar_mem` (`lw`, `sw`): issue stalls for the DRAM latency."""
     return 1 + cfg.dram_latency
@@ -206,4 +218,6 @@ TIMING_RULES: dict[str, Callable[..., int]] = {
     "loop": scalar_cycles,
     "control": scalar_cycles,
     "scalar_mem": scalar_mem_cycles,
+    "zero_count_clear": zero_count_clear_cycles,
+    "zero_count_read": scalar_cycles,
 }

@@ -8,7 +8,8 @@ from isa import Instruction
 from isa.enums import DType
 from simulator.engine import LOAD, S_DRAM_RD, S_DRAM_WR, STORE
 from simulator.semantics.scalar import unsigned32
-from simulator.timing import dma_cycles, dma_transfer_cycles, dma_transposed_cycles
+from simulator.semantics.store import zero_tiles
+from simulator.timing import dma_cycles, dma_transfer_cycles, dma_transposed_cycles, zero_count_clear_cycles
 
 if TYPE_CHECKING:
     from simulator.machine import Builder, Machine, Step
@@ -41,20 +42,43 @@ def dma_load(transposed: bool) -> Builder:
     return build
 
 
-def dma_store(m: Machine, pc: int, ins: Instruction) -> Step:
-    rd, rs1, rs2, rows, cols, dtype = ins.values
-    dt = DType(dtype).numpy
-    row_bytes, x, nxt, row, cfg = cols * dt.itemsize, m.x, pc + 1, m.row(pc), m.cfg
+def dma_store(counting: bool) -> Builder:
+    """`dma.st` / `dma.stz`: a dense local tile to strided DRAM; `dma.stz` also adds the tile's all-zero N x N
+    tiles to the zero-tile counter (no extra cycle: the count is combinational on the store path)."""
+
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        rd, rs1, rs2, rows, cols, dtype = ins.values
+        dt = DType(dtype).numpy
+        row_bytes, x, nxt, row, cfg, engine = cols * dt.itemsize, m.x, pc + 1, m.row(pc), m.cfg, m.engine
+        n = cfg.array_size
+
+        def step() -> int:
+            dst, stride = unsigned32(x[rd]), unsigned32(x[rs2])
+            dest = m.mem.dram_rows(dst, rows, row_bytes, stride, dt.itemsize)
+            values = m.read_local(x[rs1], rows * cols, dt, row)
+            m.check_dram(dst, rows, row_bytes, stride, write=True)
+            dest[...] = values.view(dest.dtype).reshape(rows, row_bytes)
+            row[S_DRAM_WR] += rows * row_bytes
+            dur = dma_cycles(cfg, rows, row_bytes, stride)
+            op = m.dma_op(STORE, pc, dur, dma_transfer_cycles(cfg, rows, row_bytes, stride), 0, row)
+            if counting:
+                engine.zero_tiles += zero_tiles(values.reshape(rows, cols), n)
+                engine.counted = op
+            m.submit(op)
+            return nxt
+
+        return step
+
+    return build
+
+
+def zero_count_clear(m: Machine, pc: int, ins: Instruction) -> Step:
+    """`zc.clr`: the counter restarts from zero, behind every store issued before it (it enters the store queue)."""
+    nxt, row, engine, cost = pc + 1, m.row(pc), m.engine, zero_count_clear_cycles(m.cfg)
 
     def step() -> int:
-        dst, stride = unsigned32(x[rd]), unsigned32(x[rs2])
-        dest = m.mem.dram_rows(dst, rows, row_bytes, stride, dt.itemsize)
-        values = m.read_local(x[rs1], rows * cols, dt, row)
-        m.check_dram(dst, rows, row_bytes, stride, write=True)
-        dest[...] = values.view(dest.dtype).reshape(rows, row_bytes)
-        row[S_DRAM_WR] += rows * row_bytes
-        dur = dma_cycles(cfg, rows, row_bytes, stride)
-        m.submit(m.dma_op(STORE, pc, dur, dma_transfer_cycles(cfg, rows, row_bytes, stride), 0, row))
+        engine.zero_tiles = 0
+        m.submit(m.unit_op(STORE, pc, cost, row))
         return nxt
 
     return step

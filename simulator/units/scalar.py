@@ -11,7 +11,7 @@ from simulator.counters import read_counter
 from simulator.engine import POP, S_DRAM, S_DRAM_RD, S_DRAM_WR, S_FENCE, S_TAKEN, S_TOKEN, retired_token
 from simulator.errors import Fault
 from simulator.semantics.scalar import ALU, BRANCH_CONDITIONS, unsigned32, wrap32
-from simulator.timing import branch_cycles, scalar_cycles, scalar_mem_cycles, sync_cycles
+from simulator.timing import branch_cycles, scalar_cycles, scalar_mem_cycles, sync_cycles, zero_count_read_start
 
 if TYPE_CHECKING:
     from simulator.machine import Builder, Machine, Step
@@ -289,6 +289,28 @@ def zero_test(branch_if_zero: bool) -> Builder:
         return step
 
     return build
+
+
+def zero_count_read(m: Machine, pc: int, ins: Instruction) -> Step:
+    """`zc.rd`: the zero-tile counter, once the last `dma.stz` issued before it has finished (the wait is counted
+    as a token stall: the scalar core waits for the store unit)."""
+    (rd,) = ins.values
+    x, nxt, row, cost, engine = m.x, pc + 1, m.row(pc), scalar_cycles(m.cfg), m.engine
+
+    def step() -> int:
+        counted = engine.counted
+        if counted is not None:
+            engine.wait_for(counted)
+            start = zero_count_read_start(m.now, counted.finish)
+            row[S_TOKEN] += start - m.now
+            m.now = start
+        x[rd] = wrap32(engine.zero_tiles)
+        x[0] = 0
+        m.now += cost
+        m.watchdog()
+        return nxt
+
+    return step
 
 
 def dispatch(m: Machine, pc: int, ins: Instruction) -> Step:
