@@ -23,11 +23,14 @@ start only when it has finished. Here the plan is linked into one binary:
   encoder, e.g. encoder_pre_d64 int8 17552 -> 17659 cycles). Every joined boundary's tokens are all popped by
   the next kernel's first steps, so the load queue (in order) holds any later load behind every earlier
   kernel's stores;
-- on-chip dispatch (`_measure`): for a group with dense and zero-skip variants the program measures the live
-  operand on chip (one DMA into the scratchpad, then `bnz.tile` over each N x N tile's rows, counting all-zero
-  tiles exactly as `profile.zero_tile_fraction` does) and jumps through a `dispatch` table to the variant: the
-  zero-skip one from `threshold` zero tiles up (the cost model's break-even at the live fraction), else the
-  dense one. The choice is made per call by the accelerator, without the host.
+- on-chip dispatch: for a group with dense and zero-skip variants the program counts the live operand's all-zero
+  N x N tiles on chip (the tiles of `profile.zero_tile_fraction`) and jumps through a `dispatch` table to the
+  variant: the zero-skip one from `threshold` zero tiles up (the cost model's break-even at the live fraction),
+  else the dense one. The choice is made per call by the accelerator, without the host. The count comes from the
+  store path where a kernel of the program writes the operand (`_count`: its stores of the operand are
+  `dma.stz`, which add the stored block's zero tiles to the zero-tile counter, cleared by `zc.clr` before it;
+  the dispatcher is `zc.rd`, `slti`, `dispatch`); else (a graph input, stores not on the tile grid) the operand
+  is measured (`_measure`: one DMA into the scratchpad, then `bnz.tile` over each tile's rows).
 """
 
 from __future__ import annotations
@@ -56,10 +59,11 @@ from fusion.lower import declare, plan_dram, symbol_names
 from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.local_alloc import DEPTH
-from fusion.lower.views import View
+from fusion.lower.views import MAX_COLS, MAX_ROWS, Transfer, View
 from isa.enums import Unit
 from simulator.config import MachineConfig
 from simulator.run import simulate
+from simulator.timing import branch_cycles, scalar_cycles
 
 MAX_TILE_TESTS = 1 << 16  # unrolled `bnz.tile` tests of one dispatcher (bounds the program's size)
 TABLE = "dispatch_table"  # data-section key prefix of a dispatch table (two words: zero-skip, dense)
@@ -78,6 +82,9 @@ class Dispatch:
     zero_skip: str
     dense_group: Group
     zero_skip_group: Group
+    producer: int | None = None  # plan position of the kernel whose counting stores give the count (None: measured)
+    measurable: bool = True  # the operand fits the scratchpad and the tile tests' bound (`_measure`)
+    dense_cycles: float = 0.0  # the dense kernel's prediction (the budget's base)
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,7 @@ class ProgramRun:
     kernel_cycles: dict[str, int]  # `.kernel` name -> its share of the timeline
     kernel_counters: dict[str, Any]  # `.kernel` name -> its counters (`RunResult.kernel_counters`)
     decisions: tuple[tuple[int, Group], ...]  # (plan position, the variant that ran) per on-chip dispatch
-    dispatch_cycles: int  # cycles of the measuring code (the on-chip dispatch overhead)
+    dispatch_cycles: int  # cycles of the counting and measuring code (the on-chip dispatch overhead)
     dram_bytes: int
     energy_pj: float
     counters: object
@@ -158,32 +165,41 @@ def link_plan(
     join: bool = True,
     fenced: frozenset[int] = frozenset(),
     dispatch_budget: float = DISPATCH_BUDGET,
+    counter: bool = True,
 ) -> LinkedProgram:
     """The plan's kernels linked into one program (module docstring). `prefer`: the variants' predictions for
     on-chip dispatch (None: every group runs its planned variant; `dispatch_budget`: see `_table`);
-    `join=False` or plan positions in `fenced` keep a fence after those kernels (the overlap's measurement)."""
+    `join=False` or plan positions in `fenced` keep a fence after those kernels (the overlap's measurement);
+    `counter=False`: every dispatch measures its operand (`_measure`), none reads the store-side counter."""
     cfg, graph = mc.config, mc.graph
     entries: list[tuple[int, Group | Dispatch]] = []
     for i, choice in enumerate(choices):
         if not strategy_of(choice.group).host_view:
-            table = _table(mc, i, choice, prefer, dispatch_budget) if prefer is not None else None
+            writer = _writer(mc, choices, i) if counter else None
+            table = _table(mc, i, choice, prefer, dispatch_budget, writer) if prefer is not None else None
             entries.append((i, table if table is not None else choice.group))
-    blocks_groups = [
-        (i, g) for i, e in entries for g in ((e.dense_group, e.zero_skip_group) if isinstance(e, Dispatch) else (e,))
-    ]
-    tables = {i: e for i, e in entries if isinstance(e, Dispatch)}
+
+    def groups_of(e: Group | Dispatch) -> tuple[Group, ...]:
+        return (e.dense_group, e.zero_skip_group) if isinstance(e, Dispatch) else (e,)
+
     # the dispatch tables first: `dispatch` holds a table's address in 24 bits, the constants may pass 16 MiB
-    forms: dict[str, np.ndarray] = {f"{TABLE}{i}": np.zeros(1, np.int32) for i in tables}
+    forms: dict[str, np.ndarray] = {f"{TABLE}{i}": np.zeros(1, np.int32) for i, e in entries if isinstance(e, Dispatch)}
     scratch: dict[str, int] = {}
-    for _, g in blocks_groups:
-        more, extra = dram_forms(mc, mc.subgraph(g.nodes), g)
-        _check_one_image(forms, more, g)
-        forms.update(more)
-        scratch.update(extra)
+    for _, e in entries:
+        for g in groups_of(e):
+            more, extra = dram_forms(mc, mc.subgraph(g.nodes), g)
+            _check_one_image(forms, more, g)
+            forms.update(more)
+            scratch.update(extra)
     data, addresses, _ = plan_dram(graph, mc.qplan, cfg, forms, whole_program=True, scratch=scratch)
     _place_views(mc, addresses)
     names = symbol_names(_values(mc))
     gcx = LowerContext(graph, cfg, mc.qplan, mc.params, addresses)
+    entries = _counted(mc, gcx, choices, entries, dispatch_budget, groups_of)
+    blocks_groups = [(i, g) for i, e in entries for g in groups_of(e)]
+    tables = {i: e for i, e in entries if isinstance(e, Dispatch)}
+    counted = {gcx.view(d.operand) for d in tables.values() if d.producer is not None}
+    counted_at = {d.producer for d in tables.values() if d.producer is not None}
     kernel_names = symbol_names([_kernel_name(g) for _, g in blocks_groups], reserved=("program_io",))
 
     def generate(g: Group, rotation: int) -> tuple[list[list[Step]], LowerContext]:
@@ -236,7 +252,7 @@ def link_plan(
         name = kernel_names[_kernel_name(g)]
         with b.kernel(name, inputs=ins, outputs=kouts, attrs=attrs):
             b.label(f"{name}__entry")
-            em = _KernelEmitter(b, numbers)
+            em = _KernelEmitter(b, numbers, frozenset(counted), cfg.array_size)
             for p, steps in enumerate(phases):
                 run_pipeline(em, steps)
                 if p < len(phases) - 1 or k == len(blocks) - 1 or not boundaries[k].joined:
@@ -245,11 +261,16 @@ def link_plan(
     k = 0
     for i, _ in entries:
         if i not in by_index:
+            if i in counted_at:
+                _clear(b, kernel_names[_kernel_name(blocks[k][1])])
             emit(k)
             k += 1
             continue
         d = by_index[i]
-        _measure(b, mc, gcx.view(d.operand), d)
+        if d.producer is None:
+            _measure(b, mc, gcx.view(d.operand), d, clear=i in counted_at)
+        else:
+            _count(b, d, clear=i in counted_at)
         emit(k)  # dense: the fall-through
         b.jal(0, f".Ljoin{i}")
         emit(k + 1)  # zero-skip: the table's target
@@ -276,21 +297,39 @@ def _check_one_image(forms: Mapping[str, np.ndarray], more: Mapping[str, np.ndar
 
 class _KernelEmitter(Emitter):
     """A kernel's emitter in the linked program: a fresh register cache (control flow joins at dispatches), local
-    labels numbered program-wide (several kernels' generators use the same label prefixes)."""
+    labels numbered program-wide (several kernels' generators use the same label prefixes); stores into a counted
+    operand are `dma.stz` (`_counted` checked that they lie on its tile grid)."""
 
-    def __init__(self, builder: ProgramBuilder, numbers: Iterator[int]) -> None:
+    def __init__(
+        self, builder: ProgramBuilder, numbers: Iterator[int], counted: frozenset[View] = frozenset(), n: int = 0
+    ) -> None:
         super().__init__(builder)
         self._numbers = numbers
+        self._counted = [_extent(v) for v in counted]
+        self._n = n
 
     def local_label(self, prefix: str) -> str:
         return f".L{prefix}{next(self._numbers)}"
 
+    def dma_store(self, local: int, view: View) -> None:
+        lo, hi = _extent(view)
+        grid = _grid_transfers(view, self._n) if any(lo < b and a < hi for a, b in self._counted) else None
+        if grid is None:
+            super().dma_store(local, view)
+            return
+        for t in grid:
+            loc, dram, stride = self._operands(local, t, view.dtype)
+            self.b.dma_stz(dram, loc, stride, t.rows, t.cols, view.dtype.name)
 
-def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer, budget: float) -> Dispatch | None:
+
+def _table(
+    mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer, budget: float, writer: int | None
+) -> Dispatch | None:
     """The on-chip dispatch of a choice with dense and zero-skip variants; None when it has none, when the
-    zero-skip variant never pays (the dense one runs), when the measurement (`measure_cycles`, paid on every
-    call) exceeds `budget` x the dense kernel's predicted cycles, or when the operand cannot be measured on
-    chip."""
+    zero-skip variant never pays (the dense one runs), when the count (`count_cycles` if a kernel at plan position
+    `writer` writes the operand, else `measure_cycles`; paid on every call) exceeds `budget` x the dense kernel's
+    predicted cycles, or when the operand cannot be measured on chip. `_counted` then keeps a dispatch whose
+    writer's stores cannot count only if its measurement fits the budget."""
     pair = variants(choice)
     if pair is None:
         return None
@@ -301,14 +340,128 @@ def _table(mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer, bu
     rows, cols = _matrix(mc.graph.types[operand].shape)
     n = mc.config.array_size
     es = storage_dtype(mc.graph, mc.qplan, operand).size  # (an int8 model's graph inputs stay float32)
-    if rows * cols * es > mc.config.spad_bytes or rows * -(-cols // n) > MAX_TILE_TESTS:
+    measurable = rows * cols * es <= mc.config.spad_bytes and rows * -(-cols // n) <= MAX_TILE_TESTS
+    if writer is None and not measurable:
         return None
     tiles = -(-rows // n) * -(-cols // n)
     at = threshold(choice, tiles, prefer)
-    if at is None or measure_cycles(mc.config, rows, cols, es) > budget * prefer(choice, 1.0)[0]:
-        return None  # never pays, or measuring on every call would cost more than the budget on dense data
+    cost = count_cycles(mc.config) if writer is not None else measure_cycles(mc.config, rows, cols, es)
+    if at is None or cost > budget * prefer(choice, 1.0)[0]:
+        return None  # never pays, or counting on every call would cost more than the budget on dense data
     name = identifier(f"dispatch_{dense.nodes[0]}")
-    return Dispatch(index, operand, tiles, at, name, _kernel_name(dense), _kernel_name(zero_skip), dense, zero_skip)
+    d = Dispatch(index, operand, tiles, at, name, _kernel_name(dense), _kernel_name(zero_skip), dense, zero_skip)
+    return replace(d, producer=writer, measurable=measurable, dense_cycles=prefer(choice, 1.0)[0])
+
+
+def _writer(mc: ModelContext, choices: Sequence[GroupChoice], index: int) -> int | None:
+    """The plan position (before `index`) of the kernel that writes the GEMM operand of choice `index` (through
+    views: a view's bytes are its input's), or None (a graph input, a constant, no dispatch)."""
+    pair = variants(choices[index])
+    if pair is None:
+        return None
+    value = mc.graph.node(pair[0].nodes[0]).inputs[0]
+    for p in range(index - 1, -1, -1):
+        group = choices[p].group
+        if value not in mc.subgraph(group.nodes).outputs:
+            continue
+        if not strategy_of(group).host_view:
+            return p
+        value = mc.graph.node(group.nodes[0]).inputs[0]
+    return None
+
+
+def count_cycles(cfg: MachineConfig) -> int:
+    """The counting dispatcher's cycles when the counter is complete (`zc.rd`, `slti`, a taken `dispatch`), plus
+    the `zc.clr` before its operand's writer."""
+    return 3 * scalar_cycles(cfg) + branch_cycles(cfg, True)
+
+
+def _counted(
+    mc: ModelContext,
+    cx: LowerContext,
+    choices: Sequence[GroupChoice],
+    entries: list[tuple[int, Group | Dispatch]],
+    budget: float,
+    groups_of: Callable[[Group | Dispatch], tuple[Group, ...]],
+) -> list[tuple[int, Group | Dispatch]]:
+    """Settle which dispatches read the store-side counter. One counter: a dispatch may read it when every store
+    of its operand by its writer's kernels lies on the operand's N x N tile grid (each tile stored whole, once:
+    the counts then add up to the operand's zero tiles) and no other counted writer runs between its writer and
+    it (`zc.clr` before each counted writer). The others measure their operand (`producer` None) if that fits the
+    budget and the scratchpad, else run the planned variant."""
+    by_index = dict(entries)
+    out, spans = [], []  # spans: (writer, dispatch) of the counting dispatches so far
+    for i, e in entries:
+        if not isinstance(e, Dispatch) or e.producer is None:
+            out.append((i, e))
+            continue
+        p = e.producer
+        writers = {q for q, _ in spans}
+        free = not any(p < q < i for q in writers - {p}) and not any(q < p < j for q, j in spans)
+        view = cx.view(e.operand)
+        if free and all(_on_tile_grid(mc, cx.addresses, g, view) for g in groups_of(by_index[p])):
+            spans.append((p, i))
+            out.append((i, e))
+            continue
+        rows, cols = _matrix(view.shape)
+        fits = e.measurable and measure_cycles(mc.config, rows, cols, view.dtype.size) <= budget * e.dense_cycles
+        out.append((i, replace(e, producer=None) if fits else choices[i].group))
+    return out
+
+
+def _extent(view: View) -> tuple[int, int]:
+    return view.address, view.address + int(np.prod(view.shape, dtype=np.int64)) * view.dtype.size
+
+
+def _grid_transfers(view: View, n: int) -> list[Transfer] | None:
+    """A store of `view` as `dma.stz` transfers in its own matrix geometry (leading dims as rows, the last as
+    columns: the counter tiles each transfer from its first row and column), rows split at multiples of N; None
+    when the view is not such a matrix (its last dim strided or too long, leading dims that do not merge)."""
+    es = view.dtype.size
+    shape, strides = list(view.shape) or [1], list(view.strides) or [es]
+    cols = shape[-1]
+    lead = [(d, s) for d, s in zip(shape[:-1], strides[:-1], strict=True) if d != 1]
+    if (strides[-1] != es and cols > 1) or cols > MAX_COLS or n <= 0:
+        return None
+    if any(s != d2 * s2 for (_, s), (d2, s2) in itertools.pairwise(lead)):
+        return None
+    rows = int(np.prod([d for d, _ in lead], dtype=np.int64)) if lead else 1
+    stride = lead[-1][1] if lead else cols * es
+    chunk = MAX_ROWS // n * n
+    return [
+        Transfer(view.address + r0 * stride, min(chunk, rows - r0), cols, stride, r0 * cols)
+        for r0 in range(0, rows, chunk)
+    ]
+
+
+def _on_tile_grid(mc: ModelContext, addresses: Mapping[str, int], group: Group, operand: View) -> bool:
+    """Whether every store of `group`'s kernel into the operand's bytes is a block of its matrix view (rows x last
+    dim) that starts on the N x N tile grid and ends on it or at the matrix's edge, and every tile is stored exactly
+    once: then the `dma.stz` counts add up to the operand's all-zero tiles."""
+    n, es = mc.config.array_size, operand.dtype.size
+    rows, cols = _matrix(operand.shape)
+    lo, hi = _extent(operand)
+    covered = np.zeros((-(-rows // n), -(-cols // n)), dtype=np.int64)
+    sub = mc.subgraph(group.nodes)
+    cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
+    for phase in group_phases(cx, sub.nodes, group, mc.allow_rounding_change):
+        for step in phase:
+            for _, view in step.stores:
+                start, end = _extent(view)
+                if not (start < hi and lo < end):
+                    continue
+                grid = _grid_transfers(view, n)
+                if grid is None or view.dtype != operand.dtype:
+                    return False
+                for t in grid:
+                    r, c = divmod((t.dram - lo) // es, cols)
+                    aligned = (t.dram - lo) % es == 0 and r % n == 0 and c % n == 0
+                    shaped = (t.rows == 1 or t.stride == cols * es) and c + t.cols <= cols and r + t.rows <= rows
+                    edges = (t.rows % n == 0 or r + t.rows == rows) and (t.cols % n == 0 or c + t.cols == cols)
+                    if not (aligned and shaped and edges):
+                        return False
+                    covered[r // n : -(-(r + t.rows) // n), c // n : -(-(c + t.cols) // n)] += 1
+    return bool((covered == 1).all())
 
 
 def measure_cycles(cfg: MachineConfig, rows: int, cols: int, es: int) -> int:
@@ -373,13 +526,34 @@ def _matrix(shape: Sequence[int]) -> tuple[int, int]:
     return int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
 
 
-def _measure(b: ProgramBuilder, mc: ModelContext, view: View, d: Dispatch) -> None:
+def _clear(b: ProgramBuilder, kernel: str) -> None:
+    """`zc.clr` before a counted operand's writer (its own block: its cycle is the count's, not the kernel's)."""
+    with b.kernel(identifier(f"count_{kernel}"), attrs={"strategy": "dispatch"}):
+        b.zc_clr()
+
+
+def _count(b: ProgramBuilder, d: Dispatch, clear: bool) -> None:
+    """Read the zero tiles the operand's writer counted as it stored them; from `d.threshold` of them jump through
+    the table to the zero-skip variant, else fall through to the dense one. `clear`: this group's variants write a
+    counted operand (the counter restarts after the read)."""
+    attrs = {"strategy": "dispatch", "tiles": str(d.tiles), "threshold": str(d.threshold), "count": "store"}
+    with b.kernel(d.kernel, attrs=attrs):
+        b.zc_rd(30)  # waits for the writer's last counting store
+        if clear:
+            b.zc_clr()
+        b.slti(30, 30, d.threshold)  # 0: at least `threshold` zero tiles
+        b.dispatch(30, f"{TABLE}{d.index}", 1)  # key 0 -> the zero-skip variant; 1 falls through to dense
+
+
+def _measure(b: ProgramBuilder, mc: ModelContext, view: View, d: Dispatch, clear: bool) -> None:
     """Count the operand's all-zero N x N tiles on chip; from `d.threshold` of them jump through the table to the
-    zero-skip variant, else fall through to the dense one."""
+    zero-skip variant, else fall through to the dense one. `clear`: as in `_count`."""
     rows, cols = _matrix(view.shape)
     n, es = mc.config.array_size, view.dtype.size
     with b.kernel(d.kernel, attrs={"strategy": "dispatch", "tiles": str(d.tiles), "threshold": str(d.threshold)}):
         b.fence()  # the operand's producer has stored it, and no kernel uses the scratchpad any more
+        if clear:
+            b.zc_clr()
         em = Emitter(b)
         em.dma_load(view, 0)
         em.push(Unit.load, Unit.scalar)
@@ -443,7 +617,7 @@ def run_program(
         {k: int(v.cycle) for k, v in per.items()},
         per,
         decisions,
-        sum(int(per[d.kernel].cycle) for d in linked.dispatches),
+        sum(int(per[k.name].cycle) for k in linked.program.kernels if k.attr("strategy") == "dispatch"),
         int(c.dram_read_bytes) + int(c.dram_write_bytes),
         float(c.energy_total_pj),
         c,
