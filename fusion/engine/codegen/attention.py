@@ -48,7 +48,7 @@ from fusion.engine.attention_match import (
     output_map,
     scalar_constant,
 )
-from fusion.engine.codegen.chain import Registers, _emit_node, operands
+from fusion.engine.codegen.chain import Registers, emit_node, operands
 from fusion.engine.codegen.gemm import _quantizer
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
@@ -833,7 +833,7 @@ def _emit_recipe(cx: LowerContext, em: Emitter, regs: Registers, node: Node, per
     ins = [o for (name, _), o in table.items() if name == node.name]
     if any(o.kind not in ("chain", "scalar") for o in ins):
         raise CodegenError(f"node {node.name!r}: only a scalar constant scales the scores")
-    out = _emit_node(em, node, ins, regs, period)
+    out = emit_node(em, node, ins, regs, period)
     regs.release(regs.of[src])
     return out
 

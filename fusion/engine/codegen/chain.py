@@ -219,16 +219,10 @@ def emit_chain(
     last_use = {o.value: node.name for node in nodes for (name, _), o in table.items() if name == node.name}
     for value in addr:  # load external operands once
         view_len = period if table_kind(table, value) == "row" else n
-        reg = regs.new(value)
-        if cx.dtype(value) is DType.i8:
-            em.b.vc_ld(reg, em.reg(addr[value]), view_len, "i8")
-            em.b.vc_cvt(reg, reg, "f32")
-            em.b.vc_mul_vs(reg, reg, em.reg(f32_bits(cx.scale(value))))
-        else:
-            em.b.vc_ld(reg, em.reg(addr[value]), view_len, "f32")
+        load_register(cx, em, regs.new(value), value, addr[value], view_len)
     for node in nodes:
         ins = [o for (name, _), o in table.items() if name == node.name]
-        out = _emit_node(em, node, ins, regs, period)
+        out = emit_node(em, node, ins, regs, period)
         for o in ins:
             if o.kind not in ("scalar", "unit") and last_use.get(o.value) == node.name and o.value in regs.of:
                 regs.release(regs.of[o.value])
@@ -236,11 +230,22 @@ def emit_chain(
     em.b.vc_st(em.reg(out_addr), regs.of[nodes[-1].outputs[0]])
 
 
+def load_register(cx: LowerContext, em: Emitter, reg: int, value: str, local: int, n: int) -> None:
+    """`n` elements of a value at a local address into a register as float32 (int8: dequantized at its scale)."""
+    if cx.dtype(value) is DType.i8:
+        em.b.vc_ld(reg, em.reg(local), n, "i8")
+        em.b.vc_cvt(reg, reg, "f32")
+        em.b.vc_mul_vs(reg, reg, em.reg(f32_bits(cx.scale(value))))
+    else:
+        em.b.vc_ld(reg, em.reg(local), n, "f32")
+
+
 def table_kind(table: dict, value: str) -> str:
     return next(o.kind for o in table.values() if o.value == value)
 
 
-def _emit_node(em: Emitter, node: Node, ins: list[Operand], regs: Registers, period: int) -> int:
+def emit_node(em: Emitter, node: Node, ins: list[Operand], regs: Registers, period: int) -> int:
+    """One node register to register (its recipe); returns the result's register."""
     if ins[0].kind == "unit":  # Div(1, y)
         out = regs.temp()
         RegisterForm(em, regs).op("recip", out, regs.of[ins[1].value])

@@ -123,3 +123,24 @@ def conv_graph(n, c, cout, spatial, kernel, strides, dilations, pads, groups, re
         names += ("relu",)
     b.output(h)
     return b.build(), names
+
+
+def rotary_graph(lead: tuple[int, ...], s: int, d: int, split: int, swap: bool, seed: int = 0) -> Graph:
+    """x = (a @ W) seen as (*lead, s, d); out = x * cos + Concat(-x[..., split:], x[..., :split]) * sin (swap:
+    Concat(x[..., split:], -x[..., :split])), cos and sin (s, d) constants broadcast over the leading axes."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("rotary")
+    a = b.input("a", (*lead, s, 8))
+    x = b.op(OpType.MatMul, a, b.constant(rng.standard_normal((8, d)).astype(np.float32)), name="proj")
+    angle = rng.uniform(0, 6.3, (s, d)).astype(np.float32)
+    cos, sin = b.constant(np.cos(angle)), b.constant(np.sin(angle))
+    rank = len(lead) + 2
+    lo = b.op(OpType.Slice, x, axes=(rank - 1,), starts=(0,), ends=(split,), steps=(1,), name="lo")
+    hi = b.op(OpType.Slice, x, axes=(rank - 1,), starts=(split,), ends=(d,), steps=(1,), name="hi")
+    if swap:
+        rot = b.op(OpType.Concat, hi, b.op(OpType.Neg, lo, name="neg"), axis=rank - 1, name="cat")
+    else:
+        rot = b.op(OpType.Concat, b.op(OpType.Neg, hi, name="neg"), lo, axis=rank - 1, name="cat")
+    xc = b.op(OpType.Mul, x, cos, name="xcos")
+    b.output(b.op(OpType.Add, xc, b.op(OpType.Mul, rot, sin, name="rsin"), name="out"))
+    return b.build()

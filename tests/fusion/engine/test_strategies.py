@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from engine_helpers import context, gated_mlp_graph, model
+from engine_helpers import context, gated_mlp_graph, model, rotary_graph
 
 from fusion.cost import AnalyticCostModel
 from fusion.engine.candidates import enumerate_candidates, schedules, zero_skip_twin
@@ -26,7 +26,9 @@ def built() -> dict[str, list]:
     """Strategy name -> (context, kernel) of every group of it that builds on the bundled models (int8)."""
     out: dict[str, list] = {name: [] for name in REGISTRY}
     gated = gated_mlp_graph((1,), 16, 32, 32, "silu")  # a gated MLP (LLaMA's): no bundled model has one
-    for graph, x in [*map(model, BUNDLED), (gated, {"x": np.ones((1, 16, 32), np.float32)})]:
+    rotary = rotary_graph((2,), 16, 32, 16, False)  # rotary embeddings (LLaMA's): neither
+    extra = [(gated, {"x": np.ones((1, 16, 32), np.float32)}), (rotary, {"a": np.ones((2, 16, 8), np.float32)})]
+    for graph, x in [*map(model, BUNDLED), *extra]:
         mc = context(graph, x, "int8")
         for cand in enumerate_candidates(graph):
             for g in schedules(mc, cand):
