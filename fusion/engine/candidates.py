@@ -18,6 +18,7 @@ from fusion.engine.codegen.absorbed_layout import loads_in_place
 from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.gated import find_gated
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
+from fusion.engine.codegen.rotary import find_segment_chains
 from fusion.engine.context import ModelContext
 from fusion.engine.plan import Group
 from fusion.engine.strategies import REGISTRY, strategy_of
@@ -36,7 +37,7 @@ MAX_VECTOR_CHAIN = 8  # a run of chain nodes alone: RMSNorm is 7 (Pow, ReduceMea
 class Candidate:
     nodes: tuple[str, ...]
     family: str  # "single", "epilogue", "chain", "stream", "swapped" ((c)), "conv", "layout_chain"/"layout_load" ((d)),
-    # "attention" ((e))
+    # "attention" ((e)), "gated", "segment_chain" (chain ops with last-axis Slice/Concat: `codegen.rotary`)
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -105,6 +106,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             out += _layout_chains(graph, node)
     out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
     out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
+    out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
     return out
 
 

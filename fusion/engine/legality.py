@@ -79,9 +79,11 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
 
 def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
     graph = mc.graph
-    # an attention is a DAG (Q, K and V paths meet), so is a gated pair of GEMMs (both read one activation): its one
-    # output is the last node's, which internal_values_private checks; every other family is a producer/consumer chain
-    chain = dependencies_respected(graph, nodes) if family not in ("attention", "gated") else FusionDecision.yes()
+    # an attention is a DAG (Q, K and V paths meet), so is a gated pair of GEMMs (both read one activation) and a
+    # segment chain (rotary: x read by a Mul and two Slices): its one output is the last node's, which
+    # internal_values_private checks; every other family is a producer/consumer chain
+    dag = family in ("attention", "gated", "segment_chain")
+    chain = FusionDecision.yes() if dag else dependencies_respected(graph, nodes)
     return (
         chain
         & internal_values_private(graph, nodes)

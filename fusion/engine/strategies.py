@@ -34,6 +34,7 @@ from fusion.engine.codegen.conv_stationary import scratch_sizes as stationary_sc
 from fusion.engine.codegen.gated import GATED, gated_heads, gated_steps, pack_gated
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
+from fusion.engine.codegen.rotary import segment_chain_steps, segment_forms
 from fusion.engine.codegen.stream import stream_steps
 from fusion.engine.codegen.swapped import (
     SWAPPED,
@@ -154,6 +155,10 @@ def _gated(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_chang
     return [gated_steps(cx, nodes)]
 
 
+def _segment_chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [segment_chain_steps(cx, nodes)]
+
+
 def _transpose(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
 
@@ -222,6 +227,11 @@ def _conv_stationary_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.
     packed = {const_key(conv.inputs[1], PIECES): pack_pieces(np.asarray(weights), s, cfg.array_size)}
     sizes = stationary_scratch_sizes(sub, cfg, conv, DType.i8 if mc.int8 else DType.f32)
     return packed, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
+
+
+def _segment_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The region's constant operands packed segment-major (`codegen.rotary`)."""
+    return segment_forms(sub, mc.config), {}
 
 
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
@@ -322,6 +332,8 @@ REGISTRY: Mapping[str, Strategy] = {
             loop_order="knm",  # as the swapped GEMM: each K piece of A^T preloaded, the weights streamed as rows
             dram_forms=_conv_stationary_forms,
         ),
+        # elementwise chains through last-axis Slice/Concat (rotary embeddings): segment-major registers
+        Strategy("segment_chain", _segment_chain, "other", ("segment_chain",), dram_forms=_segment_forms),
         Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
         # two GEMMs of one activation joined by a chain (a gated MLP): one kernel, A read once
         Strategy("gated", _gated, "other", ("gated",), dram_forms=_gated_forms),
