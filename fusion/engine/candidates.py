@@ -20,6 +20,7 @@ from fusion.engine.codegen.gated import find_gated
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.codegen.rotary import find_segment_chains
 from fusion.engine.context import ModelContext
+from fusion.engine.conv_chain_match import find_conv_chains
 from fusion.engine.plan import Group
 from fusion.engine.strategies import REGISTRY, strategy_of
 from fusion.graph.ir import Graph, Node
@@ -106,6 +107,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             out += _layout_chains(graph, node)
     out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
     out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
+    out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
     return out
 

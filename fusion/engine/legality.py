@@ -63,8 +63,13 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     (the sum is rounded once instead of twice): allowed only with `allow_rounding_change`. A stream requantizes
     in the vector chain exactly as the drain would, and a swapped GEMM drains only value-preserving ops (the rest
     runs as a vector chain on the requantized output), so both keep the numerics; an attention kernel (and a gated
-    pair of GEMMs) requantizes both MatMuls as their drains would and runs the rest as the unfused recipes."""
-    if not mc.int8 or nodes[0].op not in MATRIX_OPS or family in ("stream", "swapped", "attention", "gated"):
+    pair of GEMMs) requantizes both MatMuls as their drains would and runs the rest as the unfused recipes; a conv
+    chain requantizes every Conv in its drain and runs a residual Add on the dequantized output, as unfused."""
+    if (
+        not mc.int8
+        or nodes[0].op not in MATRIX_OPS
+        or family in ("stream", "swapped", "attention", "gated", "conv_chain")
+    ):
         return FusionDecision.yes()
     # a Conv's trailing Clip: its generator takes it only where it is the requantization clamp, exactly
     # (`codegen.conv.clip_tail`), and refuses the rest

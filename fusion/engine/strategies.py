@@ -26,6 +26,16 @@ from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
 from fusion.engine.codegen.conv import TAPS, conv_phases, conv_shape, pack_taps
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
+from fusion.engine.codegen.conv_chain import (
+    CHAIN_TAPS,
+    CHAIN_ZEROS,
+    SCRATCH,
+    band_heights,
+    chain_phases,
+    parse_chain,
+    zero_bytes,
+)
+from fusion.engine.codegen.conv_chain import scratch_bytes as chain_scratch_bytes
 from fusion.engine.codegen.conv_packed import CONV_PANELS, packed_phases, panel_width
 from fusion.engine.codegen.conv_packed import pack_panels as pack_conv_panels
 from fusion.engine.codegen.conv_packed import scratch_sizes as packed_scratch_sizes
@@ -139,6 +149,10 @@ def _conv_stationary(cx: LowerContext, nodes: Sequence[Node], group: Group, roun
     return stationary_phases(cx, nodes)
 
 
+def _conv_chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return chain_phases(cx, nodes, group.tile_m)
+
+
 def _chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [layout_chain_steps(cx, nodes) if layout_prefix(nodes) else chain_steps(cx, nodes)]
 
@@ -212,6 +226,19 @@ def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndar
     return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
 
 
+def _conv_chain_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """Every chained Conv's weight as per-tap tiles, a zero run (edge rows), and the last one's output scratch
+    (`codegen.conv_chain`)."""
+    chain = parse_chain(sub, sub.nodes, mc.config)
+    taps = {
+        const_key(st.conv.inputs[1], CHAIN_TAPS): pack_taps(forms[const_key(st.conv.inputs[1], _weight_form(mc))])
+        for st in chain.stages
+    }
+    taps[const_key(chain.stages[0].conv.inputs[1], CHAIN_ZEROS)] = np.zeros(zero_bytes(mc.config), np.int8)
+    out_dt = storage_dtype(sub, mc.qplan, chain.stages[-1].nodes[-1].outputs[0])
+    return taps, {temp_key(chain.stages[-1].conv, SCRATCH): chain_scratch_bytes(chain, out_dt)}
+
+
 def _gated_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The two weights packed panel-interleaved (`codegen.gated`)."""
     (first, second), _ = gated_heads(sub.nodes)
@@ -257,6 +284,15 @@ def _conv_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
     """A Conv alone or with the consumers its drain absorbs (another schedule of the `conv` family)."""
     conv = cand.family == "conv" or (cand.family == "single" and _head(mc, cand).op == OpType.Conv)
     return [Group(cand.nodes, s.name)] if conv else []
+
+
+def _conv_chain_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """Consecutive Convs computed depth-first: one schedule per band height (`conv_chain.band_heights`)."""
+    if cand.family not in s.families:
+        return []
+    nodes = [mc.graph.node(n) for n in cand.nodes]
+    heights = band_heights(mc.graph, mc.config, mc.qplan, nodes) or (0,)  # 0: the generator says why it refuses
+    return [Group(cand.nodes, s.name, rows) for rows in heights]
 
 
 def _matrix(mc: ModelContext, cand: Candidate) -> bool:
@@ -337,6 +373,15 @@ REGISTRY: Mapping[str, Strategy] = {
         Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
         # two GEMMs of one activation joined by a chain (a gated MLP): one kernel, A read once
         Strategy("gated", _gated, "other", ("gated",), dram_forms=_gated_forms),
+        # layer fusion: consecutive Convs band by band, intermediates in the scratchpad (a band height per schedule)
+        Strategy(
+            "conv_chain",
+            _conv_chain,
+            "implicit_gemm",
+            ("conv_chain",),
+            schedules=_conv_chain_space,
+            dram_forms=_conv_chain_forms,
+        ),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
         # them: their steps run their segments in series, which the stage-overlap composition does not see)
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.64),

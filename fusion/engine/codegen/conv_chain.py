@@ -1,0 +1,535 @@
+"""Layer fusion (depth-first execution) of consecutive convolutions (`conv_chain`): a ResNet basic block (3x3 ->
+3x3, + the residual Add of the block input), a bottleneck (1x1 -> 3x3 -> 1x1), any chain of Convs each read only
+by the next, computed band by band with every intermediate kept in the scratchpad.
+
+The last Conv's output is computed in bands of `rows` output rows. Each band needs a range of rows of every
+intermediate (with the halo its consumer's kernel reads: recomputed by the neighbouring band, never stored), and
+of the chain input. Each stage runs the band schedule of `codegen.conv` (the implicit GEMM over the padded width,
+output channels as columns), with one difference: a stage's drain writes its requantized (int8) or float output
+rows straight into the next stage's padded input tile in the scratchpad, pixel-major with the channels of one
+array-wide column tile per row, which is exactly the [positions, channel block] A tile the next stage streams.
+Only the chain input is read from DRAM (transposing loads of its rows into a padded tile; quantized on the int8
+path when it is float), and only the last stage's output is written (through the DRAM scratch and the transposing
+loads to NCHW that every conv kernel uses, `codegen.conv.to_nchw`).
+
+Memory: a band's tiles (the padded inputs of every stage) live in the band's buffer slot (bands rotate over the
+slots, so band b + 1's input loads while band b computes); every step (one stage's Cout tile x K chunk) has its
+weights, bias and requantizer tiles in the spare scratchpad bank (else the band slot's free bytes), a third per
+step in rotation, and its accumulator tile in the step's accumulator slot. The padding of a tile is cleared when
+its band is one of the first DEPTH (the slot's first use) or reaches past an image edge; elsewhere pad positions
+keep the zeros of the slot's first band (every band writes the same positions).
+
+int8: each stage requantizes its accumulator per output channel (bias, folded ReLU) in the drain, exactly as the
+unfused conv kernel does; a residual Add (+ ReLU) of the chain input is float32 in the quantized plan, so it runs
+after the transposing loads on the dequantized output (f32(q) x f32(scale)), as the quantized reference does.
+fp32 runs the same path (the sum rounded once, then the ReLU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fusion.engine.codegen.conv import (
+    DrainBand,
+    Epilogue,
+    conv_epilogue,
+    conv_shape,
+    load_transposed,
+    to_nchw,
+)
+from fusion.engine.codegen.gemm import k_slices
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import LowerContext, const_key, storage_dtype
+from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.vector_ops import dequantize, fill
+from fusion.lower.kernels.windows import window_of
+from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
+from fusion.lower.views import MAX_ROWS, View, dense
+from fusion.quant.plan import QuantPlan
+from isa.enums import DType, Unit
+from simulator.config import MachineConfig
+
+CHAIN_TAPS = "chain_taps"  # constant-form key of each chained Conv's weight as per-tap [C, Cout] tiles (pack_taps)
+CHAIN_ZEROS = "chain_zeros"  # constant-form key of a zero run (one buffer slot's bytes) that edge rows are loaded from
+SCRATCH = 2  # the last Conv's DRAM temp: its output before the layout change
+
+
+def zero_bytes(cfg: MachineConfig) -> int:
+    """Bytes of the zero constant: a buffer slot (no tile is larger)."""
+    return TileArena(cfg, 0).spad.size
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One Conv of the chain and the Relu its drain applies; its input's padding and unpadded size."""
+
+    nodes: tuple[Node, ...]
+    s: ConvGeometry
+    top: int
+    left: int
+    height: int
+    width: int
+
+    @property
+    def conv(self) -> Node:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True)
+class Chain:
+    stages: tuple[Stage, ...]
+    residual: Node | None  # an Add of the last stage's output and the chain input
+    relu: Node | None  # a Relu after that Add
+
+    @property
+    def input(self) -> str:
+        return self.stages[0].conv.inputs[0]
+
+
+def parse_chain(graph: Graph, nodes: Sequence[Node], cfg: MachineConfig) -> Chain:
+    """The chain's stages; CodegenError for node lists this generator does not run."""
+    stages: list[list[Node]] = []
+    rest = list(nodes)
+    while rest and rest[0].op == OpType.Conv:
+        conv = rest.pop(0)
+        if stages and conv.inputs[0] != stages[-1][-1].outputs[0]:
+            raise CodegenError(f"node {conv.name!r} does not read the previous stage's output")
+        stage = [conv]
+        if rest and rest[0].op == OpType.Relu and rest[0].inputs[0] == conv.outputs[0]:
+            stage.append(rest.pop(0))
+        stages.append(stage)
+    if len(stages) < 2:
+        raise CodegenError("a conv chain needs at least two consecutive Convs")
+    residual = relu = None
+    last = stages[-1][-1].outputs[0]
+    if rest and rest[0].op == OpType.Add:
+        residual = rest.pop(0)
+        if sorted(residual.inputs) != sorted((last, stages[0][0].inputs[0])):
+            raise CodegenError(f"node {residual.name!r}: the chain absorbs an Add of its output and its input only")
+        if graph.types[residual.inputs[0]].shape != graph.types[residual.inputs[1]].shape:
+            raise CodegenError(f"node {residual.name!r}: a broadcasting residual Add is not absorbed")
+        if rest and rest[0].op == OpType.Relu and rest[0].inputs[0] == residual.outputs[0]:
+            relu = rest.pop(0)
+    if rest:
+        raise CodegenError(f"node {rest[0].name!r} ({rest[0].op.value}) does not belong to a conv chain")
+    return Chain(tuple(_stage(graph, cfg, stage) for stage in stages), residual, relu)
+
+
+def _stage(graph: Graph, cfg: MachineConfig, nodes: list[Node]) -> Stage:
+    conv = nodes[0]
+    w = window_of(graph, conv)
+    if w.s != 2:
+        raise CodegenError(f"node {conv.name!r}: the conv chain runs 2-D Convs")
+    if conv.attr("group") != 1:
+        raise CodegenError(f"node {conv.name!r}: a grouped Conv is not chained (it runs on its own)")
+    s = conv_shape(graph, cfg, conv)
+    return Stage(tuple(nodes), s, w.pads[0], w.pads[1], w.in_shape[2], w.in_shape[3])
+
+
+def scratch_bytes(chain: Chain, out_dt: DType) -> int:
+    """Bytes of the last stage's DRAM scratch (its output before the layout change)."""
+    s = chain.stages[-1].s
+    return s.n * s.out[0] * s.cols * s.cout * out_dt.size
+
+
+def band_ranges(chain: Chain, o0: int, rows: int) -> list[tuple[int, int]]:
+    """Per stage, the output rows [a, b) a band of the last stage's rows [o0, o0 + rows) needs (its halo included,
+    clipped to the image: rows outside it are the next stage's padding)."""
+    a, b = o0, o0 + rows
+    out = [(a, b)]
+    for st in reversed(chain.stages[1:]):
+        lo, hi = a * st.s.strides[0] - st.top, (b - 1) * st.s.strides[0] + st.s.span - st.top
+        a, b = max(lo, 0), min(hi, st.height)
+        out.append((a, b))
+    return out[::-1]
+
+
+def edge_rows(chain: Chain, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Per stage, the runs [t0, t1) of a band's input tile rows that lie past an image edge (padding, zeroed)."""
+    runs = []
+    for st, (a, b) in zip(chain.stages, ranges, strict=True):
+        p0, rows = a * st.s.strides[0], st.s.in_rows(b - a)
+        above, below = min(rows, max(0, st.top - p0)), max(0, st.height + st.top - p0)
+        runs.append([r for r in ((0, above), (below, rows)) if r[1] > r[0]])
+    return runs
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Tile bytes of one chain kernel, for a band height."""
+
+    chain: Chain
+    n: int  # array size
+    mm_dt: DType
+    in_dt: DType  # the chain input's storage dtype
+    out_dt: DType  # the last stage's drained dtype
+    quantize: bool  # float chain input on the int8 path
+
+    def rows(self, band: int) -> list[int]:
+        """Per stage, the most output rows any band of `band` last-stage rows computes."""
+        s = self.chain.stages[-1].s
+        spans = [band_ranges(self.chain, o0, r) for o0, r in k_slices(s.out[0], band)]
+        return [max(rng[i][1] - rng[i][0] for rng in spans) for i in range(len(self.chain.stages))]
+
+    def band_tiles(self, band: int) -> list[int]:
+        """The padded input tile of every stage (channel blocks), the raw float input first when quantizing."""
+        sizes = []
+        for i, (st, r) in enumerate(zip(self.chain.stages, self.rows(band), strict=True)):
+            pixels = st.s.in_rows(r) * st.s.padded[1]
+            if i == 0 and self.quantize:
+                sizes += [pixels * kb * self.in_dt.size for _, kb in k_slices(st.s.c, self.n)]
+            sizes += [pixels * kb * self.mm_dt.size for _, kb in k_slices(st.s.c, self.n)]
+        return sizes
+
+    def step_tiles(self, st: Stage, rows: int, kc: int, last: bool) -> list[int]:
+        """Weights, bias, requantizer (and the last stage's out tile) of one step."""
+        tn = min(self.n, st.s.cout)
+        sizes = [st.s.taps * kc * tn * self.mm_dt.size, tn * 4, tn * 8]
+        return sizes + ([rows * st.s.cols * tn * self.out_dt.size] if last else [])
+
+    def chunk(self, cfg: MachineConfig, band: int, st: Stage, rows: int, last: bool) -> int:
+        """Input channels per K chunk of a stage: the most channel blocks whose weights fit a step's third."""
+        third = step_region(cfg, band_slot(cfg, self, band)).size // DEPTH // ALIGN * ALIGN
+        blocks = largest_fitting(
+            -(-st.s.c // self.n), lambda b: _bytes(self.step_tiles(st, rows, min(st.s.c, b * self.n), last)) <= third
+        )
+        return min(st.s.c, blocks * self.n)
+
+    def fits(self, cfg: MachineConfig, band: int) -> bool:
+        probe = TileArena(cfg, 0)
+        if not probe.fits(self.band_tiles(band)):
+            return False
+        for i, (st, r) in enumerate(zip(self.chain.stages, self.rows(band), strict=True)):
+            stream = st.s.stream_rows(r)
+            tn = min(self.n, st.s.cout)
+            if stream > MAX_ROWS or not probe.fits([], [stream * tn * 4]):
+                return False
+            if self.chunk(cfg, band, st, r, i == len(self.chain.stages) - 1) == 0:
+                return False
+        return True
+
+
+def _bytes(sizes: Sequence[int]) -> int:
+    return sum(-(-size // ALIGN) * ALIGN for size in sizes)
+
+
+def band_slot(cfg: MachineConfig, z: Sizes, band: int) -> Slot:
+    """The bytes of a band's slot its tiles leave free (where steps put theirs when there is no spare bank)."""
+    slot = TileArena(cfg, 0).spad
+    used = _bytes(z.band_tiles(band))
+    return Slot(slot.base + used, max(0, slot.size - used))
+
+
+def step_region(cfg: MachineConfig, free: Slot) -> Slot:
+    """Where steps put their tiles: the spare scratchpad bank (no band's tiles there, so a band's input DMAs and
+    the matrix unit's reads of the step's weights do not share a bank), else the band slot's free bytes."""
+    spare = TileArena.spare(cfg)
+    return spare.spad if spare is not None and spare.spad.size >= free.size else free
+
+
+def band_rows(cfg: MachineConfig, z: Sizes, requested: int = 0) -> int:
+    """Output rows of the last stage per band: `requested` (0: the most that fit)."""
+    height = z.chain.stages[-1].s.out[0]
+    if requested:
+        if requested > height or not z.fits(cfg, requested):
+            raise CodegenError(f"a band of {requested} output rows does not fit (or exceeds the {height} rows)")
+        return requested
+    rows = largest_fitting(height, lambda r: z.fits(cfg, r))
+    if rows == 0:
+        raise CodegenError("one output row of the chain (its stages' halos and tiles) does not fit a buffer slot")
+    return rows
+
+
+def chain_sizes(graph: Graph, cfg: MachineConfig, plan: QuantPlan | None, chain: Chain) -> Sizes:
+    int8 = plan is not None
+    in_dt = storage_dtype(graph, plan, chain.input)
+    out_dt = storage_dtype(graph, plan, chain.stages[-1].nodes[-1].outputs[0])
+    mm_dt = DType.i8 if int8 else DType.f32
+    return Sizes(chain, cfg.array_size, mm_dt, in_dt, out_dt, int8 and in_dt is DType.f32)
+
+
+def band_heights(graph: Graph, cfg: MachineConfig, plan: QuantPlan | None, nodes: Sequence[Node]) -> tuple[int, ...]:
+    """The schedule space: bands of the most last-stage rows that fit, and of half as many (more halo recomputed,
+    smaller tiles). Empty when the chain does not run here (the generator then states why)."""
+    try:
+        z = chain_sizes(graph, cfg, plan, parse_chain(graph, nodes, cfg))
+        rows = band_rows(cfg, z)
+    except CodegenError:
+        return ()
+    return tuple(sorted({rows, max(1, rows // 2)}, reverse=True))
+
+
+def chain_phases(cx: LowerContext, nodes: Sequence[Node], requested_rows: int = 0) -> list[list[Step]]:
+    """The chain as phases: the band steps (every stage of a band, intermediates in the scratchpad, the last
+    stage's output into the DRAM scratch), then the transposing loads to NCHW (with the residual Add + Relu)."""
+    cfg = cx.config
+    chain = parse_chain(cx.graph, nodes, cfg)
+    z = chain_sizes(cx.graph, cfg, cx.plan, chain)
+    rows = band_rows(cfg, z, requested_rows)
+    last = chain.stages[-1]
+    eps = tuple(
+        conv_epilogue(cx, st.nodes, st.s, dense(0, (1,), cx.dtype(st.nodes[-1].outputs[0]))) for st in chain.stages
+    )
+    scratch = dense(cx.temp(last.conv, SCRATCH), (last.s.n, last.s.out[0] * last.s.cols, last.s.cout), z.out_dt)
+    taps = tuple(
+        dense(cx.addresses[const_key(st.conv.inputs[1], CHAIN_TAPS)], (st.s.taps, st.s.c, st.s.cout), z.mm_dt)
+        for st in chain.stages
+    )
+    k = _Kernel(cx, chain, z, eps, taps, scratch, rows)
+    steps: list[Step] = []
+    bands = [(img, o0, r) for img in range(last.s.n) for o0, r in k_slices(last.s.out[0], rows)]
+    for b, (img, o0, r) in enumerate(bands):
+        steps += k.band(b, img, o0, r, len(steps))
+    phases = [k.prologue(len(bands)), steps]
+    out = cx.view(nodes[-1].outputs[0]).reshape_dense((last.s.n, last.s.cout, last.s.out[0] * last.s.out[1]))
+    dequant = cx.scale(last.nodes[-1].outputs[0]) if cx.int8 and chain.residual is not None else None
+    if chain.residual is None:
+        phases.append(to_nchw(cfg, last.s.strides[1], scratch, out, cx.rotation, eps[-1].dequant))
+    else:
+        if last.s.strides[1] != 1:
+            raise CodegenError(f"node {chain.residual.name!r}: a residual Add after a horizontal stride")
+        residual = cx.view(chain.input).reshape_dense(out.shape)
+        phases.append(_residual_phase(cx, scratch, residual, out, dequant, chain.relu is not None))
+    return phases
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """What every step of one chain kernel shares."""
+
+    cx: LowerContext
+    chain: Chain
+    z: Sizes
+    eps: tuple[Epilogue, ...]
+    taps: tuple[View, ...]  # per stage [taps, C, Cout]
+    scratch: View  # [n, OH * cols, Cout]
+    rows: int  # last-stage output rows per band
+
+    def band_tiles(self, b: int) -> tuple[list[int], list[list[int]]]:
+        """Band b's tiles in its slot: the raw float input blocks (when quantizing), every stage's input blocks."""
+        z, first = self.z, self.chain.stages[0]
+        arena = TileArena(self.cx.config, b, self.cx.rotation)
+        tiles = [arena.tile(size) for size in z.band_tiles(self.rows)]
+        n_raw = len(k_slices(first.s.c, z.n)) if z.quantize else 0
+        inputs, rest = [], tiles[n_raw:]
+        for st in self.chain.stages:
+            count = len(k_slices(st.s.c, z.n))
+            inputs.append(rest[:count])
+            rest = rest[count:]
+        return tiles[:n_raw], inputs
+
+    def prologue(self, bands: int) -> list[Step]:
+        """Every slot's band tiles cleared once (the padding positions no band writes)."""
+        steps = []
+        for b in range(min(DEPTH, bands)):
+            raw, inputs = self.band_tiles(b)
+            steps.append(Step([], [(Unit.vector, lambda em, raw=raw, inputs=inputs: self.clear(em, inputs, raw))]))
+        return steps
+
+    def band(self, b: int, img: int, o0: int, rows: int, first_step: int) -> list[Step]:
+        """A band's steps: for every stage, Cout tile and K chunk, one step."""
+        cx, chain, z, cfg = self.cx, self.chain, self.z, self.cx.config
+        ranges = band_ranges(chain, o0, rows)
+        raw, inputs = self.band_tiles(b)
+        edges = edge_rows(chain, ranges)
+        region = step_region(cfg, band_slot(cfg, z, self.rows))
+        third = region.size // DEPTH // ALIGN * ALIGN
+        steps: list[Step] = []
+        for i, st in enumerate(chain.stages):
+            a, bb = ranges[i]
+            final = i == len(chain.stages) - 1
+            kc = z.chunk(cfg, self.rows, st, z.rows(self.rows)[i], final)
+            for col, tn in k_slices(st.s.cout, z.n):
+                acc = TileArena(cfg, first_step + len(steps), cx.rotation).acc_tile(st.s.stream_rows(bb - a) * tn * 4)
+                for k0, kb in k_slices(st.s.c, kc):
+                    index = first_step + len(steps)
+                    arena = TileArena(cfg, index)
+                    arena.spad = Slot(region.base + (index % DEPTH) * third, third)
+                    work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc)
+                    steps.append(self.step(arena, work, inputs, raw, edges if not steps else None))
+        return steps
+
+    def step(self, arena: TileArena, t: _Work, inputs: list[list[int]], raw: list[int], edges: list | None) -> Step:
+        """One stage's Cout tile x K chunk of a band; `edges` (the band's first step): it also brings the chain
+        input and zeroes the tile rows past the image edges."""
+        chain, z = self.chain, self.z
+        st, ep = chain.stages[t.stage], self.eps[t.stage]
+        s, es = st.s, z.mm_dt.size
+        final = t.stage == len(chain.stages) - 1
+        last_chunk = t.k0 + t.kc == s.c
+        w_tile = arena.tile(s.taps * t.kc * t.tn * es)
+        ep_tiles = ep.tiles(arena, 1, t.tn) if last_chunk else (0, 0, 0)
+        out_tile = arena.tile(t.rows * s.cols * t.tn * z.out_dt.size) if final and last_chunk else 0
+        blocks = k_slices(s.c, z.n)
+        count = t.b - t.a
+
+        def load(em: Emitter) -> None:
+            if edges is not None:
+                self.zero_edges(em, edges, inputs, raw)
+                self.load_input(em, t.img, t.o0, t.rows, raw or inputs[0])
+            em.dma_load(self.taps[t.stage].slice(1, t.k0, t.kc).slice(2, t.col, t.tn), w_tile)
+            ep.load(em, ep_tiles, t.img, t.col, t.tn, t.a, count)
+
+        compute: list = [(Unit.load, load)]
+        if edges is not None and raw:
+            compute.append((Unit.vector, lambda em: self.quantize(em, raw, inputs[0])))
+
+        def matmul(em: Emitter) -> None:
+            opened = t.k0 != 0
+            for kh in range(s.kernel[0]):
+                for kw in range(s.kernel[1]):
+                    tap = kh * s.kernel[1] + kw
+                    for (c0, kb), block in zip(blocks, inputs[t.stage], strict=True):
+                        if not t.k0 <= c0 < t.k0 + t.kc:
+                            continue
+                        at = w_tile + ((tap * t.kc + c0 - t.k0) * t.tn) * es
+                        em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
+                        start = block + s.offset(kh, kw) * kb * es
+                        (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(t.acc, start), s.stream_rows(count))
+                        opened = True
+            if not last_chunk:
+                return
+            if final:
+                ep.drain(em, DrainBand(t.acc, count, t.tn, s.pitch, s.valid, s.cols), ep_tiles, out_tile)
+            else:
+                self.drain_into_next(em, t, ep, ep_tiles, inputs)
+
+        compute.append((Unit.matrix, matmul))
+        stores = []
+        if final and last_chunk:
+            view = self.scratch.index((t.img,)).slice(0, t.o0 * s.cols, t.rows * s.cols).slice(1, t.col, t.tn)
+            stores.append((out_tile, view))
+        return Step([], compute, stores)
+
+    def drain_into_next(self, em: Emitter, t: _Work, ep: Epilogue, tiles: tuple, inputs: list[list[int]]) -> None:
+        """A stage's output rows [a, b), Cout tile `col`, into the next stage's padded input tile: the tile's
+        channel block of the same columns, each row at its padded position."""
+        st, nxt = self.chain.stages[t.stage], self.chain.stages[t.stage + 1]
+        s, es = st.s, self.z.mm_dt.size
+        p0 = band_ranges(self.chain, t.o0, t.rows)[t.stage + 1][0] * nxt.s.strides[0]
+        block = inputs[t.stage + 1][t.col // self.z.n]
+        pitch = nxt.s.padded[1]
+
+        def at(r: int) -> int:
+            return block + ((r + nxt.top - p0) * pitch + nxt.left) * t.tn * es
+
+        if s.strides[1] == 1:
+            ep.drain(em, DrainBand(t.acc, t.b - t.a, t.tn, s.pitch, s.valid, pitch), tiles, at(t.a))
+            return
+        for i, r in enumerate(range(t.a, t.b)):  # every stride_w-th computed position, one drained row each
+            band = DrainBand(t.acc + i * s.pitch * t.tn * 4, s.out[1], t.tn, s.strides[1], 1, 1)
+            ep.drain(em, band, tiles, at(r))
+
+    def load_input(self, em: Emitter, img: int, o0: int, rows: int, tiles: list[int]) -> None:
+        """The chain input's rows a band needs, each channel block by transposing loads into its padded tile."""
+        st = self.chain.stages[0]
+        a, b = band_ranges(self.chain, o0, rows)[0]
+        p0 = a * st.s.strides[0]
+        lo, hi = max(p0 - st.top, 0), min((b - 1) * st.s.strides[0] + st.s.span - st.top, st.height)
+        image = self.cx.view(self.chain.input).reshape_dense((st.s.n, st.s.c, st.height * st.width))
+        pitch, es = st.s.padded[1], image.dtype.size
+        whole = st.left == 0 and pitch == st.width  # rows contiguous in the tile too: one run
+        for (c0, kb), tile in zip(k_slices(st.s.c, self.z.n), tiles, strict=True):
+            channels = image.index((img,)).slice(0, c0, kb)
+            runs = [(lo, hi - lo)] if whole else [(h, 1) for h in range(lo, hi)]
+            for h, count in runs:
+                local = tile + ((h + st.top - p0) * pitch + st.left) * kb * es
+                load_transposed(em, channels.slice(1, h * st.width, count * st.width), local)
+
+    def clear(self, em: Emitter, inputs: list[list[int]], raw: list[int]) -> None:
+        """Zero a slot's padded tiles (the raw float input's when quantizing: zero quantizes to zero)."""
+        z = self.z
+        for i, (st, r) in enumerate(zip(self.chain.stages, z.rows(self.rows), strict=True)):
+            pixels = st.s.in_rows(r) * st.s.padded[1]
+            if i == 0 and raw:
+                for (_, kb), tile in zip(k_slices(st.s.c, z.n), raw, strict=True):
+                    fill(em, tile, pixels * kb, z.in_dt, 0.0)
+                continue
+            for (_, kb), tile in zip(k_slices(st.s.c, z.n), inputs[i], strict=True):
+                fill(em, tile, pixels * kb, z.mm_dt, 0.0)
+
+    def zero_edges(self, em: Emitter, edges: list, inputs: list[list[int]], raw: list[int]) -> None:
+        """The band's tile rows past an image edge, zeroed by DMAs from a zero constant (the slot's previous band
+        may have left rows of data there)."""
+        z = self.z
+        for i, (st, runs) in enumerate(zip(self.chain.stages, edges, strict=True)):
+            tiles, dt = (raw, z.in_dt) if i == 0 and raw else (inputs[i], z.mm_dt)
+            pitch = st.s.padded[1]
+            for (_, kb), tile in zip(k_slices(st.s.c, z.n), tiles, strict=True):
+                for t0, t1 in runs:
+                    em.dma_load(self.zeros(dt, (t1 - t0) * pitch * kb), tile + t0 * pitch * kb * dt.size)
+
+    def zeros(self, dt: DType, count: int) -> View:
+        return dense(self.cx.addresses[const_key(self.chain.stages[0].conv.inputs[1], CHAIN_ZEROS)], (count,), dt)
+
+    def quantize(self, em: Emitter, raw: list[int], tiles: list[int]) -> None:
+        """The float input tile to int8 at the first Conv's input scale (as the unfused kernel quantizes it)."""
+        st = self.chain.stages[0]
+        scale = self.cx.matrix(st.conv).input_scale
+        pixels = st.s.in_rows(self.z.rows(self.rows)[0]) * st.s.padded[1]
+        for (_, kb), src, dst in zip(k_slices(st.s.c, self.z.n), raw, tiles, strict=True):
+            em.b.v_qnt(*em.regs(dst, src, f32_bits(1.0 / scale)), pixels * kb)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One step: stage, image, the band (last-stage rows [o0, o0 + rows)), the stage's output rows [a, b), its Cout
+    tile [col, col + tn) and K chunk [k0, k0 + kc), the accumulator tile."""
+
+    stage: int
+    img: int
+    o0: int
+    rows: int
+    a: int
+    b: int
+    col: int
+    tn: int
+    k0: int
+    kc: int
+    acc: int
+
+
+def _residual_phase(
+    cx: LowerContext, scratch: View, residual: View, out: View, dequant: float | None, relu: bool
+) -> list[Step]:
+    """scratch [n, pixels, Cout] -> out [n, Cout, pixels] = (dequantized) scratch^T + residual (then ReLU): runs of
+    pixels by transposing loads, the residual's [Cout, run] block beside them."""
+    n, cout, pixels = out.shape
+    es = scratch.dtype.size
+
+    def sizes(p: int) -> list[int]:
+        return [p * cout * es, p * cout * 4] + ([p * cout * 4] if dequant is not None else [])
+
+    probe = TileArena(cx.config, 0)
+    run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits(sizes(p)))
+    if run == 0:
+        raise CodegenError(f"{cout} output channels of one pixel exceed a buffer slot")
+    steps = []
+    for img in range(n):
+        for p0 in range(0, pixels, run):
+            count = min(run, pixels - p0)
+            arena = TileArena(cx.config, len(steps), cx.rotation)
+            raw, res, *deq = [arena.tile(size) for size in sizes(count)]
+            total = (deq or [raw])[0]
+            address = scratch.index((img,)).address + p0 * cout * es
+
+            def load(em: Emitter, raw=raw, res=res, address=address, count=count, img=img, p0=p0) -> None:
+                local, dram, stride = em.regs(raw, address, cout * es)
+                em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
+                em.dma_load(residual.index((img,)).slice(1, p0, count), res)
+
+            def add(em: Emitter, raw=raw, res=res, total=total, size=count * cout) -> None:
+                if dequant is not None:
+                    dequantize(em, total, raw, size, dequant)
+                em.b.v_add(*em.regs(total, total, res), size, "f32")
+                if relu:
+                    em.b.v_relu(*em.regs(total, total), size, "f32")
+
+            steps.append(
+                Step([], [(Unit.load, load), (Unit.vector, add)], [(total, out.index((img,)).slice(1, p0, count))])
+            )
+    return steps

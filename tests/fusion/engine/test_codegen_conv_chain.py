@@ -1,0 +1,169 @@
+"""Layer fusion (`conv_chain`): consecutive Convs computed band by band with their halos, intermediates in the
+scratchpad. Random chains (kernel sizes, strides 1/2, channels, spatial sizes with a ragged last band, band
+heights) in the simulator's race-checked mode against the unfused plan's kernels and the reference (int8
+bit-exact, fp32 within 1e-5); the DRAM traffic it saves; the planner taking it where it pays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import assert_reference, context, reference_env, run_group
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fusion.engine.codegen.conv_chain import band_heights, band_ranges, parse_chain
+from fusion.engine.conv_chain_match import find_conv_chains
+from fusion.engine.errors import CodegenError
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import build_kernel
+from fusion.engine.plan import Group, baseline_group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
+from simulator.config import load_config
+
+CHAIN = "conv_chain"
+
+
+def chain_graph(c, hw, layers, residual=False, seed=0):
+    """Convs (cout, kernel, stride, relu) in sequence from x [1, c, *hw] (padding k // 2, bias), then
+    optionally Add(x) + Relu; returns the graph and its node names."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("chain")
+    x = h = b.input("x", (1, c, *hw))
+    names, cin = [], c
+    for i, (cout, k, stride, relu) in enumerate(layers):
+        w = b.constant((rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32), f"w{i}")
+        bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), f"b{i}")
+        pad = k // 2
+        h = b.op(
+            OpType.Conv, h, w, bias, name=f"c{i}", dilations=(1, 1), group=1, pads=(pad,) * 4, strides=(stride,) * 2
+        )
+        names.append(f"c{i}")
+        if relu:
+            h = b.op(OpType.Relu, h, name=f"r{i}")
+            names.append(f"r{i}")
+        cin = cout
+    if residual:
+        h = b.op(OpType.Relu, b.op(OpType.Add, h, x, name="add"), name="relu_out")
+        names += ["add", "relu_out"]
+    b.output(h)
+    return b.build(), tuple(names)
+
+
+def _inputs(graph, seed=1):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
+
+
+def _check(graph, names, dtype, rows=0):
+    """The chain kernel (race-checked) against the reference, and against the unfused kernels run one by one."""
+    inputs = _inputs(graph)
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(names, CHAIN, rows), inputs)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-5)
+    unfused = dict(env)
+    for name in names:
+        node = graph.node(name)
+        k = build_kernel(mc, baseline_group(node))
+        unfused.update(run_kernel(mc, k, unfused).outputs if k.program is not None else {})
+    assert_reference(run.outputs, unfused, graph.outputs[0], dtype, 1e-5)
+    return mc, run
+
+
+@st.composite
+def chains(draw):
+    """A chain of 2-3 Convs: channels that fill at least 1/16 of the array, 1x1 or 3x3 kernels, the first conv of
+    stride 1 or 2; spatial sizes whose band split leaves a ragged last band."""
+    c = draw(st.sampled_from([8, 16, 24, 32]))
+    n = draw(st.integers(2, 3))
+    layers = []
+    for i in range(n):
+        cout = draw(st.sampled_from([8, 16, 24, 40]))
+        k = draw(st.sampled_from([1, 3]))
+        stride = draw(st.sampled_from([1, 2])) if i == 0 else 1
+        layers.append((cout, k, stride, draw(st.booleans()) if i < n - 1 else False))
+    hw = (draw(st.integers(3, 13)), draw(st.integers(3, 13)))
+    return c, hw, layers
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=chains(), band=st.sampled_from([0, 1, 2, 3]))
+def test_random_chains_match_the_reference_and_the_unfused_kernels(dtype: str, case: tuple, band: int) -> None:
+    c, hw, layers = case
+    graph, names = chain_graph(c, hw, layers)
+    cfg = load_config("base")
+    nodes = [graph.node(n) for n in names]
+    if not band_heights(graph, cfg, None, nodes):  # a stage under 1/N of the array: not chained
+        with pytest.raises(CodegenError):
+            parse_chain(graph, nodes, cfg)
+        return
+    out_rows = graph.types[graph.outputs[0]].shape[2]
+    _check(graph, names, dtype, min(band, out_rows))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_resnet_basic_block_with_its_residual(dtype: str) -> None:
+    """3x3 -> ReLU -> 3x3 + x -> ReLU, 64 channels at 16x16 (resnet18's layer1 at 64x64), bands of 3 rows: the
+    ragged last band and both image edges."""
+    graph, names = chain_graph(64, (16, 16), [(64, 3, 1, True), (64, 3, 1, False)], residual=True)
+    _check(graph, names, dtype, 3)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_bottleneck_of_three_convs_with_a_strided_middle(dtype: str) -> None:
+    graph, names = chain_graph(32, (12, 10), [(16, 1, 1, True), (16, 3, 2, True), (48, 1, 1, False)])
+    _check(graph, names, dtype)
+
+
+def test_intermediates_never_touch_dram() -> None:
+    """DRAM traffic: the chain input (read once per band with its halo rows), the weights (once per band), the
+    padded tile rows past the image edges (zeros), the output through its scratch; the unfused kernels also write
+    and re-read the intermediate (and its padded and channels-last copies)."""
+    graph, names = chain_graph(32, (16, 16), [(32, 3, 1, True), (32, 3, 1, False)])
+    mc, run = _check(graph, names, "fp32", 4)
+    z_rows = [4] * 4
+    halo_rows = sum(min(16, o0 + r + 2) - max(0, o0 - 2) for o0, r in zip(range(0, 16, 4), z_rows, strict=True))
+    x_reads = 32 * 16 * halo_rows * 4
+    weights = 2 * (32 * 32 * 9 + 32) * 4 * 4
+    out = 32 * 16 * 16 * 4
+    edges = 4 * 18 * 32 * 4  # one padded row of each stage's tile at the top and at the bottom
+    assert run.dram_read_bytes == x_reads + weights + edges + out
+    assert run.dram_write_bytes == 2 * out  # the scratch and the NCHW output: no intermediate
+    inputs = _inputs(graph)
+    env = reference_env(mc, inputs)
+    unfused = sum(
+        r.dram_read_bytes + r.dram_write_bytes
+        for r in (run_kernel(mc, build_kernel(mc, baseline_group(graph.node(n))), env) for n in names)
+    )
+    assert run.dram_read_bytes + run.dram_write_bytes < unfused / 2
+
+
+def test_band_ranges_cover_each_stages_halo() -> None:
+    graph, names = chain_graph(16, (9, 9), [(16, 3, 2, True), (16, 3, 1, False)])
+    chain = parse_chain(graph, [graph.node(n) for n in names], load_config("base"))
+    # last stage rows [2, 4) of 5: its 3x3 (pad 1) reads stage-0 rows 1..4; stage 0 (3x3/2, pad 1) computes them
+    assert band_ranges(chain, 2, 2) == [(1, 5), (2, 4)]
+    assert band_ranges(chain, 0, 5) == [(0, 5), (0, 5)]
+
+
+def test_the_candidate_finder_takes_chains_whose_intermediates_stay_inside() -> None:
+    graph, _ = chain_graph(16, (8, 8), [(16, 3, 1, True), (16, 3, 1, False)], residual=True)
+    assert find_conv_chains(graph) == [("c0", "r0", "c1"), ("c0", "r0", "c1", "add", "relu_out")]
+    b = GraphBuilder("shared")  # the intermediate also read outside: no chain
+    x = b.input("x", (1, 16, 8, 8))
+    w = b.constant(np.ones((16, 16, 1, 1), np.float32), "w")
+    h = b.op(OpType.Conv, x, w, name="c0", dilations=(1, 1), group=1, pads=(0,) * 4, strides=(1, 1))
+    y = b.op(OpType.Conv, h, w, name="c1", dilations=(1, 1), group=1, pads=(0,) * 4, strides=(1, 1))
+    b.output(b.op(OpType.Add, y, h, name="add"))
+    assert find_conv_chains(b.build()) == []
+
+
+def test_refusals_name_the_reason() -> None:
+    graph, names = chain_graph(16, (8, 8), [(16, 3, 1, True)])
+    with pytest.raises(CodegenError, match="at least two"):
+        parse_chain(graph, [graph.node(n) for n in names], load_config("base"))
+    graph, names = chain_graph(16, (8, 8), [(16, 3, 1, True), (16, 3, 1, False)])
+    mc = context(graph, _inputs(graph), "fp32")
+    with pytest.raises(CodegenError, match="does not fit"):
+        build_kernel(mc, Group(names, CHAIN, 9))
