@@ -35,7 +35,7 @@ from fusion.lower.context import (
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, frame_pool, frame_windows, matrix, movement, normalize, windows
-from fusion.lower.kernels.matrix import CONST_RQNT
+from fusion.lower.kernels.matrix import CONST_RQNT, dequant_form
 from fusion.lower.kernels.recipes import RECIPES, refusal, trilu_mask, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
 from fusion.quant.calibrate import calibrate
@@ -104,8 +104,10 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
                 q = plan.matrix[node.name]
                 quantized = quantize_tensor(data, q.input_scale) if pos == 0 else q.quantize_weight(data)
                 forms[const_key(value, CONST_I8)] = quantized
-                if pos == 1 and q.per_channel:
+                if pos == 1 and q.per_channel and not q.dequantize:
                     forms[const_key(value, CONST_RQNT)] = q.requant_table()
+                if pos == 1 and q.dequantize:
+                    forms[const_key(value, dequant_form(node.name))] = q.dequant_scales()
             elif plan is not None and node.op in MATRIX_OPS and pos == 2:
                 forms[const_key(value, bias_form(node.name))] = plan.matrix[node.name].quantize_bias(data)
             elif node.op == OpType.Where and pos == 0:

@@ -3,7 +3,9 @@
 Which values are int8 (and at which scale) comes from `fusion.quant.plan`; the arithmetic is implemented here:
 - int8 x int8 products accumulate in int32 (wrapping); the bias is added in accumulator units
   (`quantize_bias`); the result is requantized: sat8((acc * mult + 2^(shift-1)) >> shift) computed in int64.
-  A Conv with a constant weight is per output channel: weight, bias and (mult, shift) each channel's own.
+  A Conv with a constant weight is per output channel: weight, bias and (mult, shift) each channel's own. A
+  dequantizing node (`MatrixQuant.dequantize`: a Conv only Adds read) is not requantized: float32
+  f32(acc) * f32(s_in * s_w[c]).
 - A float32 operand of a matrix op is quantized as `v.qnt` does: sat8(round_half_even(x * f32(1 / scale))).
 - int8-preserving ops move or compare the int8 data; everything else (softmax, layernorm, gelu, sigmoid, tanh,
   erf, exp, arithmetic, averaging) runs in float32 on dequantized inputs, f32(q) * f32(scale), as the
@@ -69,6 +71,8 @@ def _matrix(graph: Graph, node: Node, args: list[QValue], q: MatrixQuant) -> QVa
         bias = q.quantize_bias(args[2].real())
         bias = bias.reshape(channel_axis) if node.op == OpType.Conv else bias
         acc = (acc.astype(np.int64) + bias).astype(np.int32)
+    if q.dequantize:
+        return QValue(acc.astype(np.float32) * q.dequant_scales().reshape(channel_axis))
     if not q.per_channel:
         return QValue(requantize(acc, q.mult, q.shift), q.output_scale)
     table = q.requant_table()

@@ -1,5 +1,6 @@
-"""int8 as deployed: per-output-channel Conv weights and a Relu folded into the requantization, in the plan and
-the quantized reference, against an independent float emulation (numpy float64 convolution, real rescale factors)."""
+"""int8 as deployed: per-output-channel Conv weights, a Relu folded into the requantization and a Conv read only by
+Adds dequantized in its epilogue, in the plan and the quantized reference, against an independent float emulation
+(numpy float64 convolution, real rescale factors), and the dequantizing epilogue lowered bit-exact."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from fusion_helpers import MODELS_DIR
 
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
+from fusion.lower.compiler import compile
 from fusion.onnx_import.importer import import_model
 from fusion.passes.pipeline import cleanup
 from fusion.quant.calibrate import calibrate
 from fusion.quant.params import QuantParams
 from fusion.quant.plan import plan_quantization
-from fusion.reference.quantized import evaluate_quantized
+from fusion.reference.quantized import evaluate_quantized, run_quantized
 
 
 def _conv_graph(seed: int, relu: bool):
@@ -83,3 +85,64 @@ def test_bundled_resnet_block_convs_are_per_channel() -> None:
     for node in convs:
         table = plan.matrix[node.name].requant_table()
         assert table.shape == (graph.types[node.inputs[1]].shape[0], 2) and (table[:, 1] >= 1).all()
+
+
+def _residual_graph(seed: int):
+    """x -> Conv "a" (read by the Add and a Relu) and Conv "b" (read only by the Add): y = Relu(a + b); c, a
+    third Conv read only by an Add, is also a graph output."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 6, 6))
+    attrs = {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1), "group": 1}
+    spread = np.geomspace(0.02, 3.0, 4).astype(np.float32).reshape(4, 1, 1, 1)
+    convs = {}
+    for name in ("a", "b", "c"):
+        w = b.constant((rng.standard_normal((4, 3, 3, 3)) * spread).astype(np.float32), name=f"w{name}")
+        bias = b.constant(rng.standard_normal(4).astype(np.float32), name=f"bias{name}")
+        convs[name] = b.op(OpType.Conv, x, w, bias, name=name, **attrs)
+    s = b.op(OpType.Add, convs["a"], convs["b"], name="s")
+    y = b.op(OpType.Relu, s, name="y")
+    side = b.op(OpType.Relu, convs["a"], name="side")
+    t = b.op(OpType.Add, convs["c"], side, name="t")
+    b.output(y, t, convs["c"])
+    return b.build(), rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+
+
+def test_only_a_conv_read_only_by_adds_dequantizes() -> None:
+    graph, x = _residual_graph(0)
+    plan = plan_quantization(graph, calibrate(graph, [{"x": x}]))
+    assert plan.matrix["b"].dequantize and plan.scales["b"] is None, "read only by an Add: float32 out"
+    assert not plan.matrix["a"].dequantize and plan.scales["a"] is not None, "a Relu reads it too"
+    assert not plan.matrix["c"].dequantize and plan.scales["c"] is not None, "a graph output"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dequantized_conv_is_f32_accumulator_times_channel_scale(seed: int) -> None:
+    """f32(acc + bias) * f32(s_x * s_w[c]) exactly, acc from an independent integer emulation (bias correction
+    off, so the int32 bias is the plain rounded one)."""
+    graph, x = _residual_graph(seed)
+    params = calibrate(graph, [{"x": x}], bias_correction=False)
+    q = plan_quantization(graph, params).matrix["b"]
+    w = graph.constants["wb"]
+    scales = np.abs(w).reshape(4, -1).max(axis=1).astype(np.float64) / 127
+    np.testing.assert_allclose(q.weight_scales(), scales, rtol=1e-6)
+    wq = np.clip(np.rint(w.astype(np.float64) / scales.reshape(4, 1, 1, 1)), -127, 127)
+    sx = params.scale("x")
+    xq = np.clip(np.rint(x.astype(np.float64) / sx), -128, 127)
+    bias = np.rint(graph.constants["biasb"].astype(np.float64) / (sx * scales))
+    acc = _float_conv(xq, wq) + bias.reshape(1, 4, 1, 1)  # integers, exact in float64
+    want = acc.astype(np.float32) * (sx * scales).astype(np.float32).reshape(1, 4, 1, 1)
+    got = evaluate_quantized(graph, {"x": x}, params)["b"]
+    assert got.scale is None and got.data.dtype == np.float32
+    np.testing.assert_array_equal(got.data, want)
+
+
+def test_dequantizing_conv_lowers_bit_exact() -> None:
+    """The baseline's GEMM epilogue (v.cvt + per-row v.mul.vc) against the quantized reference, checked mode."""
+    graph, x = _residual_graph(1)
+    model = compile(graph, "tiny", "int8", samples=[{"x": x}], cleanup=False)
+    assert model.plan is not None and model.plan.matrix["b"].dequantize
+    got, _ = model.run({"x": x}, checked=True)
+    want = run_quantized(graph, {"x": x}, model.params)
+    for name in graph.outputs:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -5,7 +5,8 @@ step per chunk: the loader brings the chunk's k-slices of A (tm x n, one DMA eac
 (one DMA; its k-slices are consecutive dense blocks); on the int8 path float operands are quantized (v.qnt)
 first; the matrix unit runs mx.preload + mx.mm/mma over the k-slices into the tile's accumulator (mx.mm only
 on the tile's first slice, so the chunks add up); after the last chunk the vector unit adds the bias and
-(int8) requantizes to an int8 tile, and the store unit writes the tile. K is split (see `choose_tiling`)
+(int8) requantizes to an int8 tile, or dequantizes per channel to a float32 one (`ChannelDequant`: v.cvt and a
+per-channel v.mul), and the store unit writes the tile. K is split (see `choose_tiling`)
 only when too few rows fit beside the whole of it; a chunk and its row block always fit one buffer slot, so any
 K works. The matrix unit accumulates the k-slices in the same order either way: splitting changes no result.
 """
@@ -42,20 +43,34 @@ class ChannelRequant:
 
 
 @dataclass(frozen=True)
+class ChannelDequant:
+    """A per-channel dequantizer: `scales` [channels] float32 in DRAM, one per output row (`per_row`) or column;
+    the int32 accumulator becomes f32(acc) * scale (`MatrixQuant.dequantize`)."""
+
+    scales: View
+    per_row: bool
+
+
+@dataclass(frozen=True)
 class Gemm:
     """One GEMM: `bias` is a view broadcast to [M, N] (stride 0 along rows: per column; along columns: per
     row), `requant` (mult, shift), or a per-channel table, turns the int32 accumulator into int8 on the int8
-    path."""
+    path (a `ChannelDequant`: into float32)."""
 
     a: Operand
     b: Operand
     out: View
     bias: View | None = None
-    requant: tuple[int, int] | ChannelRequant | None = None
+    requant: tuple[int, int] | ChannelRequant | ChannelDequant | None = None
 
     @property
     def int8(self) -> bool:
         return self.requant is not None
+
+    @property
+    def out_size(self) -> int:
+        """Bytes per element of the int8 path's result tile."""
+        return 4 if isinstance(self.requant, ChannelDequant) else 1
 
     @property
     def bias_mode(self) -> str:
@@ -95,9 +110,10 @@ def _sizes(g: Gemm, tm: int, tn: int, kc: int, n: int) -> tuple[list[int], list[
     if mode != "none":
         spad.append({"col": tn, "row": tm, "full": tm * tn}[mode] * 4)
     if g.int8:
-        spad.append(tm * tn)
-    if isinstance(g.requant, ChannelRequant):
-        spad.append((tm if g.requant.per_row else tn) * 8)
+        spad.append(tm * tn * g.out_size)
+    if isinstance(g.requant, ChannelRequant | ChannelDequant):
+        per_channel = 8 if isinstance(g.requant, ChannelRequant) else 4
+        spad.append((tm if g.requant.per_row else tn) * per_channel)
     return spad, [tm * tn * 4]
 
 
@@ -277,11 +293,12 @@ def _chunk_step(
         bias_addr = arena.tile(part.size * 4)
         loads.append((part, bias_addr))
     requant = g.requant if chunk.last else None
-    out_addr = arena.tile(rows * cols) if requant is not None else acc
+    out_addr = arena.tile(rows * cols * g.out_size) if requant is not None else acc
     n = rows * cols
     table_addr = 0
-    if isinstance(requant, ChannelRequant):
-        part = requant.table.slice(0, i0, rows) if requant.per_row else requant.table.slice(0, j0, cols)
+    if isinstance(requant, ChannelRequant | ChannelDequant):
+        table = requant.table if isinstance(requant, ChannelRequant) else requant.scales
+        part = table.slice(0, i0, rows) if requant.per_row else table.slice(0, j0, cols)
         table_addr = arena.tile(part.size * 4)
         loads.append((part, table_addr))
 
@@ -305,6 +322,10 @@ def _chunk_step(
         if isinstance(requant, ChannelRequant):
             per_channel = em.b.v_rqnt_vc if requant.per_row else em.b.v_rqnt_vr
             per_channel(*em.regs(out_addr, acc, table_addr), n, cols)
+        elif isinstance(requant, ChannelDequant):
+            em.b.v_cvt(*em.regs(out_addr, acc), n, "i32", "f32")
+            scale = em.b.v_mul_vc if requant.per_row else em.b.v_mul_vr
+            scale(*em.regs(out_addr, out_addr, table_addr), n, cols, "f32")
         elif requant is not None:
             mult, shift = requant
             em.b.v_rqnt(*em.regs(out_addr, acc, mult), shift, n)

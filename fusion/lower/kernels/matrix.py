@@ -29,6 +29,12 @@ def matrix_operand(cx: LowerContext, node: Node, value: str, scale: float | None
 
 
 CONST_RQNT = "rqnt"  # constant-form key (on a per-channel node's weight) of its (mult, shift) table
+CONST_DQNT = "dqnt"  # constant form (per node, on its weight) of a dequantizing node's f32 channel scales
+
+
+def dequant_form(node: str) -> str:
+    """The form of matrix node `node`'s dequantization scales (`MatrixQuant.dequant_scales`), per node."""
+    return f"{CONST_DQNT}@{node}"
 
 
 def requant(cx: LowerContext, node: Node) -> tuple[int, int] | None:
@@ -37,7 +43,7 @@ def requant(cx: LowerContext, node: Node) -> tuple[int, int] | None:
     if not cx.int8:
         return None
     q = cx.matrix(node)
-    if q.per_channel:
+    if q.per_channel or q.dequantize:
         raise LoweringError(
             f"node {node.name!r}: int8 per-channel requantization (one (mult, shift) per output channel) needs a "
             "per-channel epilogue"
@@ -46,11 +52,24 @@ def requant(cx: LowerContext, node: Node) -> tuple[int, int] | None:
 
 
 def requant_table(cx: LowerContext, node: Node) -> View | None:
-    """A per-channel node's requantizer: [Cout, 2] int32 (mult, shift) pairs in DRAM (None: per tensor or fp32)."""
+    """A per-channel node's requantizer: [Cout, 2] int32 (mult, shift) pairs in DRAM (None: per tensor or fp32).
+    A dequantizing node has none: a LoweringError, so a generator that would requantize refuses it."""
     if not cx.int8 or not cx.matrix(node).per_channel:
         return None
+    if cx.matrix(node).dequantize:
+        raise LoweringError(
+            f"node {node.name!r}: int8 output dequantized per channel (read only by Adds) needs a dequantizing epilogue"
+        )
     channels = len(cx.matrix(node).channels)
     return dense(cx.addresses[const_key(node.inputs[1], CONST_RQNT)], (channels, 2), DType.i32)
+
+
+def dequant_scales(cx: LowerContext, node: Node) -> View | None:
+    """A dequantizing node's [Cout] float32 channel scales in DRAM (None: the node requantizes, or fp32)."""
+    if not cx.int8 or not cx.matrix(node).dequantize:
+        return None
+    channels = len(cx.matrix(node).channels)
+    return dense(cx.addresses[const_key(node.inputs[1], dequant_form(node.name))], (channels,), DType.f32)
 
 
 def bias_view(cx: LowerContext, node: Node) -> View | None:

@@ -28,8 +28,8 @@ from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
 from fusion.lower.kernels.conv_depthwise import depthwise_phases, is_depthwise, scratch_elements
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
-from fusion.lower.kernels.gemm import ChannelRequant, Gemm, Operand, gemm_steps
-from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant, requant_table
+from fusion.lower.kernels.gemm import ChannelDequant, ChannelRequant, Gemm, Operand, gemm_steps
+from fusion.lower.kernels.matrix import bias_view, dequant_scales, matrix_operand, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.pool_vector import max_pool_phases
 from fusion.lower.kernels.vector_ops import dequantize, fill
@@ -240,7 +240,8 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
     col2 = col.reshape_dense((n_img, groups, cg * kk, p))
     out = cx.view(node.outputs[0]).reshape_dense((n_img, m, p))
     bias = bias_view(cx, node)
-    table = requant_table(cx, node)
+    scales = dequant_scales(cx, node)
+    table = None if scales is not None else requant_table(cx, node)
     gemms = []
     for img, g in product(range(n_img), range(groups)):
         bias_g = None
@@ -252,11 +253,23 @@ def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
                 Operand(col2.index((img, g)), b_scale),
                 out.index((img,)).slice(0, g * mg, mg),
                 bias_g,
-                requant(cx, node) if table is None else ChannelRequant(table.slice(0, g * mg, mg), per_row=True),
+                _epilogue(cx, node, table, scales, slice(g * mg, (g + 1) * mg)),
             )
         )
     phases.append(gemm_steps(cx.config, gemms, cx.rotation))
     return phases
+
+
+def _epilogue(
+    cx: LowerContext, node: Node, table: View | None, scales: View | None, rows: slice
+) -> tuple[int, int] | ChannelRequant | ChannelDequant | None:
+    """The GEMM's int8 epilogue for output channels `rows` (one group's): per-channel dequantization or
+    requantization, or one (mult, shift) (None: fp32)."""
+    if scales is not None:
+        return ChannelDequant(scales.slice(0, rows.start, rows.stop - rows.start), per_row=True)
+    if table is not None:
+        return ChannelRequant(table.slice(0, rows.start, rows.stop - rows.start), per_row=True)
+    return requant(cx, node)
 
 
 def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
