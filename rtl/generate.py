@@ -15,7 +15,7 @@ from isa.fields import FIELD_TABLE, WORD_BITS
 
 GENERATED_DIR = Path(__file__).parent / "generated"
 PREFIX = "DF_"
-RTL_UNITS = (Unit.matrix, Unit.vector)
+RTL_UNITS = (Unit.matrix, Unit.vector, Unit.store)  # the store unit: its zero-tile counter
 MAX_LATENCY = max(s.latency for s in INSTRUCTIONS if s.unit in RTL_UNITS)
 LATENCY_BITS = max(1, MAX_LATENCY.bit_length())
 
@@ -76,7 +76,7 @@ def render_defines() -> str:
         "// enumerations",
         *_enum_lines(),
         "",
-        "// matrix and vector unit instructions: opcode, funct, mode, latency",
+        "// matrix, vector and store unit instructions: opcode, funct, mode, latency",
         *_instruction_lines(),
         "",
         "`endif",

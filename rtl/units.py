@@ -175,4 +175,18 @@ STREAM = RtlUnit(
     ),
     combinational=True,  # the FIFO passes a row to the vector unit in the cycle it arrives
 )
-UNITS: dict[str, RtlUnit] = {u.toplevel: u for u in (MATRIX, VECTOR, EPILOGUE, FIFO, STREAM)}
+ZERO_COUNTER = RtlUnit(
+    "zero_counter",
+    ("N", "ACC_W"),
+    (
+        *CONTROL,
+        Port("start"),
+        WORD,
+        Port("in_valid"),
+        Port("in_data", "N", "ACC_W"),
+        Port("done"),
+        Port("count", 1, "ACC_W"),
+    ),
+    keeps_state=True,  # the count adds up over stores until a zc.clr
+)
+UNITS: dict[str, RtlUnit] = {u.toplevel: u for u in (MATRIX, VECTOR, EPILOGUE, FIFO, STREAM, ZERO_COUNTER)}

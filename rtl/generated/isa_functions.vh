@@ -4,6 +4,8 @@ function [`DF_LATENCY_W-1:0] df_latency;
     input [`DF_WORD_BITS-1:0] word;
     begin
     df_latency = 0;
+    if ((word & 64'h000000001f8000ff) == 64'h0000000000000011) df_latency = 0;  // dma.st
+    if ((word & 64'h000000001f8000ff) == 64'h0000000000800011) df_latency = 0;  // dma.stz
     if ((word & 64'h00000000000000ff) == 64'h0000000000000020) df_latency = 0;  // mx.preload
     if ((word & 64'h000000001f8000ff) == 64'h0000000000000021) df_latency = 0;  // mx.mm
     if ((word & 64'h000000001f8000ff) == 64'h0000000000800021) df_latency = 0;  // mx.mma
@@ -123,5 +125,6 @@ function [`DF_LATENCY_W-1:0] df_latency;
     if ((word & 64'h000000001f8000ff) == 64'h0000000000800044) df_latency = 2;  // vc.cvt
     if ((word & 64'h000000001f8000ff) == 64'h0000000001000044) df_latency = 3;  // vc.rqnt
     if ((word & 64'h000000001f8000ff) == 64'h0000000001800044) df_latency = 3;  // vc.qnt
+    if ((word & 64'h000000001f8000ff) == 64'h0000000000000052) df_latency = 0;  // zc.clr
     end
 endfunction

@@ -86,7 +86,13 @@
 `define DF_UNIT_VECTOR 3
 `define DF_UNIT_STORE 4
 
-// matrix and vector unit instructions: opcode, funct, mode, latency
+// matrix, vector and store unit instructions: opcode, funct, mode, latency
+`define DF_OP_DMA_ST 17  // dma.st rd, rs1, rs2, rows, cols, dtype
+`define DF_FUNCT_DMA_ST 0
+`define DF_LAT_DMA_ST 0  // dma_store
+`define DF_OP_DMA_STZ 17  // dma.stz rd, rs1, rs2, rows, cols, dtype
+`define DF_FUNCT_DMA_STZ 1
+`define DF_LAT_DMA_STZ 0  // dma_store
 `define DF_OP_MX_PRELOAD 32  // mx.preload rs1, rows, cols, dtype
 `define DF_LAT_MX_PRELOAD 0  // preload
 `define DF_OP_MX_MM 33  // mx.mm rd, rs1, rows
@@ -513,6 +519,9 @@
 `define DF_OP_VC_QNT 68  // vc.qnt vd, vs1, rs2
 `define DF_FUNCT_VC_QNT 3
 `define DF_LAT_VC_QNT 3  // chain_op
+`define DF_OP_ZC_CLR 82  // zc.clr
+`define DF_FUNCT_ZC_CLR 0
+`define DF_LAT_ZC_CLR 0  // zero_count_clear
 `define DF_MAX_UNIT_LATENCY 4  // deepest matrix/vector pipeline in the table
 `define DF_LATENCY_W 3  // bits of df_latency()
 
