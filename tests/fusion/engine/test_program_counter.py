@@ -1,0 +1,92 @@
+"""On-chip dispatch through the store-side zero-tile counter: the kernel writing a dispatched GEMM's operand counts
+its all-zero tiles as it stores them (`dma.stz`), the dispatcher reads the count (`zc.rd`) and jumps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import reference_env, sparse_activations
+from test_program import _kernels_one_by_one
+
+from fusion.cost.analytic import AnalyticCostModel
+from fusion.engine.engine import EngineOptions, FusionEngine
+from fusion.engine.profile import data_class, zero_tile_fraction
+from fusion.engine.program import count_cycles, link_plan, measure_cycles, model_prefers, run_program
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ir import OpType
+from simulator.timing import branch_cycles
+
+
+def relu_linear_relu(m: int = 64, k: int = 256, n: int = 64, seed: int = 0):
+    """Relu -> Gemm (bias) -> Relu: the first Relu is a kernel of its own, so the GEMM's operand is written by a
+    kernel of the program (and sparse exactly when the input is)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("relu_linear_relu")
+    h = b.op(OpType.Relu, b.input("x", (m, k)), name="pre")
+    w = b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w")
+    bias = b.constant((rng.standard_normal(n) * 0.1).astype(np.float32), "bias")
+    b.output(b.op(OpType.Relu, b.op(OpType.Gemm, h, w, bias, name="fc"), name="relu"))
+    return b.build()
+
+
+DENSE = np.abs(np.random.default_rng(1).standard_normal((64, 256))).astype(np.float32) + 0.1
+
+
+@pytest.fixture(scope="module")
+def planned():
+    graph = relu_linear_relu()
+    engine = FusionEngine(graph, "base", "int8", samples=[{"x": DENSE}])
+    engine.run({"x": DENSE})
+    return graph, engine
+
+
+def test_the_count_switches_the_variant_per_call_without_a_relink(planned) -> None:
+    graph, engine = planned
+    mc, choices = engine.mc, engine.plan.choices
+    linked = link_plan(mc, choices, model_prefers(mc, AnalyticCostModel()))  # once: every call runs this binary
+    (d,) = linked.dispatches
+    assert d.producer is not None and d.operand == "pre"  # counted by the Relu kernel's stores
+    assert link_plan(mc, choices, model_prefers(mc, AnalyticCostModel()), counter=False).dispatches == ()
+    n = mc.config.array_size
+    cases = [(DENSE, "epilogue"), (sparse_activations((64, 256), n, 0.75, seed=2), "zero_skip")]
+    cases.append((sparse_activations((64, 256), n, 0.25, seed=3), "zero_skip"))  # at the threshold: 16 of 64
+    for x, expected in [*cases, *cases]:
+        run = run_program(mc, linked, {"x": x}, checked=True)  # the race checker traps on an unordered access
+        assert [(i, g.strategy) for i, g in run.decisions] == [(d.index, expected)]
+        assert (round(zero_tile_fraction(x, n) * d.tiles) >= d.threshold) == (expected == "zero_skip")
+        assert (data_class(x, n)[0] == "sparse") == (expected == "zero_skip")  # the host's class agrees
+        env, _ = _kernels_one_by_one(mc, choices, {"x": x})
+        out = graph.outputs[0]
+        np.testing.assert_array_equal(run.outputs[out], reference_env(mc, {"x": x})[out])
+        np.testing.assert_array_equal(run.outputs["pre"], env["pre"])
+        # the overhead: zc.clr before the Relu, then zc.rd, slti and the dispatch (taken to the zero-skip variant)
+        taken = expected == "zero_skip"
+        assert run.dispatch_cycles == 3 + branch_cycles(mc.config, taken) <= count_cycles(mc.config)
+    assert count_cycles(mc.config) < 0.01 * d.dense_cycles < measure_cycles(mc.config, 64, 256, 1)
+
+
+def test_a_counter_read_is_not_moved_by_a_kernel_between_writer_and_dispatch(planned) -> None:
+    """Only the writer's stores count: the other kernels' stores (the dispatched group's output) are plain."""
+    graph, engine = planned
+    mc = engine.mc
+    linked = link_plan(mc, engine.plan.choices, model_prefers(mc, AnalyticCostModel()))
+    text = [ins.mnemonic for ins in linked.program.instructions()]
+    (block,) = [k for k in linked.program.kernels if k.name.startswith("chain")]
+    assert {"dma.stz"} == {m for m in text[block.start : block.end] if m.startswith("dma.st")}
+    others = [m for k in linked.program.kernels if k is not block for m in text[k.start : k.end]]
+    assert "dma.stz" not in others and "dma.st" in others
+    assert text.count("zc.clr") == 1 and text.count("zc.rd") == 1
+
+
+def test_the_engine_dispatches_on_chip_per_call_in_program_mode(planned) -> None:
+    graph, _ = planned
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="program"), samples=[{"x": DENSE}])
+    host = FusionEngine(graph, "base", "int8", samples=[{"x": DENSE}])
+    sparse = sparse_activations((64, 256), engine.config.array_size, 0.75, seed=2)
+    for x, expected in [(DENSE, "epilogue"), (sparse, "zero_skip")] * 2:
+        result = engine.run({"x": x})
+        (decision,) = result.program.decisions
+        assert decision[:2] == (("fc", "relu"), expected)
+        assert ("fc", "relu") not in result.replanned  # the dispatched group is never re-planned for its data
+        assert result.program.dispatch_cycles <= count_cycles(engine.config)
+        np.testing.assert_array_equal(result.outputs[graph.outputs[0]], host.run({"x": x}).outputs[graph.outputs[0]])
