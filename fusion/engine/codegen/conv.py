@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -28,11 +29,12 @@ from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
-from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
-from fusion.lower.kernels.matrix import bias_view, requant, requant_table
-from fusion.lower.kernels.vector_ops import dequantize
-from fusion.lower.kernels.windows import padded_input, window_of
+from fusion.lower.kernels.frame import MAX_N
+from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requant_table
+from fusion.lower.kernels.vector_ops import dequantize, fill
+from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
@@ -138,40 +140,51 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     ep = conv_epilogue(cx, nodes, s, out)
     if ep.residual is not None and s.strides[1] != 1:
         raise CodegenError(f"node {node.name!r}: a residual Add after a horizontally strided Conv is not absorbed")
-    w = window_of(graph, node)
-    padded, phases = padded_input(cx, node, w, 0.0)
+    x = cx.view(node.inputs[0])
     mm_dt = DType.i8 if cx.int8 else DType.f32
-    quantize = cx.matrix(node).input_scale if cx.int8 and padded.dtype is DType.f32 else None
-    z = _Sizes(s, cfg.array_size, padded.dtype, mm_dt, ep.out_dt, quantize is not None, ep.residual is not None)
+    quantize = cx.matrix(node).input_scale if cx.int8 and x.dtype is DType.f32 else None
+    z = _Sizes(s, cfg.array_size, x.dtype, mm_dt, ep.out_dt, quantize is not None, ep.residual is not None)
     tiling = choose_tiling(cfg, z, node.name)
-    image = padded.reshape_dense((s.n, s.c, s.padded[0] * s.padded[1]))
+    source = BandSource.of(graph, node, x, s)
+    phases: list[list[Step]] = []
     pixels_out = s.out[0] * s.out[1]
     scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), ep.out_dt)
     taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt)
     k = _Kernel(s, tiling, z, taps, ep, quantize)
+    spans = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
+    fills = []
+    for b, (img, g, oh0, rows) in enumerate(spans):
+        parts = [
+            source.band(img, g * s.cg + c0, kb, oh0 * s.strides[0], s.in_rows(rows))
+            for c0, kb in k_slices(s.cg, cfg.array_size)
+        ]
+        resident = TileArena(cfg, b, cx.rotation)
+        fills.append(BandFill(parts, [resident.tile(size) for size in z.resident(tiling.rows)], quantize))
+    per_band = len(k_slices(s.coutg, tiling.tn)) * len(k_slices(s.cg, tiling.chunk))
     steps: list[Step] = []
-    blocks = tiles = 0
-    for img in range(s.n):
-        for g in range(s.groups):
-            for oh0, rows in k_slices(s.out[0], tiling.rows):
-                band = [
-                    image.index((img,))
-                    .slice(0, g * s.cg + c0, kb)
-                    .slice(1, oh0 * s.pitch, s.in_rows(rows) * s.padded[1])
-                    for c0, kb in k_slices(s.cg, cfg.array_size)
-                ]
-                resident = TileArena(cfg, blocks, cx.rotation)
-                raw = [resident.tile(size) for size in z.resident(tiling.rows)]
-                for j0, tn in k_slices(s.coutg, tiling.tn):
-                    acc = TileArena(cfg, tiles, cx.rotation).acc_tile(s.stream_rows(rows) * tn * 4)
-                    for c0, kc in k_slices(s.cg, tiling.chunk):
-                        arena = TileArena(cfg, len(steps), cx.rotation)
-                        for size in z.resident(tiling.rows):
-                            arena.tile(size)
-                        tile = _Tile(img, g * s.coutg + j0, tn, oh0, rows, c0, kc, acc)
-                        steps.append(k.step(cx, arena, tile, band, raw, first=(j0, c0) == (0, 0), scratch=scratch))
-                    tiles += 1
-                blocks += 1
+    tiles = 0
+    for b, (img, g, oh0, rows) in enumerate(spans):
+        # a band's input: brought in by its own first step (the first band, or bands of one step), else spread
+        # over the previous band's steps so it loads while that band computes (its slot's last user, three bands
+        # back, is done: every step waits for the one `DEPTH` before it, and bands have >= 2 steps)
+        own = b == 0 or per_band < 2
+        ahead = fills[b + 1] if per_band >= 2 and b + 1 < len(fills) else None
+        for j0, tn in k_slices(s.coutg, tiling.tn):
+            acc = TileArena(cfg, tiles, cx.rotation).acc_tile(s.stream_rows(rows) * tn * 4)
+            for c0, kc in k_slices(s.cg, tiling.chunk):
+                arena = TileArena(cfg, len(steps), cx.rotation)
+                for size in z.resident(tiling.rows):
+                    arena.tile(size)
+                i = len(steps) - b * per_band
+                dmas = fills[b].dmas() if own and i == 0 else []
+                vector = fills[b].vector() if own and i == 0 else []
+                if ahead is not None:
+                    rest = ahead.dmas()
+                    dmas += rest[len(rest) * i // per_band : len(rest) * (i + 1) // per_band]
+                    vector += ahead.vector() if i == per_band - 1 else []
+                tile = _Tile(img, g * s.coutg + j0, tn, oh0, rows, c0, kc, acc)
+                steps.append(k.step(cx, arena, tile, fills[b].ready, (dmas, vector), scratch))
+            tiles += 1
     phases.append(steps)
     nchw = out.reshape_dense((s.n, s.cout, pixels_out))
     phases.append(to_nchw(cfg, s.strides[1], scratch, nchw, cx.rotation, ep.dequant))
@@ -207,12 +220,16 @@ class Epilogue:
     out_dt: DType  # of the drained tiles and the DRAM scratch
     out_w: int  # output pixels per output row (the residual's row pitch)
     dequant: float | None = None  # int8 drained, float32 out (an absorbed Clip's output): the scale
+    # int8 dequantizing conv (`MatrixQuant.dequantize`, read only by Adds): [Cout] float32 channel scales; the
+    # drain writes f32(acc + bias) and the vector unit multiplies each column by its channel's scale
+    scales: View | None = None
 
     def tiles(self, arena: TileArena, rows: int, tn: int) -> tuple[int, int, int]:
-        """Local bias, residual and requantizer tiles of one step's last K chunk (0 = none)."""
+        """Local bias, residual and requantizer (or dequantizing scales) tiles of one step's last K chunk (0 =
+        none)."""
         bias = arena.tile(tn * 4) if self.bias is not None else 0
         res = arena.tile(rows * self.out_w * tn * 4) if self.residual is not None else 0
-        table = arena.tile(tn * 8) if self.table is not None else 0
+        table = arena.tile(tn * 8) if self.table is not None else arena.tile(tn * 4) if self.scales is not None else 0
         return bias, res, table
 
     def load(self, em: Emitter, tiles: tuple[int, int, int], img: int, col: int, tn: int, oh0: int, rows: int) -> None:
@@ -220,7 +237,7 @@ class Epilogue:
         if bias:
             em.dma_load(self.bias.slice(0, col, tn), bias)
         if table:
-            em.dma_load(self.table.slice(0, col, tn), table)
+            em.dma_load((self.table if self.table is not None else self.scales).slice(0, col, tn), table)
         if res:
             part = self.residual.index((img,)).slice(0, col, tn)
             load_transposed(em, part.slice(1, oh0 * self.out_w, rows * self.out_w), res)
@@ -228,8 +245,9 @@ class Epilogue:
     def drain(self, em: Emitter, band: DrainBand, tiles: tuple[int, int, int], out_tile: int) -> None:
         """Each output row's `band.valid` accumulator rows through the epilogue into the out tile."""
         bias_tile, res_tile, table_tile = tiles
+        per_column = table_tile if self.table is not None else 0
         flags = (
-            "_".join(name for name, on in (("bias", bias_tile), ("res", res_tile), ("pc", table_tile)) if on) or "none"
+            "_".join(name for name, on in (("bias", bias_tile), ("res", res_tile), ("pc", per_column)) if on) or "none"
         )
         mult, shift = (table_tile, 0) if self.table is not None else self.requant
         for r in range(band.rows):
@@ -238,6 +256,12 @@ class Epilogue:
                 em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, self.act, flags, self.drain_dtype)
             dst = out_tile + r * band.cols * band.tn * self.out_dt.size
             em.b.mx_drain(*em.regs(dst, band.acc + r * band.pitch * band.tn * 4), band.valid, band.tn)
+
+    def rescale(self, em: Emitter, rows: int, tn: int, tiles: tuple[int, int, int], out_tile: int) -> None:
+        """A dequantizing conv's drained f32(acc + bias) tile [rows, tn] times its columns' channel scales (the
+        quantized reference's f32(acc) * f32(s_in * s_w[c])); nothing otherwise."""
+        if self.scales is not None:
+            em.b.v_mul_vr(*em.regs(out_tile, out_tile, tiles[2]), rows * tn, tn, "f32")
 
 
 @dataclass(frozen=True)
@@ -254,25 +278,34 @@ class DrainBand:
 
 
 def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out: View) -> Epilogue:
-    """The drain's work for the Conv `nodes[0]` and the consumers it absorbs."""
+    """The drain's work for the Conv `nodes[0]` and the consumers it absorbs (a dequantizing conv: `scales`, which
+    the generator applies after the drain, `Epilogue.rescale`)."""
     graph, node = cx.graph, nodes[0]
     drained, clip = clip_tail(cx, nodes)
     ops = epilogue_ops_of_conv(graph, drained)
     if cx.int8 and ops.residual is not None:
         raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
-    table = requant_table(cx, node)
+    scales = dequant_scales(cx, node)
+    table = None if scales is not None else requant_table(cx, node)
     dequant = None if clip is None else cx.scale(drained[-1].outputs[0])
     return Epilogue(
         bias_view(cx, node),
         None if ops.residual is None else cx.view(ops.residual).reshape_dense((s.n, s.cout, s.out[0] * s.out[1])),
         table,
-        None if table is not None else requant(cx, node) or (f32_bits(1.0), 0),
+        None if table is not None else _per_tensor(cx, node, scales),
         Activation.relu if ops.relu or clip == "relu" else Activation.none,
-        "i8" if cx.int8 else "f32",
+        "i8" if cx.int8 and scales is None else "f32",
         DType.i8 if dequant is not None else out.dtype,
         s.out[1],
         dequant,
+        scales,
     )
+
+
+def _per_tensor(cx: LowerContext, node: Node, scales: View | None) -> tuple[int, int]:
+    """The drain's (mult, shift) without a per-column table: the int8 requantizer, or f32 x 1.0 (fp32, and a
+    dequantizing conv, whose channel scales the vector unit applies after the drain)."""
+    return (f32_bits(1.0), 0) if scales is not None else requant(cx, node) or (f32_bits(1.0), 0)
 
 
 def clip_tail(cx: LowerContext, nodes: Sequence[Node]) -> tuple[Sequence[Node], str | None]:
@@ -311,11 +344,19 @@ class _Kernel:
     quantize: float | None
 
     def step(
-        self, cx: LowerContext, arena: TileArena, t: _Tile, band: list[View], raw: list[int], first: bool, scratch: View
+        self,
+        cx: LowerContext,
+        arena: TileArena,
+        t: _Tile,
+        ready: list[int],
+        band_work: tuple[list[Emit], list[Emit]],
+        scratch: View,
     ) -> Step:
+        """One step over the band whose matrix-dtype tiles are `ready`; `band_work`: the DMAs and vector work of
+        bringing in a band's input that this step carries (its own band's, or a share of the next one's)."""
         s, z, n = self.s, self.z, cx.config.array_size
         slices = k_slices(s.cg, n)
-        ready = raw[len(slices) :] if self.quantize is not None else raw[: len(slices)]
+        dmas, vector = band_work
         last = t.c0 + t.kc == s.cg
         weights = arena.tile(s.taps * t.kc * t.tn * z.mm_dt.size)
         tiles = self.ep.tiles(arena, t.rows, t.tn) if last else (0, 0, 0)
@@ -323,15 +364,14 @@ class _Kernel:
         stream = s.stream_rows(t.rows)
 
         def load(em: Emitter) -> None:
-            if first:
-                for part, tile in zip(band, raw, strict=False):
-                    load_transposed(em, part, tile)
+            for dma in dmas:
+                dma(em)
             em.dma_load(self.taps.slice(1, t.c0, t.kc).slice(2, t.col, t.tn), weights)
             self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
 
-        def to_int8(em: Emitter) -> None:
-            for (_, kb), src, dst, part in zip(slices, raw, ready, band, strict=False):
-                em.b.v_qnt(*em.regs(dst, src, f32_bits(1.0 / self.quantize)), part.shape[1] * kb)
+        def band_vector(em: Emitter) -> None:
+            for work in vector:
+                work(em)
 
         def matmul(em: Emitter) -> None:
             opened = t.c0 != 0  # a later K chunk adds to the accumulator the first one opened
@@ -350,15 +390,142 @@ class _Kernel:
                 rows = DrainBand(t.acc, t.rows, t.tn, s.pitch, s.valid, s.cols)
                 self.ep.drain(em, rows, tiles, out_tile)
 
+        def rescale(em: Emitter) -> None:
+            self.ep.rescale(em, t.rows * s.cols, t.tn, tiles, out_tile)
+
         compute = [(Unit.load, load)]
-        if first and self.quantize is not None:
-            compute.append((Unit.vector, to_int8))
+        if vector:
+            compute.append((Unit.vector, band_vector))
         compute.append((Unit.matrix, matmul))
+        if last and self.ep.scales is not None:
+            compute.append((Unit.vector, rescale))
         stores = []
         if last:
             view = scratch.index((t.img,)).slice(0, t.oh0 * s.cols, t.rows * s.cols).slice(1, t.col, t.tn)
             stores.append((out_tile, view))
         return Step([], compute, stores)
+
+
+@dataclass(frozen=True)
+class BandFill:
+    """What brings one band's input into its resident tiles: each channel block's row DMAs into `raw`, the pad
+    positions cleared, and (a float input on the int8 path) the quantized copies `ready` the matrix unit reads."""
+
+    parts: list[Band]
+    raw: list[int]  # the blocks' tiles as loaded, then (quantize) their int8 copies
+    quantize: float | None  # the input scale (a float input on the int8 path), else None
+
+    @property
+    def ready(self) -> list[int]:
+        return self.raw[len(self.parts) :] if self.quantize is not None else self.raw[: len(self.parts)]
+
+    def dmas(self) -> list[Emit]:
+        return [dma for part, tile in zip(self.parts, self.raw, strict=False) for dma in part.loads(tile)]
+
+    def vector(self) -> list[Emit]:
+        """The pads cleared (disjoint from the loaded rows: no order between them), then the int8 copies."""
+        work: list[Emit] = []
+        if self.parts[0].padded:
+            work += [partial(part.clear, tile=tile) for part, tile in zip(self.parts, self.raw, strict=False)]
+        if self.quantize is not None:
+            scale = f32_bits(1.0 / self.quantize)
+            for part, src, dst in zip(self.parts, self.raw[: len(self.parts)], self.ready, strict=True):
+
+                def to_int8(em: Emitter, src: int = src, dst: int = dst, count: int = part.elements) -> None:
+                    em.b.v_qnt(*em.regs(dst, src, scale), count)
+
+                work.append(to_int8)
+        return work
+
+
+@dataclass(frozen=True)
+class BandSource:
+    """A Conv's unpadded input [n, C, H * W] and where it sits in the padded frame the band schedule computes
+    over: `top` rows and `left` columns of zeros before it, padded rows `pitch` pixels wide."""
+
+    x: View
+    height: int
+    width: int
+    top: int
+    left: int
+    pitch: int
+    padded: bool  # the frame has pad positions (the tiles are cleared before the rows come in)
+
+    @staticmethod
+    def of(graph: Graph, node: Node, x: View, s: ConvGeometry) -> BandSource:
+        w = window_of(graph, node)
+        height, width = (w.in_shape[2] if w.s == 2 else 1), w.in_shape[-1]
+        top, left = (w.pads[0], w.pads[1]) if w.s == 2 else (0, w.pads[0])
+        image = x.reshape_dense((s.n, s.c, height * width))
+        return BandSource(image, height, width, top, left, s.padded[1], w.needs_pad)
+
+    def band(self, img: int, c0: int, kb: int, row0: int, rows: int) -> Band:
+        """Channels [c0, c0 + kb) of image `img` over padded rows [row0, row0 + rows)."""
+        return Band(self, self.x.index((img,)).slice(0, c0, kb), row0, rows)
+
+
+@dataclass(frozen=True)
+class Band:
+    """One channel block of a band of padded input rows, brought into a [pixels, kb] tile (row = padded pixel)
+    straight from the unpadded input (no padded copy in DRAM): each run of input rows comes in by transposing loads
+    at its place (one run when the frame has no side padding), and the vector unit zeros the pad positions."""
+
+    src: BandSource
+    channels: View  # [kb, H * W]
+    row0: int
+    rows: int
+
+    @property
+    def padded(self) -> bool:
+        return self.src.padded
+
+    @property
+    def pixels(self) -> int:
+        return self.rows * self.src.pitch
+
+    def pad_runs(self) -> list[tuple[int, int]]:
+        """(first pixel, pixels) of the tile's pad positions, adjacent ones merged: whole rows above and below
+        the image, and each row's right pads with the next row's left pads."""
+        src, runs = self.src, []
+        for r, h in enumerate(range(self.row0, self.row0 + self.rows)):
+            inside = src.top <= h < src.top + src.height
+            parts = [(0, src.left), (src.left + src.width, src.pitch)] if inside else [(0, src.pitch)]
+            for a, b in parts:
+                if b <= a:
+                    continue
+                start, end = r * src.pitch + a, r * src.pitch + b
+                if runs and runs[-1][0] + runs[-1][1] == start:
+                    runs[-1] = (runs[-1][0], end - runs[-1][0])
+                else:
+                    runs.append((start, end - start))
+        return runs
+
+    def clear(self, em: Emitter, tile: int) -> None:
+        """Zeros at the pad positions (disjoint from the loaded rows: no order between the two)."""
+        kb, dt = self.channels.shape[0], self.channels.dtype
+        for first, count in self.pad_runs():
+            for start in range(first * kb, (first + count) * kb, MAX_N):
+                fill(em, tile + start * dt.size, min(MAX_N, (first + count) * kb - start), dt, 0.0)
+
+    @property
+    def elements(self) -> int:
+        return self.pixels * self.channels.shape[0]
+
+    def loads(self, tile: int) -> list[Emit]:
+        """The transposing DMAs of the band's input rows into `tile`, one per run of rows landing together."""
+        src, kb, es = self.src, self.channels.shape[0], self.channels.dtype.size
+        first = max(self.row0, src.top)
+        last = min(self.row0 + self.rows, src.top + src.height)  # padded rows holding input rows
+        side = src.pitch != src.width  # left/right pads or a wider frame: each row lands at its own place
+        runs = [(h, 1) for h in range(first, last)] if side else [(first, last - first)] if first < last else []
+        return [
+            partial(
+                load_transposed,
+                part=self.channels.slice(1, (h - src.top) * src.width, count * src.width),
+                tile=tile + ((h - self.row0) * src.pitch + src.left) * kb * es,
+            )
+            for h, count in runs
+        ]
 
 
 def load_transposed(em: Emitter, part: View, tile: int) -> None:

@@ -401,8 +401,14 @@ class _Kernel:
                 band = DrainBand(t.acc, t.rows, t.tn, s.positions, s.out[1], s.out[1])
                 self.ep.drain(em, band, tiles, out_tile)
 
+        def rescale(em: Emitter) -> None:
+            self.ep.rescale(em, t.rows * s.out[1], t.tn, tiles, out_tile)
+
+        compute = [(Unit.load, load), (Unit.matrix, matmul)]
+        if last and self.ep.scales is not None:
+            compute.append((Unit.vector, rescale))
         stores = []
         if last:
             view = self.scratch.index((t.img,)).slice(0, t.oh0 * s.out[1], t.rows * s.out[1]).slice(1, t.col, t.tn)
             stores.append((out_tile, view))
-        return Step([], [(Unit.load, load), (Unit.matrix, matmul)], stores)
+        return Step([], compute, stores)

@@ -245,7 +245,9 @@ class _Kernel:
         col = t.g * s.coutg + t.c0
         bias = arena.tile(t.nc * 4) if last and self.ep.bias is not None else 0
         table = arena.tile(t.nc * 8) if last and self.ep.table is not None else 0
-        out_tile = arena.tile(t.nc * m) if last and self.acc_dt is DType.i32 else t.acc
+        scales = arena.tile(t.nc * 4) if last and self.ep.scales is not None else 0
+        out_es = 4 if scales else 1  # a dequantizing conv's f32 out, else int8
+        out_tile = arena.tile(t.nc * m * out_es) if last and self.acc_dt is DType.i32 else t.acc
 
         def load(em: Emitter) -> None:
             if first:
@@ -262,6 +264,8 @@ class _Kernel:
                 em.dma_load(self.ep.bias.slice(0, col, t.nc), bias)
             if table:
                 em.dma_load(self.ep.table.slice(0, col, t.nc), table)
+            if scales:
+                em.dma_load(self.ep.scales.slice(0, col, t.nc), scales)
 
         def matmul(em: Emitter) -> None:
             local = w_tile
@@ -278,6 +282,9 @@ class _Kernel:
                 em.b.v_relu(*em.regs(t.acc, t.acc), n, dt)
             if table:
                 em.b.v_rqnt_vc(*em.regs(out_tile, t.acc, table), n, m)
+            elif scales:  # f32(acc + bias) * the row's channel scale, as the quantized reference dequantizes
+                em.b.v_cvt(*em.regs(out_tile, t.acc), n, "i32", "f32")
+                em.b.v_mul_vc(*em.regs(out_tile, out_tile, scales), n, m, "f32")
             elif self.acc_dt is DType.i32:
                 mult, shift = self.ep.requant
                 em.b.v_rqnt(*em.regs(out_tile, t.acc, mult), shift, n)
