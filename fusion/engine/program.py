@@ -85,6 +85,7 @@ class Dispatch:
     producer: int | None = None  # plan position of the kernel whose counting stores give the count (None: measured)
     measurable: bool = True  # the operand fits the scratchpad and the tile tests' bound (`_measure`)
     dense_cycles: float = 0.0  # the dense kernel's prediction (the budget's base)
+    forgone: float = 0.0  # the predicted overlap its fences forgo (`_Forgone`)
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,11 @@ def link_plan(
     `counter=False`: every dispatch measures its operand (`_measure`), none reads the store-side counter."""
     cfg, graph = mc.config, mc.graph
     entries: list[tuple[int, Group | Dispatch]] = []
+    forgone = _Forgone(mc, choices)
     for i, choice in enumerate(choices):
         if not strategy_of(choice.group).host_view:
             writer = _writer(mc, choices, i) if counter else None
-            table = _table(mc, i, choice, prefer, dispatch_budget, writer) if prefer is not None else None
+            table = _table(mc, i, choice, prefer, dispatch_budget, writer, forgone) if prefer is not None else None
             entries.append((i, table if table is not None else choice.group))
 
     def groups_of(e: Group | Dispatch) -> tuple[Group, ...]:
@@ -322,14 +324,58 @@ class _KernelEmitter(Emitter):
             self.b.dma_stz(dram, loc, stride, t.rows, t.cols, view.dtype.name)
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A plan kernel as `overlap.BoundaryOverlap` prices a boundary (its group and predicted cycles)."""
+
+    group: Group
+    features: object
+    cycles: float
+
+
+class _Forgone:
+    """The predicted overlap a dispatched group's two boundaries would have gained had they been token-ordered
+    (`overlap.BoundaryOverlap`): a dispatch fences both, so on dense data it costs this on every call too. (Whether
+    the link then joins them is not asked: the dispatches, and so the program's kernels, must not depend on the
+    fences, which `program_run.best_fences` chooses per kernel.)"""
+
+    def __init__(self, mc: ModelContext, choices: Sequence[GroupChoice]) -> None:
+        self.mc, self.choices = mc, choices
+        self.kernels = [i for i, c in enumerate(choices) if not strategy_of(c.group).host_view]
+        self._overlap = None
+
+    def __call__(self, index: int, dense: Group, dense_cycles: float) -> float:
+        if self._overlap is None:
+            from fusion.engine.overlap import BoundaryOverlap  # (it generates kernels with this module's extents)
+
+            self._overlap = BoundaryOverlap(self.mc)
+        k = self.kernels.index(index)
+        here = _Planned(dense, None, dense_cycles)
+        total = 0.0
+        if k > 0:
+            before = self.choices[self.kernels[k - 1]]
+            total += self._overlap(_Planned(before.group, None, before.predicted_cycles), here)
+        if k + 1 < len(self.kernels):
+            after = self.choices[self.kernels[k + 1]]
+            total += self._overlap(here, _Planned(after.group, None, after.predicted_cycles))
+        return total
+
+
 def _table(
-    mc: ModelContext, index: int, choice: GroupChoice, prefer: Prefer, budget: float, writer: int | None
+    mc: ModelContext,
+    index: int,
+    choice: GroupChoice,
+    prefer: Prefer,
+    budget: float,
+    writer: int | None,
+    forgone: Callable[[int, Group, float], float],
 ) -> Dispatch | None:
     """The on-chip dispatch of a choice with dense and zero-skip variants; None when it has none, when the
     zero-skip variant never pays (the dense one runs), when the count (`count_cycles` if a kernel at plan position
-    `writer` writes the operand, else `measure_cycles`; paid on every call) exceeds `budget` x the dense kernel's
-    predicted cycles, or when the operand cannot be measured on chip. `_counted` then keeps a dispatch whose
-    writer's stores cannot count only if its measurement fits the budget."""
+    `writer` writes the operand, else `measure_cycles`) plus the overlap its fences forgo (`forgone`), both paid on
+    every call, exceed `budget` x the dense kernel's predicted cycles, or when the operand cannot be measured on
+    chip. `_counted` then keeps a dispatch whose writer's stores cannot count only if its measurement fits the
+    budget."""
     pair = variants(choice)
     if pair is None:
         return None
@@ -345,12 +391,18 @@ def _table(
         return None
     tiles = -(-rows // n) * -(-cols // n)
     at = threshold(choice, tiles, prefer)
+    if at is None:
+        return None  # the zero-skip variant never pays
+    dense_cycles = prefer(choice, 1.0)[0]
     cost = count_cycles(mc.config) if writer is not None else measure_cycles(mc.config, rows, cols, es)
-    if at is None or cost > budget * prefer(choice, 1.0)[0]:
-        return None  # never pays, or counting on every call would cost more than the budget on dense data
+    if cost > budget * dense_cycles:
+        return None  # counting on every call would cost more than the budget on dense data
+    lost = forgone(index, dense, dense_cycles)
+    if cost + lost > budget * dense_cycles:
+        return None
     name = identifier(f"dispatch_{dense.nodes[0]}")
     d = Dispatch(index, operand, tiles, at, name, _kernel_name(dense), _kernel_name(zero_skip), dense, zero_skip)
-    return replace(d, producer=writer, measurable=measurable, dense_cycles=prefer(choice, 1.0)[0])
+    return replace(d, producer=writer, measurable=measurable, dense_cycles=dense_cycles, forgone=lost)
 
 
 def _writer(mc: ModelContext, choices: Sequence[GroupChoice], index: int) -> int | None:
@@ -404,7 +456,8 @@ def _counted(
             out.append((i, e))
             continue
         rows, cols = _matrix(view.shape)
-        fits = e.measurable and measure_cycles(mc.config, rows, cols, view.dtype.size) <= budget * e.dense_cycles
+        cost = measure_cycles(mc.config, rows, cols, view.dtype.size) + e.forgone
+        fits = e.measurable and cost <= budget * e.dense_cycles
         out.append((i, replace(e, producer=None) if fits else choices[i].group))
     return out
 
