@@ -103,12 +103,28 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op in CHAIN_OPS:
             run = _follow(graph, node, CHAIN_OPS, MAX_VECTOR_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "chain") for k in range(2, len(run) + 1)]
+            out += _stored_chains(graph, node)
         if node.op == OpType.Transpose:
             out += _layout_chains(graph, node)
     out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
     out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
     out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
+    return out
+
+
+def _stored_chains(graph: Graph, node: Node) -> list[Candidate]:
+    """A chain node read by several nodes, then a run of chain nodes from each chain-op reader: the chain also
+    stores the first node's value for the other readers (a pre-LN block's residual sum feeds its LayerNorm and
+    the next residual Add: one kernel instead of two, `codegen.chain.stored_intermediates`)."""
+    readers = graph.consumers.get(node.outputs[0], ()) if len(node.outputs) == 1 else ()
+    if len(readers) < 2:
+        return []
+    out = []
+    for reader in readers:
+        if reader.op in CHAIN_OPS:
+            run = (node.name, *(n.name for n in _follow(graph, reader, CHAIN_OPS, MAX_VECTOR_CHAIN - 1)))
+            out += [Candidate(run[:k], "chain") for k in range(2, len(run) + 1)]
     return out
 
 

@@ -29,6 +29,22 @@ def internal_values_private(graph: Graph, nodes: Sequence[Node]) -> FusionDecisi
     return FusionDecision.yes()
 
 
+def intermediates_stored_in_order(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
+    """A vector chain stores every value read outside (`codegen.chain.stored_intermediates`): legal when each
+    outside reader comes after the chain's last node (plans run groups in the order of their last nodes)."""
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    inside = {n.name for n in nodes}
+    for node in nodes[:-1]:
+        early = [
+            c.name
+            for c in graph.consumers.get(node.outputs[0], ())
+            if c.name not in inside and order[c.name] < order[nodes[-1].name]
+        ]
+        if early:
+            return FusionDecision.no(f"{node.outputs[0]!r} is read by {early[0]!r} before the chain ends")
+    return FusionDecision.yes()
+
+
 def dependencies_respected(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
     """Each node after the first consumes the previous node's output (a producer/consumer chain)."""
     for prev, node in zip(nodes, nodes[1:], strict=False):
@@ -91,7 +107,7 @@ def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     chain = FusionDecision.yes() if dag else dependencies_respected(graph, nodes)
     return (
         chain
-        & internal_values_private(graph, nodes)
+        & (intermediates_stored_in_order(graph, nodes) if family == "chain" else internal_values_private(graph, nodes))
         & no_cycle_through_outside(graph, nodes)
         & numerics_preserved(mc, nodes, family)
     )

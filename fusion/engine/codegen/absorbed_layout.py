@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from fusion.engine.codegen.chain import emit_chain, operand_views, operands
+from fusion.engine.codegen.chain import emit_chain, operand_views, operands, stored_intermediates
 from fusion.engine.codegen.matrix_group import is_dense
 from fusion.engine.codegen.transpose import local_transpose
 from fusion.engine.errors import CodegenError
@@ -91,6 +91,8 @@ def layout_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     value = layout[-1].outputs[0]
     if value not in chain[0].inputs:
         raise CodegenError(f"node {chain[0].name!r} does not read the layout transform's output")
+    if stored_intermediates(cx, chain):
+        raise CodegenError("a layout chain stores its last value only")
     table = operands(cx, chain, frozenset({value}))
     out = cx.view(chain[-1].outputs[0])
     shape = out.shape

@@ -11,7 +11,7 @@ to the unfused path.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fusion.engine.errors import CodegenError
@@ -176,7 +176,8 @@ def chain_steps(cx: LowerContext, nodes: Sequence[Node], start: int = 0) -> list
     shape = out_view.shape
     period = shape[-1] if shape else 1
     in_views, row_views = operand_views(cx, table, shape)
-    per_elem = sum(v.dtype.size for v in in_views.values()) + 4
+    kept = stored_intermediates(cx, nodes)
+    per_elem = sum(v.dtype.size for v in in_views.values()) + 4 * (1 + len(kept))
     probe = TileArena(cx.config, 0)
     rows_fixed = [period * 4] * len(row_views)
     budget = largest_fitting(
@@ -194,13 +195,27 @@ def chain_steps(cx: LowerContext, nodes: Sequence[Node], start: int = 0) -> list
         addr = {v: arena.tile(p.size * p.dtype.size) for v, p in parts.items()}
         addr |= {v: arena.tile(period * 4) for v in row_views}
         out_addr = arena.tile(n * 4)
+        kept_addr = {v: arena.tile(n * 4) for v in kept}
         loads = [(parts[v], addr[v]) for v in parts] + [(row_views[v], addr[v]) for v in row_views]
+        stores = [(out_addr, block.of(out_view))] + [(a, block.of(cx.view(v))) for v, a in kept_addr.items()]
 
-        def compute(em: Emitter, addr=addr, out_addr=out_addr, n=n) -> None:
-            emit_chain(cx, em, nodes, table, addr, out_addr, n, period)
+        def compute(em: Emitter, addr=addr, out_addr=out_addr, n=n, kept_addr=kept_addr) -> None:
+            emit_chain(cx, em, nodes, table, addr, out_addr, n, period, stored=kept_addr)
 
-        steps.append(Step(loads, [(Unit.vector, compute)], [(out_addr, block.of(out_view))]))
+        steps.append(Step(loads, [(Unit.vector, compute)], stores))
     return steps
+
+
+def stored_intermediates(cx: LowerContext, nodes: Sequence[Node]) -> list[str]:
+    """Values produced before the chain's last node that its program must store too (`cx.graph` is the group's
+    subgraph: its outputs are the values read outside the group): e.g. a pre-LN block's residual sum, read by
+    the LayerNorm in the chain and by the next residual Add. Each must have the chain's output shape."""
+    out_shape = cx.graph.types[nodes[-1].outputs[0]].shape
+    kept = [n.outputs[0] for n in nodes[:-1] if n.outputs[0] in cx.graph.outputs]
+    for value in kept:
+        if cx.graph.types[value].shape != out_shape:
+            raise CodegenError(f"{value!r} is read outside the chain but is not of the chain's output shape")
+    return kept
 
 
 def emit_chain(
@@ -213,8 +228,10 @@ def emit_chain(
     n: int,
     period: int,
     regs: Registers | None = None,
+    stored: Mapping[str, int] | None = None,
 ) -> None:
-    """Load the external operands at `addr`, apply the nodes register to register, store the last one."""
+    """Load the external operands at `addr`, apply the nodes register to register, store the last one (and each
+    value in `stored` at its local address, as soon as it is computed)."""
     regs = regs or Registers()
     last_use = {o.value: node.name for node in nodes for (name, _), o in table.items() if name == node.name}
     for value in addr:  # load external operands once
@@ -227,6 +244,8 @@ def emit_chain(
             if o.kind not in ("scalar", "unit") and last_use.get(o.value) == node.name and o.value in regs.of:
                 regs.release(regs.of[o.value])
         regs.of[node.outputs[0]] = out
+        if stored and node.outputs[0] in stored:
+            em.b.vc_st(em.reg(stored[node.outputs[0]]), out)
     em.b.vc_st(em.reg(out_addr), regs.of[nodes[-1].outputs[0]])
 
 
