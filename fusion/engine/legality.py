@@ -87,6 +87,10 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
         or family in ("stream", "swapped", "attention", "gated", "conv_chain")
     ):
         return FusionDecision.yes()
+    if family == "conv" and mc.qplan.matrix[nodes[0].name].dequantize:
+        # a dequantizing Conv (read only by Adds) outputs float32: its Add and Relu run in float32 after the
+        # dequantization, as unfused (`codegen.conv.Epilogue.rescale`); nothing is rounded
+        return FusionDecision.yes()
     # a Conv's trailing Clip: its generator takes it only where it is the requantization clamp, exactly
     # (`codegen.conv.clip_tail`), and refuses the rest
     exact = {OpType.Clip} if family == "conv" else set()
