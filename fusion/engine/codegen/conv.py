@@ -221,8 +221,16 @@ class Epilogue:
     out_w: int  # output pixels per output row (the residual's row pitch)
     dequant: float | None = None  # int8 drained, float32 out (an absorbed Clip's output): the scale
     # int8 dequantizing conv (`MatrixQuant.dequantize`, read only by Adds): [Cout] float32 channel scales; the
-    # drain writes f32(acc + bias) and the vector unit multiplies each column by its channel's scale
+    # drain writes f32(acc + bias) and the vector unit multiplies each column by its channel's scale, then adds
+    # the residual (float32, or int8 dequantized at `residual_scale`) and applies the activation, in float32 as
+    # the unfused Add and Relu do
     scales: View | None = None
+    residual_scale: float | None = None
+
+    @property
+    def late(self) -> bool:
+        """Residual and activation on the vector unit after the rescale (a dequantizing conv), not in the drain."""
+        return self.scales is not None
 
     def tiles(self, arena: TileArena, rows: int, tn: int) -> tuple[int, int, int]:
         """Local bias, residual and requantizer (or dequantizing scales) tiles of one step's last K chunk (0 =
@@ -240,11 +248,18 @@ class Epilogue:
             em.dma_load((self.table if self.table is not None else self.scales).slice(0, col, tn), table)
         if res:
             part = self.residual.index((img,)).slice(0, col, tn)
-            load_transposed(em, part.slice(1, oh0 * self.out_w, rows * self.out_w), res)
+            load_transposed(em, part.slice(1, oh0 * self.out_w, rows * self.out_w), res + self._int8_at(rows, tn))
+
+    def _int8_at(self, rows: int, tn: int) -> int:
+        """Where an int8 residual lands in its float32 tile: the last quarter, which its in-order dequantization
+        to the tile's start overwrites only after reading."""
+        return 3 * rows * self.out_w * tn if self.residual_scale is not None else 0
 
     def drain(self, em: Emitter, band: DrainBand, tiles: tuple[int, int, int], out_tile: int) -> None:
         """Each output row's `band.valid` accumulator rows through the epilogue into the out tile."""
         bias_tile, res_tile, table_tile = tiles
+        res_tile = 0 if self.late else res_tile
+        act = Activation.none if self.late else self.act
         per_column = table_tile if self.table is not None else 0
         flags = (
             "_".join(name for name, on in (("bias", bias_tile), ("res", res_tile), ("pc", per_column)) if on) or "none"
@@ -253,15 +268,24 @@ class Epilogue:
         for r in range(band.rows):
             if r == 0 or res_tile:
                 row_res = res_tile + r * self.out_w * band.tn * 4 if res_tile else 0
-                em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, self.act, flags, self.drain_dtype)
+                em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, act, flags, self.drain_dtype)
             dst = out_tile + r * band.cols * band.tn * self.out_dt.size
             em.b.mx_drain(*em.regs(dst, band.acc + r * band.pitch * band.tn * 4), band.valid, band.tn)
 
     def rescale(self, em: Emitter, rows: int, tn: int, tiles: tuple[int, int, int], out_tile: int) -> None:
         """A dequantizing conv's drained f32(acc + bias) tile [rows, tn] times its columns' channel scales (the
-        quantized reference's f32(acc) * f32(s_in * s_w[c])); nothing otherwise."""
-        if self.scales is not None:
-            em.b.v_mul_vr(*em.regs(out_tile, out_tile, tiles[2]), rows * tn, tn, "f32")
+        quantized reference's f32(acc) * f32(s_in * s_w[c])), plus the residual, then the activation; nothing
+        otherwise."""
+        if self.scales is None:
+            return
+        n, (_, res, scales) = rows * tn, tiles
+        em.b.v_mul_vr(*em.regs(out_tile, out_tile, scales), n, tn, "f32")
+        if res:
+            if self.residual_scale is not None:
+                dequantize(em, res, res + self._int8_at(rows // self.out_w, tn), n, self.residual_scale)
+            em.b.v_add(*em.regs(out_tile, out_tile, res), n, "f32")
+        if self.act is Activation.relu:
+            em.b.v_relu(*em.regs(out_tile, out_tile), n, "f32")
 
 
 @dataclass(frozen=True)
@@ -283,9 +307,9 @@ def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out:
     graph, node = cx.graph, nodes[0]
     drained, clip = clip_tail(cx, nodes)
     ops = epilogue_ops_of_conv(graph, drained)
-    if cx.int8 and ops.residual is not None:
-        raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
     scales = dequant_scales(cx, node)
+    if cx.int8 and ops.residual is not None and scales is None:
+        raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
     table = None if scales is not None else requant_table(cx, node)
     dequant = None if clip is None else cx.scale(drained[-1].outputs[0])
     return Epilogue(
@@ -299,6 +323,7 @@ def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out:
         s.out[1],
         dequant,
         scales,
+        None if ops.residual is None else cx.scale(ops.residual),
     )
 
 

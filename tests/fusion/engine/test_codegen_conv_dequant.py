@@ -9,11 +9,13 @@ import math
 
 import numpy as np
 import pytest
-from engine_helpers import context, run_group
+from engine_helpers import context, reference_env, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import CodegenError
+from fusion.engine.legality import numerics_preserved
 from fusion.engine.plan import Group
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ir import Graph
@@ -22,9 +24,12 @@ from fusion.graph.ops import OpType
 STRATEGIES = ("implicit_gemm", "implicit_packed", "implicit_stationary")
 
 
-def residual_graph(c: int, cout: int, size: int, kernel: int, stride: int, pad: int, seed: int = 5) -> Graph:
+def residual_graph(
+    c: int, cout: int, size: int, kernel: int, stride: int, pad: int, seed: int = 5, int8_shortcut: bool = False
+) -> Graph:
     """conv(x) + shortcut -> Relu, the shortcut a strided 1x1 conv of x (also read only by the Add): both convs
-    dequantize."""
+    dequantize; `int8_shortcut`: a Relu after the shortcut conv (folded into its requantization: an int8
+    shortcut, read dequantized by the float Add)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("residual")
     x = b.input("x", (1, c, size, size))
@@ -36,21 +41,24 @@ def residual_graph(c: int, cout: int, size: int, kernel: int, stride: int, pad: 
         return b.op(OpType.Conv, x, b.constant(w, f"{name}_w"), b.constant(bias, f"{name}_b"), name=name, **attrs)
 
     main, short = conv("conv", kernel, pad), conv("short", 1, 0)
+    if int8_shortcut:
+        short = b.op(OpType.Relu, short, name="short_relu")
     b.output(b.op(OpType.Relu, b.op(OpType.Add, main, short, name="add"), name="relu"))
     return b.build()
 
 
-def _check(graph: Graph, strategy: str, node: str) -> bool:
-    """Run `node` alone with `strategy`; False when the generator refuses the shape (asserted exact otherwise)."""
+def _check(graph: Graph, strategy: str, node: str, *absorbed: str) -> bool:
+    """Run `node` (and the `absorbed` Add, Relu) with `strategy`; False when the generator refuses the shape
+    (asserted exact otherwise)."""
     rng = np.random.default_rng(1)
     inputs = {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
     mc = context(graph, inputs, "int8")
     assert mc.qplan.matrix[node].dequantize and mc.scale(graph.node(node).outputs[0]) is None
     try:
-        _, run, env = run_group(mc, Group((node,), strategy), inputs)
+        _, run, env = run_group(mc, Group((node, *absorbed), strategy), inputs)
     except CodegenError:
         return False
-    out = graph.node(node).outputs[0]
+    out = graph.node((node, *absorbed)[-1]).outputs[0]
     assert run.outputs[out].dtype == np.float32
     np.testing.assert_array_equal(run.outputs[out], env[out])
     return True
@@ -80,3 +88,41 @@ def test_a_strided_pointwise_shortcut_dequantizes(strategy: str) -> None:
 def test_dequantizing_conv_variants(c: int, cout: int, size: int, kernel: int, stride: int, strategy: str) -> None:
     graph = residual_graph(c, cout, size, kernel, stride, kernel // 2)
     _check(graph, strategy, "conv")
+
+
+@pytest.mark.parametrize("strategy", ["implicit_gemm", "implicit_packed"])
+@pytest.mark.parametrize("int8_shortcut", [False, True])
+def test_the_residual_add_and_relu_run_in_float_after_the_rescale(strategy: str, int8_shortcut: bool) -> None:
+    """Conv + Add + Relu in one kernel: the Add reads the dequantized conv output as the unfused float Add does
+    (no requantization is skipped), the shortcut float32 or int8 (dequantized in the kernel)."""
+    graph = residual_graph(c=16, cout=32, size=8, kernel=3, stride=1, pad=1, int8_shortcut=int8_shortcut)
+    assert _check(graph, strategy, "conv", "add", "relu")
+
+
+def test_the_stationary_schedule_refuses_a_residual() -> None:
+    graph = residual_graph(c=16, cout=32, size=8, kernel=3, stride=1, pad=1)
+    assert not _check(graph, "implicit_stationary", "conv", "add", "relu")
+
+
+def test_fusing_the_add_of_a_dequantizing_conv_changes_no_rounding() -> None:
+    """Legality: Conv + Add + Relu is legal in int8 when the conv dequantizes (the Add was refused as skipping a
+    requantization before the dequantizing epilogue existed); a requantizing Conv + Relu stays legal (exact)."""
+    graph = residual_graph(c=16, cout=32, size=8, kernel=3, stride=1, pad=1, int8_shortcut=True)
+    inputs = {"x": np.random.default_rng(0).standard_normal((1, 16, 8, 8)).astype(np.float32)}
+    mc = context(graph, inputs, "int8")
+    nodes = [graph.node(n) for n in ("conv", "add", "relu")]
+    assert numerics_preserved(mc, nodes, "conv").ok
+    assert not mc.qplan.matrix["short"].dequantize
+    assert numerics_preserved(mc, [graph.node(n) for n in ("short", "short_relu")], "conv").ok  # Relu: exact
+
+
+def test_the_dynamic_plan_runs_the_block_bit_exact() -> None:
+    """The engine's dynamic plan of the block (whatever it fuses) equals the quantized reference."""
+    graph = residual_graph(c=16, cout=32, size=8, kernel=3, stride=1, pad=1, int8_shortcut=True)
+    inputs = {"x": np.random.default_rng(2).standard_normal((1, 16, 8, 8)).astype(np.float32)}
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(policy="dynamic"))
+    result = engine.run(inputs)
+    env = reference_env(engine.mc, inputs)
+    out = graph.outputs[0]
+    np.testing.assert_array_equal(result.outputs[out], env[out])
+    assert any(set(c.group.nodes) >= {"conv", "add"} for c in engine.plan.choices)
