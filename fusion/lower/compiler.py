@@ -30,11 +30,13 @@ from fusion.lower.context import (
     bias_form,
     const_key,
     storage_dtype,
+    taps_form,
     temp_key,
 )
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, frame_pool, frame_windows, matrix, movement, normalize, windows
+from fusion.lower.kernels.conv_implicit import pack_weight, packs
 from fusion.lower.kernels.matrix import CONST_RQNT, dequant_form
 from fusion.lower.kernels.recipes import RECIPES, refusal, trilu_mask, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
@@ -100,6 +102,9 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
             if not graph.is_constant(value):
                 continue
             data = np.asarray(graph.constants[value])
+            if node.op == OpType.Conv and pos == 1 and packs(data.shape):  # the implicit GEMM's tap-major weight
+                stored = data if plan is None else plan.matrix[node.name].quantize_weight(data)
+                forms[const_key(value, taps_form(plan is not None))] = pack_weight(stored)
             if plan is not None and node.op in MATRIX_OPS and pos < 2:
                 q = plan.matrix[node.name]
                 quantized = quantize_tensor(data, q.input_scale) if pos == 0 else q.quantize_weight(data)

@@ -16,11 +16,14 @@ from isa.enums import DType
 from simulator.config import MachineConfig
 
 CONST_F32, CONST_I8, CONST_BIAS = "f32", "i8", "bias"
+CONST_TAPS_F32, CONST_TAPS_I8 = "f32taps", "i8taps"  # a Conv weight packed tap-major (`kernels.conv_implicit`)
 SEL_TRUE, SEL_FALSE = "sel_true", "sel_false"  # a constant Where condition as float clamps (kernels.recipes)
 FORM_DTYPES = {
     CONST_F32: DType.f32,
     CONST_I8: DType.i8,
     CONST_BIAS: DType.i32,
+    CONST_TAPS_F32: DType.f32,
+    CONST_TAPS_I8: DType.i8,
     SEL_TRUE: DType.f32,
     SEL_FALSE: DType.f32,
 }
@@ -85,6 +88,11 @@ def bias_form(node: str) -> str:
     merges equal ones) quantize it at their own scales and bias corrections, so one key per value would give one of
     them the other's bias."""
     return f"{CONST_BIAS}@{node}"
+
+
+def taps_form(int8: bool) -> str:
+    """The form of a Conv weight packed tap-major, as the int8 or fp32 path reads it."""
+    return CONST_TAPS_I8 if int8 else CONST_TAPS_F32
 
 
 def form_dtype(form: str) -> DType:

@@ -23,7 +23,10 @@ channel that does not fit a buffer slot) return None: the padded-band kernels (`
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
+
+import numpy as np
 
 from fusion.lower.emitter import Emitter, f32_bits
 from fusion.lower.views import View
@@ -129,6 +132,32 @@ class Frame:
         return [*head, (tail, (rows - 1) * self.pitch)]
 
 
+def lifted(
+    n: int,
+    c: int,
+    spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    pads: tuple[int, ...],
+    out: tuple[int, ...],
+) -> Frame:
+    """A 1-D or 2-D window's geometry as a Frame (pads: begins then ends), 1-D lifted to height 1; whether the
+    frame kernels can run it is `frame_of`'s question."""
+    s = len(kernel)
+    lift = (1,) * (2 - s)
+    return Frame(
+        n,
+        c,
+        *((1, spatial[0]) if s == 1 else spatial),
+        kernel=(*lift, *kernel),
+        strides=(*lift, *strides),
+        dilations=(*lift, *dilations),
+        pads=(0, pads[0]) if s == 1 else (pads[0], pads[1]),
+        out=(*lift, *out),
+    )
+
+
 def frame_of(
     n: int,
     c: int,
@@ -142,18 +171,7 @@ def frame_of(
     """The frame of a 1-D or 2-D window (pads: begins then ends), or None when it does not apply."""
     if len(kernel) not in (1, 2):
         return None
-    s = len(kernel)
-    lift = (1,) * (2 - s)
-    f = Frame(
-        n,
-        c,
-        *((1, spatial[0]) if s == 1 else spatial),
-        kernel=(*lift, *kernel),
-        strides=(*lift, *strides),
-        dilations=(*lift, *dilations),
-        pads=(0, pads[0]) if s == 1 else (pads[0], pads[1]),
-        out=(*lift, *out),
-    )
+    f = lifted(n, c, spatial, kernel, strides, dilations, pads, out)
     sh, sw = f.strides
     if f.h % sh or f.out[0] != f.rows:
         return None
@@ -163,6 +181,13 @@ def frame_of(
     if f.pitch > MAX_PERIOD or f.out[0] * f.out[1] > MAX_PERIOD:
         return None
     return f
+
+
+def value_runs(values: np.ndarray) -> list[tuple[int, int, float]]:
+    """The runs (start, end, value) of equal consecutive values, for `fill_runs`."""
+    edges = np.flatnonzero(np.diff(values)) + 1
+    starts, ends = np.concatenate([[0], edges]), np.concatenate([edges, [len(values)]])
+    return [(int(a), int(b), float(values[a])) for a, b in zip(starts, ends, strict=True)]
 
 
 def fill_runs(em: Emitter, dst: int, runs: list[tuple[int, int, float]], dtype: DType) -> None:
@@ -232,3 +257,28 @@ class Mask:
         getattr(b, f"v_mul_{mode}")(*em.regs(dst, src, tiles[name]), n, period, "i32")
         if self.for_max:
             getattr(b, f"v_add_{mode}")(*em.regs(dst, dst, tiles[name + "v"]), n, period, "i32")
+
+
+def mask_tap(
+    em: Emitter,
+    mask: Mask,
+    tiles: dict[str, int],
+    tap: Tap,
+    src: int,
+    dst: int,
+    n: int,
+    pitch: int,
+    col_masks: Collection[int],
+    row_mask: bool = True,
+) -> int:
+    """A tap's read of `src` (n elements at its shifted address, frame rows of `pitch`) with the reads outside the
+    image masked into `dst`: its row mask (`rm{dm}`, one per frame row; unless `row_mask` is off: folded into
+    per-row weights) and its column mask (`cm{o}`, repeating every row). Returns where the masked read is (`src`
+    when no mask applies)."""
+    if row_mask and tap.dm != 0:
+        mask.apply(em, tiles, f"rm{tap.dm}", dst, src, n, pitch, "vc")
+        src = dst
+    if tap.o in col_masks:
+        mask.apply(em, tiles, f"cm{tap.o}", dst, src, n, pitch, "vr")
+        src = dst
+    return src

@@ -34,7 +34,7 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels import windows
-from fusion.lower.kernels.frame import MAX_N, Frame, Mask, fill_runs, repeat
+from fusion.lower.kernels.frame import MAX_N, Frame, Mask, fill_runs, mask_tap, repeat, value_runs
 from fusion.lower.kernels.frame_windows import (
     Plan,
     build_masks,
@@ -45,12 +45,11 @@ from fusion.lower.kernels.frame_windows import (
     phase_sizes,
     prepare_x,
 )
+from fusion.lower.kernels.sum_order import PAIRWISE, numpy_order
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View
 from isa.enums import DType, Unit
-
-PAIRWISE = 8  # numpy sums an inner loop of 8 or more terms pairwise (an order not followed here)
 
 
 def _lowest(dtype: DType) -> float:
@@ -296,13 +295,7 @@ class _TapMax:
         def tap(i: int, dst: int) -> int:
             tp = self.p.taps[i]
             src = t[f"x{tp.phase}"] + (pre + tp.offset(f.pitch)) * es
-            if tp.dm != 0:
-                mask.apply(em, t, f"rm{tp.dm}", dst, src, n, f.pitch, "vc")
-                src = dst
-            if tp.o in self.p.col_masks:
-                mask.apply(em, t, f"cm{tp.o}", dst, src, n, f.pitch, "vr")
-                src = dst
-            return src
+            return mask_tap(em, mask, t, tp, src, dst, n, f.pitch, self.p.col_masks)
 
         _fold_max(em, t["acc"], [lambda dst, i=i: tap(i, dst) for i in range(len(self.p.taps))], t, n, d)
         if f.strides[1] > 1:
@@ -387,29 +380,18 @@ def window_counts(
 
 
 def sum_order(w: windows.Window) -> str | None:
-    """The order numpy's float32 sum over a window view [.., *out, *kernel] adds the taps: "rows" (each kernel
-    row's columns summed, then the row sums in turn), "flat" (every tap in turn, row-major), or None (pairwise).
-    Its inner loop is the smallest-stride axis (the kernel columns on a tie with the output columns); the
-    kernel rows and columns are one axis when a padded row is exactly a window's width. Checked against numpy
-    over every small geometry (H 2-5, W 1-6, kernels, strides and dilations 1-3, pads 0-1)."""
+    """The frame kernel's way to add the taps in numpy's order (`sum_order.numpy_order`): "rows" (each kernel row's
+    columns summed, then the row sums in turn), "flat" (every tap in turn, row-major), or None: a pairwise sum of
+    8 or more terms, or a window with one output column (the window kernel, `windows`, follows those)."""
     kh, kw = ((1,) * (2 - w.s) + tuple(w.kernel))[-2:]
-    sw, dw, dh = w.strides[-1], w.dilations[-1], w.dilations[0] if w.s == 2 else 1
-    size, pl, pr = w.in_shape[-1], w.pads[w.s - 1], w.pads[-1]
-    need = (w.out_spatial[-1] - 1) * sw + (kw - 1) * dw + 1
-    padded = size + pl + max(pr, need - size - pl)
-    if kh > 1 and kw > 1 and w.out_spatial[-1] == 1:  # numpy drops the size-1 axis: other orders (measured)
+    if kh > 1 and kw > 1 and w.out_spatial[-1] == 1:
         return None
-    if dw > sw and w.out_spatial[-1] > 1 and kw > 1:  # the output columns are the inner loop
-        return "flat"
-    if kh > 1 and kw > 1 and dh * padded == kw * dw:
+    order = numpy_order(w)
+    if order == "pairwise":
         return "flat" if kh * kw < PAIRWISE else None
+    if order == "flat":
+        return "flat"
     return "rows" if max(kh, kw) < PAIRWISE else None
-
-
-def _runs(values: np.ndarray) -> list[tuple[int, int, float]]:
-    edges = np.flatnonzero(np.diff(values)) + 1
-    starts, ends = np.concatenate([[0], edges]), np.concatenate([edges, [len(values)]])
-    return [(int(a), int(b), float(values[a])) for a, b in zip(starts, ends, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -441,13 +423,7 @@ class _Average:
         def tap(i: int, dst: int) -> int:
             tp = self.p.taps[i]
             a = src[tp.phase] + (pre + tp.offset(f.pitch)) * 4
-            if tp.dm != 0:
-                mask.apply(em, t, f"rm{tp.dm}", dst, a, n, f.pitch, "vc")
-                a = dst
-            if tp.o in self.p.col_masks:
-                mask.apply(em, t, f"cm{tp.o}", dst, a, n, f.pitch, "vr")
-                a = dst
-            return a
+            return mask_tap(em, mask, t, tp, a, dst, n, f.pitch, self.p.col_masks)
 
         taps = [lambda dst, i=i: tap(i, dst) for i in range(len(self.p.taps))]
         kw = 1 if self.flat else f.kernel[1]
@@ -531,7 +507,7 @@ def average_pool_frame_phases(cx: LowerContext, node: Node) -> list[list[Step]] 
     kb = channels(cx, f, f.slack(), sizes)
     if kb == 0:
         return None
-    rows, cols = tuple(_runs(counts[0])), tuple(_runs(counts[1]))
+    rows, cols = tuple(value_runs(counts[0])), tuple(value_runs(counts[1]))
 
     def body(k: int, tiles: dict[str, int]):
         avg = _Average(p, k, tiles, x.dtype, scale, rows, cols, order == "flat")

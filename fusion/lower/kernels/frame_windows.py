@@ -17,7 +17,7 @@ from fusion.lower.context import CONST_I8, LowerContext
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels import windows
 from fusion.lower.kernels.conv_depthwise import is_depthwise
-from fusion.lower.kernels.frame import MAX_N, MAX_PERIOD, Frame, Mask, Tap, fill_runs, frame_of
+from fusion.lower.kernels.frame import MAX_N, MAX_PERIOD, Frame, Mask, Tap, fill_runs, frame_of, mask_tap
 from fusion.lower.kernels.matrix import bias_view, requant, requant_table
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View
@@ -375,10 +375,7 @@ class _ConvBody:
                 b.v_mul_vc(*em.regs(dst, x, t[f"we{i}"]), n, p.pitch, acc)
             else:
                 b.v_mul_vc(*em.regs(dst, x, t["w"] + i * kb * 4), n, p.positions, acc)
-                if tap.dm != 0:
-                    mask.apply(em, t, f"rm{tap.dm}", dst, dst, n, p.pitch, "vc")
-            if tap.o in p.col_masks:
-                mask.apply(em, t, f"cm{tap.o}", dst, dst, n, p.pitch, "vr")
+            mask_tap(em, mask, t, tap, dst, dst, n, p.pitch, p.col_masks, row_mask=not p.expands(tap))
             if i:
                 b.v_add(*em.regs(t["acc"], t["acc"], dst), n, acc)
         res, m = t["acc"], n

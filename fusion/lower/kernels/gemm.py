@@ -9,6 +9,9 @@ on the tile's first slice, so the chunks add up); after the last chunk the vecto
 per-channel v.mul), and the store unit writes the tile. K is split (see `choose_tiling`)
 only when too few rows fit beside the whole of it; a chunk and its row block always fit one buffer slot, so any
 K works. The matrix unit accumulates the k-slices in the same order either way: splitting changes no result.
+
+B is a DRAM view (`Operand`) or `Gathered`: a panel no DRAM tensor holds, assembled in the scratchpad by the
+operand itself (an implicit-GEMM convolution's windows, `conv_implicit`), with its own column blocks.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
+from typing import Protocol
 
-from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.errors import MemoryPlanError
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View
@@ -31,6 +35,22 @@ class Operand:
 
     view: View
     quantize_scale: float | None = None
+
+
+class Gathered(Protocol):
+    """A B operand gathered into the scratchpad rather than read as one view: `panel` allocates the dense
+        [kc, cols] panel of rows [k0, k0 + kc) and columns [j0, j0 + cols) (matrix-ready dtype; room for `width` >= cols
+    columns) in `arena` and returns
+        its address, the DMA loads and the vector work (after the loads) that complete it; `panel_bytes` are the
+        scratchpad tiles it allocates (for tiling); `columns` the column blocks of at most `width` columns."""
+
+    def panel_bytes(self, kc: int, cols: int) -> list[int]: ...
+
+    def panel(
+        self, arena: TileArena, k0: int, kc: int, j0: int, cols: int, width: int
+    ) -> tuple[int, list[tuple[View, int]], list[Emit]]: ...
+
+    def columns(self, width: int) -> list[tuple[int, int]]: ...
 
 
 @dataclass(frozen=True)
@@ -58,7 +78,7 @@ class Gemm:
     path (a `ChannelDequant`: into float32)."""
 
     a: Operand
-    b: Operand
+    b: Operand | Gathered
     out: View
     bias: View | None = None
     requant: tuple[int, int] | ChannelRequant | ChannelDequant | None = None
@@ -103,7 +123,7 @@ def _k_slices(k: int, n: int) -> list[tuple[int, int]]:
 
 def _sizes(g: Gemm, tm: int, tn: int, kc: int, n: int) -> tuple[list[int], list[int]]:
     """Scratchpad and accumulator bytes of one step's tiles (bias and int8 result counted on every step)."""
-    spad: list[int] = _operand_bytes(g.b, kc * tn)  # one B panel, its k-slices stacked
+    spad: list[int] = _panel(g).panel_bytes(kc, tn)  # one B panel, its k-slices stacked
     for _, kb in _k_slices(kc, n):
         spad += _operand_bytes(g.a, tm * kb)
     mode = g.bias_mode
@@ -158,12 +178,41 @@ def _alloc(arena: TileArena, op: Operand, slice_elems: list[int]) -> _Tiles:
     return _Tiles(raw, tuple(arena.tile(e) for e in slice_elems), DType.i8)
 
 
-def _fill(op: Operand, tiles: _Tiles, parts: list[View], loads: list, quants: list) -> None:
+def _fill(op: Operand, tiles: _Tiles, parts: list[View], loads: list, quants: list[Emit]) -> None:
     """Load the slices; queue their quantization (float operands on the int8 path)."""
     for part, raw, ready in zip(parts, tiles.raw, tiles.ready, strict=True):
         loads.append((part, raw))
         if op.quantize_scale is not None:
-            quants.append((ready, raw, part.size, 1.0 / op.quantize_scale))
+            inv = f32_bits(1.0 / op.quantize_scale)
+
+            def quantize(em: Emitter, q=ready, raw=raw, count=part.size, inv=inv) -> None:
+                em.b.v_qnt(*em.regs(q, raw, inv), count)
+
+            quants.append(quantize)
+
+
+@dataclass(frozen=True)
+class _ViewPanel:
+    """B as a DRAM view: a panel is one DMA (then quantized on the int8 path when stored float)."""
+
+    op: Operand
+
+    def panel_bytes(self, kc: int, cols: int) -> list[int]:
+        return _operand_bytes(self.op, kc * cols)
+
+    def panel(self, arena: TileArena, k0: int, kc: int, j0: int, cols: int, width: int) -> tuple[int, list, list[Emit]]:
+        tiles = _alloc(arena, self.op, [kc * width])
+        loads: list = []
+        quants: list[Emit] = []
+        _fill(self.op, tiles, [self.op.view.slice(0, k0, kc).slice(1, j0, cols)], loads, quants)
+        return tiles.ready[0], loads, quants
+
+    def columns(self, width: int) -> list[tuple[int, int]]:
+        return _blocks(self.op.view.shape[1], width)
+
+
+def _panel(g: Gemm) -> Gathered:
+    return _ViewPanel(g.b) if isinstance(g.b, Operand) else g.b
 
 
 @dataclass
@@ -207,31 +256,46 @@ def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
     m, k = g.a.view.shape
     tm, tn = tiling.rows, tiling.cols
     ks = _k_slices(k, cfg.array_size)
+    panel = _panel(g)
     row_blocks = _blocks(m, tm)
-    col_blocks = _blocks(g.out.shape[1], tn)
+    col_blocks = panel.columns(tn)
     a_resident = not (len(col_blocks) == 1 and len(row_blocks) > 1)
     outer, inner = (row_blocks, col_blocks) if a_resident else (col_blocks, row_blocks)
     a_elems = [tm * kb for _, kb in ks]  # A: one tile per k-slice (a column block of A's rows)
-    b_elems = [k * tn]  # B: the k x cols panel in one DMA; its k-slices are consecutive dense blocks
-    resident_op, streamed_op = (g.a, g.b) if a_resident else (g.b, g.a)
-    resident_elems, streamed_elems = (a_elems, b_elems) if a_resident else (b_elems, a_elems)
+    b_bytes = panel.panel_bytes(k, tn)  # B: the k x cols panel; its k-slices are consecutive dense blocks
     for b_index, ob in enumerate(outer, progress.blocks):
-        resident = _alloc(TileArena(cfg, b_index, progress.rotation), resident_op, resident_elems)
+        block = TileArena(cfg, b_index, progress.rotation)
+        if a_resident:
+            a_res = _alloc(block, g.a, a_elems)
+        else:
+            b_res = panel.panel(block, 0, k, *ob, tn)
         for first, ib in enumerate(inner):
             (i0, rows), (j0, cols) = (ob, ib) if a_resident else (ib, ob)
             arena = TileArena(cfg, len(progress.steps), progress.rotation)
-            _alloc(arena, resident_op, resident_elems)  # skip the resident region of this slot
-            streamed = _alloc(arena, streamed_op, streamed_elems)
+            for size in a_elems if a_resident else b_bytes:  # skip the resident region of this slot
+                arena.tile(size * g.a.view.dtype.size if a_resident else size)
+            if a_resident and g.a.quantize_scale is not None:
+                for size in a_elems:
+                    arena.tile(size)
             a_parts = [g.a.view.slice(0, i0, rows).slice(1, k0, kb) for k0, kb in ks]
-            b_parts = [g.b.view.slice(1, j0, cols)]
             loads: list = []
-            quants: list = []
-            if first == 0:
-                _fill(resident_op, resident, a_parts if a_resident else b_parts, loads, quants)
-            _fill(streamed_op, streamed, b_parts if a_resident else a_parts, loads, quants)
-            a_tiles, b_tiles = (resident, streamed) if a_resident else (streamed, resident)
+            quants: list[Emit] = []
+            if a_resident:
+                a_tiles = a_res
+                if first == 0:
+                    _fill(g.a, a_tiles, a_parts, loads, quants)
+                b_ready, b_loads, b_prep = panel.panel(arena, 0, k, j0, cols, tn)
+                loads += b_loads
+                quants += b_prep
+            else:
+                b_ready, b_loads, b_prep = b_res
+                if first == 0:
+                    loads += b_loads
+                    quants += b_prep
+                a_tiles = _alloc(arena, g.a, a_elems)
+                _fill(g.a, a_tiles, a_parts, loads, quants)
             acc = TileArena(cfg, progress.tiles, progress.rotation).acc_tile(rows * cols * 4)
-            chunk = _Chunk(ks, a_tiles, b_tiles, first=True, last=True)
+            chunk = _Chunk(ks, a_tiles, b_ready, first=True, last=True)
             progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
             progress.tiles += 1
     progress.blocks += len(outer)
@@ -241,19 +305,17 @@ def _split_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
     """Every output tile as a run of K-chunk steps, both operands streamed (nothing resident)."""
     m, k = g.a.view.shape
     chunks = _blocks(k, tiling.chunk)
-    for (i0, rows), (j0, cols) in product(_blocks(m, tiling.rows), _blocks(g.out.shape[1], tiling.cols)):
+    panel = _panel(g)
+    for (i0, rows), (j0, cols) in product(_blocks(m, tiling.rows), panel.columns(tiling.cols)):
         acc = TileArena(cfg, progress.tiles, progress.rotation).acc_tile(rows * cols * 4)
         for index, (c0, cw) in enumerate(chunks):
             ks = _k_slices(cw, cfg.array_size)
             arena = TileArena(cfg, len(progress.steps), progress.rotation)
-            b_tiles = _alloc(arena, g.b, [cw * cols])
+            b_ready, loads, quants = panel.panel(arena, c0, cw, j0, cols, cols)
             a_tiles = _alloc(arena, g.a, [rows * kb for _, kb in ks])
-            loads: list = []
-            quants: list = []
             a_rows = g.a.view.slice(0, i0, rows)
-            _fill(g.b, b_tiles, [g.b.view.slice(0, c0, cw).slice(1, j0, cols)], loads, quants)
             _fill(g.a, a_tiles, [a_rows.slice(1, c0 + k0, kb) for k0, kb in ks], loads, quants)
-            chunk = _Chunk(ks, a_tiles, b_tiles, first=index == 0, last=index == len(chunks) - 1)
+            chunk = _Chunk(ks, a_tiles, b_ready, first=index == 0, last=index == len(chunks) - 1)
             progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
         progress.tiles += 1
 
@@ -265,7 +327,7 @@ class _Chunk:
 
     slices: list[tuple[int, int]]
     a: _Tiles
-    b: _Tiles
+    b: int  # the matrix-ready panel's address
     first: bool
     last: bool
 
@@ -281,9 +343,7 @@ def _chunk_step(
 ) -> Step:
     i0, rows, j0, cols = tile
     dt = chunk.a.dtype
-    slices = [
-        (a, chunk.b.ready[0] + k0 * cols * dt.size, kb) for a, (k0, kb) in zip(chunk.a.ready, chunk.slices, strict=True)
-    ]
+    slices = [(a, chunk.b + k0 * cols * dt.size, kb) for a, (k0, kb) in zip(chunk.a.ready, chunk.slices, strict=True)]
     acc_dt = DType.i32 if g.int8 else DType.f32
     mode = g.bias_mode if chunk.last else "none"
     bias_addr = 0
@@ -303,8 +363,8 @@ def _chunk_step(
         loads.append((part, table_addr))
 
     def quantize(em: Emitter) -> None:
-        for q, raw, count, inv in quants:
-            em.b.v_qnt(*em.regs(q, raw, f32_bits(inv)), count)
+        for prepare in quants:
+            prepare(em)
 
     def matmul(em: Emitter) -> None:
         for index, (a_addr, b_addr, kb) in enumerate(slices):

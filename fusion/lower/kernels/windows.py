@@ -4,13 +4,13 @@ Padding is a phase of its own: a DRAM scratch tensor is filled with the pad valu
 from one vector-filled tile, then the input is copied into its interior. Then:
 - a depthwise Conv and a 1-D/2-D MaxPool run on the vector unit over bands of the padded input, one shifted
   vector op per tap (`conv_depthwise`, `pool_vector`), no window copies;
-- any other Conv (the baseline has no transposing load to build pixel-major tiles; fused groups run it as an
-  implicit GEMM, `fusion.engine.codegen.conv`) builds the transposed im2col matrix colT[n, c, k..., out...] with
-  strided DMA copies and runs W[M, C*K] @ colT[C*K, P] per image and group, the bias added per row;
+- any other Conv (and a depthwise one the vector kernels refuse) runs as an implicit GEMM over the unpadded
+  input (`conv_implicit`): no padding phase, no im2col tensor;
 - a MaxPool of another rank takes v.max over the window views (a window position (k_1, ..., k_s) is a strided
   view of the padded tensor) of each output tile;
-- AveragePool sums the window views and divides by the same window sum over a tensor of ones padded like the
-  input, which counts each window's valid positions (explicit pads included with count_include_pad).
+- AveragePool sums the window views in the reference's order (`sum_order`) and divides by the same window sum over
+  a tensor of ones padded like the input, which counts each window's valid positions (explicit pads included with
+  count_include_pad).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-import numpy as np
-
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, storage_dtype
@@ -28,10 +26,10 @@ from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
 from fusion.lower.kernels.conv_depthwise import depthwise_phases, is_depthwise, scratch_elements
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
-from fusion.lower.kernels.gemm import ChannelDequant, ChannelRequant, Gemm, Operand, gemm_steps
-from fusion.lower.kernels.matrix import bias_view, dequant_scales, matrix_operand, requant, requant_table
+from fusion.lower.kernels.conv_implicit import implicit_conv_phases
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.pool_vector import max_pool_phases
+from fusion.lower.kernels.sum_order import SumPlan, sum_plan, sum_tree
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks, dense
@@ -86,10 +84,8 @@ def _scratch(graph: Graph, node: Node, plan: QuantPlan | None) -> list[int]:
     es = storage_dtype(graph, plan, node.inputs[0]).size
     padded = math.prod(w.padded_shape)
     sizes = [padded * es]  # padded input (unused without padding)
-    if node.op == OpType.Conv:
-        sizes.append(w.in_shape[0] * w.in_shape[1] * math.prod(w.kernel) * math.prod(w.out_spatial) * es)
-        if is_depthwise(graph, node):  # its vector kernel's output scratch (at most float32)
-            sizes[-1] = max(sizes[-1], scratch_elements(conv_geometry(graph, node, w.padded_shape)) * 4)
+    if node.op == OpType.Conv and is_depthwise(graph, node):  # its vector kernel's output scratch (<= float32)
+        sizes.append(scratch_elements(conv_geometry(graph, node, w.padded_shape)) * 4)
     if node.op == OpType.AveragePool:
         sizes.append(padded * 4)  # padded ones
     if node.op == OpType.MaxPool and w.s <= 2:  # the vector kernel's output scratch
@@ -207,69 +203,16 @@ def _window_view(padded: View, w: Window, offset: tuple[int, ...]) -> View:
 
 
 def lower_conv(cx: LowerContext, node: Node) -> list[list[Step]]:
-    w = window_of(cx.graph, node)
-    padded, phases = padded_input(cx, node, w, 0.0)
+    """A depthwise Conv on the vector unit over bands of its padded input where that kernel applies, else (any
+    Conv) the implicit GEMM, which reads the unpadded input."""
     if is_depthwise(cx.graph, node):
+        w = window_of(cx.graph, node)
+        padded, phases = padded_input(cx, node, w, 0.0)
         geometry = conv_geometry(cx.graph, node, w.padded_shape)
         vector = depthwise_phases(cx, node, padded, geometry, cx.temp(node, 1))
         if vector is not None:
             return phases + vector
-    n_img, c = w.in_shape[:2]
-    kk, p = math.prod(w.kernel), math.prod(w.out_spatial)
-    sp = padded.strides[2:]
-    col_src = View(
-        padded.address,
-        (n_img, c, *w.kernel, *w.out_spatial),
-        (
-            *padded.strides[:2],
-            *(d * st for d, st in zip(w.dilations, sp, strict=True)),
-            *(t * st for t, st in zip(w.strides, sp, strict=True)),
-        ),
-        padded.dtype,
-    )
-    col = dense(cx.temp(node, 1), col_src.shape, padded.dtype)
-    phases.append(copy_steps(cx, [(col_src, col, None)]))
-    groups = node.attr("group")
-    weight = cx.graph.types[node.inputs[1]].shape
-    m, cg = weight[0], weight[1]
-    mg = m // groups
-    q = cx.matrix(node) if cx.int8 else None
-    a = matrix_operand(cx, node, node.inputs[1], q.weight_scale if q else None)
-    b_scale = q.input_scale if q and padded.dtype is DType.f32 else None
-    a2 = a.view.reshape_dense((m, cg * kk))
-    col2 = col.reshape_dense((n_img, groups, cg * kk, p))
-    out = cx.view(node.outputs[0]).reshape_dense((n_img, m, p))
-    bias = bias_view(cx, node)
-    scales = dequant_scales(cx, node)
-    table = None if scales is not None else requant_table(cx, node)
-    gemms = []
-    for img, g in product(range(n_img), range(groups)):
-        bias_g = None
-        if bias is not None:
-            bias_g = View(bias.address + g * mg * bias.dtype.size, (mg, p), (bias.dtype.size, 0), bias.dtype)
-        gemms.append(
-            Gemm(
-                Operand(a2.slice(0, g * mg, mg), a.quantize_scale),
-                Operand(col2.index((img, g)), b_scale),
-                out.index((img,)).slice(0, g * mg, mg),
-                bias_g,
-                _epilogue(cx, node, table, scales, slice(g * mg, (g + 1) * mg)),
-            )
-        )
-    phases.append(gemm_steps(cx.config, gemms, cx.rotation))
-    return phases
-
-
-def _epilogue(
-    cx: LowerContext, node: Node, table: View | None, scales: View | None, rows: slice
-) -> tuple[int, int] | ChannelRequant | ChannelDequant | None:
-    """The GEMM's int8 epilogue for output channels `rows` (one group's): per-channel dequantization or
-    requantization, or one (mult, shift) (None: fp32)."""
-    if scales is not None:
-        return ChannelDequant(scales.slice(0, rows.start, rows.stop - rows.start), per_row=True)
-    if table is not None:
-        return ChannelRequant(table.slice(0, rows.start, rows.stop - rows.start), per_row=True)
-    return requant(cx, node)
+    return implicit_conv_phases(cx, node)
 
 
 def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
@@ -294,7 +237,8 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
         counts = [_window_view(ones, w, o) for o in offsets]
     out = cx.view(node.outputs[0])
     kinds = [(sources, x_dt)] + ([] if is_max else [(counts, DType.f32)])
-    body = _PoolBody(is_max, x_dt, cx.scale(node.inputs[0]) if not is_max and x_dt is DType.i8 else None, w.kernel)
+    scale = cx.scale(node.inputs[0]) if not is_max and x_dt is DType.i8 else None
+    body = _PoolBody(is_max, x_dt, scale, len(offsets), None if is_max else sum_plan(sum_tree(w)))
     phases.append(_window_steps(cx, node, out, kinds, body))
     return phases
 
@@ -302,17 +246,19 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
 @dataclass(frozen=True)
 class _PoolBody:
     """Accumulates window tiles into a block's result: max; or (average) window sums in the reference's order
-    (numpy sums the last kernel axis first, then folds each level outwards), a count sum, and a division."""
+    (`sum_order`: numpy's association of the taps, as a plan of adds over partial-sum tiles), a count sum, and a
+    division."""
 
     is_max: bool
     dtype: DType
     dequantize_scale: float | None
-    kernel: tuple[int, ...]
+    taps: int
+    plan: SumPlan | None  # average only
 
     def reserved(self, n: int, out_size: int) -> list[int]:
-        """Per-block tiles at fixed offsets of a buffer slot: the result (max), or one partial sum per kernel
-        axis (level 0 is the result), the count sum and a float copy."""
-        return [n * out_size] if self.is_max else [n * 4] * (len(self.kernel) + 2)
+        """Per-block tiles at fixed offsets of a buffer slot: the result (max), or the partial sums (slot 0 is the
+        result), the count sum and a float copy."""
+        return [n * out_size] if self.is_max else [n * 4] * (self.plan.slots + 2)
 
     def emit(self, em: Emitter, res: list[int], tiles: list[list[int]], n: int, picked: range) -> None:
         b = em.b
@@ -323,29 +269,29 @@ class _PoolBody:
                 else:
                     b.v_max(*em.regs(res[0], res[0], t), n, self.dtype.name)
             return
-        levels = len(self.kernel)
-        cnt, tmp = res[levels], res[levels + 1]
-        for t, ct, i in zip(tiles[0], tiles[1], picked, strict=True):
-            src = t
+        cnt, tmp = res[self.plan.slots], res[self.plan.slots + 1]
+        data = dict(zip(picked, tiles[0], strict=True))
+        for tap, kind, dst, operand in self.plan.ops:
+            if tap not in data:
+                continue
+            if kind == "add":
+                b.v_add(*em.regs(res[dst], res[dst], res[operand]), n, "f32")
+                continue
+            src = data[operand]
             if self.dequantize_scale is not None:
-                dequantize(em, tmp, t, n, self.dequantize_scale)
-                src = tmp
-            index = list(np.unravel_index(i, self.kernel))
-            self._add(em, res[levels - 1], src, n, index[-1] == 0)
-            for level in range(levels - 1, 0, -1):  # a finished row folds into the level above
-                if index[level] != self.kernel[level] - 1:
-                    break
-                self._add(em, res[level - 1], res[level], n, index[level - 1] == 0)
-            self._add(em, cnt, ct, n, i == 0)
-        if picked[-1] == math.prod(self.kernel) - 1:
+                dequantize(em, res[dst] if kind == "set" else tmp, src, n, self.dequantize_scale)
+                src = res[dst] if kind == "set" else tmp
+            elif kind == "set":
+                b.v_copy(*em.regs(res[dst], src), n, "f32")
+            if kind == "tap":
+                b.v_add(*em.regs(res[dst], res[dst], src), n, "f32")
+        for ct, i in zip(tiles[1], picked, strict=True):
+            if i == 0:
+                b.v_copy(*em.regs(cnt, ct), n, "f32")
+            else:
+                b.v_add(*em.regs(cnt, cnt, ct), n, "f32")
+        if picked[-1] == self.taps - 1:
             b.v_div(*em.regs(res[0], res[0], cnt), n, "f32")
-
-    @staticmethod
-    def _add(em: Emitter, dst: int, src: int, n: int, first: bool) -> None:
-        if first:
-            em.b.v_copy(*em.regs(dst, src), n, "f32")
-        else:
-            em.b.v_add(*em.regs(dst, dst, src), n, "f32")
 
 
 def _window_steps(

@@ -1,0 +1,282 @@
+"""Conv (1-D or 2-D; any stride, dilation, padding and group count) as an implicit GEMM on the matrix unit: no
+im2col tensor and no padded copy in DRAM.
+
+Per image and group, out [Cout/g, P] = W' [Cout/g, K] @ B [K, P] (`gemm`), P the output positions. K is ordered
+tap-major (k = tap * C/g + channel), the weight packed so at compile time (`pack_weight`, constant form
+`taps_form`), so the B rows of one tap and a run of channels are one strided DMA: B is never stored, each step
+gathers its panel [K chunk, <= N positions] (`Windows`). A panel's columns are a run of output positions inside
+one output row, or any run when the input rows have the output's pitch (stride 1, W = OW: a "same" conv), and
+for tap t channel c the run's inputs are then one contiguous span of the channel's plane (stride sw: every
+sw-th element of a span sw times as long). One DMA per (tap, channel run) reads those spans into the panel,
+starting at the plane's first element when the span starts before it (the rows shift by that lead, so a row's
+tail lands in the next row's head: padding positions). Then on the vector unit: positions whose window element
+is padding are zeroed (a 0/1 mask over the run's positions, applied as an integer multiply, exact for Inf and
+NaN), a tap reading only padding is zeroed whole, a horizontal stride is compacted (masked, then period-sw row
+sums: one non-zero term per sum, exact), and a float input on the int8 path is quantized. The GEMM's epilogue
+adds the bias per output channel and requantizes (int8; or, for a per-channel Conv read only by Adds, dequantizes
+to float32, `gemm.ChannelDequant`): the baseline's unfused Conv.
+
+A weight that is not a constant keeps its natural order (k = channel * taps + tap): one DMA per (channel, tap).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+
+from fusion.graph.ir import Node
+from fusion.lower.context import LowerContext, taps_form
+from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
+from fusion.lower.kernels.frame import Frame, fill_runs, lifted, value_runs
+from fusion.lower.kernels.gemm import ChannelDequant, ChannelRequant, Gemm, Operand, gemm_steps
+from fusion.lower.kernels.matrix import bias_view, dequant_scales, matrix_operand, requant, requant_table
+from fusion.lower.local_alloc import TileArena
+from fusion.lower.views import View
+from isa.enums import DType
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """W [Cout, C/g, *kernel] -> [Cout, *kernel, C/g]: tap-major K rows (`taps_form`)."""
+    return np.ascontiguousarray(np.moveaxis(weight, 1, -1))
+
+
+def packs(weight_shape: tuple[int, ...]) -> bool:
+    """Whether tap-major packing reorders anything (more than one channel per group and tap)."""
+    return weight_shape[1] > 1 and math.prod(weight_shape[2:]) > 1
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """The conv's geometry (`frame.lifted`: a 1-D conv has H = OH = 1) and its group count."""
+
+    f: Frame
+    groups: int
+
+    @property
+    def taps(self) -> int:
+        return self.f.kernel[0] * self.f.kernel[1]
+
+    @property
+    def cg(self) -> int:
+        return self.f.c // self.groups
+
+    @property
+    def plane(self) -> int:
+        return self.f.h * self.f.w
+
+    @property
+    def flat(self) -> bool:
+        """A run of output positions reads one contiguous span per (tap, channel) across output rows."""
+        return self.f.strides == (1, 1) and self.f.w == self.f.out[1]
+
+    def span(self, width: int) -> int:
+        """Input elements a run of `width` positions spans per (tap, channel)."""
+        return width * self.f.strides[1]
+
+    def runs(self, width: int) -> list[tuple[int, int]]:
+        """Column blocks (first position, positions) of at most `width` positions."""
+        oh, ow = self.f.out
+        if self.flat:
+            return [(p, min(width, oh * ow - p)) for p in range(0, oh * ow, width)]
+        return [(r * ow + j, min(width, ow - j)) for r in range(oh) for j in range(0, ow, width)]
+
+    def window(self, tap: int, p0: int, cols: int) -> tuple[int, np.ndarray]:
+        """(plane index of the run's first tap element, which of the run's positions read inside the image)."""
+        f = self.f
+        kh, kw = divmod(tap, f.kernel[1])
+        oh, ow = np.divmod(p0 + np.arange(cols), f.out[1])
+        ih = oh * f.strides[0] + kh * f.dilations[0] - f.pads[0]
+        iw = ow * f.strides[1] + kw * f.dilations[1] - f.pads[1]
+        valid = (ih >= 0) & (ih < f.h) & (iw >= 0) & (iw < f.w)
+        return int(ih[0] * f.w + iw[0]), valid
+
+
+def conv_shape(cx: LowerContext, node: Node) -> ConvShape:
+    x = cx.graph.types[node.inputs[0]].shape
+    return ConvShape(
+        lifted(
+            x[0],
+            x[1],
+            tuple(x[2:]),
+            tuple(cx.graph.types[node.inputs[1]].shape[2:]),
+            tuple(node.attr("strides")),
+            tuple(node.attr("dilations")),
+            tuple(node.attr("pads")),
+            tuple(cx.graph.types[node.outputs[0]].shape[2:]),
+        ),
+        node.attr("group"),
+    )
+
+
+@dataclass(frozen=True)
+class Windows:
+    """B of one (image, group) as `gemm.Gathered`: its K rows are `blocks` (first k, tap, first channel of the
+    group, channels), each block's channels consecutive K rows."""
+
+    s: ConvShape
+    x: View  # the input [N, C, H * W]
+    img: int
+    group: int
+    blocks: tuple[tuple[int, int, int, int], ...]
+    ready: DType  # what the matrix unit reads
+    quantize: float | None  # float input on the int8 path: its scale
+
+    @property
+    def raw(self) -> DType:
+        return self.x.dtype
+
+    @property
+    def mask_dtype(self) -> DType:
+        """Masks multiply as integers: int8 data as i8, float32 data by its bits as i32."""
+        return DType.i8 if self.raw is DType.i8 else DType.i32
+
+    def columns(self, width: int) -> list[tuple[int, int]]:
+        return self.s.runs(width)
+
+    def _pieces(self, k0: int, kc: int) -> list[tuple[int, int, int, int]]:
+        """The blocks' parts inside rows [k0, k0 + kc): (row in the panel, tap, first channel, channels)."""
+        out = []
+        for first, tap, c0, count in self.blocks:
+            lo, hi = max(k0, first), min(k0 + kc, first + count)
+            if lo < hi:
+                out.append((lo - k0, tap, c0 + lo - first, hi - lo))
+        return out
+
+    def panel_bytes(self, kc: int, cols: int) -> list[int]:
+        span, es = self.s.span(cols), self.raw.size
+        sizes = [(kc * span + span) * es]  # raw rows at the span's pitch, and the last row's lead
+        if self.s.f.strides[1] > 1:
+            sizes.append(kc * cols * (4 if self.raw is DType.i8 else es))  # compacted (int8: as int32 sums)
+            sizes.append(kc * cols * es)
+        if self.quantize is not None:
+            sizes.append(kc * cols)
+        sizes += [span * self.mask_dtype.size] * min(self.s.taps, kc)  # one mask per tap at most
+        return sizes
+
+    def panel(
+        self, arena: TileArena, k0: int, kc: int, j0: int, cols: int, width: int
+    ) -> tuple[int, list[tuple[View, int]], list[Emit]]:
+        s, es = self.s, self.raw.size
+        span = s.span(width)
+        pitch = s.span(cols)  # the raw rows' pitch
+        staged = arena.tile((kc * span + span) * es)
+        strided = s.f.strides[1] > 1
+        sums = arena.tile(kc * width * (4 if self.raw is DType.i8 else es)) if strided else 0
+        compact = arena.tile(kc * width * es) if strided else staged
+        ready = arena.tile(kc * width) if self.quantize is not None else compact
+        loads: list[tuple[View, int]] = []
+        masks: dict[bytes, int] = {}
+        work: list[tuple[int, int, np.ndarray | None]] = []  # (panel row, rows, kept-position mask or None)
+        for row, tap, c0, count in self._pieces(k0, kc):
+            start, valid = s.window(tap, j0, cols)
+            keep = np.zeros(pitch, np.int64)
+            keep[:: s.f.strides[1]] = valid
+            if not valid.any():
+                work.append((row, count, None))
+                continue
+            loads += self._dma(start, c0, count, pitch, staged + row * pitch * es)
+            if not keep.all():
+                pattern = keep.astype(np.uint8).tobytes()
+                if pattern not in masks:
+                    masks[pattern] = arena.tile(span * self.mask_dtype.size)
+            work.append((row, count, keep))
+
+        def prepare(em: Emitter) -> None:
+            b, mdt = em.b, self.mask_dtype
+            for pattern, tile in masks.items():
+                fill_runs(em, tile, value_runs(np.frombuffer(pattern, np.uint8)), mdt)
+            for row, count, keep in work:
+                src = staged + row * pitch * es
+                if keep is None:  # only padding: zero the rows (any stale bits, NaN included)
+                    fill_runs(em, compact + row * cols * es, [(0, count * cols, 0.0)], self.raw)
+                    continue
+                if not keep.all():
+                    mask = masks[keep.astype(np.uint8).tobytes()]
+                    b.v_mul_vr(*em.regs(src, src, mask), count * pitch, pitch, mdt.name)
+                if strided:
+                    n, sw = count * pitch, s.f.strides[1]
+                    if self.raw is DType.i8:
+                        b.v_rsum(*em.regs(sums + row * cols * 4, src), n, sw, "i8")
+                        b.v_cvt(*em.regs(compact + row * cols, sums + row * cols * 4), count * cols, "i32", "i8")
+                    else:
+                        b.v_rsum(*em.regs(compact + row * cols * es, src), n, sw, self.raw.name)
+            if self.quantize is not None:
+                b.v_qnt(*em.regs(ready, compact, f32_bits(1.0 / self.quantize)), kc * cols)
+
+        return ready, loads, [prepare]
+
+    def _dma(self, start: int, c0: int, rows: int, pitch: int, local: int) -> list[tuple[View, int]]:
+        """Rows of `pitch` plane elements from `start` (clamped to the plane's first element, the rows then land
+        `lead` elements late) of channels [c0, c0 + rows) of the group; no read passes the tensor's end."""
+        s, es = self.s, self.raw.size
+        first = max(start, 0)
+        local += (first - start) * es
+        channel = self.group * s.cg + c0
+        base = self.x.address + ((self.img * s.f.c + channel) * s.plane + first) * es
+        last = self.img == s.f.n - 1 and channel + rows == s.f.c and first + pitch > s.plane
+        body = rows - 1 if last else rows
+        out = []
+        if body:
+            out.append((View(base, (body, pitch), (s.plane * es, es), self.raw), local))
+        if last and first < s.plane:
+            tail = View(base + body * s.plane * es, (1, s.plane - first), (es, es), self.raw)
+            out.append((tail, local + body * pitch * es))
+        return out
+
+
+def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
+    """The Conv's GEMMs, one per image and group, in one pipeline."""
+    s = conv_shape(cx, node)
+    weight = node.inputs[1]
+    wshape = cx.graph.types[weight].shape
+    m, mg = wshape[0], wshape[0] // s.groups
+    q = cx.matrix(node) if cx.int8 else None
+    x = cx.view(node.inputs[0])
+    tap_major = not packs(wshape) or cx.graph.is_constant(weight)
+    if packs(wshape) and cx.graph.is_constant(weight):
+        a = Operand(cx.const_view(weight, taps_form(cx.int8)))
+    else:
+        a = matrix_operand(cx, node, weight, q.weight_scale if q else None)
+    a2 = Operand(a.view.reshape_dense((m, s.cg * s.taps)), a.quantize_scale)
+    if tap_major:
+        blocks = tuple((t * s.cg, t, 0, s.cg) for t in range(s.taps))
+    else:
+        blocks = tuple((c * s.taps + t, t, c, 1) for c in range(s.cg) for t in range(s.taps))
+    quantize = q.input_scale if q and x.dtype is DType.f32 else None
+    ready = DType.i8 if cx.int8 else DType.f32
+    flat_x = x.reshape_dense((s.f.n, s.f.c, s.plane))
+    out = cx.view(node.outputs[0]).reshape_dense((s.f.n, m, s.f.out[0] * s.f.out[1]))
+    bias = bias_view(cx, node)
+    scales = dequant_scales(cx, node)
+    table = None if scales is not None else requant_table(cx, node)
+    p = s.f.out[0] * s.f.out[1]
+    gemms = []
+    for img, g in product(range(s.f.n), range(s.groups)):
+        bias_g = None
+        if bias is not None:
+            bias_g = View(bias.address + g * mg * bias.dtype.size, (mg, p), (bias.dtype.size, 0), bias.dtype)
+        gemms.append(
+            Gemm(
+                Operand(a2.view.slice(0, g * mg, mg), a2.quantize_scale),
+                Windows(s, flat_x, img, g, blocks, ready, quantize),
+                out.index((img,)).slice(0, g * mg, mg),
+                bias_g,
+                _epilogue(cx, node, table, scales, g * mg, mg),
+            )
+        )
+    return [gemm_steps(cx.config, gemms, cx.rotation)]
+
+
+def _epilogue(
+    cx: LowerContext, node: Node, table: View | None, scales: View | None, first: int, count: int
+) -> tuple[int, int] | ChannelRequant | ChannelDequant | None:
+    """The GEMM's int8 epilogue for output channels [first, first + count) (one group's): per-channel
+    dequantization or requantization, or one (mult, shift) (None: fp32)."""
+    if scales is not None:
+        return ChannelDequant(scales.slice(0, first, count), per_row=True)
+    if table is not None:
+        return ChannelRequant(table.slice(0, first, count), per_row=True)
+    return requant(cx, node)
