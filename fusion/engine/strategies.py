@@ -150,7 +150,7 @@ def _conv_stationary(cx: LowerContext, nodes: Sequence[Node], group: Group, roun
 
 
 def _conv_chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
-    return chain_phases(cx, nodes, group.tile_m)
+    return chain_phases(cx, nodes, group.tile_m, group.resident_a)
 
 
 def _chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
@@ -287,12 +287,13 @@ def _conv_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
 
 
 def _conv_chain_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
-    """Consecutive Convs computed depth-first: one schedule per band height (`conv_chain.band_heights`)."""
+    """Consecutive Convs computed depth-first: one schedule per band height and layout (`conv_chain.band_heights`;
+    `resident_a`: wide bands, every buffer slot holding one band)."""
     if cand.family not in s.families:
         return []
     nodes = [mc.graph.node(n) for n in cand.nodes]
-    heights = band_heights(mc.graph, mc.config, mc.qplan, nodes) or (0,)  # 0: the generator says why it refuses
-    return [Group(cand.nodes, s.name, rows) for rows in heights]
+    space = band_heights(mc.graph, mc.config, mc.qplan, nodes) or ((0, False),)  # the generator says why it refuses
+    return [Group(cand.nodes, s.name, rows, resident_a=wide) for rows, wide in space]
 
 
 def _matrix(mc: ModelContext, cand: Candidate) -> bool:
@@ -380,6 +381,7 @@ REGISTRY: Mapping[str, Strategy] = {
             "implicit_gemm",
             ("conv_chain",),
             schedules=_conv_chain_space,
+            pipelinable=False,  # its first phase clears tiles (no loads) and most band steps store nothing
             dram_forms=_conv_chain_forms,
         ),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of

@@ -45,12 +45,13 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key, storage_dtype
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.matrix import bias_view, dequant_scales
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
 from fusion.quant.plan import QuantPlan
-from isa.enums import DType, Unit
+from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
 
 CHAIN_TAPS = "chain_taps"  # constant-form key of each chained Conv's weight as per-tap [C, Cout] tiles (pack_taps)
@@ -168,6 +169,7 @@ class Sizes:
     in_dt: DType  # the chain input's storage dtype
     out_dt: DType  # the last stage's drained dtype
     quantize: bool  # float chain input on the int8 path
+    wide: bool = False  # a band's tiles span every rotating slot (bands fenced), the steps' the spare bank
 
     def rows(self, band: int) -> list[int]:
         """Per stage, the most output rows any band of `band` last-stage rows computes."""
@@ -193,15 +195,30 @@ class Sizes:
 
     def chunk(self, cfg: MachineConfig, band: int, st: Stage, rows: int, last: bool) -> int:
         """Input channels per K chunk of a stage: the most channel blocks whose weights fit a step's third."""
-        third = step_region(cfg, band_slot(cfg, self, band)).size // DEPTH // ALIGN * ALIGN
+        third = self.step_region(cfg, band).size // DEPTH // ALIGN * ALIGN
         blocks = largest_fitting(
             -(-st.s.c // self.n), lambda b: _bytes(self.step_tiles(st, rows, min(st.s.c, b * self.n), last)) <= third
         )
         return min(st.s.c, blocks * self.n)
 
+    def band_region(self, cfg: MachineConfig) -> Slot:
+        """Where band tiles go: a buffer slot (band b in slot b), or (wide) every rotating slot at once."""
+        slot = TileArena(cfg, 0).spad
+        return Slot(0, DEPTH * slot.size) if self.wide else slot
+
+    def step_region(self, cfg: MachineConfig, band: int) -> Slot:
+        """Where steps put their tiles: the spare scratchpad bank (so a band's input DMAs and the matrix unit's
+        reads of a step's weights do not share a bank), else the bytes of the band's slot its tiles leave free."""
+        spare = TileArena.spare(cfg)
+        if self.wide:
+            return spare.spad if spare is not None else Slot(0, 0)
+        slot, used = self.band_region(cfg), _bytes(self.band_tiles(band))
+        free = Slot(slot.base + used, max(0, slot.size - used))
+        return spare.spad if spare is not None and spare.spad.size >= free.size else free
+
     def fits(self, cfg: MachineConfig, band: int) -> bool:
         probe = TileArena(cfg, 0)
-        if not probe.fits(self.band_tiles(band)):
+        if _bytes(self.band_tiles(band)) > self.band_region(cfg).size:
             return False
         for i, (st, r) in enumerate(zip(self.chain.stages, self.rows(band), strict=True)):
             stream = st.s.stream_rows(r)
@@ -217,20 +234,6 @@ def _bytes(sizes: Sequence[int]) -> int:
     return sum(-(-size // ALIGN) * ALIGN for size in sizes)
 
 
-def band_slot(cfg: MachineConfig, z: Sizes, band: int) -> Slot:
-    """The bytes of a band's slot its tiles leave free (where steps put theirs when there is no spare bank)."""
-    slot = TileArena(cfg, 0).spad
-    used = _bytes(z.band_tiles(band))
-    return Slot(slot.base + used, max(0, slot.size - used))
-
-
-def step_region(cfg: MachineConfig, free: Slot) -> Slot:
-    """Where steps put their tiles: the spare scratchpad bank (no band's tiles there, so a band's input DMAs and
-    the matrix unit's reads of the step's weights do not share a bank), else the band slot's free bytes."""
-    spare = TileArena.spare(cfg)
-    return spare.spad if spare is not None and spare.spad.size >= free.size else free
-
-
 def band_rows(cfg: MachineConfig, z: Sizes, requested: int = 0) -> int:
     """Output rows of the last stage per band: `requested` (0: the most that fit)."""
     height = z.chain.stages[-1].s.out[0]
@@ -244,35 +247,55 @@ def band_rows(cfg: MachineConfig, z: Sizes, requested: int = 0) -> int:
     return rows
 
 
-def chain_sizes(graph: Graph, cfg: MachineConfig, plan: QuantPlan | None, chain: Chain) -> Sizes:
+def chain_sizes(graph: Graph, cfg: MachineConfig, plan: QuantPlan | None, chain: Chain, wide: bool = False) -> Sizes:
     int8 = plan is not None
     in_dt = storage_dtype(graph, plan, chain.input)
-    out_dt = storage_dtype(graph, plan, chain.stages[-1].nodes[-1].outputs[0])
+    last = chain.stages[-1]
+    dequantized = int8 and plan.matrix[last.conv.name].dequantize  # drained as the int32 accumulator (+ bias)
+    out_dt = DType.i32 if dequantized else storage_dtype(graph, plan, last.nodes[-1].outputs[0])
     mm_dt = DType.i8 if int8 else DType.f32
-    return Sizes(chain, cfg.array_size, mm_dt, in_dt, out_dt, int8 and in_dt is DType.f32)
+    return Sizes(chain, cfg.array_size, mm_dt, in_dt, out_dt, int8 and in_dt is DType.f32, wide)
 
 
-def band_heights(graph: Graph, cfg: MachineConfig, plan: QuantPlan | None, nodes: Sequence[Node]) -> tuple[int, ...]:
-    """The schedule space: bands of the most last-stage rows that fit, and of half as many (more halo recomputed,
-    smaller tiles). Empty when the chain does not run here (the generator then states why)."""
+def band_heights(
+    graph: Graph, cfg: MachineConfig, plan: QuantPlan | None, nodes: Sequence[Node]
+) -> tuple[tuple[int, bool], ...]:
+    """The schedule space, (band rows, wide): bands rotating over the buffer slots, of the most last-stage rows
+    that fit and of half as many (more halo recomputed, smaller tiles); and wide bands of the most rows that fit
+    in every slot at once (fewer bands: less halo recomputed and fewer weight reloads, but no band's loads overlap
+    another's compute). Empty when the chain does not run here (the generator then states why)."""
     try:
-        z = chain_sizes(graph, cfg, plan, parse_chain(graph, nodes, cfg))
-        rows = band_rows(cfg, z)
+        chain = parse_chain(graph, nodes, cfg)
     except CodegenError:
         return ()
-    return tuple(sorted({rows, max(1, rows // 2)}, reverse=True))
+    space: list[tuple[int, bool]] = []
+    for wide in (False, True):
+        try:
+            rows = band_rows(cfg, chain_sizes(graph, cfg, plan, chain, wide))
+        except CodegenError:
+            continue
+        heights = [rows] if wide else sorted({rows, max(1, rows // 2)}, reverse=True)
+        space += [(r, wide) for r in heights if (r, False) not in space]
+    return tuple(space)
 
 
-def chain_phases(cx: LowerContext, nodes: Sequence[Node], requested_rows: int = 0) -> list[list[Step]]:
-    """The chain as phases: the band steps (every stage of a band, intermediates in the scratchpad, the last
-    stage's output into the DRAM scratch), then the transposing loads to NCHW (with the residual Add + Relu)."""
+def chain_phases(
+    cx: LowerContext, nodes: Sequence[Node], requested_rows: int = 0, wide: bool = False
+) -> list[list[Step]]:
+    """The chain as phases: the tiles' padding cleared, the band steps (every stage of a band, intermediates in
+    the scratchpad, the last stage's output into the DRAM scratch; wide bands one phase each), then the
+    transposing loads to NCHW (with the residual Add + Relu)."""
     cfg = cx.config
     chain = parse_chain(cx.graph, nodes, cfg)
-    z = chain_sizes(cx.graph, cfg, cx.plan, chain)
+    z = chain_sizes(cx.graph, cfg, cx.plan, chain, wide)
     rows = band_rows(cfg, z, requested_rows)
     last = chain.stages[-1]
+    scales = dequant_scales(cx, last.conv)  # int8: a last Conv read only by the residual Add is dequantized
     eps = tuple(
-        conv_epilogue(cx, st.nodes, st.s, dense(0, (1,), cx.dtype(st.nodes[-1].outputs[0]))) for st in chain.stages
+        _accumulator_epilogue(cx, st)
+        if st is last and scales is not None
+        else conv_epilogue(cx, st.nodes, st.s, dense(0, (1,), cx.dtype(st.nodes[-1].outputs[0])))
+        for st in chain.stages
     )
     scratch = dense(cx.temp(last.conv, SCRATCH), (last.s.n, last.s.out[0] * last.s.cols, last.s.cout), z.out_dt)
     taps = tuple(
@@ -280,13 +303,18 @@ def chain_phases(cx: LowerContext, nodes: Sequence[Node], requested_rows: int = 
         for st in chain.stages
     )
     k = _Kernel(cx, chain, z, eps, taps, scratch, rows)
-    steps: list[Step] = []
     bands = [(img, o0, r) for img in range(last.s.n) for o0, r in k_slices(last.s.out[0], rows)]
+    phases, done = [k.prologue(len(bands))], 0
     for b, (img, o0, r) in enumerate(bands):
-        steps += k.band(b, img, o0, r, len(steps))
-    phases = [k.prologue(len(bands)), steps]
+        steps = k.band(b, img, o0, r, done)
+        done += len(steps)
+        if wide or b == 0:
+            phases.append(steps)
+        else:
+            phases[-1] += steps
     out = cx.view(nodes[-1].outputs[0]).reshape_dense((last.s.n, last.s.cout, last.s.out[0] * last.s.out[1]))
     dequant = cx.scale(last.nodes[-1].outputs[0]) if cx.int8 and chain.residual is not None else None
+    dequant = scales if scales is not None else dequant
     if chain.residual is None:
         phases.append(to_nchw(cfg, last.s.strides[1], scratch, out, cx.rotation, eps[-1].dequant))
     else:
@@ -313,6 +341,8 @@ class _Kernel:
         """Band b's tiles in its slot: the raw float input blocks (when quantizing), every stage's input blocks."""
         z, first = self.z, self.chain.stages[0]
         arena = TileArena(self.cx.config, b, self.cx.rotation)
+        if z.wide:
+            arena.spad = z.band_region(self.cx.config)
         tiles = [arena.tile(size) for size in z.band_tiles(self.rows)]
         n_raw = len(k_slices(first.s.c, z.n)) if z.quantize else 0
         inputs, rest = [], tiles[n_raw:]
@@ -325,7 +355,7 @@ class _Kernel:
     def prologue(self, bands: int) -> list[Step]:
         """Every slot's band tiles cleared once (the padding positions no band writes)."""
         steps = []
-        for b in range(min(DEPTH, bands)):
+        for b in range(1 if self.z.wide else min(DEPTH, bands)):
             raw, inputs = self.band_tiles(b)
             steps.append(Step([], [(Unit.vector, lambda em, raw=raw, inputs=inputs: self.clear(em, inputs, raw))]))
         return steps
@@ -336,7 +366,7 @@ class _Kernel:
         ranges = band_ranges(chain, o0, rows)
         raw, inputs = self.band_tiles(b)
         edges = edge_rows(chain, ranges)
-        region = step_region(cfg, band_slot(cfg, z, self.rows))
+        region = z.step_region(cfg, self.rows)
         third = region.size // DEPTH // ALIGN * ALIGN
         steps: list[Step] = []
         for i, st in enumerate(chain.stages):
@@ -493,16 +523,26 @@ class _Work:
     acc: int
 
 
+def _accumulator_epilogue(cx: LowerContext, st: Stage) -> Epilogue:
+    """A dequantizing Conv's drain: int32 acc + bias, no requantization (`_residual_phase` scales it per channel)."""
+    return Epilogue(bias_view(cx, st.conv), None, None, (0, 0), Activation.none, "i32", DType.i32, st.s.out[1])
+
+
 def _residual_phase(
-    cx: LowerContext, scratch: View, residual: View, out: View, dequant: float | None, relu: bool
+    cx: LowerContext, scratch: View, residual: View, out: View, dequant: float | View | None, relu: bool
 ) -> list[Step]:
     """scratch [n, pixels, Cout] -> out [n, Cout, pixels] = (dequantized) scratch^T + residual (then ReLU): runs of
-    pixels by transposing loads, the residual's [Cout, run] block beside them."""
+    pixels by transposing loads, the residual's [Cout, run] block beside them. `dequant`: an int8 scratch's
+    scale (f32(q) x f32(scale)), or an int32 accumulator scratch's [Cout] channel scales (f32(acc + bias) x
+    f32(s_in x s_w[c]), the quantized reference's dequantizing Conv)."""
     n, cout, pixels = out.shape
     es = scratch.dtype.size
+    per_channel = isinstance(dequant, View)
 
     def sizes(p: int) -> list[int]:
-        return [p * cout * es, p * cout * 4] + ([p * cout * 4] if dequant is not None else [])
+        return (
+            [p * cout * es, p * cout * 4] + ([p * cout * 4] if dequant is not None else []) + [cout * 4] * per_channel
+        )
 
     probe = TileArena(cx.config, 0)
     run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits(sizes(p)))
@@ -515,15 +555,23 @@ def _residual_phase(
             arena = TileArena(cx.config, len(steps), cx.rotation)
             raw, res, *deq = [arena.tile(size) for size in sizes(count)]
             total = (deq or [raw])[0]
+            channel = deq[1] if per_channel else 0
             address = scratch.index((img,)).address + p0 * cout * es
 
-            def load(em: Emitter, raw=raw, res=res, address=address, count=count, img=img, p0=p0) -> None:
+            def load(
+                em: Emitter, raw=raw, res=res, address=address, count=count, img=img, p0=p0, channel=channel
+            ) -> None:
                 local, dram, stride = em.regs(raw, address, cout * es)
                 em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
                 em.dma_load(residual.index((img,)).slice(1, p0, count), res)
+                if channel:
+                    em.dma_load(dequant, channel)
 
-            def add(em: Emitter, raw=raw, res=res, total=total, size=count * cout) -> None:
-                if dequant is not None:
+            def add(em: Emitter, raw=raw, res=res, total=total, size=count * cout, channel=channel, row=count) -> None:
+                if channel:
+                    em.b.v_cvt(*em.regs(total, raw), size, "i32", "f32")
+                    em.b.v_mul_vc(*em.regs(total, total, channel), size, row, "f32")
+                elif dequant is not None:
                     dequantize(em, total, raw, size, dequant)
                 em.b.v_add(*em.regs(total, total, res), size, "f32")
                 if relu:
