@@ -87,9 +87,8 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op in EPILOGUE_HEADS:
             run = _follow(graph, node, ABSORBABLE, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "epilogue") for k in range(2, len(run) + 1)]
-        if node.op == OpType.MatMul:
-            run = _follow(graph, node, CHAIN_OPS, MAX_CHAIN)
-            out += [Candidate(tuple(n.name for n in run[:k]), "stream") for k in range(2, len(run) + 1)]
+        if node.op in EPILOGUE_HEADS:
+            out += _stream_runs(graph, node)
         if node.op == OpType.Transpose and (mm := sole_consumer(graph, node)) and _feeds_activation(node, mm):
             run = [node, *_follow(graph, mm, CHAIN_OPS, MAX_CHAIN)]
             out += [Candidate(tuple(n.name for n in run[:k]), "swapped") for k in range(2, len(run) + 1)]
@@ -111,6 +110,19 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
     out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
     return out
+
+
+def _stream_runs(graph: Graph, head: Node) -> list[Candidate]:
+    """A matrix node, the Reshapes of its output keeping the last axis (views: GPT-2's Gemm back to 3-D), then
+    a run of chain nodes: every prefix with at least one chain node (`codegen.stream`)."""
+    run = [head]
+    while (nxt := sole_consumer(graph, run[-1])) is not None and nxt.op == OpType.Reshape and len(run) <= MAX_CHAIN:
+        run.append(nxt)
+    views = len(run)
+    if (nxt := sole_consumer(graph, run[-1])) is None or nxt.op not in CHAIN_OPS:
+        return []
+    run += _follow(graph, nxt, CHAIN_OPS, MAX_CHAIN)
+    return [Candidate(tuple(n.name for n in run[:k]), "stream") for k in range(views + 1, len(run) + 1)]
 
 
 def _stored_chains(graph: Graph, node: Node) -> list[Candidate]:

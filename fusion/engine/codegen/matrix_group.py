@@ -101,7 +101,7 @@ def matrix_group_steps(
 ) -> list[Step]:
     graph, head = cx.graph, nodes[0]
     ops = epilogue_ops(graph, nodes)
-    skips_requant = cx.int8 and ops.bias is not None and ops.bias != _own_bias(head)
+    skips_requant = cx.int8 and ops.bias is not None and ops.bias != own_bias(head)
     if cx.int8 and ops.residual is not None:
         raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
     if skips_requant and not rounding_change:
@@ -116,7 +116,7 @@ def matrix_group_steps(
     batch = tuple(int(d) for d in np.broadcast_shapes(av.shape[:-2], bv.shape[:-2]))
     out = out.reshape_dense((*batch, m, n))
     res = None if ops.residual is None else cx.view(ops.residual).broadcast_to((*batch, m, n))
-    bias = None if ops.bias is None else _bias(cx, head, ops.bias, n)
+    bias = None if ops.bias is None else bias_of(cx, head, ops.bias, n)
     requant_mult = None if skips_requant else requant(cx, head)
     packed = packed_weight(cx, head)
     out_scale = q.accumulator_scale if skips_requant and q is not None else 1.0
@@ -175,12 +175,12 @@ def packed_weight(cx: LowerContext, head: Node) -> View | None:
     return dense(cx.addresses[key], (-(-n // n_arr), k, n_arr), DType.i8 if cx.int8 else DType.f32)
 
 
-def _own_bias(head: Node) -> str | None:
+def own_bias(head: Node) -> str | None:
     return head.inputs[2] if len(head.inputs) > 2 else None
 
 
-def _bias(cx: LowerContext, head: Node, value: str, n: int) -> View:
-    if value == _own_bias(head):
+def bias_of(cx: LowerContext, head: Node, value: str, n: int) -> View:
+    if value == own_bias(head):
         view = bias_view(cx, head)
         assert view is not None
     elif cx.int8:  # an absorbed Add's bias, quantized to accumulator units by the engine's DRAM image

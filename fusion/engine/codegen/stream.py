@@ -21,7 +21,7 @@ from itertools import product
 
 from fusion.engine.codegen.chain import ROWS, Registers, emit_chain, operand_views, operands
 from fusion.engine.codegen.gemm import ChainEpilogue, FusedGemm, Schedule, _load_operand, _quantizer, fused_gemm_steps
-from fusion.engine.codegen.matrix_group import packed_weight
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, bias_of, own_bias, packed_weight
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
@@ -33,19 +33,38 @@ from fusion.lower.local_alloc import TileArena
 from fusion.lower.views import dense
 from isa.enums import Unit
 
+GEMM_DEFAULTS = {"transA": 0, "transB": 0, "alpha": 1.0, "beta": 1.0}
+
+
+def leading_reshapes(cx: LowerContext, head: Node, rest: Sequence[Node]) -> int:
+    """How many Reshapes keeping the last axis follow the matrix node before its chain (views of its output,
+    e.g. GPT-2's Gemm back to (batch, tokens, features)); CodegenError when nothing but Reshapes follows."""
+    value, k = head.outputs[0], 0
+    while k < len(rest) and rest[k].op == OpType.Reshape and rest[k].inputs[0] == value:
+        shapes = [cx.graph.types[v].shape for v in (value, rest[k].outputs[0])]
+        if shapes[0][-1:] != shapes[1][-1:]:
+            raise CodegenError(f"node {rest[k].name!r}: a Reshape before the chain must keep the last axis")
+        value, k = rest[k].outputs[0], k + 1
+    if k == len(rest):
+        raise CodegenError(f"node {head.name!r}: a stream needs a vector chain after its Reshapes")
+    return k
+
 
 def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     head, rest = nodes[0], list(nodes[1:])
-    if head.op != OpType.MatMul or not rest:
-        raise CodegenError(f"node {head.name!r}: a stream is a MatMul followed by a vector chain")
-    table = operands(cx, rest, frozenset({head.outputs[0]}))
+    if head.op not in EPILOGUE_HEADS or not rest:
+        raise CodegenError(f"node {head.name!r}: a stream is a MatMul or Gemm followed by a vector chain")
+    if head.op == OpType.Gemm and any(head.attr(a, d) != d for a, d in GEMM_DEFAULTS.items()):
+        raise CodegenError(f"node {head.name!r}: a Gemm with transposes or scaling does not stream")
+    views = leading_reshapes(cx, head, rest)
     q = cx.matrix(head) if cx.int8 else None
     a = matrix_operand(cx, head, head.inputs[0], q.input_scale if q else None)
     b = matrix_operand(cx, head, head.inputs[1], q.weight_scale if q else None)
     *batch, m, k = a.view.shape
     n = b.view.shape[-1]
-    if k > cx.config.array_size or n > cx.config.array_size:
-        return [*_drained_chain_steps(cx, head, rest, a, b)]
+    if k > cx.config.array_size or n > cx.config.array_size or views or head.op == OpType.Gemm:
+        return [*_drained_chain_steps(cx, head, rest[views:], a, b, rest[views - 1].outputs[0] if views else None)]
+    table = operands(cx, rest, frozenset({head.outputs[0]}))
     if len(b.view.shape) > len(a.view.shape):
         raise CodegenError(f"node {head.name!r}: a streamed weight with more batch axes than the activation")
     b_full = b.view.broadcast_to((*batch, k, n))
@@ -88,12 +107,16 @@ def stream_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     return steps
 
 
-def _drained_chain_steps(cx: LowerContext, head: Node, rest: list[Node], a: Operand, b: Operand) -> list[Step]:
-    """The fused GEMM over all rows of A (batches flattened) with the chain run on each drained tile."""
+def _drained_chain_steps(
+    cx: LowerContext, head: Node, rest: list[Node], a: Operand, b: Operand, seen_as: str | None
+) -> list[Step]:
+    """The fused GEMM over all rows of A (batches flattened) with the chain run on each drained tile (a Gemm's
+    own bias added in the accumulator, as the unfused Gemm does); the chain reads the output as `seen_as` (a
+    Reshape of it keeping the last axis), if given."""
     graph, cfg = cx.graph, cx.config
     if len(b.view.shape) != 2:
         raise CodegenError(f"node {head.name!r}: a chain after a GEMM with K or N beyond the array needs a 2-D weight")
-    (k, n), c_value = b.view.shape, head.outputs[0]
+    (k, n), c_value = b.view.shape, seen_as or head.outputs[0]
     rows = math.prod(a.view.shape[:-1])
     if any(node.op in ROWS for node in rest) and n > cfg.array_size:
         raise CodegenError(f"node {head.name!r}: a chain reducing rows of {n} > N columns needs them in one tile")
@@ -104,7 +127,8 @@ def _drained_chain_steps(cx: LowerContext, head: Node, rest: list[Node], a: Oper
     av, out = a.view.reshaped((rows, k)), cx.view(rest[-1].outputs[0]).reshaped((rows, n))
     if av is None or out is None or any(view is None for view in flat.values()):
         raise CodegenError(f"node {head.name!r}: the GEMM's rows and the chain's tiles must flatten to 2-D views")
-    c_dtype = cx.dtype(c_value)
+    c_dtype = cx.dtype(head.outputs[0])
+    own = own_bias(head)
 
     def step(arena: TileArena, block: tuple[int, int], panels: list[tuple[int, int, int]]):
         (i0, m), j_first = block, panels[0][0]
@@ -133,6 +157,7 @@ def _drained_chain_steps(cx: LowerContext, head: Node, rest: list[Node], a: Oper
         Operand(av, a.quantize_scale),
         Operand(b.view, b.quantize_scale),
         dense(0, (rows, n), c_dtype),  # shape and drained dtype only: the chain stores, this is never written
+        bias=None if own is None else bias_of(cx, head, own, n),
         requant=requant(cx, head),
         b_panels=packed_weight(cx, head),
         chain=chain,
