@@ -1,5 +1,6 @@
 """Calibration groups: small graphs of one or a few nodes, the shapes of the groups a planner meets in real models
-(GEMM epilogues, attention scores, normalizations, elementwise chains, convolutions), with seeded shapes.
+(GEMM epilogues, attention scores, normalizations, elementwise chains, convolutions and chains of them), with
+seeded shapes.
 
 Each recipe draws its dimensions from `rng` and returns a graph whose nodes form one group.
 """
@@ -180,6 +181,18 @@ def conv_relu(rng: np.random.Generator) -> Graph:
     return _finish(b, b.op(OpType.Relu, h))
 
 
+def conv_block(rng: np.random.Generator) -> Graph:
+    """Two consecutive Convs (ReLU between): a ResNet basic block (3x3, 3x3 + the residual) or a pointwise pair,
+    the groups layer fusion (`conv_chain`) runs."""
+    b = GraphBuilder("conv_block")
+    c, hw, k = int(rng.choice([8, 16, 24, 32])), _dim(rng, 16), int(rng.choice([1, 3]))
+    attrs = {"strides": (1, 1), "pads": (k // 2,) * 4, "dilations": (1, 1), "group": 1}
+    x = b.input("x", (1, c, hw, hw))
+    h = b.op(OpType.Relu, b.op(OpType.Conv, x, _w(b, rng, c, c, k, k), _w(b, rng, c), **attrs))
+    h = b.op(OpType.Conv, h, _w(b, rng, c, c, k, k), _w(b, rng, c), **attrs)
+    return _finish(b, b.op(OpType.Relu, b.op(OpType.Add, h, x)) if rng.random() < 0.5 else h)
+
+
 RECIPES: dict[str, Callable[[np.random.Generator], Graph]] = {
     f.__name__: f
     for f in (
@@ -200,5 +213,6 @@ RECIPES: dict[str, Callable[[np.random.Generator], Graph]] = {
         batched_matmul,
         attention,
         conv_relu,
+        conv_block,
     )
 }
