@@ -49,7 +49,11 @@ def test_the_count_switches_the_variant_per_call_without_a_relink(planned) -> No
     assert link_plan(mc, choices, model_prefers(mc, AnalyticCostModel()), counter=False).dispatches == ()
     n = mc.config.array_size
     cases = [(DENSE, "epilogue"), (sparse_activations((64, 256), n, 0.75, seed=2), "zero_skip")]
-    cases.append((sparse_activations((64, 256), n, 0.25, seed=3), "zero_skip"))  # at the threshold: 16 of 64
+    at = sparse_activations((64, 256), n, 0.25, seed=3)  # at the threshold: 16 of the 64 tiles all zero
+    below = at.copy()
+    band, group = 3, int(np.flatnonzero(~at[:n].any(axis=0))[0]) // n  # one more element in one zero tile
+    below[band * n + 5, group * n + 7] = 1.0
+    cases += [(at, "zero_skip"), (below, "epilogue")]
     for x, expected in [*cases, *cases]:
         run = run_program(mc, linked, {"x": x}, checked=True)  # the race checker traps on an unordered access
         assert [(i, g.strategy) for i, g in run.decisions] == [(d.index, expected)]
