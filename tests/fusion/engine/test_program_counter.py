@@ -94,3 +94,31 @@ def test_the_engine_dispatches_on_chip_per_call_in_program_mode(planned) -> None
         assert ("fc", "relu") not in result.replanned  # the dispatched group is never re-planned for its data
         assert result.program.dispatch_cycles <= count_cycles(engine.config)
         np.testing.assert_array_equal(result.outputs[graph.outputs[0]], host.run({"x": x}).outputs[graph.outputs[0]])
+
+
+def test_one_counter_a_writer_between_another_writer_and_its_dispatch_makes_that_one_measure() -> None:
+    """pre1, pre2, fc1(pre1), fc2(pre2): pre2's zc.clr would wipe pre1's count before fc1 reads it, so fc1 counts
+    (its writer comes first) and fc2 measures its operand; each still follows its own operand's data."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("two_branches")
+    pre = [b.op(OpType.Relu, b.input(f"x{k}", (64, 256)), name=f"pre{k}") for k in (1, 2)]
+    for k, h in zip((1, 2), pre, strict=True):
+        w = b.constant((rng.standard_normal((256, 64)) / 16).astype(np.float32), f"w{k}")
+        bias = b.constant((rng.standard_normal(64) * 0.1).astype(np.float32), f"bias{k}")
+        b.output(b.op(OpType.Relu, b.op(OpType.Gemm, h, w, bias, name=f"fc{k}"), name=f"relu{k}"))
+    graph = b.build()
+    engine = FusionEngine(graph, "base", "int8", samples=[{"x1": DENSE, "x2": DENSE}])
+    engine.run({"x1": DENSE, "x2": DENSE})
+    mc, choices = engine.mc, engine.plan.choices
+    assert [c.group.nodes[0] for c in choices][:2] == ["pre1", "pre2"]
+    linked = link_plan(mc, choices, model_prefers(mc, AnalyticCostModel()), dispatch_budget=1.0)
+    by_operand = {d.operand: d for d in linked.dispatches}
+    assert by_operand["pre1"].producer is not None and by_operand["pre2"].producer is None
+    sparse = sparse_activations((64, 256), mc.config.array_size, 0.75, seed=2)
+    for x1, x2 in [(sparse, DENSE), (DENSE, sparse), (sparse, sparse), (DENSE, DENSE)]:
+        run = run_program(mc, linked, {"x1": x1, "x2": x2}, checked=True)
+        taken = {choices[i].group.nodes[0]: g.strategy for i, g in run.decisions}
+        assert taken == {f"fc{k}": "zero_skip" if x is sparse else "epilogue" for k, x in ((1, x1), (2, x2))}
+        reference = reference_env(mc, {"x1": x1, "x2": x2})
+        for out in graph.outputs:
+            np.testing.assert_array_equal(run.outputs[out], reference[out])
