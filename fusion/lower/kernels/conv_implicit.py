@@ -11,8 +11,9 @@ sw-th element of a span sw times as long). One DMA per (tap, channel run) reads 
 starting at the plane's first element when the span starts before it (the rows shift by that lead, so a row's
 tail lands in the next row's head: padding positions). Then on the vector unit: positions whose window element
 is padding are zeroed (a 0/1 mask over the run's positions, applied as an integer multiply, exact for Inf and
-NaN), a tap reading only padding is zeroed whole, a horizontal stride is compacted (masked, then period-sw row
-sums: one non-zero term per sum, exact), and a float input on the int8 path is quantized. The GEMM's epilogue
+NaN), a tap reading only padding is zeroed whole, and a horizontal stride is compacted (masked, then period-sw
+row sums: one non-zero term per sum, exact). A float input on the int8 path is first quantized once into an int8
+DRAM copy (`QUANTIZED`; the taps then read a quarter of the bytes, and nothing is quantized twice). The epilogue
 adds the bias per output channel and requantizes (int8; or, for a per-channel Conv read only by Adds, dequantizes
 to float32, `gemm.ChannelDequant`): the baseline's unfused Conv.
 
@@ -27,15 +28,27 @@ from itertools import product
 
 import numpy as np
 
-from fusion.graph.ir import Node
-from fusion.lower.context import LowerContext, taps_form
-from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
+from fusion.graph.ir import Graph, Node
+from fusion.lower.context import LowerContext, storage_dtype, taps_form
+from fusion.lower.emitter import Emit, Emitter, Step
 from fusion.lower.kernels.frame import Frame, fill_runs, lifted, value_runs
 from fusion.lower.kernels.gemm import ChannelDequant, ChannelRequant, Gemm, Operand, gemm_steps
 from fusion.lower.kernels.matrix import bias_view, dequant_scales, matrix_operand, requant, requant_table
+from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.local_alloc import TileArena
-from fusion.lower.views import View
+from fusion.lower.views import View, dense
+from fusion.quant.plan import QuantPlan
 from isa.enums import DType
+
+QUANTIZED = 1  # the DRAM temp (`LowerContext.temp`) of a float input quantized on the int8 path
+
+
+def quantized_bytes(graph: Graph, node: Node, plan: QuantPlan | None) -> int:
+    """Bytes of the Conv's `QUANTIZED` temp (0: its input is int8 already, or the path is fp32)."""
+    x = node.inputs[0]
+    if plan is None or storage_dtype(graph, plan, x) is not DType.f32:
+        return 0
+    return graph.types[x].size
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -121,11 +134,10 @@ class Windows:
     img: int
     group: int
     blocks: tuple[tuple[int, int, int, int], ...]
-    ready: DType  # what the matrix unit reads
-    quantize: float | None  # float input on the int8 path: its scale
 
     @property
     def raw(self) -> DType:
+        """What the input and the matrix unit hold (int8 or float32)."""
         return self.x.dtype
 
     @property
@@ -151,8 +163,6 @@ class Windows:
         if self.s.f.strides[1] > 1:
             sizes.append(kc * cols * (4 if self.raw is DType.i8 else es))  # compacted (int8: as int32 sums)
             sizes.append(kc * cols * es)
-        if self.quantize is not None:
-            sizes.append(kc * cols)
         sizes += [span * self.mask_dtype.size] * min(self.s.taps, kc)  # one mask per tap at most
         return sizes
 
@@ -166,7 +176,6 @@ class Windows:
         strided = s.f.strides[1] > 1
         sums = arena.tile(kc * width * (4 if self.raw is DType.i8 else es)) if strided else 0
         compact = arena.tile(kc * width * es) if strided else staged
-        ready = arena.tile(kc * width) if self.quantize is not None else compact
         loads: list[tuple[View, int]] = []
         masks: dict[bytes, int] = {}
         work: list[tuple[int, int, np.ndarray | None]] = []  # (panel row, rows, kept-position mask or None)
@@ -203,10 +212,8 @@ class Windows:
                         b.v_cvt(*em.regs(compact + row * cols, sums + row * cols * 4), count * cols, "i32", "i8")
                     else:
                         b.v_rsum(*em.regs(compact + row * cols * es, src), n, sw, self.raw.name)
-            if self.quantize is not None:
-                b.v_qnt(*em.regs(ready, compact, f32_bits(1.0 / self.quantize)), kc * cols)
 
-        return ready, loads, [prepare]
+        return compact, loads, [prepare]
 
     def _dma(self, start: int, c0: int, rows: int, pitch: int, local: int) -> list[tuple[View, int]]:
         """Rows of `pitch` plane elements from `start` (clamped to the plane's first element, the rows then land
@@ -245,8 +252,11 @@ def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
         blocks = tuple((t * s.cg, t, 0, s.cg) for t in range(s.taps))
     else:
         blocks = tuple((c * s.taps + t, t, c, 1) for c in range(s.cg) for t in range(s.taps))
-    quantize = q.input_scale if q and x.dtype is DType.f32 else None
-    ready = DType.i8 if cx.int8 else DType.f32
+    phases = []
+    if q is not None and x.dtype is DType.f32:  # a float input on the int8 path: quantized once, into DRAM
+        quantized = dense(cx.temp(node, QUANTIZED), x.shape, DType.i8)
+        phases.append(copy_steps(cx, [(x, quantized, q.input_scale)]))
+        x = quantized
     flat_x = x.reshape_dense((s.f.n, s.f.c, s.plane))
     out = cx.view(node.outputs[0]).reshape_dense((s.f.n, m, s.f.out[0] * s.f.out[1]))
     bias = bias_view(cx, node)
@@ -261,13 +271,13 @@ def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
         gemms.append(
             Gemm(
                 Operand(a2.view.slice(0, g * mg, mg), a2.quantize_scale),
-                Windows(s, flat_x, img, g, blocks, ready, quantize),
+                Windows(s, flat_x, img, g, blocks),
                 out.index((img,)).slice(0, g * mg, mg),
                 bias_g,
                 _epilogue(cx, node, table, scales, g * mg, mg),
             )
         )
-    return [gemm_steps(cx.config, gemms, cx.rotation)]
+    return [*phases, gemm_steps(cx.config, gemms, cx.rotation)]
 
 
 def _epilogue(

@@ -2,7 +2,7 @@
 indices), Expand (a stride-0 source), Cast (of a constant). Each is a list of (source view, destination view)
 pairs of equal shape; a transpose is a permuted source view, so the strided DMA does the work. On the int8
 path an int8 source feeding a float32 destination (Concat of inputs at different scales) is dequantized on the
-vector unit in between.
+vector unit in between, and a float32 source feeding an int8 destination quantized (a Conv's float input).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
-from fusion.lower.emitter import Emitter, Step
+from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import UnsupportedOpError
 from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks, merge_dims, transfers
 from isa.enums import DType, Unit
 
-Copy = tuple[View, View, float | None]  # source, destination, dequantize scale (None: same dtype)
+Copy = tuple[View, View, float | None]  # source, destination, the int8 side's scale (None: same dtype)
 
 
 def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Step]:
@@ -38,12 +38,15 @@ def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Ste
             compute = []
             out = raw
             if scale is not None:
-                out = arena.tile(part.size * 4)
+                out = arena.tile(part.size * dst.dtype.size)
 
-                def deq(em: Emitter, out=out, raw=raw, n=part.size, scale=scale) -> None:
-                    dequantize(em, out, raw, n, scale)
+                def convert(em: Emitter, out=out, raw=raw, n=part.size, scale=scale, to_int8=dst.dtype is DType.i8):
+                    if to_int8:
+                        em.b.v_qnt(*em.regs(out, raw, f32_bits(1.0 / scale)), n)
+                    else:
+                        dequantize(em, out, raw, n, scale)
 
-                compute = [(Unit.vector, deq)]
+                compute = [(Unit.vector, convert)]
             steps.append(Step([(part, raw)], compute, [(out, block.of(dst))]))
     return steps
 

@@ -26,7 +26,7 @@ from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import MemoryPlanError, UnsupportedOpError
 from fusion.lower.kernels.conv_depthwise import depthwise_phases, is_depthwise, scratch_elements
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
-from fusion.lower.kernels.conv_implicit import implicit_conv_phases
+from fusion.lower.kernels.conv_implicit import implicit_conv_phases, quantized_bytes
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.pool_vector import max_pool_phases
 from fusion.lower.kernels.sum_order import SumPlan, sum_plan, sum_tree
@@ -84,8 +84,11 @@ def _scratch(graph: Graph, node: Node, plan: QuantPlan | None) -> list[int]:
     es = storage_dtype(graph, plan, node.inputs[0]).size
     padded = math.prod(w.padded_shape)
     sizes = [padded * es]  # padded input (unused without padding)
-    if node.op == OpType.Conv and is_depthwise(graph, node):  # its vector kernel's output scratch (<= float32)
-        sizes.append(scratch_elements(conv_geometry(graph, node, w.padded_shape)) * 4)
+    if node.op == OpType.Conv:  # temp 1: the depthwise vector kernel's output scratch (<= float32), or else the
+        depthwise = is_depthwise(graph, node)  # implicit GEMM's quantized input (`conv_implicit.QUANTIZED`)
+        vector = scratch_elements(conv_geometry(graph, node, w.padded_shape)) * 4 if depthwise else 0
+        if max(vector, quantized_bytes(graph, node, plan)):
+            sizes.append(max(vector, quantized_bytes(graph, node, plan)))
     if node.op == OpType.AveragePool:
         sizes.append(padded * 4)  # padded ones
     if node.op == OpType.MaxPool and w.s <= 2:  # the vector kernel's output scratch
