@@ -46,12 +46,12 @@ def run_kernel(
     )
 
 
-def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False) -> int:
+def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False, max_cycles: int | None = None) -> int:
     """A kernel's cycles on zero inputs of its guard's shapes and storage dtypes: its timing, for any kernel
-    whose control flow does not test data (every kernel but the zero-skip ones)."""
+    whose control flow does not test data (every kernel but the zero-skip ones). `max_cycles`: as `run_kernel`."""
     shapes, dtypes = dict(kernel.guard.shapes), dict(kernel.guard.dtypes)
     env = {v: np.zeros(shapes[v], dtype=dtypes[v]) for v in kernel.inputs}
-    return run_kernel(mc, kernel, env, checked=checked).cycles
+    return run_kernel(mc, kernel, env, checked=checked, max_cycles=max_cycles).cycles
 
 
 def to_real(mc: ModelContext, value: str, data: np.ndarray) -> np.ndarray:
