@@ -3,12 +3,15 @@
 The program is decoded once into one closure per instruction (`steps[pc]() -> next pc`), built by the
 explicit mnemonic -> builder map in `simulator.dispatch`. A step does its instruction's data work at
 issue, in program order, and hands unit instructions to the timing engine, which decides when they run.
+Words decode through a bounded cache shared by every machine (`decoded`): a word's instruction and unit are
+a function of the word alone (the ISA table), and the planner simulates many programs built of the same words.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,6 +29,17 @@ from simulator.races import RaceChecker
 
 Step = Callable[[], int]
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
+DECODE_CACHE_WORDS = 1 << 17  # distinct words kept decoded across runs (~25 MB at most)
+# straight-line code checks the watchdog at least this often (taken branches and loop ends check it too), so a
+# cycle budget (`MachineConfig.max_cycles`) stops a long unrolled kernel soon after it is exceeded
+WATCHDOG_EVERY = 256
+
+
+@lru_cache(maxsize=DECODE_CACHE_WORDS)
+def decoded(word: int) -> tuple[Instruction, Unit]:
+    """A word's instruction and the unit whose queue it enters; EncodingError for an illegal word (not cached)."""
+    ins = decode(word)
+    return ins, instruction_unit(ins)
 
 
 class Machine:
@@ -57,19 +71,18 @@ class Machine:
         self.halt_cycle = -1
         n = len(obj.text)
         self.instructions: list[Instruction | None] = []
+        self.units: list[Unit] = []
         self.decode_errors: dict[int, str] = {}
-        decoded: dict[int, Instruction] = {}  # programs repeat few distinct words
         for pc, word in enumerate(obj.text):
-            ins = decoded.get(word)
-            if ins is None:
-                try:
-                    ins = decoded[word] = decode(word)
-                except EncodingError as err:
-                    self.decode_errors[pc] = f"illegal instruction: {err}"
+            try:
+                ins, unit = decoded(word)
+            except EncodingError as err:
+                self.decode_errors[pc] = f"illegal instruction: {err}"
+                ins, unit = None, Unit.scalar
             self.instructions.append(ins)
+            self.units.append(unit)
         self.count = [0] * (n + 1)
         self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
-        self.units = [instruction_unit(ins) if ins is not None else Unit.scalar for ins in self.instructions]
         self.units.append(Unit.scalar)
         self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe) if checked else None
         steps: list[Step] = []
@@ -79,6 +92,7 @@ class Machine:
         self.steps = steps
         self._wrap_loop_ends()
         self._wrap_kernel_entries()
+        self._wrap_watchdog()
         if self.races is not None:
             self._wrap_checked()
 
@@ -217,6 +231,18 @@ class Machine:
         def step() -> int:
             if not entries or entries[-1][0] != k:
                 entries.append((k, self.now))
+            return inner()
+
+        return step
+
+    def _wrap_watchdog(self) -> None:
+        """Watchdog checkpoints every WATCHDOG_EVERY instructions of the text (see the constant)."""
+        for pc in range(WATCHDOG_EVERY, len(self.instructions), WATCHDOG_EVERY):
+            self.steps[pc] = self._watched(self.steps[pc])
+
+    def _watched(self, inner: Step) -> Step:
+        def step() -> int:
+            self.watchdog()
             return inner()
 
         return step

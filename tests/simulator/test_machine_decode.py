@@ -1,0 +1,57 @@
+"""The machine's decode path: words decoded through a cache shared by every run, and the watchdog in
+straight-line code (a cycle budget stops a long unrolled kernel soon after it is exceeded)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from assembler.objfile import ObjectFile
+from assembler.source import assemble
+from isa import decode
+from simulator import load_config, simulate
+from simulator.errors import SimulatorTrap
+from simulator.machine import WATCHDOG_EVERY, Machine, decoded
+
+STRAIGHT = 3 * WATCHDOG_EVERY  # instructions of straight-line code, no branch or loop
+
+
+def _straight_line(n: int) -> ObjectFile:
+    body = "\n".join(f"addi x{1 + i % 7}, x0, {i}" for i in range(n))
+    return assemble(f".kernel k\n{body}\nhalt\n.endkernel\n")
+
+
+def test_runs_share_decoded_words_and_decode_as_the_table_says() -> None:
+    obj = _straight_line(40)
+    cfg = load_config("tiny")
+    first, second = Machine(obj, cfg), Machine(obj, cfg)
+    assert all(a is b for a, b in zip(first.instructions, second.instructions, strict=True))
+    assert [decoded(w)[0] for w in obj.text] == [decode(w) for w in obj.text]
+    assert first.units == second.units
+
+
+def test_an_illegal_word_traps_in_every_run() -> None:
+    obj = _straight_line(4)
+    bad = replace(obj, text=[*obj.text[:2], 0xFF, *obj.text[2:]])
+    for _ in range(2):  # the decode error is not cached as an instruction
+        with pytest.raises(SimulatorTrap, match="illegal instruction") as trap:
+            simulate(bad, "tiny")
+        assert trap.value.pc == 2
+
+
+def test_the_watchdog_stops_straight_line_code_within_its_checkpoint_interval() -> None:
+    obj = _straight_line(STRAIGHT)
+    cycles = simulate(obj, "tiny").counters.cycle
+    budget = cycles // 3
+    with pytest.raises(SimulatorTrap, match="watchdog") as trap:
+        simulate(obj, replace(load_config("tiny"), max_cycles=budget))
+    assert budget < trap.value.cycle and trap.value.pc <= STRAIGHT // 3 + WATCHDOG_EVERY + 1
+
+
+def test_a_run_within_its_budget_is_not_stopped() -> None:
+    obj = _straight_line(STRAIGHT)
+    cycles = simulate(obj, "tiny").counters.cycle
+    assert simulate(obj, replace(load_config("tiny"), max_cycles=cycles)).counters.cycle == cycles
+    with pytest.raises(SimulatorTrap, match="watchdog"):  # one cycle less: stopped at halt at the latest
+        simulate(obj, replace(load_config("tiny"), max_cycles=cycles - 1))
