@@ -16,6 +16,7 @@ apart); a consumer with a dispatch table is not paired (its operand is the produ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 
 from fusion.cost.analytic import unit_times
@@ -81,17 +82,25 @@ def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | 
         return None
     try:
         kernel = build_pipelined(ev.mc, a.group, b.group)
-        together = ev.timed(lambda: timing_cycles(ev.mc, kernel))
-    except (CodegenError, LoweringError, SimulatorTrap):
+    except (CodegenError, LoweringError):
         return None
     apart = ev.measured_cycles(ea) + ev.measured_cycles(eb)
-    if not worth_pairing(apart, together):
+    try:  # simulated only as far as it could still be worth pairing
+        together = ev.simulated_within(kernel, max(1, pairing_budget(apart) + 1))  # + 1: rounding, checked below
+    except SimulatorTrap:
+        return None
+    if together is None or not worth_pairing(apart, together):
         return "slower"
     try:  # the race check (several times a plain simulation) only for a pair worth taking
         together = ev.timed(lambda: timing_cycles(ev.mc, kernel, checked=True))
     except SimulatorTrap:
         return None
     return PipelinedPair(a.group, b.group, kinds, apart, together) if worth_pairing(apart, together) else "slower"
+
+
+def pairing_budget(apart: int) -> int:
+    """The most cycles a pair may take and still be worth taking (`worth_pairing`) against `apart`."""
+    return math.floor(apart - max(1.0, REGRET_FLOOR * apart))
 
 
 def worth_pairing(apart: int, together: int) -> bool:

@@ -30,6 +30,7 @@ from fusion.engine.plan import Group, GroupChoice, Measurement, Plan, baseline_g
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
 from fusion.engine.strategies import REGISTRY, matrix_bound, strategy_of
 from fusion.engine.workers import CompilePool, build_and_count
+from simulator.errors import SimulatorTrap
 
 POLICIES = ("none", "static", "dynamic", "oracle")
 ORACLE_MAX_PLANS = 512
@@ -102,7 +103,9 @@ class Evaluator:
         self.overlap = overlap or (lambda parts: 0.0)
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
+        self._over: dict[tuple, int] = {}  # by program: a budget its simulation exceeded (`measured_within`)
         self.measure_seconds = 0.0  # host time of those simulations
+        self.stopped = 0  # simulations stopped past their budget (`simulated_within`)
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
         self._lock = threading.Lock()
@@ -226,7 +229,8 @@ class Evaluator:
         every schedule whose expected regret against the favourite (`expected_regret` of their scores with the
         model's spreads) is at least REGRET_FLOOR of the favourite's score is simulated once on zero inputs with
         the favourite (timing does not depend on the values, so zero-skip kernels are left out), and the lowest
-        measured score wins."""
+        measured score wins (each rival of the favourite simulated only as far as it could still win:
+        `measured_within`)."""
         best = done[0]
         if _skips(best.group):
             return best
@@ -234,7 +238,16 @@ class Evaluator:
         risky = [
             e for e in done[1:] if not _skips(e.group) and expected_regret(best.score, best.sd, e.score, e.sd) >= floor
         ]
-        return min([best, *risky], key=self.measured_score) if risky else best
+        if not risky:
+            return best
+        # min([best, *risky], key=measured_score), each rival simulated only as far as it could still win
+        winner, score = best, self.measured_score(best)
+        for e in risky:
+            traffic = self.priced_traffic(e.features)
+            cycles = self.measured_within(e, below(score - traffic) + 1)  # + 1: float rounding, compared below
+            if cycles is not None and cycles + traffic < score:
+                winner, score = e, cycles + traffic
+        return winner
 
     def measured_score(self, e: Evaluated) -> float:
         """The simulated cycles of a built kernel plus its priced DRAM traffic."""
@@ -247,8 +260,7 @@ class Evaluator:
         zero-skip kernels, never measured, test data). A view runs no kernel: 0."""
         if e.kernel.program is None:  # a view: no kernel runs
             return 0
-        guard = e.kernel.guard
-        key = (e.kernel.program.text, tuple(s for _, s in guard.shapes), tuple(d for _, d in guard.dtypes))
+        key = _program_key(e.kernel)
         with self._lock:
             found = self._measured.get(key)
         if found is None:
@@ -256,6 +268,41 @@ class Evaluator:
             with self._lock:
                 self._measured[key] = found
         return found
+
+    def measured_within(self, e: Evaluated, budget: int) -> int | None:
+        """`measured_cycles(e)` when they are at most `budget`, else None. For a measurement that matters only if
+        it comes in under a known alternative (a loser's exact cycles decide nothing): its simulation stops once
+        past the budget (the machine's watchdog at `max_cycles = budget`), which for a kernel several times slower
+        than the winner saves most of it. What is learnt is memoised (exact cycles, or a budget exceeded)."""
+        if e.kernel.program is None or budget < 1:
+            cycles = self.measured_cycles(e)
+            return cycles if cycles <= budget else None
+        key = _program_key(e.kernel)
+        with self._lock:
+            found, over = self._measured.get(key), self._over.get(key, 0)
+        if found is None and budget <= over:
+            return None
+        if found is None:
+            found = self.simulated_within(e.kernel, budget)
+            with self._lock:
+                if found is None:
+                    self._over[key] = max(budget, self._over.get(key, 0))
+                else:
+                    self._measured[key] = found
+        return found if found is not None and found <= budget else None
+
+    def simulated_within(self, kernel: Kernel, budget: int, checked: bool = False) -> int | None:
+        """The kernel's cycles on zero inputs (`timing_cycles`, timed), or None once its run is past `budget`
+        cycles (>= 1): the watchdog looks at halt, at taken branches and loop ends, and every
+        `machine.WATCHDOG_EVERY` instructions, so a run stops soon after the budget and never ends past it."""
+        try:
+            return self.timed(lambda: timing_cycles(self.mc, kernel, checked, max_cycles=budget))
+        except SimulatorTrap as trap:
+            if trap.cycle > budget and trap.reason.startswith("watchdog"):
+                with self._lock:
+                    self.stopped += 1
+                return None
+            raise
 
     def timed(self, simulate: Callable[[], int]) -> int:
         """Run one planning simulation, counting its host time."""
@@ -269,7 +316,7 @@ class Evaluator:
     def measurement(self, pairs: int = 0) -> Measurement:
         """What this evaluator simulated so far (`pairs`: pipelined programs simulated besides its kernels)."""
         with self._lock:
-            kernels = len(self._measured) + pairs
+            kernels = len(self._measured.keys() | self._over.keys()) + pairs
             return Measurement(kernels, self.measure_seconds, self.guarded["measured"], self.guarded["fallback"])
 
     def count(self, outcome: str) -> None:
@@ -519,9 +566,10 @@ def _regions(names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[st
 def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
     """The dynamic plan, except in the regions (`_regions` of it, `static` and `none`) where static's or none's
     groups take fewer cycles: there the rival's groups are taken. Every region where the plans differ is measured
-    (its kernels simulated once on zero inputs; most are already measured or built), whatever the cost model
-    says: a model confidently wrong escapes the regret tests but not this one. A region with a zero-skip group
-    (its timing depends on the data) keeps dynamic's. `region`: the nodes planned (local re-planning); rivals'
+    (its kernels simulated once on zero inputs; most are already measured or built; a rival's only as far as it
+    could still win, `Evaluator.measured_within`), whatever the cost model says: a model confidently wrong
+    escapes the regret tests but not this one. A region with a zero-skip group (its timing depends on the data)
+    keeps dynamic's. `region`: the nodes planned (local re-planning); rivals'
     groups reaching outside it are not candidates."""
     rivals = [plan_none(ev, region), plan_static(ev, region)]
     choices: list[GroupChoice] = []
@@ -543,17 +591,47 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
     if not others or any(_skips(c.group) for c in mine):
         return mine
 
-    def priced(cs: list[GroupChoice]) -> list[Evaluated]:
-        return [e for c in cs if isinstance(e := ev.evaluate(c.group), Evaluated)]
+    def priced(cs: list[GroupChoice]) -> Iterable[Evaluated]:
+        return (e for c in cs if isinstance(e := ev.evaluate(c.group), Evaluated))
 
-    measured = [sum(ev.measured_cycles(e) for e in priced(cs)) for cs in (mine, *others)]
+    def within(cs: list[GroupChoice], budget: int) -> int | None:
+        """The rival's measured cycles when at most `budget`; its kernels are built and simulated only while it
+        can still come in under the budget."""
+        total = 0
+        for e in priced(cs):
+            cycles = ev.measured_within(e, budget - total)
+            if cycles is None:
+                return None
+            total += cycles
+        return total
+
+    # the best of (measured, index): a rival wins only strictly under the best so far, so it is measured only
+    # as far as that budget
+    measured = [sum(ev.measured_cycles(e) for e in priced(mine))]
+    best = 0
+    for i, cs in enumerate(others, 1):
+        total = within(cs, measured[best] - 1)
+        measured.append(-1 if total is None else total)
+        best = i if total is not None and total < measured[best] else best
     ev.count("measured")
-    best = min(range(len(measured)), key=lambda i: (measured[i], i))
     if best == 0:
         return mine
     ev.count("fallback")
     why = f"plan guard: measured {measured[best]} cycles here against dynamic's {measured[0]}"
     return [replace(c, reason=f"{c.reason}; {why}") for c in others[best - 1]]
+
+
+def below(limit: float) -> int:
+    """The largest integer strictly below `limit` (a cycle budget: what a rival must measure to beat it)."""
+    budget = math.ceil(limit) - 1
+    return budget + 1 if budget + 1 < limit else budget
+
+
+def _program_key(kernel: Kernel) -> tuple:
+    """What a kernel's timing is a function of: its program text and its inputs' shapes and storage dtypes (a
+    model's repeated layers generate the same programs: the same timing; zero-skip kernels are never measured)."""
+    guard = kernel.guard
+    return (kernel.program.text, tuple(s for _, s in guard.shapes), tuple(d for _, d in guard.dtypes))
 
 
 def in_execution_order(mc: ModelContext, choices) -> tuple[GroupChoice, ...]:
