@@ -27,12 +27,12 @@ from simulator.config import load_config
 CHAIN = "conv_chain"
 
 
-def chain_graph(c, hw, layers, residual=False, seed=0):
-    """Convs (cout, kernel, stride, relu) in sequence from x [1, c, *hw] (padding k // 2, bias), then
+def chain_graph(c, hw, layers, residual=False, seed=0, batch=1):
+    """Convs (cout, kernel, stride, relu) in sequence from x [batch, c, *hw] (padding k // 2, bias), then
     optionally Add(x) + Relu; returns the graph and its node names."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("chain")
-    x = h = b.input("x", (1, c, *hw))
+    x = h = b.input("x", (batch, c, *hw))
     names, cin = [], c
     for i, (cout, k, stride, relu) in enumerate(layers):
         w = b.constant((rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32), f"w{i}")
@@ -118,6 +118,13 @@ def test_a_resnet_basic_block_with_its_residual(dtype: str) -> None:
 def test_a_bottleneck_of_three_convs_with_a_strided_middle(dtype: str) -> None:
     graph, names = chain_graph(32, (12, 10), [(16, 1, 1, True), (16, 3, 2, True), (48, 1, 1, False)])
     _check(graph, names, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_a_batch_of_two_images_runs_band_by_band_per_image(dtype: str, wide: bool) -> None:
+    graph, names = chain_graph(16, (7, 9), [(16, 3, 1, True), (32, 3, 1, False)], residual=False, batch=2)
+    _check(graph, names, dtype, 3, wide)
 
 
 def test_intermediates_never_touch_dram() -> None:
