@@ -20,7 +20,7 @@ from fusion.engine.errors import CodegenError
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.gemm import Operand
 from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
-from fusion.lower.views import MAX_ROWS, View
+from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
 
@@ -220,6 +220,26 @@ def _a_fits(cfg: MachineConfig, g: FusedGemm, rows: int) -> bool:
     return spare.fits(sizes)
 
 
+def coalesced(loads: list[tuple[View, int]]) -> list[tuple[View, int]]:
+    """Adjacent loads of dense views that continue each other in DRAM and in local memory as one load (a step's
+    packed weight panels: one DMA latency instead of one per panel)."""
+    out: list[tuple[View, int]] = []
+    for view, local in loads:
+        if out:
+            prev, at = out[-1]
+            size = prev.size * prev.dtype.size
+            follows = prev.dtype == view.dtype and view.address == prev.address + size and local == at + size
+            if follows and is_dense(prev) and is_dense(view):
+                out[-1] = (dense(prev.address, (prev.size + view.size,), view.dtype), at)
+                continue
+        out.append((view, local))
+    return out
+
+
+def is_dense(view: View) -> bool:
+    return view == dense(view.address, view.shape, view.dtype)
+
+
 def _nothing(em: Emitter) -> None:
     return None
 
@@ -286,9 +306,11 @@ def _tile_step(
         bias_addr = arena.tile(span * 4)
         loads.append((g.bias.slice(0, j_first, span), bias_addr))
     tiles = []  # per panel: (cols, weight panel address, dtype size, residual, accumulator, output)
+    weights = []  # every panel's weights first: packed panels then sit back to back, one load (`coalesced`)
     for j0, cols in panels:
         part = g.b.view.slice(1, j0, cols) if g.b_panels is None else g.b_panels.index((j0 // cfg.array_size,))
-        b_addr, b_dt = _load_operand(arena, g.b, part.slice(1, 0, cols), loads, quants)
+        weights.append(_load_operand(arena, g.b, part.slice(1, 0, cols), loads, quants))
+    for (j0, cols), (b_addr, b_dt) in zip(panels, weights, strict=True):
         res = 0
         if g.residual is not None:
             res = arena.tile(rows * cols * 4)
@@ -328,7 +350,7 @@ def _tile_step(
     compute.append((Unit.matrix, matmul))
     if g.chain is None:
         stores = [(out, g.out.slice(0, i0, rows).slice(1, j0, cols)) for j0, cols, _, _, _, _, out in tiles]
-        return Step(loads, compute, stores)
+        return Step(coalesced(loads), compute, stores)
     more_loads, emit, stores = g.chain.step(arena, block, [(j0, cols, out) for j0, cols, _, _, _, _, out in tiles])
     compute.append((Unit.vector, emit))
-    return Step(loads + more_loads, compute, stores)
+    return Step(coalesced(loads) + more_loads, compute, stores)

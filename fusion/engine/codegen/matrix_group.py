@@ -16,7 +16,7 @@ from itertools import product
 
 import numpy as np
 
-from fusion.engine.codegen.gemm import FusedGemm, Schedule, fused_gemm_steps, row_blocks
+from fusion.engine.codegen.gemm import FusedGemm, Schedule, fused_gemm_steps, is_dense, row_blocks
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
@@ -83,10 +83,6 @@ def _lift(view: View, rank: int) -> View:
         raise CodegenError("a fused GEMM needs operands of rank 2 or more")
     pad = rank - len(view.shape)
     return replace(view, shape=(1,) * pad + view.shape, strides=(0,) * pad + view.strides)
-
-
-def is_dense(view: View) -> bool:
-    return view == dense(view.address, view.shape, view.dtype)
 
 
 def can_flatten(cx: LowerContext, nodes: Sequence[Node]) -> bool:
