@@ -4,12 +4,15 @@ from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) vs
 
 Needs `pip install apache-tvm` (0.27; a bench-only dependency). Models: the bundled ones plus every `*.onnx` under
 the `--zoo` directories (those dynfuse cannot import are listed with the reason).
-Usage: python bench/bench_tvm.py [--zoo DIR ...] [--dtype fp32]
+Usage: python bench/bench_tvm.py [--zoo DIR ...] [--models NAME ...] [--dtype fp32]
+(the zoo's exported models are cached in ~/.cache/dynfuse/zoo: `--zoo ~/.cache/dynfuse/zoo`)
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,8 +83,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--zoo", nargs="*", default=[], help="directories searched for *.onnx")
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "int8"))
+    ap.add_argument("--models", nargs="*", default=[], help="only these models (names as in the table)")
     args = ap.parse_args()
-    models = BUNDLED + sorted(p for d in args.zoo for p in Path(d).rglob("*.onnx"))
+    models = BUNDLED + sorted(p for d in args.zoo for p in Path(d).expanduser().rglob("*.onnx"))
+    if args.models:
+        unknown = set(args.models) - {model_name(p) for p in models}
+        if unknown:
+            sys.exit(f"bench_tvm: no such model(s): {', '.join(sorted(unknown))}")
+        models = [p for p in models if model_name(p) in args.models]
     start = time.perf_counter()
     lines = [
         "| model | TVM kernels | TVM rules on dynfuse IR | static kernels | dynamic kernels | static cycles | "
@@ -106,9 +115,12 @@ def main() -> None:
         lines.append("| " + " | ".join(map(str, cells)) + " |")
         print(lines[-1], flush=True)
         details.append(f"- {model_name(path)}: TVM {', '.join(tvm)}\n  - static: {', '.join(row['static_groups'])}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    command = " ".join(["python", "bench/bench_tvm.py", *sys.argv[1:]])
     RESULTS.write_text(
         "# dynfuse static vs TVM FuseOps\n\n"
-        f"`python bench/bench_tvm.py --dtype {args.dtype}` ({time.perf_counter() - start:.0f} s). TVM kernels: "
+        f"At commit {commit.stdout.strip() or 'unknown'}: `{command}` ({time.perf_counter() - start:.0f} s). "
+        "TVM kernels: "
         "`call_tir` calls in `main` after from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, "
         "FuseTIR (TVM 0.27, on TVM's own import of the ONNX file: its graph keeps ops dynfuse's import folds or "
         "fuses, e.g. Gather for the QKV split, Gelu as Div/Erf/Add/Mul/Mul, BatchNorm). TVM rules on dynfuse IR: "
