@@ -114,15 +114,22 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
 
 def _stream_runs(graph: Graph, head: Node) -> list[Candidate]:
     """A matrix node, the Reshapes of its output keeping the last axis (views: GPT-2's Gemm back to 3-D), then
-    a run of chain nodes: every prefix with at least one chain node (`codegen.stream`)."""
+    a run of chain nodes from the output's first reader: every prefix holding all its readers (`codegen.stream`;
+    a SiLU reads the GEMM's output twice: Sigmoid, then the Mul by it)."""
     run = [head]
     while (nxt := sole_consumer(graph, run[-1])) is not None and nxt.op == OpType.Reshape and len(run) <= MAX_CHAIN:
         run.append(nxt)
-    views = len(run)
-    if (nxt := sole_consumer(graph, run[-1])) is None or nxt.op not in CHAIN_OPS:
+    value = run[-1].outputs[0]
+    private = len(run[-1].outputs) == 1 and value not in graph.outputs
+    readers = graph.consumers.get(value, ()) if private else ()
+    if not readers or any(r.op not in CHAIN_OPS for r in readers):
         return []
-    run += _follow(graph, nxt, CHAIN_OPS, MAX_CHAIN)
-    return [Candidate(tuple(n.name for n in run[:k]), "stream") for k in range(views + 1, len(run) + 1)]
+    run += _follow(graph, readers[0], CHAIN_OPS, MAX_CHAIN)
+    names = [n.name for n in run]
+    if any(r.name not in names for r in readers):
+        return []
+    first = max(names.index(r.name) for r in readers) + 1
+    return [Candidate(tuple(names[:k]), "stream") for k in range(first, len(run) + 1)]
 
 
 def _stored_chains(graph: Graph, node: Node) -> list[Candidate]:
