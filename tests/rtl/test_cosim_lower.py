@@ -49,6 +49,7 @@ CASES = {
     "conv_same_3x3": _conv("conv", (1, 6, 5, 5), (8, 6, 3, 3), (1, 1), (1, 1, 1, 1)),
     "conv_strided_grouped": _conv("conv", (1, 4, 7, 6), (6, 2, 3, 2), (2, 2), (1, 0, 1, 1), group=2),
     "conv_1d_dilated": _conv("conv", (2, 3, 9), (5, 3, 3), (1,), (2, 1), dilations=(2,)),
+    "conv_stem_channel_major": _conv("conv", (1, 2, 9, 9), (4, 2, 3, 3), (2, 2), (1, 1, 1, 1)),
     "depthwise_frame": _conv("conv", (1, 4, 6, 6), (4, 1, 3, 3), (1, 1), (1, 1, 1, 1), group=4),
     "max_pool_frame": _pool("pool", OpType.MaxPool, (1, 3, 8, 8), (3, 3), (2, 2), (1, 1, 1, 1)),
     "average_pool_frame": _pool(

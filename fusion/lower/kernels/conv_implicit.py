@@ -56,9 +56,17 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(weight, 1, -1))
 
 
+def tap_major(weight_shape: tuple[int, ...]) -> bool:
+    """K tap-major (one DMA per tap and channel run) unless a group has fewer channels than the kernel has
+    columns: then channel-major, the natural order, whose taps along a kernel row are one DMA per (channel,
+    kernel row) (`_merged`: a 7x7 stem on 3 channels, 21 DMAs per panel instead of 49)."""
+    return weight_shape[1] >= weight_shape[-1]
+
+
 def packs(weight_shape: tuple[int, ...]) -> bool:
-    """Whether tap-major packing reorders anything (more than one channel per group and tap)."""
-    return weight_shape[1] > 1 and math.prod(weight_shape[2:]) > 1
+    """Whether the weight is packed tap-major: the order is tap-major and that reorders anything (more than one
+    channel per group and tap)."""
+    return tap_major(weight_shape) and weight_shape[1] > 1 and math.prod(weight_shape[2:]) > 1
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,8 @@ class Windows:
                     masks[pattern] = arena.tile(span * self.mask_dtype.size)
             work.append((row, count, keep))
 
+        work = _joined(work)
+
         def prepare(em: Emitter) -> None:
             b, mdt = em.b, self.mask_dtype
             for pattern, tile in masks.items():
@@ -213,7 +223,7 @@ class Windows:
                     else:
                         b.v_rsum(*em.regs(compact + row * cols * es, src), n, sw, self.raw.name)
 
-        return compact, loads, [prepare]
+        return compact, _merged(loads), [prepare]
 
     def _dma(self, start: int, c0: int, rows: int, pitch: int, local: int) -> list[tuple[View, int]]:
         """Rows of `pitch` plane elements from `start` (clamped to the plane's first element, the rows then land
@@ -234,6 +244,39 @@ class Windows:
         return out
 
 
+def _joined(work: list[tuple[int, int, np.ndarray | None]]) -> list[tuple[int, int, np.ndarray | None]]:
+    """Consecutive panel rows with the same vector work (zeroing, or the same kept positions) as one run."""
+    out: list[tuple[int, int, np.ndarray | None]] = []
+    for row, count, keep in work:
+        if out:
+            first, rows, same = out[-1]
+            alike = (keep is None and same is None) or (
+                keep is not None and same is not None and np.array_equal(keep, same)
+            )
+            if row == first + rows and alike:
+                out[-1] = (first, rows + count, same)
+                continue
+        out.append((row, count, keep))
+    return out
+
+
+def _merged(loads: list[tuple[View, int]]) -> list[tuple[View, int]]:
+    """One-row loads continuing a load's run of panel rows from evenly spaced DRAM addresses (a channel's taps
+    along a kernel row, channel-major) joined into it: one strided DMA."""
+    out: list[tuple[View, int]] = []
+    for view, local in loads:
+        if out:
+            run, start = out[-1]
+            rows, cols = run.shape
+            gap = view.address - (run.address + (rows - 1) * run.strides[0])  # from the run's last row
+            adjacent = local == start + rows * cols * view.dtype.size
+            if view.shape == (1, cols) and adjacent and gap > 0 and (rows == 1 or gap == run.strides[0]):
+                out[-1] = (View(run.address, (rows + 1, cols), (gap, run.strides[1]), run.dtype), start)
+                continue
+        out.append((view, local))
+    return out
+
+
 def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
     """The Conv's GEMMs, one per image and group, in one pipeline."""
     s = conv_shape(cx, node)
@@ -242,13 +285,13 @@ def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
     m, mg = wshape[0], wshape[0] // s.groups
     q = cx.matrix(node) if cx.int8 else None
     x = cx.view(node.inputs[0])
-    tap_major = not packs(wshape) or cx.graph.is_constant(weight)
+    major = tap_major(wshape) and (not packs(wshape) or cx.graph.is_constant(weight))
     if packs(wshape) and cx.graph.is_constant(weight):
         a = Operand(cx.const_view(weight, taps_form(cx.int8)))
     else:
         a = matrix_operand(cx, node, weight, q.weight_scale if q else None)
     a2 = Operand(a.view.reshape_dense((m, s.cg * s.taps)), a.quantize_scale)
-    if tap_major:
+    if major:
         blocks = tuple((t * s.cg, t, 0, s.cg) for t in range(s.taps))
     else:
         blocks = tuple((c * s.taps + t, t, c, 1) for c in range(s.cg) for t in range(s.taps))
