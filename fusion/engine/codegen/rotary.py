@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.engine.codegen.chain import ELEMENTWISE, Operand, Registers, emit_node, load_register
+from fusion.engine.codegen.gemm import coalesced
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
@@ -191,27 +192,35 @@ def _packed_reads(graph: Graph, nodes: Sequence[Node]) -> list[tuple[int, str, s
     for i, node in enumerate(nodes):
         if node.op in ELEMENTWISE:
             out += [(i, v, _form_key(v, node)) for _, v in _tensor_reads(graph, node) if graph.is_constant(v)]
-    return out
+    return list(dict.fromkeys(out))  # a constant read twice by one node is one register
+
+
+def _region_form(nodes: Sequence[Node]) -> str:
+    """The DRAM form holding all the region's packed constants (keyed by its output: one group per program)."""
+    return const_key(nodes[-1].outputs[0], f"{SEGMENTS}@{len(nodes)}")
 
 
 def segment_forms(graph: Graph, config: MachineConfig) -> dict[str, np.ndarray]:
-    """Every constant tensor operand broadcast to its node's output and packed segment-major block by block
-    (block b's part starts at its first row times the width), float32."""
+    """Every constant tensor operand broadcast to its node's output and packed segment-major, all of them in one
+    float32 form, block by block (block b's part starts at its first row times their summed widths; inside it,
+    one constant after another), so a block's constants are one DMA."""
     nodes = graph.nodes
     lay = layout(graph, nodes, config)
-    forms = {}
-    for i, value, key in _packed_reads(graph, nodes):
+    packed = _packed_reads(graph, nodes)
+    if not packed:
+        return {}
+    flats = []
+    for i, value, _ in packed:
         out = nodes[i].outputs[0]
         data = np.broadcast_to(np.asarray(graph.constants[value], np.float32), graph.types[out].shape)
-        flat = data.reshape(lay.rows, -1)
-        cuts = lay.cuts[out]
-        parts = [
-            flat[r0 : r0 + lay.block_rows, c0:c1].ravel()
-            for r0 in range(0, lay.rows, lay.block_rows)
-            for c0, c1 in zip(cuts, cuts[1:], strict=False)
-        ]
-        forms[key] = np.concatenate(parts).astype(np.float32)
-    return forms
+        flats.append((data.reshape(lay.rows, -1), lay.cuts[out]))
+    parts = [
+        flat[r0 : r0 + lay.block_rows, c0:c1].ravel()
+        for r0 in range(0, lay.rows, lay.block_rows)
+        for flat, cuts in flats
+        for c0, c1 in zip(cuts, cuts[1:], strict=False)
+    ]
+    return {_region_form(nodes): np.concatenate(parts).astype(np.float32)}
 
 
 def _matrix_view(cx: LowerContext, value: str) -> View:
@@ -252,6 +261,8 @@ def segment_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     views = {v: _matrix_view(cx, v) for v in (*externals, out_value)}
     uses = _last_uses(graph, nodes)
     packed_width = {key: width[nodes[i].outputs[0]] for i, _, key in packed}
+    offsets = np.cumsum([0, *packed_width.values()]).tolist()[:-1]  # each constant's place in a block's part
+    total = sum(packed_width.values())
     steps = []
     for r0 in range(0, lay.rows, lay.block_rows):
         r = min(lay.block_rows, lay.rows - r0)
@@ -274,9 +285,10 @@ def segment_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
                 (rows.slice(1, c0, c1 - c0), addr[v] + r * c0 * cx.dtype(v).size)
                 for c0, c1 in zip(cuts, cuts[1:], strict=False)
             ]
-        for i, _, key in packed:
+        base = cx.addresses[_region_form(nodes)] + r0 * total * 4 if packed else 0
+        for (i, _, key), offset in zip(packed, offsets, strict=True):
             w = width[nodes[i].outputs[0]]
-            loads.append((dense(cx.addresses[key] + r0 * w * 4, (r * w,), DType.f32), addr[key]))
+            loads.append((dense(base + r * offset * 4, (r * w,), DType.f32), addr[key]))
         cuts = lay.cuts[out_value]
         rows = views[out_value].slice(0, r0, r)
         stores = [(out_addr + r * c0 * 4, rows.slice(1, c0, c1 - c0)) for c0, c1 in zip(cuts, cuts[1:], strict=False)]
@@ -285,7 +297,7 @@ def segment_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
             regs = _emit_region(cx, em, nodes, r, addr, spill, f32_local, packed_width, uses)
             em.b.vc_st(em.reg(out_addr), regs.of[out_value])
 
-        steps.append(Step(loads, [(Unit.vector, compute)], stores))
+        steps.append(Step(coalesced(loads), [(Unit.vector, compute)], stores))
     return steps
 
 
