@@ -90,3 +90,56 @@ def test_static_runs_each_tvm_group_with_the_kernel_library() -> None:
         fused = {"+".join(graph.node(n).op.value for n in c.group.nodes) for c in plan.choices}
         assert fused_ops <= fused
         assert sorted(n for c in plan.choices for n in c.group.nodes) == sorted(n.name for n in graph.nodes)
+
+
+def _static_groups(graph: Graph, dtype: str) -> list[tuple[str, ...]]:
+    """Static's groups, each in graph order, in the order of their first node (as `fuse_ops` lists TVM's)."""
+    mc = ModelContext(graph, load_config("base"), dtype)
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    groups = [
+        tuple(sorted(c.group.nodes, key=order.__getitem__))
+        for c in plan_static(Evaluator(mc, AnalyticCostModel(), {})).choices
+    ]
+    return sorted(groups, key=lambda g: order[g[0]])
+
+
+def _conv(b: GraphBuilder, x: str, cin: int, cout: int, kernel: int, stride: int, rng: np.random.Generator) -> str:
+    w = (rng.standard_normal((cout, cin, kernel, kernel)) / np.sqrt(cin * kernel * kernel)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    pads = (kernel // 2,) * 4
+    return b.op(
+        OpType.Conv, x, b.constant(w), b.constant(bias), strides=(stride, stride), pads=pads, dilations=(1, 1), group=1
+    )
+
+
+def test_static_runs_a_downsampling_residual_block_as_tvm_groups() -> None:
+    """A ResNet block that halves the resolution (BatchNorm folded at import): stride-2 Conv + Relu, Conv + the
+    residual Add + Relu, the stride-2 1x1 shortcut Conv alone (the Add already belongs to the other Conv's group:
+    one anchor per group). Static runs each TVM group as one conv kernel (epilogue: bias, residual, Relu)."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 8, 8))
+    h = b.op(OpType.Relu, _conv(b, x, 16, 32, 3, 2, rng))
+    h = _conv(b, h, 32, 32, 3, 1, rng)
+    b.output(b.op(OpType.Relu, b.op(OpType.Add, h, _conv(b, x, 16, 32, 1, 2, rng))))
+    graph = b.build()
+    assert _ops(graph) == ["Conv+Relu", "Conv+Add+Relu", "Conv"]
+    for dtype in ("fp32", "int8"):
+        assert _static_groups(graph, dtype) == fuse_ops(graph)
+
+
+def test_a_gemm_feeding_a_silu_gate_is_one_tvm_group_and_one_kernel() -> None:
+    """LLaMA's MLP: the gate GEMM, the SiLU reading its output twice (Sigmoid, Mul) and the Mul by the up
+    projection are one TVM group (the up GEMM and the down GEMM stand alone: one anchor per group); static runs
+    it as one stream kernel (the GEMM's drained tiles feed the chain)."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input("x", (16, 32))
+    gate = b.op(OpType.MatMul, x, b.constant(rng.standard_normal((32, 48)).astype(np.float32)))
+    silu = b.op(OpType.Mul, gate, b.op(OpType.Sigmoid, gate))
+    up = b.op(OpType.MatMul, x, b.constant(rng.standard_normal((32, 48)).astype(np.float32)))
+    h = b.op(OpType.Mul, silu, up)
+    b.output(b.op(OpType.MatMul, h, b.constant(rng.standard_normal((48, 32)).astype(np.float32))))
+    graph = b.build()
+    assert _ops(graph) == ["MatMul+Sigmoid+Mul+Mul", "MatMul", "MatMul"]
+    assert _static_groups(graph, "fp32") == fuse_ops(graph)
