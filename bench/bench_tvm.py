@@ -1,11 +1,11 @@
 """dynfuse `static` against TVM's own FuseOps: kernels per model (TVM's `call_tir` calls in `main` after
 from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) vs dynfuse's TVM rules on its IR
-(`fusion.engine.fuse_ops`), its `static` and `dynamic` plans (kernels = non-view groups), both dtypes' plans.
+(`fusion.engine.fuse_ops`), its `static` and `dynamic` plans (kernels = non-view groups) in the `--dtype`.
 
 Needs `pip install apache-tvm` (0.27; a bench-only dependency). Models: the bundled ones plus every `*.onnx` under
-the `--zoo` directories (those dynfuse cannot import are listed with the reason).
-Usage: python bench/bench_tvm.py [--zoo DIR ...] [--models NAME ...] [--dtype fp32]
-(the zoo's exported models are cached in ~/.cache/dynfuse/zoo: `--zoo ~/.cache/dynfuse/zoo`)
+the `--zoo` directories (those dynfuse cannot import are listed with the reason); the zoo's exports are cached in
+~/.cache/dynfuse/zoo. Results: bench/results/tvm.md (fp32), tvm_int8.md (int8).
+Usage: python bench/bench_tvm.py [--zoo DIR ...] [--models NAME ...] [--dtype fp32|int8]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fusion.lower.compiler import load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = sorted((ROOT / "tests" / "fusion" / "models").glob("*.onnx"))
-RESULTS = Path(__file__).parent / "results" / "tvm.md"
+RESULTS = {"fp32": "tvm.md", "int8": "tvm_int8.md"}  # under bench/results/, per dtype
 
 
 def tvm_kernels(path: Path) -> list[str]:
@@ -117,8 +117,9 @@ def main() -> None:
         details.append(f"- {model_name(path)}: TVM {', '.join(tvm)}\n  - static: {', '.join(row['static_groups'])}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     command = " ".join(["python", "bench/bench_tvm.py", *sys.argv[1:]])
-    RESULTS.write_text(
-        "# dynfuse static vs TVM FuseOps\n\n"
+    results = Path(__file__).parent / "results" / RESULTS[args.dtype]
+    results.write_text(
+        f"# dynfuse static vs TVM FuseOps ({args.dtype} plans)\n\n"
         f"At commit {commit.stdout.strip() or 'unknown'}: `{command}` ({time.perf_counter() - start:.0f} s). "
         "TVM kernels: "
         "`call_tir` calls in `main` after from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, "
@@ -131,7 +132,7 @@ def main() -> None:
         + "\n".join(details)
         + "\n"
     )
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":
