@@ -79,6 +79,14 @@ def model_name(path: Path) -> str:
     return path.parent.name.rsplit("-", 1)[0] if path.stem == "model" else path.stem
 
 
+def source_commit() -> str:
+    """The commit the measured code is (read when the run starts), marked when the tree has uncommitted edits."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return f"commit {head or 'unknown'}" + (" + uncommitted edits" if dirty.stdout.strip() else "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--zoo", nargs="*", default=[], help="directories searched for *.onnx")
@@ -91,7 +99,8 @@ def main() -> None:
         if unknown:
             sys.exit(f"bench_tvm: no such model(s): {', '.join(sorted(unknown))}")
         models = [p for p in models if model_name(p) in args.models]
-    start = time.perf_counter()
+    start, commit = time.perf_counter(), source_commit()
+    command = " ".join(["python", "bench/bench_tvm.py", *sys.argv[1:]])
     lines = [
         "| model | TVM kernels | TVM rules on dynfuse IR | static kernels | dynamic kernels | static cycles | "
         "dynamic cycles |",
@@ -115,12 +124,10 @@ def main() -> None:
         lines.append("| " + " | ".join(map(str, cells)) + " |")
         print(lines[-1], flush=True)
         details.append(f"- {model_name(path)}: TVM {', '.join(tvm)}\n  - static: {', '.join(row['static_groups'])}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    command = " ".join(["python", "bench/bench_tvm.py", *sys.argv[1:]])
     results = Path(__file__).parent / "results" / RESULTS[args.dtype]
     results.write_text(
         f"# dynfuse static vs TVM FuseOps ({args.dtype} plans)\n\n"
-        f"At commit {commit.stdout.strip() or 'unknown'}: `{command}` ({time.perf_counter() - start:.0f} s). "
+        f"At {commit}: `{command}` ({time.perf_counter() - start:.0f} s). "
         "TVM kernels: "
         "`call_tir` calls in `main` after from_onnx, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, "
         "FuseTIR (TVM 0.27, on TVM's own import of the ONNX file: its graph keeps ops dynfuse's import folds or "
