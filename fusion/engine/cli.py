@@ -47,9 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--report", action="store_true", help="print the plan: groups, strategies, cycles, cache")
     p.add_argument(
         "--execution",
-        default="host",
+        default="program",
         choices=EXECUTIONS,
-        help="host: kernel by kernel, a launch each (default); program: the plan as one program, dispatched on chip",
+        help="program: the plan as one program, dispatched on chip (default); host: kernel by kernel, a launch each",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--output-dir", type=Path, help="write each graph output as DIR/<output name>.npy")

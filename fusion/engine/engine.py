@@ -87,7 +87,7 @@ class EngineOptions:
     allow_rounding_change: bool = False
     checked: bool = False  # run the simulator's race checker on every kernel
     pipeline: bool = True  # dynamic: run complementary consecutive groups as one pipelined program
-    execution: str = "host"  # host: kernel by kernel, launches priced; program: the plan as one program
+    execution: str = "program"  # program: the plan as one program; host: kernel by kernel, launches priced
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTIONS:
@@ -219,6 +219,11 @@ class FusionEngine:
         self.options = options or EngineOptions()
         self.cost_model = cost_model or AnalyticCostModel()
         self.cache = cache if cache is not None else KernelCache()  # (an empty cache is falsy)
+        if builder is not build_kernel and self.options.execution == "program":
+            raise EngineError(
+                "builder= replaces host-dispatched kernels: a program is linked from the generators, "
+                "use EngineOptions(execution='host')"
+            )
         self.builder = builder
         self._state: _State | None = None
         self._predictions: dict[KernelFeatures, float] = {}

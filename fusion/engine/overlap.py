@@ -34,6 +34,8 @@ from fusion.engine.pipelined import join_phases
 from fusion.engine.plan import Group
 from fusion.engine.program import value_extent
 from fusion.engine.strategies import strategy_of
+from fusion.engine.views import is_view
+from fusion.graph.ir import Graph
 from fusion.lower import plan_dram
 from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Step
@@ -98,14 +100,26 @@ def early_loads(mc: ModelContext, before: Group, after: Group) -> tuple[int, int
         cx = LowerContext(part, mc.config, mc.qplan, mc.params, addresses, rotation=rotation)
         return [list(p) for p in group_phases(cx, part.nodes, g, mc.allow_rounding_change)], cx
 
-    first, cx = generate(before, 0)
+    first, _ = generate(before, 0)
     steps = sum(1 for phase in first for s in phase if s.segments())
     last = [s for s in first[-1] if s.segments()]
     second, _ = generate(after, len(last) % DEPTH)
-    written = [value_extent(cx, v) for v in mc.subgraph(before.nodes).outputs]
+    # what `before` writes, as `after` reads it: its outputs and the views of them between the two (a view is its
+    # input's bytes in a program, `program._place_views`; here it is a value of its own)
+    whole = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
+    written = [value_extent(whole, v) for v in viewed(graph, mc.subgraph(before.nodes).outputs) if v in sub.types]
     try:
         joined, _ = join_phases(mc.config, first[-1], second[0], written)
     except CodegenError:
         return 0, steps
     added = joined[len(last) :]  # the early loads, as one extra load step after the producer's last one
     return sum(math.prod(v.shape) * v.dtype.size for s in added for v, _ in s.loads), steps
+
+
+def viewed(graph: Graph, values: Sequence[str]) -> set[str]:
+    """The values and every value views (Reshape, Identity, a slab Gather) make of them, in chains."""
+    found = set(values)
+    for node in graph.nodes:  # (graph order: a chain's views come in order)
+        if is_view(graph, node) and node.inputs and node.inputs[0] in found:
+            found.update(node.outputs)
+    return found

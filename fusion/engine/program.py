@@ -10,7 +10,8 @@ start only when it has finished. Here the plan is linked into one binary:
   fall-through (no jump: every register is the generators' scratch, none could hold a return address); only an
   on-chip dispatch jumps (through its table to the zero-skip variant, or past it after the dense one);
 - per-kernel counters as in any program: each kernel is its own `.kernel` block (`RunResult.kernel_counters`),
-  plus a `program_io` block declaring the graph's inputs, outputs and views (so every value can be read back);
+  plus a `program_io` block (the final `halt`) declaring the graph's inputs, outputs and views (so every value
+  can be read back);
 - kernel boundaries ordered by tokens, not by a fence (`pipelined.join_phases`: `st -> ld` tokens after the
   previous kernel's last stores; the next kernel's loads that read no byte written since the last fence, into
   local slots the previous kernel's last steps do not use, are issued while it still computes; the next kernel
@@ -238,8 +239,6 @@ def link_plan(
     b = ProgramBuilder(data_base=0)
     views = [n.outputs[0] for n in graph.nodes if is_view(graph, n)]  # (read back as any value: validation)
     outs = [declare(gcx, names, v) for v in dict.fromkeys([*graph.outputs, *views]) if not graph.is_constant(v)]
-    with b.kernel("program_io", inputs=[declare(gcx, names, v) for v in graph.inputs], outputs=outs):
-        b.nop()
     dispatches = [replace(d, dense=kernel_names[d.dense], zero_skip=kernel_names[d.zero_skip]) for d in tables.values()]
     by_index = {d.index: d for d in dispatches}
 
@@ -278,7 +277,8 @@ def link_plan(
         emit(k + 1)  # zero-skip: the table's target
         b.label(f".Ljoin{i}")
         k += 2
-    b.halt()
+    with b.kernel("program_io", inputs=[declare(gcx, names, v) for v in graph.inputs], outputs=outs):
+        b.halt()  # (the block's one instruction is the program's end: no cycle more than the kernels')
     _data(b, data, {f"{TABLE}{d.index}": d.zero_skip for d in dispatches}, addresses)
     kernels = tuple(ProgramKernel(kernel_names[_kernel_name(g)], i, g, len(p)) for i, g, p, _ in blocks)
     return LinkedProgram(b.build(), names, kernels, tuple(dispatches), tuple(boundaries))

@@ -158,26 +158,61 @@ def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram:
 def faster_link(
     mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None, max_cycles: int | None = None
 ) -> LinkedProgram:
-    """The program with token-ordered boundaries, unless the same program with a fence at every boundary
-    measures fewer cycles (on zero inputs: timing does not depend on values, the on-chip dispatch aside, which
-    both take alike): so a program never runs slower than its kernels fenced one after another. A measurement
-    that traps or passes `max_cycles` counts as slowest (the fenced program is kept: the call's own run then
-    finds the failing kernel)."""
+    """The program with the token-ordered boundaries `best_fences` picks, unless the same program with a fence at
+    every boundary measures fewer cycles (on zero inputs: timing does not depend on values, the on-chip dispatch
+    aside, which both take alike): so a program never runs slower than its kernels fenced one after another. A
+    measurement that traps or passes `max_cycles` counts as slowest (the fenced program is kept: the call's own
+    run then finds the failing kernel)."""
     zeros = {v: np.zeros(mc.graph.types[v].shape, mc.graph.types[v].dtype.numpy) for v in mc.graph.inputs}
-    fenced = link_plan(mc, choices, prefer, join=False)
-    joined = link_plan(mc, choices, prefer, fenced=best_fences(mc, choices, fenced, zeros, max_cycles))
+    timing = _Timing(mc, choices, prefer, zeros, max_cycles)
+    fenced = timing.link(None)
+    fences = best_fences(mc, choices, fenced, zeros, max_cycles, prefer, timing)
+    if fences >= {k.index for k in fenced.kernels}:
+        return fenced
+    joined = timing.link(fences)
     if not any(b.joined for b in joined.boundaries):
         return joined
-    faster = _cycles(mc, joined, zeros, max_cycles) < _cycles(mc, fenced, zeros, max_cycles)
-    return joined if faster else fenced
+    return joined if timing.cycles(fences) < timing.cycles(None) else fenced
 
 
-def _cycles(mc: ModelContext, linked: LinkedProgram, zeros: Mapping[str, np.ndarray], max_cycles: int | None) -> float:
-    """A program's cycles on zero inputs; infinite when it traps or overruns."""
-    try:
-        return simulate_program(mc, linked, zeros, max_cycles=max_cycles).cycles
-    except SimulatorTrap:
-        return math.inf
+class _Timing:
+    """The plan's programs on zero inputs, each fence set linked and simulated at most once: its cycles (infinite
+    when it traps or overruns) and each `.kernel` block's share of the timeline."""
+
+    def __init__(
+        self,
+        mc: ModelContext,
+        choices: Sequence[GroupChoice],
+        prefer: Prefer | None,
+        zeros: Mapping[str, np.ndarray],
+        max_cycles: int | None,
+    ) -> None:
+        self.mc, self.choices, self.prefer, self.zeros, self.max_cycles = mc, choices, prefer, zeros, max_cycles
+        self._linked: dict[frozenset[int] | None, LinkedProgram] = {}
+        self._runs: dict[frozenset[int] | None, ProgramRun | None] = {}
+
+    def link(self, fences: frozenset[int] | None) -> LinkedProgram:
+        """The program with a fence after these plan positions (None: after every kernel)."""
+        if fences not in self._linked:
+            if fences is None:
+                self._linked[fences] = link_plan(self.mc, self.choices, self.prefer, join=False)
+            else:
+                self._linked[fences] = link_plan(self.mc, self.choices, self.prefer, fenced=fences)
+        return self._linked[fences]
+
+    def run(self, fences: frozenset[int] | None) -> ProgramRun | None:
+        """Its run on zero inputs; None when it traps or overruns."""
+        if fences not in self._runs:
+            try:
+                linked = self.link(fences)
+                self._runs[fences] = simulate_program(self.mc, linked, self.zeros, max_cycles=self.max_cycles)
+            except SimulatorTrap:
+                self._runs[fences] = None
+        return self._runs[fences]
+
+    def cycles(self, fences: frozenset[int] | None) -> float:
+        run = self.run(fences)
+        return math.inf if run is None else run.cycles
 
 
 def best_fences(
@@ -186,22 +221,34 @@ def best_fences(
     fenced: LinkedProgram,
     zeros: Mapping[str, np.ndarray],
     max_cycles: int | None = None,
+    prefer: Prefer | None = None,
+    timing: _Timing | None = None,
 ) -> frozenset[int]:
-    """Which boundaries to fence: each boundary's gain measured on its two kernels alone (joined vs fenced, zero
-    inputs), then the set of joins of largest total gain in which no single-phase kernel is joined at both ends
-    (the link's rule), by dynamic programming over the boundaries in order."""
+    """Which boundaries of `fenced` (the plan linked with `prefer` and a fence after every kernel) to fence: each
+    boundary's gain measured in the whole program, then the set of joins of largest total gain in which no
+    single-phase kernel is joined at both ends (the link's rule), by dynamic programming over the boundaries in
+    order.
+
+    The gains take three simulations, not two per boundary: the fenced program, then the program with every even
+    boundary token-ordered and every odd one fenced, then the reverse. A fence separates each joined pair from the
+    rest, so the two kernels' shares of the timeline (entry to entry: the fence after the pair included) joined
+    minus fenced is that boundary's gain alone."""
+    timing = timing or _Timing(mc, choices, prefer, zeros, max_cycles)
     kernels = fenced.kernels
-    gains = []
-    for a, b in zip(kernels, kernels[1:], strict=False):
-        pair = [choices[a.index], choices[b.index]] if a.index != b.index else []
-        gain = 0
-        if pair:
-            alone = link_plan(mc, pair, join=True)
-            if alone.boundaries and alone.boundaries[0].joined:
-                apart = _cycles(mc, link_plan(mc, pair, join=False), zeros, max_cycles)
-                joined = _cycles(mc, alone, zeros, max_cycles)
-                gain = apart - joined if math.isfinite(apart + joined) else 0
-        gains.append(gain)
+    every = frozenset(k.index for k in kernels)
+    base = timing.run(None)
+    gains = [0.0] * (len(kernels) - 1)
+    for parity in (0, 1):
+        trial = [k for k in range(parity, len(gains), 2) if kernels[k].index != kernels[k + 1].index]
+        fences = every - {kernels[k].index for k in trial}
+        run = timing.run(fences) if trial and base is not None else None
+        if run is None:
+            continue  # (a trap: those joins gain nothing; the call's own run finds the failing kernel)
+        joined = timing.link(fences).boundaries
+        for k in trial:
+            if joined[k].joined:
+                pair = (kernels[k].name, kernels[k + 1].name)
+                gains[k] = sum(base.kernel_cycles[n] - run.kernel_cycles[n] for n in pair)
     # value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]: the
     # previous boundary's state on that best path
     value, back = [0.0, -math.inf], []
@@ -211,13 +258,13 @@ def best_fences(
         join = max((0, 1) if not single else (0,), key=lambda p: value[p])
         back.append((fence, join))
         value = [value[fence], value[join] + gain if gain > 0 else -math.inf]
-    joined: set[int] = set()
+    joined_at: set[int] = set()
     state = max((0, 1), key=lambda p: value[p])
     for k in range(len(gains) - 1, -1, -1):
         if state:
-            joined.add(k)
+            joined_at.add(k)
         state = back[k][state]
-    return frozenset(kernels[k].index for k in range(len(gains)) if k not in joined)
+    return frozenset(kernels[k].index for k in range(len(gains)) if k not in joined_at)
 
 
 def _fused(group: Group) -> bool:
@@ -348,7 +395,8 @@ def _records(
 
 
 def _data_class(kernel: ProgramKernel, dispatched: set[int]) -> str:
-    """A dispatched group's variant that ran: "sparse" (zero-skip) or "dense"; "any" for an undispatched one."""
-    if kernel.index not in dispatched:
-        return "any"
-    return "sparse" if strategy_of(kernel.group).skips_zero_tiles else "dense"
+    """The data class of the variant that ran: "sparse" (zero-skip) or, for a dispatched group, "dense"; else
+    "any" (as host records name them)."""
+    if strategy_of(kernel.group).skips_zero_tiles:
+        return "sparse"
+    return "dense" if kernel.index in dispatched else "any"

@@ -57,7 +57,9 @@ def _injecting(line: str):
 def test_a_fused_kernel_that_traps_or_never_halts_falls_back_and_is_blocked(tmp_path: Path, line: str) -> None:
     graph, inputs = linear_relu_graph(), _x()
     cache = KernelCache(disk_dir=tmp_path)
-    engine = FusionEngine(graph, "base", "int8", ALWAYS, cache=cache, samples=[inputs], builder=_injecting(line))
+    host = replace(ALWAYS, execution="host")  # (a builder replaces host-dispatched kernels; the program's faults
+    # are injected into its generators: test_program_engine.py)
+    engine = FusionEngine(graph, "base", "int8", host, cache=cache, samples=[inputs], builder=_injecting(line))
     want = run_quantized(graph, inputs, engine.mc.params)["relu"]
     res = engine.run(inputs)
     np.testing.assert_array_equal(res.outputs["relu"], want)

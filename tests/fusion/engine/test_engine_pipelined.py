@@ -85,7 +85,7 @@ def test_pairs_without_a_flow_or_with_a_view_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("name", "dtype", "least"),
-    [("encoder_post_d64", "int8", 4), ("encoder_pre_d64", "fp32", 4), ("resnet_block", "int8", 1)],
+    [("encoder_post_d64", "int8", 4), ("encoder_pre_d64", "fp32", 4), ("encoder_pre_d64", "int8", 1)],
 )
 def test_bundled_model_pairs_are_race_free_and_exact(name: str, dtype: str, least: int) -> None:
     """Every adjacent producer -> consumer pair of a bundled model's dynamic plan that can be pipelined runs
@@ -116,8 +116,9 @@ def test_bundled_model_pairs_are_race_free_and_exact(name: str, dtype: str, leas
 
 def test_planner_pairs_complementary_groups_and_the_engine_runs_them() -> None:
     graph, x = model("resnet_block")  # its conv -> residual Add pair (the encoders' GEMMs fuse their chains)
-    apart = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False)).run(x)
-    engine = FusionEngine(graph, "base", "int8", EngineOptions(checked=True))
+    # host: a program joins its kernel boundaries itself and runs no pair (docs/program.md)
+    apart = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False, execution="host")).run(x)
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(checked=True, execution="host"))
     first, second = engine.run(x), engine.run(x)
     pairs = engine.plan.pipelined
     assert pairs and all(set(p.bounds) == {"memory", "compute"} for p in pairs)
@@ -157,11 +158,11 @@ def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkey
 
     graph, x = model("resnet_block")
     monkeypatch.setattr(engine_module, "run_kernel", faulty)
-    engine = FusionEngine(graph, "base", "int8")
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="host"))  # (pairs run in host mode)
     result = engine.run(x)
     assert engine.plan.pipelined and len(engine.events) == len(engine.plan.pipelined)
     assert not any(r.pipelined_with for r in result.records)  # every pair ran apart after its failed validation
-    want = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False)).run(x).outputs
+    want = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False, execution="host")).run(x).outputs
     for v, data in result.outputs.items():
         np.testing.assert_array_equal(data, want[v])
     assert not any(r.pipelined_with for r in engine.run(x).records)  # blocked from then on
@@ -181,7 +182,7 @@ def test_planner_race_checks_only_pairs_worth_taking_and_refuses_a_racing_one(mo
 
     graph, x = model("resnet_block")
     monkeypatch.setattr(pairing, "timing_cycles", counted)
-    engine = FusionEngine(graph, "base", "int8")
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="host"))
     engine.run(x)
     pairs = engine.plan.pipelined
     assert pairs and all(worth_pairing(p.separate_cycles, p.pipelined_cycles) for p in pairs)
@@ -190,7 +191,7 @@ def test_planner_race_checks_only_pairs_worth_taking_and_refuses_a_racing_one(mo
     assert len(runs) > len(checked)  # each pair simulated plainly first
 
     monkeypatch.setattr(pairing, "build_pipelined", lambda mc, a, b: build_pipelined(mc, a, b, order_dram=False))
-    racing = FusionEngine(graph, "base", "int8")
+    racing = FusionEngine(graph, "base", "int8", EngineOptions(execution="host"))
     racing.run(x)
     assert not racing.plan.pipelined
 

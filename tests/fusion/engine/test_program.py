@@ -14,6 +14,7 @@ from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group, GroupChoice
 from fusion.engine.profile import data_class
 from fusion.engine.program import link_plan, measure_cycles, model_prefers, run_program, threshold
+from fusion.engine.program_run import faster_link
 from simulator.config import PRESETS, MachineConfig, config_from_dict
 from simulator.errors import ConfigError
 
@@ -43,8 +44,12 @@ def _check_program(graph, inputs) -> None:
             np.testing.assert_array_equal(run.outputs[value], env[value], err_msg=value)
             np.testing.assert_array_equal(run.outputs[value], reference[value], err_msg=value)
             np.testing.assert_array_equal(dispatched.outputs[value], reference[value], err_msg=value)
-    assert run.cycles <= kernels
-    assert any(b.joined for b in linked.boundaries) == (run.cycles < link_cycles(mc, choices, inputs))
+    # every join the link's rules allow is race-free and exact, but not always faster (a join can lose a cycle
+    # or hundreds: docs/program.md); the program the engine runs keeps only measured joins, or none
+    fast = faster_link(mc, choices, None)
+    chosen = run_program(mc, fast, inputs)
+    assert chosen.cycles <= kernels
+    assert any(b.joined for b in fast.boundaries) == (chosen.cycles < link_cycles(mc, choices, inputs))
 
 
 def link_cycles(mc, choices, inputs) -> int:
@@ -139,7 +144,7 @@ def test_figures_price_launches_and_the_overlap_per_boundary() -> None:
     assert f.launches == launched
     assert f.host_cycles == f.kernel_cycles + launched * mc.config.launch_cycles
     assert f.program_cycles <= f.kernel_cycles
-    linked = link_plan(mc, choices)
+    linked = faster_link(mc, choices, None)  # the boundaries the engine's link keeps token-ordered
     assert [(b, a) for b, a, _ in f.boundaries] == [(b.before, b.after) for b in linked.boundaries if b.joined]
     assert sum(g for *_, g in f.boundaries) > 0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import MODELS, model
+from engine_helpers import MODELS, linear_relu_graph, model
 
 import fusion.engine.program as program_module
 from dynfuse.cli import main
@@ -20,11 +20,12 @@ from fusion.lower.emitter import Step
 from isa.enums import Unit
 
 PROGRAM = EngineOptions(execution="program")
+HOST = EngineOptions(execution="host")
 
 
 def test_program_execution_matches_host_execution_and_prices_one_launch() -> None:
     graph, inputs = model("encoder_post_d64")
-    host = FusionEngine(graph, "base", "int8").run(inputs)
+    host = FusionEngine(graph, "base", "int8", HOST).run(inputs)
     engine = FusionEngine(graph, "base", "int8", PROGRAM)
     first, second = engine.run(inputs), engine.run(inputs)
     for v in graph.outputs:
@@ -42,7 +43,7 @@ def test_program_execution_matches_host_execution_and_prices_one_launch() -> Non
 
 def test_a_kernel_failing_validation_in_the_program_is_replaced_by_its_unfused_kernels(monkeypatch) -> None:
     graph, inputs = model("mlp")
-    host = FusionEngine(graph, "base", "int8").run(inputs)
+    host = FusionEngine(graph, "base", "int8", HOST).run(inputs)
     real = program_module.group_phases
     victim: list[str] = []
 
@@ -77,7 +78,8 @@ def test_fuse_execution_program_reports_boundaries_overlap_and_dispatch(tmp_path
     x = np.load(MODELS / "encoder_post_d64.npz")["input"]
     np.save(tmp_path / "x.npy", x)
     args = ["fuse", str(MODELS / "encoder_post_d64.onnx"), "--input", f"src={tmp_path / 'x.npy'}", "--dtype", "int8"]
-    assert main([*args, "--execution", "program", "--report"]) == 0
+    assert EngineOptions().execution == "program"
+    assert main([*args, "--report"]) == 0  # program: the default
     out = capsys.readouterr().out
     assert "execution program:" in out and "overlap gained" in out and "per boundary" in out
     assert main([*args, "--execution", "program", "--json"]) == 0
@@ -86,7 +88,7 @@ def test_fuse_execution_program_reports_boundaries_overlap_and_dispatch(tmp_path
     joined = [b for b in body["program"]["boundaries"] if b["joined"]]
     assert joined and all("gained_cycles" in b for b in joined)
     assert body["program"]["kernel_cycles"] >= body["program"]["cycles"]
-    assert main([*args, "--json"]) == 0
+    assert main([*args, "--execution", "host", "--json"]) == 0
     host = json.loads(capsys.readouterr().out)
     assert host["execution"] == "host" and host["program"] is None and host["model_cycles"] > host["cycles"]
     with pytest.raises(SystemExit) as stop:  # argparse: a usage error, no traceback
@@ -156,3 +158,10 @@ def test_a_fused_kernel_that_traps_or_never_halts_in_the_program_is_replaced(mon
     assert ("trapped" if kind == "trap" else "over the program's cycle budget") in event.action
     again = engine.run(inputs)  # blocked: linked unfused from the start
     assert len(engine.events) == 1 and again.program.replaced == ()
+
+
+def test_a_kernel_builder_needs_host_execution() -> None:
+    """`builder=` replaces the kernels the host dispatches; a program is linked from the generators, so it would
+    be silently ignored there: refused instead."""
+    with pytest.raises(EngineError, match="builder"):
+        FusionEngine(linear_relu_graph(), "base", "int8", builder=lambda mc, group, sparsity: None)
