@@ -4,9 +4,11 @@ Each (model, size, dtype) is planned by the `dynamic` policy in its own child pr
 own): `plan s` is `FusionEngine.plan_seconds` (candidates, codegen of every schedule tried, cost model, the
 kernels simulated while planning, pipelined pairs), `JIT s` the planned kernels through the cache, `measured`
 the kernels simulated while planning and their host seconds, all three in CPU seconds of the process (the
-machine is shared with other jobs; alone, wall time is the same), `peak RSS` the child's maximum resident set after
-its first call (plan + JIT + one simulated run), and `cycles` the plan's simulated cycles (what a planning
-speed-up must not change). Dispatch: the median host time of a cache-hit dispatch per kernel over warm calls of
+machine is shared with other jobs; alone, wall time is the same), `wall s` plan + JIT in wall seconds, `peak RSS`
+the child's maximum resident set after its first call (plan + JIT + one simulated run), `cycles` the plan's
+simulated cycles and `plan` a digest of the plan (its groups, schedules, predictions, reasons, refusals and
+pipelined pairs): what a planning speed-up must not change. Dispatch: the median host time of a cache-hit
+dispatch per kernel over warm calls of
 a bundled model and a zoo model, wall and thread CPU time (the CPU figure does not see this shared machine's
 other jobs).
 
@@ -21,6 +23,7 @@ DIR`), interleaved with this one so both see the same machine load, and reports 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -50,8 +53,13 @@ WARM_CALLS = 41
 CHILD_TIMEOUT_S = 3600
 
 
-def plan_child(name: str, size: str, dtype: str) -> dict:
-    """Plan, JIT and run one zoo model once (in this process); plan and JIT times in CPU seconds."""
+class _Planned(Exception):
+    """Stops a first call once it has planned and compiled (`--no-run`)."""
+
+
+def plan_child(name: str, size: str, dtype: str, run: str = "run") -> dict:
+    """Plan, JIT and (`run` == "run") run one zoo model once (in this process); plan and JIT times in CPU
+    seconds. Without the run, the first call stops after planning and JIT (`cycles` is not measured)."""
     import fusion.engine.engine as engine_module
     import fusion.engine.planner as planner_module
     from bench.zoo import zoo_model
@@ -64,18 +72,39 @@ def plan_child(name: str, size: str, dtype: str) -> dict:
     inputs = {graph.inputs[0]: entry.input}
     for module in (engine_module, planner_module):  # the engine's timers read this process's CPU time
         module.time = _Clock(time.process_time)
+    walls = []
+    planned = FusionEngine._planned
+
+    def wall_timed(self, *args, **kwargs):  # plan + JIT (`FusionEngine._planned`) in wall seconds
+        begin = time.perf_counter()
+        try:
+            plan = planned(self, *args, **kwargs)
+        finally:
+            walls.append(time.perf_counter() - begin)
+        if run != "run":
+            raise _Planned(plan)
+        return plan
+
+    FusionEngine._planned = wall_timed
     start = time.perf_counter()
     engine = FusionEngine(graph, "base", dtype, EngineOptions(validation=ValidationPolicy("off")))
-    result = engine.run(inputs)
-    measured = engine.plan.measured
+    try:
+        cycles = engine.run(inputs).cycles
+        plan = engine.plan
+    except _Planned as planned_only:
+        cycles, plan = None, planned_only.args[0]
+    measured = plan.measured
+    digest = hashlib.sha256(repr((plan.choices, plan.rejected, plan.pipelined)).encode()).hexdigest()[:12]
     return {
         "plan_s": engine.plan_seconds,
         "jit_s": engine.compile_seconds,
+        "wall_s": sum(walls),
+        "plan": digest,
         "first_call_s": time.perf_counter() - start,
         "measured": None if measured is None else [measured.kernels, measured.seconds],
-        "pairs": len(engine.plan.pipelined),
-        "groups": len(engine.plan.choices),
-        "cycles": result.cycles,
+        "pairs": len(plan.pipelined),
+        "groups": len(plan.choices),
+        "cycles": cycles,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -160,10 +189,12 @@ def _plan_cells(r: dict) -> list[str]:
     return [
         f"{r['plan_s']:.1f}",
         f"{r['jit_s']:.2f}",
+        f"{r['wall_s']:.1f}",
         f"{kernels} / {seconds:.1f}",
         str(r["pairs"]),
         f"{r['peak_rss_mb']:.0f}",
-        f"{r['cycles']:,}",
+        "not run" if r["cycles"] is None else f"{r['cycles']:,}",
+        f"`{r['plan']}`",
     ]
 
 
@@ -177,6 +208,7 @@ def main() -> None:
     ap.add_argument("--dispatch", default=",".join(DISPATCH), help="bundled|zoo:name:dtype,... ('' for none)")
     ap.add_argument("--baseline", type=Path, help="another source tree, measured side by side")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-run", action="store_true", help="plan and JIT only: no simulated first run (no cycles)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -187,9 +219,11 @@ def main() -> None:
         return
     trees = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     start = time.perf_counter()
-    head = ["model", "dtype", "plan s (CPU)", "JIT s (CPU)", "measured kernels / s", "pairs", "peak RSS MB", "cycles"]
+    head = ["model", "dtype", "plan s (CPU)", "JIT s (CPU)", "wall s", "measured kernels / s", "pairs", "peak RSS MB"]
+    head += ["cycles", "plan"]
     plans = [(name, size, dtype) for name, size, dtype in (m.split(":") for m in filter(None, args.models.split(",")))]
-    lines = _table(trees, head, [(f"{n} ({s})", d, ["plan", n, s, d]) for n, s, d in plans], _plan_cells)
+    mode = "plan" if args.no_run else "run"
+    lines = _table(trees, head, [(f"{n} ({s})", d, ["plan", n, s, d, mode]) for n, s, d in plans], _plan_cells)
     dhead = ["model", "dtype", "kernels", "dispatch us/kernel wall", "dispatch us/kernel CPU"]
     items = [m.split(":") for m in filter(None, args.dispatch.split(","))]
     dlines = _table(trees, dhead, [(f"{n} ({k})", d, ["dispatch", k, n, d]) for k, n, d in items], _dispatch_cells)
@@ -202,8 +236,10 @@ def main() -> None:
         "# Planning, JIT and dispatch cost\n\n"
         f"`python bench/bench_planning.py` on `base`, {machine}{base}; {time.perf_counter() - start:.0f} s. "
         "Dynamic policy, validation off, each model in its own process (`peak RSS` is that process's, after "
-        "planning, JIT and one run). `measured`: kernels simulated while planning and their host seconds; "
-        "`pairs`: pipelined pairs taken; `cycles`: the plan's simulated cycles.\n\n"
+        + ("planning and JIT; `--no-run`: no simulated run, no cycles" if args.no_run else "planning, JIT and one run")
+        + "). `wall s`: plan + JIT in wall seconds; `measured`: kernels simulated while "
+        "planning and their host seconds; `pairs`: pipelined pairs taken; `cycles`: the plan's simulated cycles; "
+        "`plan`: digest of the plan (groups, schedules, predictions, reasons, pairs).\n\n"
         + "\n".join(lines)
         + "\n\nCache-hit dispatch (median over "
         f"{WARM_CALLS} warm calls, host execution, simulation excluded):\n\n" + "\n".join(dlines) + "\n"
