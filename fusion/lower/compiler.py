@@ -36,7 +36,7 @@ from fusion.lower.context import (
 from fusion.lower.emitter import Emitter, Step, run_pipeline
 from fusion.lower.errors import LoweringError, UnsupportedOpError
 from fusion.lower.kernels import elementwise, frame_pool, frame_windows, matrix, movement, normalize, windows
-from fusion.lower.kernels.conv_implicit import pack_weight, packs
+from fusion.lower.kernels.conv_implicit import pack_weight, packs, slab_layout
 from fusion.lower.kernels.matrix import CONST_RQNT, dequant_form
 from fusion.lower.kernels.recipes import RECIPES, refusal, trilu_mask, where_masks
 from fusion.lower.memory_plan import Interval, MemoryPlan, align, plan_arena
@@ -307,12 +307,14 @@ def plan_dram(
     scratch: Mapping[str, int] | None = None,
 ) -> tuple[bytes, dict[str, int], MemoryPlan]:
     """A graph's DRAM image: the constants as the kernels read them (`forms`, default `constant_forms`; a fused
-    kernel adds e.g. packed weights) in the data section at address 0, then an address for every value and its
+    kernel adds e.g. packed weights; a tap-major Conv weight is stored slab-major for the machine's array size,
+    `conv_implicit.slab_layout`) in the data section at address 0, then an address for every value and its
     aliases. `whole_program` keeps every value live throughout (a fused kernel reads its inputs while it writes its
     outputs, so no two of its buffers may share bytes); otherwise buffers are reused by liveness, node by node.
     `scratch` (key -> bytes) adds DRAM buffers a generator needs for the whole program."""
     roots = alias_roots(graph)
-    data, addresses = _data_section(constant_forms(graph, plan) if forms is None else forms)
+    forms = constant_forms(graph, plan) if forms is None else forms
+    data, addresses = _data_section({k: slab_layout(k, v, cfg.array_size) for k, v in forms.items()})
     intervals = _intervals(graph, plan, roots)
     if whole_program:
         intervals = [replace(iv, start=-1, end=len(graph.nodes)) for iv in intervals]

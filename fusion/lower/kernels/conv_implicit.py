@@ -29,7 +29,14 @@ from itertools import product
 import numpy as np
 
 from fusion.graph.ir import Graph, Node
-from fusion.lower.context import LowerContext, storage_dtype, taps_form
+from fusion.lower.context import (
+    CONST_TAPS_F32,
+    CONST_TAPS_I8,
+    LowerContext,
+    split_const_key,
+    storage_dtype,
+    taps_form,
+)
 from fusion.lower.emitter import Emit, Emitter, Step
 from fusion.lower.kernels.frame import Frame, fill_runs, lifted, value_runs
 from fusion.lower.kernels.gemm import ChannelDequant, ChannelRequant, Gemm, Operand, gemm_steps
@@ -54,6 +61,20 @@ def quantized_bytes(graph: Graph, node: Node, plan: QuantPlan | None) -> int:
 def pack_weight(weight: np.ndarray) -> np.ndarray:
     """W [Cout, C/g, *kernel] -> [Cout, *kernel, C/g]: tap-major K rows (`taps_form`)."""
     return np.ascontiguousarray(np.moveaxis(weight, 1, -1))
+
+
+def slab_layout(key: str, array: np.ndarray, n: int) -> np.ndarray:
+    """A constant as stored for an N-wide array: a tap-major Conv weight (`taps_form`) as [K / N, Cout, N] slabs
+    (K zero-padded to a multiple of N), so an array-wide k-slice of any row block is one contiguous DMA; any other
+    constant unchanged."""
+    form = split_const_key(key)
+    if form is None or form[0] not in (CONST_TAPS_F32, CONST_TAPS_I8):
+        return array
+    rows = array.reshape(array.shape[0], -1)
+    k = rows.shape[1]
+    padded = np.zeros((rows.shape[0], -(-k // n) * n), rows.dtype)
+    padded[:, :k] = rows
+    return np.ascontiguousarray(padded.reshape(rows.shape[0], -1, n).transpose(1, 0, 2))
 
 
 def tap_major(weight_shape: tuple[int, ...]) -> bool:
@@ -286,11 +307,14 @@ def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
     q = cx.matrix(node) if cx.int8 else None
     x = cx.view(node.inputs[0])
     major = tap_major(wshape) and (not packs(wshape) or cx.graph.is_constant(weight))
+    k, n = s.cg * s.taps, cx.config.array_size
     if packs(wshape) and cx.graph.is_constant(weight):
-        a = Operand(cx.const_view(weight, taps_form(cx.int8)))
+        packed = cx.const_view(weight, taps_form(cx.int8))
+        slabs = dense(packed.address, (-(-k // n), m, n), packed.dtype)
+        a2 = Operand(packed.reshape_dense((m, k)), slabs=slabs)
     else:
         a = matrix_operand(cx, node, weight, q.weight_scale if q else None)
-    a2 = Operand(a.view.reshape_dense((m, s.cg * s.taps)), a.quantize_scale)
+        a2 = Operand(a.view.reshape_dense((m, k)), a.quantize_scale)
     if major:
         blocks = tuple((t * s.cg, t, 0, s.cg) for t in range(s.taps))
     else:
@@ -313,7 +337,7 @@ def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
             bias_g = View(bias.address + g * mg * bias.dtype.size, (mg, p), (bias.dtype.size, 0), bias.dtype)
         gemms.append(
             Gemm(
-                Operand(a2.view.slice(0, g * mg, mg), a2.quantize_scale),
+                _group_rows(a2, g * mg, mg),
                 Windows(s, flat_x, img, g, blocks),
                 out.index((img,)).slice(0, g * mg, mg),
                 bias_g,
@@ -321,6 +345,12 @@ def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:
             )
         )
     return [*phases, gemm_steps(cx.config, gemms, cx.rotation)]
+
+
+def _group_rows(a: Operand, first: int, count: int) -> Operand:
+    """The weight rows (output channels) of one group."""
+    slabs = None if a.slabs is None else a.slabs.slice(1, first, count)
+    return Operand(a.view.slice(0, first, count), a.quantize_scale, slabs)
 
 
 def _epilogue(

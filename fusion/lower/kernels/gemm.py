@@ -31,10 +31,20 @@ from simulator.config import MachineConfig
 
 @dataclass(frozen=True)
 class Operand:
-    """A 2-D DRAM view; `quantize_scale` set means: stored float32, quantize to int8 on the way in."""
+    """A 2-D DRAM view; `quantize_scale` set means: stored float32, quantize to int8 on the way in. `slabs`: an A
+    stored slab-major, [K / N, M, N] (N the array size, K zero-padded), so each array-wide k-slice of a row block
+    is one contiguous DMA (`view` then only gives the logical [M, K] shape and dtype)."""
 
     view: View
     quantize_scale: float | None = None
+    slabs: View | None = None
+
+    def part(self, i0: int, rows: int, k0: int, kb: int) -> View:
+        """Rows [i0, i0 + rows) of k-slice [k0, k0 + kb) (within one array-wide slice when slab-major)."""
+        if self.slabs is None:
+            return self.view.slice(0, i0, rows).slice(1, k0, kb)
+        n = self.slabs.shape[2]
+        return self.slabs.index((k0 // n,)).slice(0, i0, rows).slice(1, k0 % n, kb)
 
 
 class Gathered(Protocol):
@@ -277,7 +287,7 @@ def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
             if a_resident and g.a.quantize_scale is not None:
                 for size in a_elems:
                     arena.tile(size)
-            a_parts = [g.a.view.slice(0, i0, rows).slice(1, k0, kb) for k0, kb in ks]
+            a_parts = [g.a.part(i0, rows, k0, kb) for k0, kb in ks]
             loads: list = []
             quants: list[Emit] = []
             if a_resident:
@@ -313,8 +323,7 @@ def _split_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
             arena = TileArena(cfg, len(progress.steps), progress.rotation)
             b_ready, loads, quants = panel.panel(arena, c0, cw, j0, cols, cols)
             a_tiles = _alloc(arena, g.a, [rows * kb for _, kb in ks])
-            a_rows = g.a.view.slice(0, i0, rows)
-            _fill(g.a, a_tiles, [a_rows.slice(1, c0 + k0, kb) for k0, kb in ks], loads, quants)
+            _fill(g.a, a_tiles, [g.a.part(i0, rows, c0 + k0, kb) for k0, kb in ks], loads, quants)
             chunk = _Chunk(ks, a_tiles, b_ready, first=index == 0, last=index == len(chunks) - 1)
             progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
         progress.tiles += 1
