@@ -13,16 +13,21 @@ path when it is float), and only the last stage's output is written (through the
 loads to NCHW that every conv kernel uses, `codegen.conv.to_nchw`).
 
 Memory: a band's tiles (the padded inputs of every stage) live in the band's buffer slot (bands rotate over the
-slots, so band b + 1's input loads while band b computes); every step (one stage's Cout tile x K chunk) has its
-weights, bias and requantizer tiles in the spare scratchpad bank (else the band slot's free bytes), a third per
-step in rotation, and its accumulator tile in the step's accumulator slot. The padding of a tile is cleared when
-its band is one of the first DEPTH (the slot's first use) or reaches past an image edge; elsewhere pad positions
-keep the zeros of the slot's first band (every band writes the same positions).
+slots, so band b + 1's input loads while band b computes), or, for wide bands (`Group.resident_a`), in all but
+the last slot at once (bands then run one phase each: fewer, taller bands recompute fewer halo rows and re-read
+the weights fewer times). Every step (one stage's Cout tile x K chunk) has its weights, bias and requantizer
+tiles in a third of the spare scratchpad bank (wide: halves of the last slot and the spare bank, alternating, so
+the next step's weight DMA and this step's preloads mostly use different banks: resnet18 layer1's block at 64x64
+fp32, matrix bank stalls 56k -> 22k cycles), and its accumulator tile in the step's accumulator slot. The tiles'
+padding is cleared once per slot (a first phase); rows of a band's tiles past an image edge are zeroed by DMAs
+from a zero constant (the slot's previous band may have left data there).
 
 int8: each stage requantizes its accumulator per output channel (bias, folded ReLU) in the drain, exactly as the
 unfused conv kernel does; a residual Add (+ ReLU) of the chain input is float32 in the quantized plan, so it runs
-after the transposing loads on the dequantized output (f32(q) x f32(scale)), as the quantized reference does.
-fp32 runs the same path (the sum rounded once, then the ReLU).
+after the transposing loads: on the dequantized output (f32(q) x f32(scale)), or, for a last Conv the plan
+dequantizes (read only by the Add), on its int32 accumulator + bias scaled per channel (f32(acc + bias) x
+f32(s_in x s_w[c])), as the quantized reference does. fp32 runs the same path (the sum rounded once, then the
+ReLU).
 """
 
 from __future__ import annotations
@@ -195,26 +200,34 @@ class Sizes:
 
     def chunk(self, cfg: MachineConfig, band: int, st: Stage, rows: int, last: bool) -> int:
         """Input channels per K chunk of a stage: the most channel blocks whose weights fit a step's third."""
-        third = self.step_region(cfg, band).size // DEPTH // ALIGN * ALIGN
+        third = min(slot.size for slot in self.step_slots(cfg, band))
         blocks = largest_fitting(
             -(-st.s.c // self.n), lambda b: _bytes(self.step_tiles(st, rows, min(st.s.c, b * self.n), last)) <= third
         )
         return min(st.s.c, blocks * self.n)
 
     def band_region(self, cfg: MachineConfig) -> Slot:
-        """Where band tiles go: a buffer slot (band b in slot b), or (wide) every rotating slot at once."""
+        """Where band tiles go: a buffer slot (band b in slot b), or (wide) the first DEPTH - 1 slots at once."""
         slot = TileArena(cfg, 0).spad
-        return Slot(0, DEPTH * slot.size) if self.wide else slot
+        return Slot(0, (DEPTH - 1) * slot.size) if self.wide else slot
 
-    def step_region(self, cfg: MachineConfig, band: int) -> Slot:
-        """Where steps put their tiles: the spare scratchpad bank (so a band's input DMAs and the matrix unit's
-        reads of a step's weights do not share a bank), else the bytes of the band's slot its tiles leave free."""
-        spare = TileArena.spare(cfg)
+    def step_slots(self, cfg: MachineConfig, band: int) -> list[Slot]:
+        """Where step s puts its tiles: slot s % DEPTH of these. Rotating bands: thirds of the spare scratchpad
+        bank (so a band's input DMAs and the matrix unit's reads of a step's weights do not share a bank), else
+        of the bytes of the band's slot its tiles leave free. Wide bands: halves of the last slot and the spare
+        bank, alternating, so that the next step's weight DMA writes a bank the matrix unit's preloads of this
+        step's weights do not read (two of three step changes; a third of a bank each)."""
+        slot, spare = TileArena(cfg, 0).spad, TileArena.spare(cfg)
         if self.wide:
-            return spare.spad if spare is not None else Slot(0, 0)
-        slot, used = self.band_region(cfg), _bytes(self.band_tiles(band))
+            if spare is None:
+                return [Slot(0, 0)] * DEPTH
+            last, half = Slot((DEPTH - 1) * slot.size, slot.size), min(slot.size, spare.spad.size) // 2 // ALIGN * ALIGN
+            return [Slot(last.base, half), Slot(spare.spad.base, half), Slot(last.base + half, half)]
+        used = _bytes(self.band_tiles(band))
         free = Slot(slot.base + used, max(0, slot.size - used))
-        return spare.spad if spare is not None and spare.spad.size >= free.size else free
+        region = spare.spad if spare is not None and spare.spad.size >= free.size else free
+        third = region.size // DEPTH // ALIGN * ALIGN
+        return [Slot(region.base + i * third, third) for i in range(DEPTH)]
 
     def fits(self, cfg: MachineConfig, band: int) -> bool:
         probe = TileArena(cfg, 0)
@@ -366,8 +379,7 @@ class _Kernel:
         ranges = band_ranges(chain, o0, rows)
         raw, inputs = self.band_tiles(b)
         edges = edge_rows(chain, ranges)
-        region = z.step_region(cfg, self.rows)
-        third = region.size // DEPTH // ALIGN * ALIGN
+        slots = z.step_slots(cfg, self.rows)
         steps: list[Step] = []
         for i, st in enumerate(chain.stages):
             a, bb = ranges[i]
@@ -378,7 +390,7 @@ class _Kernel:
                 for k0, kb in k_slices(st.s.c, kc):
                     index = first_step + len(steps)
                     arena = TileArena(cfg, index)
-                    arena.spad = Slot(region.base + (index % DEPTH) * third, third)
+                    arena.spad = slots[index % DEPTH]
                     work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc)
                     steps.append(self.step(arena, work, inputs, raw, edges if not steps else None))
         return steps
