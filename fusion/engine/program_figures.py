@@ -5,8 +5,8 @@
 - host-dispatched: that sum plus `MachineConfig.launch_cycles` per launched kernel (alias groups launch nothing);
 - program: the plan linked into one binary as the engine links it (`program_run.faster_link`), one simulation.
 
-The overlap gained at each token-ordered boundary is its marginal effect: the same program with a fence at that
-boundary only, minus the program's cycles (one more simulation per joined boundary).
+The overlap gained at each token-ordered boundary is its gain alone, as the link measured it when it chose the
+boundary (`program_run.link_with_gains`: the two kernels joined between fences vs fenced), so no simulation more.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fusion.engine.context import ModelContext
 from fusion.engine.execute import run_kernel
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import GroupChoice
-from fusion.engine.program import Prefer, link_plan, run_program
-from fusion.engine.program_run import faster_link
+from fusion.engine.program import Prefer, run_program
+from fusion.engine.program_run import link_with_gains
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,7 @@ def measure(
     prefer: Prefer | None = None,
     per_boundary: bool = True,
 ) -> ProgramFigures:
-    """The three figures for a plan on these inputs (module docstring); `per_boundary=False` skips the marginal
-    gain of each token-ordered boundary (one simulation of the whole program each: `boundaries` is then empty)."""
+    """The three figures for a plan on these inputs (module docstring); `per_boundary=False`: `boundaries` empty."""
     env, kernels, launches = dict(inputs), 0, 0
     for choice in choices:
         kernel = build_kernel(mc, choice.group)
@@ -57,14 +56,9 @@ def measure(
         env.update(run.outputs)
         kernels += run.cycles
         launches += kernel.program is not None
-    linked = faster_link(mc, choices, prefer)
+    linked, gains = link_with_gains(mc, choices, prefer)
     run = run_program(mc, linked, inputs)
-    fences = frozenset(b.before for b in linked.boundaries if not b.joined)
-    gained = []
-    for b in linked.boundaries if per_boundary else ():
-        if b.joined:
-            fenced = run_program(mc, link_plan(mc, choices, prefer, fenced=fences | {b.before}), inputs)
-            gained.append((b.before, b.after, fenced.cycles - run.cycles))
+    gained = [(before, after, int(g)) for (before, after), g in gains.items()] if per_boundary else []
     return ProgramFigures(
         run.cycles,
         kernels,

@@ -163,16 +163,29 @@ def faster_link(
     aside, which both take alike): so a program never runs slower than its kernels fenced one after another. A
     measurement that traps or passes `max_cycles` counts as slowest (the fenced program is kept: the call's own
     run then finds the failing kernel)."""
+    return link_with_gains(mc, choices, prefer, max_cycles)[0]
+
+
+def link_with_gains(
+    mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None, max_cycles: int | None = None
+) -> tuple[LinkedProgram, dict[tuple[int, int], float]]:
+    """`faster_link`'s program and what each of its token-ordered boundaries gains alone, as the link measured it
+    ((plan position before, after) -> cycles; `best_fences`), at no extra simulation."""
     zeros = {v: np.zeros(mc.graph.types[v].shape, mc.graph.types[v].dtype.numpy) for v in mc.graph.inputs}
     timing = _Timing(mc, choices, prefer, zeros, max_cycles)
     fenced = timing.link(None)
-    fences = best_fences(mc, choices, fenced, zeros, max_cycles, prefer, timing)
-    if fences >= {k.index for k in fenced.kernels}:
-        return fenced
+    kernels = fenced.kernels
+    gains = _gains(fenced, timing)
+    fences = _best(kernels, gains)
+    if fences >= {k.index for k in kernels}:
+        return fenced, {}
     joined = timing.link(fences)
     if not any(b.joined for b in joined.boundaries):
-        return joined
-    return joined if timing.cycles(fences) < timing.cycles(None) else fenced
+        return joined, {}
+    if timing.cycles(fences) >= timing.cycles(None):
+        return fenced, {}
+    alone = {(a.index, b.index): g for a, b, g in zip(kernels, kernels[1:], gains, strict=False)}
+    return joined, {(b.before, b.after): alone.get((b.before, b.after), 0.0) for b in joined.boundaries if b.joined}
 
 
 class _Timing:
@@ -222,18 +235,19 @@ def best_fences(
     zeros: Mapping[str, np.ndarray],
     max_cycles: int | None = None,
     prefer: Prefer | None = None,
-    timing: _Timing | None = None,
 ) -> frozenset[int]:
     """Which boundaries of `fenced` (the plan linked with `prefer` and a fence after every kernel) to fence: each
-    boundary's gain measured in the whole program, then the set of joins of largest total gain in which no
-    single-phase kernel is joined at both ends (the link's rule), by dynamic programming over the boundaries in
-    order.
+    boundary's gain measured in the whole program (`_gains`), then the set of joins of largest total gain in which
+    no single-phase kernel is joined at both ends (the link's rule), by dynamic programming over the boundaries in
+    order (`_best`)."""
+    return _best(fenced.kernels, _gains(fenced, _Timing(mc, choices, prefer, zeros, max_cycles)))
 
-    The gains take three simulations, not two per boundary: the fenced program, then the program with every even
-    boundary token-ordered and every odd one fenced, then the reverse. A fence separates each joined pair from the
-    rest, so the two kernels' shares of the timeline (entry to entry: the fence after the pair included) joined
-    minus fenced is that boundary's gain alone."""
-    timing = timing or _Timing(mc, choices, prefer, zeros, max_cycles)
+
+def _gains(fenced: LinkedProgram, timing: _Timing) -> list[float]:
+    """Each boundary's gain alone, in three simulations, not two per boundary: the fenced program, then the program
+    with every even boundary token-ordered and every odd one fenced, then the reverse. A fence separates each
+    joined pair from the rest, so the two kernels' shares of the timeline (entry to entry: the fence after the
+    pair included) fenced minus joined is that boundary's gain. 0 where the link refuses the join or it traps."""
     kernels = fenced.kernels
     every = frozenset(k.index for k in kernels)
     base = timing.run(None)
@@ -249,8 +263,13 @@ def best_fences(
             if joined[k].joined:
                 pair = (kernels[k].name, kernels[k + 1].name)
                 gains[k] = sum(base.kernel_cycles[n] - run.kernel_cycles[n] for n in pair)
-    # value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]: the
-    # previous boundary's state on that best path
+    return gains
+
+
+def _best(kernels: Sequence[ProgramKernel], gains: Sequence[float]) -> frozenset[int]:
+    """The plan positions to fence after: the joins of largest total gain, none at both ends of a single-phase
+    kernel. value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]:
+    the previous boundary's state on that best path."""
     value, back = [0.0, -math.inf], []
     for k, gain in enumerate(gains):
         single = kernels[k].phases == 1  # the kernel between boundaries k - 1 and k
