@@ -19,6 +19,7 @@ from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.gated import find_gated
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.codegen.rotary import find_segment_chains
+from fusion.engine.codegen.siblings import find_siblings
 from fusion.engine.context import ModelContext
 from fusion.engine.conv_chain_match import find_conv_chains
 from fusion.engine.plan import Group
@@ -109,6 +110,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
     out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
     out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
+    out += [Candidate(m.nodes(graph), "siblings") for m in find_siblings(graph)]
     return out
 
 

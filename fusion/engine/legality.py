@@ -29,6 +29,10 @@ def internal_values_private(graph: Graph, nodes: Sequence[Node]) -> FusionDecisi
     return FusionDecision.yes()
 
 
+# families whose kernels store every value read outside them (a vector chain's intermediates, side-by-side GEMMs)
+STORES_INTERMEDIATES = frozenset({"chain", "siblings"})
+
+
 def intermediates_stored_in_order(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
     """A vector chain stores every value read outside (`codegen.chain.stored_intermediates`): legal when each
     outside reader comes after the chain's last node (plans run groups in the order of their last nodes)."""
@@ -84,7 +88,7 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     if (
         not mc.int8
         or nodes[0].op not in MATRIX_OPS
-        or family in ("stream", "swapped", "attention", "gated", "conv_chain")
+        or family in ("stream", "swapped", "attention", "gated", "siblings", "conv_chain")
     ):
         return FusionDecision.yes()
     if family == "conv" and mc.qplan.matrix[nodes[0].name].dequantize:
@@ -107,11 +111,15 @@ def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     # an attention is a DAG (Q, K and V paths meet), so is a gated pair of GEMMs (both read one activation) and a
     # segment chain (rotary: x read by a Mul and two Slices): its one output is the last node's, which
     # internal_values_private checks; every other family is a producer/consumer chain
-    dag = family in ("attention", "gated", "segment_chain")
+    dag = family in ("attention", "gated", "segment_chain", "siblings")
     chain = FusionDecision.yes() if dag else dependencies_respected(graph, nodes)
     return (
         chain
-        & (intermediates_stored_in_order(graph, nodes) if family == "chain" else internal_values_private(graph, nodes))
+        & (
+            intermediates_stored_in_order(graph, nodes)
+            if family in STORES_INTERMEDIATES
+            else internal_values_private(graph, nodes)
+        )
         & no_cycle_through_outside(graph, nodes)
         & numerics_preserved(mc, nodes, family)
     )

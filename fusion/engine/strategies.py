@@ -45,6 +45,7 @@ from fusion.engine.codegen.gated import GATED, gated_heads, gated_steps, pack_ga
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
 from fusion.engine.codegen.rotary import segment_chain_steps, segment_forms
+from fusion.engine.codegen.siblings import SIBLINGS, pack_siblings, sibling_steps, sibling_weights
 from fusion.engine.codegen.stream import stream_steps
 from fusion.engine.codegen.swapped import (
     SWAPPED,
@@ -173,6 +174,10 @@ def _segment_chain(cx: LowerContext, nodes: Sequence[Node], group: Group, roundi
     return [segment_chain_steps(cx, nodes)]
 
 
+def _siblings(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [sibling_steps(cx, nodes, group.panels)]
+
+
 def _transpose(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [transpose_steps(cx, nodes[0])] if len(nodes) == 1 else layout_load_phases(cx, nodes)
 
@@ -261,6 +266,13 @@ def _segment_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]
     return segment_forms(sub, mc.config), {}
 
 
+def _sibling_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """The side-by-side GEMMs' weights concatenated and packed panel-major (`codegen.siblings`)."""
+    names = sibling_weights(sub)
+    data = [np.asarray(forms[const_key(w, _weight_form(mc))]) for w in names]
+    return {const_key(names[0], SIBLINGS): pack_siblings(data, mc.config.array_size)}, {}
+
+
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The positions a generated mask is computed from (`codegen.attention`)."""
     return attention_forms(sub), {}
@@ -309,6 +321,11 @@ def _gemm_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
 def _swapped_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
     """Its own family (a GEMM with an absorbed Transpose or chain epilogue), or any matrix node's group."""
     return [Group(cand.nodes, s.name)] if cand.family in s.families or _matrix(mc, cand) else []
+
+
+def _siblings_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """GEMMs side by side: two weight panels per step, or as many as fit."""
+    return [Group(cand.nodes, s.name, panels=p) for p in (2, 0)] if cand.family == "siblings" else []
 
 
 def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "epilogue") -> list[Group]:
@@ -371,6 +388,8 @@ REGISTRY: Mapping[str, Strategy] = {
         ),
         # elementwise chains through last-axis Slice/Concat (rotary embeddings): segment-major registers
         Strategy("segment_chain", _segment_chain, "other", ("segment_chain",), dram_forms=_segment_forms),
+        # GEMMs reading one activation side by side (Q, K, V projections): A read once, one panel pipeline
+        Strategy("siblings", _siblings, "other", schedules=_siblings_space, dram_forms=_sibling_forms),
         Strategy("stream", _stream, "stream", ("stream",), dram_forms=_packed_forms),
         # two GEMMs of one activation joined by a chain (a gated MLP): one kernel, A read once
         Strategy("gated", _gated, "other", ("gated",), dram_forms=_gated_forms),

@@ -61,6 +61,16 @@ class FusedGemm:
     chain: ChainEpilogue | None = None  # applied to each drained tile instead of storing it (`out` is not stored)
     # int8: panel p drains with panel_requant[p % len] instead of `requant` (interleaved GEMMs, `codegen.gated`)
     panel_requant: tuple[tuple[int, int], ...] = ()
+    # columns stored to several outputs instead of `out`: (first column, view of those columns as rows x n), in
+    # column order (GEMMs side by side, `codegen.siblings`); a tile never straddles two
+    split_out: tuple[tuple[int, View], ...] = ()
+
+    def target(self, j0: int) -> tuple[View, int]:
+        """The view holding column j0 and the column it starts at."""
+        for start, view in reversed(self.split_out):
+            if j0 >= start:
+                return view, start
+        return self.out, 0
 
     @property
     def int8(self) -> bool:
@@ -349,7 +359,10 @@ def _tile_step(
         compute += [(Unit.vector, clear), (Unit.scalar, lambda em: None)]
     compute.append((Unit.matrix, matmul))
     if g.chain is None:
-        stores = [(out, g.out.slice(0, i0, rows).slice(1, j0, cols)) for j0, cols, _, _, _, _, out in tiles]
+        stores = []
+        for j0, cols, _, _, _, _, out in tiles:
+            view, start = g.target(j0)
+            stores.append((out, view.slice(0, i0, rows).slice(1, j0 - start, cols)))
         return Step(coalesced(loads), compute, stores)
     more_loads, emit, stores = g.chain.step(arena, block, [(j0, cols, out) for j0, cols, _, _, _, _, out in tiles])
     compute.append((Unit.vector, emit))
