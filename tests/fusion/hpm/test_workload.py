@@ -32,7 +32,8 @@ def test_a_users_model_is_measured_into_the_dataset(tmp_path: Path, capsys: pyte
     assert max(groups.count(g) for g in groups) >= 2, "several schedules of one candidate"
     assert all(g.startswith(f"{s}/") for g, s in zip(groups, ds.columns["seed"], strict=True))
     # an independent path to the same numbers: the engine dispatching its plan on the same input
-    engine = FusionEngine(MLP, "base", "fp32", EngineOptions(validation=ValidationPolicy("off"), workers=1))
+    options = EngineOptions(validation=ValidationPolicy("off"), workers=1, execution="host")  # kernels run alone
+    engine = FusionEngine(MLP, "base", "fp32", options)
     records = [r for r in engine.run({name: x}).records if r.features is not None]
     by_key = {
         (g.split("/", 1)[1], str(s)): i for i, (g, s) in enumerate(zip(groups, ds.columns["schedule"], strict=True))
