@@ -39,6 +39,7 @@ from simulator.timing import matmul_cycles
 from simulator.units.vector import MODE_VC, MODE_VR, MODE_VS, broadcast_rows
 
 INT_VECTOR_OPS = frozenset((*LANE_BINARY, *LANE_UNARY, *LANE_REDUCE, *LANE_OTHER))
+BIT_MOVES = frozenset({"ld", "st", "copy"})  # move values unchanged: f32 ones replay as their 32-bit patterns
 CHAINED_TIMINGS = frozenset({"chain_op", "chain_store"})
 
 
@@ -133,6 +134,8 @@ def _vector_case(
     cfg: MachineConfig, label: str, ins: Instruction, ops: dict, result: np.ndarray, cycles: int
 ) -> Case | Skip:
     a = ops.get("a")
+    if _op_name(ins) in BIT_MOVES and a is not None and a.dtype == np.asarray(result).dtype == np.float32:
+        a, result = a.view(np.int32), np.asarray(result).view(np.int32)
     if _op_name(ins) not in INT_VECTOR_OPS or a is None or not _int(a.dtype):
         return Skip(ins.mnemonic, "f32 and conversion ops have no RTL datapath")
     a = a.reshape(-1)
