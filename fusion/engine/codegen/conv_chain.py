@@ -328,12 +328,12 @@ def chain_phases(
     out = cx.view(nodes[-1].outputs[0]).reshape_dense((last.s.n, last.s.cout, last.s.out[0] * last.s.out[1]))
     dequant = cx.scale(last.nodes[-1].outputs[0]) if cx.int8 and chain.residual is not None else None
     dequant = scales if scales is not None else dequant
-    if chain.residual is None:
+    if chain.residual is None and scales is None:
         phases.append(to_nchw(cfg, last.s.strides[1], scratch, out, cx.rotation, eps[-1].dequant))
     else:
         if last.s.strides[1] != 1:
-            raise CodegenError(f"node {chain.residual.name!r}: a residual Add after a horizontal stride")
-        residual = cx.view(chain.input).reshape_dense(out.shape)
+            raise CodegenError(f"node {last.conv.name!r}: a residual Add or dequantization after a horizontal stride")
+        residual = None if chain.residual is None else cx.view(chain.input).reshape_dense(out.shape)
         phases.append(_residual_phase(cx, scratch, residual, out, dequant, chain.relu is not None))
     return phases
 
@@ -541,10 +541,10 @@ def _accumulator_epilogue(cx: LowerContext, st: Stage) -> Epilogue:
 
 
 def _residual_phase(
-    cx: LowerContext, scratch: View, residual: View, out: View, dequant: float | View | None, relu: bool
+    cx: LowerContext, scratch: View, residual: View | None, out: View, dequant: float | View | None, relu: bool
 ) -> list[Step]:
     """scratch [n, pixels, Cout] -> out [n, Cout, pixels] = (dequantized) scratch^T + residual (then ReLU): runs of
-    pixels by transposing loads, the residual's [Cout, run] block beside them. `dequant`: an int8 scratch's
+    pixels by transposing loads, the residual's [Cout, run] block (if any) beside them. `dequant`: an int8 scratch's
     scale (f32(q) x f32(scale)), or an int32 accumulator scratch's [Cout] channel scales (f32(acc + bias) x
     f32(s_in x s_w[c]), the quantized reference's dequantizing Conv)."""
     n, cout, pixels = out.shape
@@ -552,9 +552,8 @@ def _residual_phase(
     per_channel = isinstance(dequant, View)
 
     def sizes(p: int) -> list[int]:
-        return (
-            [p * cout * es, p * cout * 4] + ([p * cout * 4] if dequant is not None else []) + [cout * 4] * per_channel
-        )
+        sizes = [p * cout * es, p * cout * 4 if residual is not None else 0]
+        return sizes + ([p * cout * 4] if dequant is not None else []) + [cout * 4] * per_channel
 
     probe = TileArena(cx.config, 0)
     run = largest_fitting(min(pixels, MAX_ROWS), lambda p: probe.fits(sizes(p)))
@@ -575,7 +574,8 @@ def _residual_phase(
             ) -> None:
                 local, dram, stride = em.regs(raw, address, cout * es)
                 em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
-                em.dma_load(residual.index((img,)).slice(1, p0, count), res)
+                if residual is not None:
+                    em.dma_load(residual.index((img,)).slice(1, p0, count), res)
                 if channel:
                     em.dma_load(dequant, channel)
 
@@ -585,7 +585,8 @@ def _residual_phase(
                     em.b.v_mul_vc(*em.regs(total, total, channel), size, row, "f32")
                 elif dequant is not None:
                     dequantize(em, total, raw, size, dequant)
-                em.b.v_add(*em.regs(total, total, res), size, "f32")
+                if residual is not None:
+                    em.b.v_add(*em.regs(total, total, res), size, "f32")
                 if relu:
                     em.b.v_relu(*em.regs(total, total), size, "f32")
 
