@@ -33,6 +33,7 @@ from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requant_table
+from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
@@ -76,6 +77,14 @@ def pack_taps(weights: np.ndarray) -> np.ndarray:
 def scratch_bytes(graph: Graph, cfg: MachineConfig, node: Node, out_dtype: DType) -> int:
     s = conv_shape(graph, cfg, node)
     return s.n * s.out[0] * s.cols * s.cout * out_dtype.size
+
+
+QUANTIZED = 3  # the DRAM temp of a float input quantized to int8 up front (when its float bands do not fit)
+
+
+def quantized_bytes(graph: Graph, node: Node) -> int:
+    """Bytes of the int8 copy of a float input on the int8 path (`QUANTIZED`)."""
+    return graph.types[node.inputs[0]].size
 
 
 @dataclass(frozen=True)
@@ -144,9 +153,20 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     mm_dt = DType.i8 if cx.int8 else DType.f32
     quantize = cx.matrix(node).input_scale if cx.int8 and x.dtype is DType.f32 else None
     z = _Sizes(s, cfg.array_size, x.dtype, mm_dt, ep.out_dt, quantize is not None, ep.residual is not None)
-    tiling = choose_tiling(cfg, z, node.name)
-    source = BandSource.of(graph, node, x, s)
     phases: list[list[Step]] = []
+    try:
+        tiling = choose_tiling(cfg, z, node.name)
+    except CodegenError:
+        if quantize is None:
+            raise
+        # a float input whose bands (float and int8 copies) do not fit: quantized to int8 in DRAM first (one
+        # pass, as the quantized reference quantizes the matrix operand), then banded as an int8 input
+        copy = dense(cx.temp(node, QUANTIZED), x.shape, DType.i8)
+        phases.append(copy_steps(cx, [(x, copy, quantize)]))
+        x, quantize = copy, None
+        z = _Sizes(s, cfg.array_size, x.dtype, mm_dt, ep.out_dt, False, ep.residual is not None)
+        tiling = choose_tiling(cfg, z, node.name)
+    source = BandSource.of(graph, node, x, s)
     pixels_out = s.out[0] * s.out[1]
     scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), ep.out_dt)
     taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt)

@@ -110,3 +110,18 @@ def test_a_stem_conv_with_fewer_input_channels_than_the_array_chunks_k_within_th
     z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)
     assert choose_tiling(mc.config, z, "conv").chunk == 3
     _check(graph, names, "fp32")
+
+
+def test_a_float_input_whose_bands_do_not_fit_is_quantized_to_int8_first() -> None:
+    """int8, a float input of 512 channels (a ResNet layer4 block output after the float residual sum): its float
+    bands and their int8 copies exceed a buffer slot even for one output row, so the kernel quantizes the input to
+    an int8 DRAM copy first (one pass) and bands that; bit-exact against the quantized reference."""
+    graph, names = conv_graph(1, 512, 16, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    rng = np.random.default_rng(3)
+    mc = context(graph, {"x": rng.standard_normal((1, 512, 7, 7)).astype(np.float32)}, "int8")
+    s = conv_shape(graph, mc.config, graph.node("conv"))
+    floats = _Sizes(s, mc.config.array_size, DType.f32, DType.i8, DType.i8, True, False)
+    with pytest.raises(CodegenError, match="does not fit"):
+        choose_tiling(mc.config, floats, "conv")
+    _, run = _check(graph, names, "int8")
+    assert run.dram_write_bytes >= 512 * 7 * 7  # the int8 copy
