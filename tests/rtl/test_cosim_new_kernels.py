@@ -1,9 +1,9 @@
 """The engine's newer kernel families on the RTL, on `tiny`: the conv schedules `implicit_packed` and
 `implicit_stationary`, layer fusion (`conv_chain`, a basic block with its residual), the dequantizing int8 conv
-epilogue (per-channel f32 rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel and a
-vector chain through a row reduction (RMSNorm), plus the baseline's frame kernels in geometries the window-kernel
-regression (`test_cosim_lower.py`) does not take (strided depthwise, a stride-1 max pool with asymmetric
-padding: their integer masks).
+epilogue (per-channel f32 rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel, a vector
+chain through a row reduction (RMSNorm) and fused attention (grouped-query, causal and padding masks), plus the
+baseline's frame kernels in geometries the window-kernel regression (`test_cosim_lower.py`) does not take
+(strided depthwise, a stride-1 max pool with asymmetric padding: their integer masks).
 
 Each kernel is built by the engine's generator for its group (the group the candidate enumeration offers where
 there is one), checked against the (quantized) reference, simulated on the reference's values with transaction
@@ -32,6 +32,7 @@ from simulator.run import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion" / "engine"))
 # graph builders of the engine's own tests (test modules beside them, no package)
+from attention_graphs import AttentionShape, attention_graph  # noqa: E402
 from engine_helpers import context, conv_graph, gated_mlp_graph, reference_env, rotary_graph  # noqa: E402
 from test_codegen_conv_chain import chain_graph  # noqa: E402
 from test_codegen_conv_dequant import residual_graph  # noqa: E402
@@ -55,6 +56,8 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
     gated = gated_mlp_graph((), 6, 12, 8, "silu")
     rotary = rotary_graph((2,), 5, 8, 3, False)
     rms, rms_nodes = _rms_graph((6, 12), 1e-5, False, "div1", seed=2)
+    # grouped-query attention with causal and key-padding masks, 5 tokens: rows ragged on the 4-wide array
+    attention, _ = attention_graph(AttentionShape(seq=5, heads=2, kv_heads=1, head_dim=8, causal=True, key_len=4))
     return {
         "implicit_packed": (packed, Group(packed_nodes, "implicit_packed")),
         "implicit_stationary": (stationary, Group(stationary_nodes, "implicit_stationary")),
@@ -63,6 +66,7 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
         "gated": (gated, Group(_offered(gated, "gated"), "gated")),
         "segment_chain": (rotary, Group(_offered(rotary, "segment_chain"), "segment_chain")),
         "rms_norm_chain": (rms, Group(rms_nodes, "chain")),
+        "attention": (attention, Group(_offered(attention, "attention"), "attention")),
     }
 
 
@@ -112,9 +116,10 @@ def test_new_kernel_families_match_the_rtl(dtype: str) -> None:
         assert report.ok, "\n".join(report.lines())
         assert report.compared > 0, "\n".join(report.lines())
     if dtype == "int8":
-        for name in ("implicit_packed", "implicit_stationary", "conv_chain", "dequantizing_conv", "gated"):
+        matrix = ("implicit_packed", "implicit_stationary", "conv_chain", "dequantizing_conv", "gated", "attention")
+        for name in matrix:
             assert "matrix_unit" in _units(reports[name]), name
-        for name in ("implicit_packed", "conv_chain", "gated"):  # requantizing drains
+        for name in ("implicit_packed", "conv_chain", "gated", "attention"):  # requantizing drains
             assert "epilogue" in _units(reports[name]), name
         # the dequantizing drain writes f32 (no RTL datapath): its matmuls are what the RTL checks
         assert any(m == "mx.drain" for m, _ in reports["dequantizing_conv"].skipped)
