@@ -58,6 +58,7 @@ class ProgramCall:
     decisions: tuple[tuple[tuple[str, ...], str, int, int], ...]
     dispatch_cycles: int  # the on-chip measurements' cycles (inside `cycles`)
     replaced: tuple[tuple[str, ...], ...]  # groups run as unfused kernels after a failed validation
+    driver_cycles: int = 0  # `cycles` outside the plan's kernels (the dispatch code, the final halt)
 
 
 def planning_overlap(mc: ModelContext, execution: str) -> Callable[[Sequence[Priced]], float] | None:
@@ -113,6 +114,7 @@ def run_as_program(
         ),
         run.dispatch_cycles,
         tuple(replaced),
+        run.cycles - sum(run.kernel_cycles[k.name] for k in linked.kernels),
     )
     outputs = {v: to_real(mc, v, run.outputs[v]) for v in engine.graph.outputs}
     seconds = time.perf_counter() - start

@@ -120,6 +120,7 @@ def _program(result: CallResult, figures: ProgramFigures | None) -> dict[str, An
     out: dict[str, Any] = {
         "cycles": p.cycles,
         "dispatch_cycles": p.dispatch_cycles,
+        "driver_cycles": p.driver_cycles,
         "boundaries": [
             {"before": b.before, "after": b.after, "joined": b.joined, "reason": b.reason}
             | ({"gained_cycles": gained[(b.before, b.after)]} if (b.before, b.after) in gained else {})

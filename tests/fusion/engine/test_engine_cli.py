@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from engine_helpers import MODELS
 
 from dynfuse.cli import main
@@ -28,12 +29,15 @@ def test_fuse_report_lists_groups_and_totals(tmp_path: Path, capsys) -> None:
     assert "validations run" in out
 
 
-def test_fuse_json_and_output_dir(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("execution", ["program", "host"])
+def test_fuse_json_and_output_dir(tmp_path: Path, capsys, execution: str) -> None:
     args = ["fuse", str(MODELS / "mlp.onnx"), "--input", _input(tmp_path), "--json", "--dtype", "int8"]
-    assert main([*args, "--output-dir", str(tmp_path / "out")]) == 0
+    assert main([*args, "--execution", execution, "--output-dir", str(tmp_path / "out")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["policy"] == "dynamic" and report["cycles"] > 0 and report["roofline_cycles"] > 0
-    assert report["cycles"] == sum(g["measured_cycles"] for g in report["groups"])
+    # a program's cycles are its kernels' shares and the driver's (its final halt, any on-chip dispatch code)
+    driver = report["program"]["driver_cycles"] if execution == "program" else 0
+    assert report["cycles"] == sum(g["measured_cycles"] for g in report["groups"]) + driver
     assert (tmp_path / "out" / "linear_2.npy").exists()
 
 
