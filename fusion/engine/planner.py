@@ -35,7 +35,7 @@ from simulator.errors import SimulatorTrap
 POLICIES = ("none", "static", "dynamic", "oracle")
 ORACLE_MAX_PLANS = 512
 # static: the kernel families that may run a TVM group's nodes, preferred in this order (a fixed rule, no cost model)
-STATIC_FAMILIES = ("epilogue", "conv", "chain", "layout_chain", "stream", "swapped", "layout_load")
+STATIC_FAMILIES = ("epilogue", "conv", "chain", "layout_chain", "stream", "swapped", "layout_load", "segment_chain")
 STATIC_STRATEGY = {family: s.name for s in REGISTRY.values() for family in s.families}  # its default schedule
 NARROW = 2  # GEMM schedules an epilogue candidate inherits from its matrix node
 # The dynamic planner minimises predicted cycles + DRAM_WEIGHT x the DRAM channel time of the kernel's traffic.

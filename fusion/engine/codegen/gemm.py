@@ -247,7 +247,9 @@ def coalesced(loads: list[tuple[View, int]]) -> list[tuple[View, int]]:
 
 
 def is_dense(view: View) -> bool:
-    return view == dense(view.address, view.shape, view.dtype)
+    """One row-major block at its address: a size-1 axis's stride is never used, so a broadcast one (0) is dense."""
+    row_major = dense(view.address, view.shape, view.dtype)
+    return all(n == 1 or s == t for n, s, t in zip(view.shape, view.strides, row_major.strides, strict=True))
 
 
 def _nothing(em: Emitter) -> None:
