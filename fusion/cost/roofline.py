@@ -17,7 +17,14 @@ from fusion.cost.analytic import roofline_cycles
 from fusion.graph.cost import macs
 from fusion.graph.ir import DataType, Graph
 from fusion.lower.compiler import constant_forms
-from fusion.lower.context import storage_dtype
+from fusion.lower.context import (
+    CONST_F32,
+    CONST_I8,
+    CONST_TAPS_F32,
+    CONST_TAPS_I8,
+    split_const_key,
+    storage_dtype,
+)
 from fusion.quant.plan import QuantPlan
 from simulator.config import MachineConfig
 
@@ -39,11 +46,20 @@ def _stored_bytes(graph: Graph, plan: QuantPlan | None, value: str) -> int:
     return ttype.size * size
 
 
+# forms that hold one constant's same elements in different orders (a Conv weight as a matrix and tap-major): a
+# kernel reads one of them, so the bound counts the smallest once
+_LAYOUTS = frozenset({CONST_F32, CONST_I8, CONST_TAPS_F32, CONST_TAPS_I8})
+
+
 def compulsory_bytes(graph: Graph, plan: QuantPlan | None) -> int:
     """Bytes any execution moves at least once: inputs, weights and outputs (each value counted once)."""
     boundary = dict.fromkeys(v for v in (*graph.inputs, *graph.outputs) if not graph.is_constant(v))
-    weights = sum(form.nbytes for form in constant_forms(graph, plan).values())
-    return weights + sum(_stored_bytes(graph, plan, v) for v in boundary)
+    weights: dict[tuple[str, str], int] = {}
+    for key, data in constant_forms(graph, plan).items():
+        form, value = split_const_key(key) or ("", key)
+        slot = (value, "layout" if form in _LAYOUTS else form)
+        weights[slot] = min(weights.get(slot, data.nbytes), data.nbytes)
+    return sum(weights.values()) + sum(_stored_bytes(graph, plan, v) for v in boundary)
 
 
 def model_roofline(graph: Graph, config: MachineConfig, plan: QuantPlan | None) -> ModelRoofline:

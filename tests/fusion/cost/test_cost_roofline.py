@@ -14,6 +14,8 @@ from onnx import numpy_helper
 
 from dynfuse.cli import main
 from fusion.cost.roofline import model_roofline
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
 from fusion.lower.compiler import load_graph
 from simulator.config import load_config
 
@@ -66,3 +68,16 @@ def test_report_compare_and_json_print_one_bound(capsys, dtype: str) -> None:
     if dtype == "fp32":
         assert bound == pytest.approx(model_roofline(graph, load_config("base"), None).cycles, abs=0.05)
     assert np.isfinite(bound) and bound > 0
+
+
+def test_a_conv_weight_counts_once_whatever_forms_the_kernels_keep() -> None:
+    """The baseline keeps a Conv weight both as a matrix and tap-major (`constant_forms`): the same elements in
+    two orders, of which a kernel reads one, so the bound counts the weight once."""
+    b = GraphBuilder("conv")
+    x = b.input("x", (1, 8, 10, 10))
+    w = b.constant(np.ones((16, 8, 3, 3), np.float32), "w")
+    bias = b.constant(np.ones(16, np.float32), "b")
+    b.output(b.op(OpType.Conv, x, w, bias, name="conv", dilations=(1, 1), group=1, pads=(1, 1, 1, 1), strides=(1, 1)))
+    graph = b.build()
+    io = 4 * (8 * 10 * 10 + 16 * 10 * 10)
+    assert model_roofline(graph, load_config("base"), None).compulsory_bytes == 4 * (16 * 8 * 9 + 16) + io
