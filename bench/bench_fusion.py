@@ -38,7 +38,9 @@ POOL_WORKERS = max(2, available_cores())  # the compile pool, measured even wher
 def _engine(
     graph, policy: str, dtype: str, config: str, samples, pipeline: bool = True, workers: int | None = None
 ) -> FusionEngine:
-    options = EngineOptions(policy=policy, validation=ValidationPolicy("off"), pipeline=pipeline)
+    # host execution: this bench measures the kernels one by one (their sum, pipelined pairs, per-kernel dispatch);
+    # the plan as one program is bench_program.py's
+    options = EngineOptions(policy=policy, validation=ValidationPolicy("off"), pipeline=pipeline, execution="host")
     if workers is not None:
         options = replace(options, workers=workers)
     return FusionEngine(graph, config, dtype, options, samples=samples)
