@@ -703,8 +703,11 @@ def model_prefers(mc: ModelContext, cost_model: CostModel) -> Prefer:
         dense, zero_skip = pair
         key = (dense, zero_skip, round(fraction, 2))
         if key not in known:
-            cost = cost_model.predict(kernel_features(mc, kernel(zero_skip), key[2]), mc.config).cycles
-            known[key] = cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles, cost
+            try:
+                cost = cost_model.predict(kernel_features(mc, kernel(zero_skip), key[2]), mc.config).cycles
+                known[key] = cost_model.predict(kernel_features(mc, kernel(dense), 0.0), mc.config).cycles, cost
+            except CodegenError:  # a variant its generator refuses (e.g. K past a buffer half) is never dispatched to
+                known[key] = 0.0, math.inf
         return known[key]
 
     return prefer
