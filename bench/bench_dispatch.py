@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "fusion" / "engine"))
 
-from bench.bench_program import BUNDLED  # noqa: E402
+from bench.bench_program import BUNDLED, write_table  # noqa: E402
 from bench.bench_program import _model as model_inputs  # noqa: E402 - the same models and inputs as that table
 from bench.zoo import NAMES  # noqa: E402
 from fusion.cost.analytic import AnalyticCostModel  # noqa: E402
@@ -66,13 +66,7 @@ def main() -> None:
         "no counter: dispatched | its dispatch cycles | program | bench s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in args.models.split(","):
-        try:
-            lines.append(row(name))
-        except Exception as err:  # a model the engine cannot run is reported, not fatal to the table
-            lines.append(f"| {name} | {type(err).__name__}: {str(err)[:80]} ||||||||")
-        print(lines[-1], flush=True)
-        args.out.write_text("\n".join(lines) + "\n")  # after every model: a long run keeps what it measured
+    write_table(args.models.split(","), row, lines, args.out)
 
 
 if __name__ == "__main__":

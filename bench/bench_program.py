@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,19 @@ def row(name: str) -> str:
     )
 
 
+def write_table(models: list[str], row: Callable[[str], str], lines: list[str], out: Path) -> None:
+    """Append one row per model to the header `lines`, writing `out` after each (a long run keeps what it
+    measured); a model the engine cannot run is a row with its error, not fatal to the table."""
+    empty = "|" * (lines[-1].count("|") - 2)  # the error cell fills the row after the model's name
+    for name in models:
+        try:
+            lines.append(row(name))
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            lines.append(f"| {name} | {type(err).__name__}: {str(err)[:80]} {empty}")
+        print(lines[-1], flush=True)
+        out.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join((*BUNDLED, *NAMES)))
@@ -86,13 +100,7 @@ def main() -> None:
         "its dispatch cycles | bench s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in args.models.split(","):
-        try:
-            lines.append(row(name))
-        except Exception as err:  # a model the engine cannot run is reported, not fatal to the table
-            lines.append(f"| {name} | {type(err).__name__}: {str(err)[:80]} |||||||||||||")
-        print(lines[-1], flush=True)
-        args.out.write_text("\n".join(lines) + "\n")  # after every model: a long run keeps what it measured
+    write_table(args.models.split(","), row, lines, args.out)
 
 
 if __name__ == "__main__":
