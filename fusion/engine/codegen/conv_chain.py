@@ -35,12 +35,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from fusion.engine.codegen.conv import (
     DrainBand,
     Epilogue,
     conv_epilogue,
     conv_shape,
     load_transposed,
+    pack_taps,
     to_nchw,
 )
 from fusion.engine.codegen.gemm import k_slices
@@ -49,7 +52,8 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key, storage_dtype
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.conv_depthwise import is_depthwise
+from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.matrix import bias_view, dequant_scales
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.kernels.windows import window_of
@@ -71,7 +75,8 @@ def zero_bytes(cfg: MachineConfig) -> int:
 
 @dataclass(frozen=True)
 class Stage:
-    """One Conv of the chain and the Relu its drain applies; its input's padding and unpadded size."""
+    """One Conv of the chain and the Relu its drain applies or the Clip (ReLU6) the vector unit applies to its
+    output rows in the next stage's tile; its input's padding and unpadded size."""
 
     nodes: tuple[Node, ...]
     s: ConvGeometry
@@ -83,6 +88,22 @@ class Stage:
     @property
     def conv(self) -> Node:
         return self.nodes[0]
+
+    @property
+    def clip(self) -> Node | None:
+        return self.nodes[-1] if self.nodes[-1].op == OpType.Clip else None
+
+    @property
+    def drained(self) -> tuple[Node, ...]:
+        """The nodes the drain applies (the Conv and its Relu)."""
+        return self.nodes[:-1] if self.clip is not None else self.nodes
+
+    @property
+    def depthwise(self) -> bool:
+        """One channel per group: runs on the matrix unit with a diagonal [channel block, channel block] weight
+        per tap (pixel-major tiles: a tap is one stream of the block's positions, accumulated in place; on the
+        vector unit each tap would be a per-column multiply and an add over the same elements, two passes)."""
+        return self.s.groups > 1
 
 
 @dataclass(frozen=True)
@@ -105,11 +126,14 @@ def parse_chain(graph: Graph, nodes: Sequence[Node], cfg: MachineConfig) -> Chai
         if stages and conv.inputs[0] != stages[-1][-1].outputs[0]:
             raise CodegenError(f"node {conv.name!r} does not read the previous stage's output")
         stage = [conv]
-        if rest and rest[0].op == OpType.Relu and rest[0].inputs[0] == conv.outputs[0]:
+        if rest and rest[0].op in (OpType.Relu, OpType.Clip) and rest[0].inputs[0] == conv.outputs[0]:
             stage.append(rest.pop(0))
         stages.append(stage)
     if len(stages) < 2:
         raise CodegenError("a conv chain needs at least two consecutive Convs")
+    for stage in stages:
+        if stage[-1].op == OpType.Clip:
+            _check_clip(stage[-1], stage is stages[-1])
     residual = relu = None
     last = stages[-1][-1].outputs[0]
     if rest and rest[0].op == OpType.Add:
@@ -125,15 +149,36 @@ def parse_chain(graph: Graph, nodes: Sequence[Node], cfg: MachineConfig) -> Chai
     return Chain(tuple(_stage(graph, cfg, stage) for stage in stages), residual, relu)
 
 
+def _check_clip(clip: Node, last: bool) -> None:
+    """A Clip between stages, bounds around zero (the tiles' zero padding stays zero through it)."""
+    if last:
+        raise CodegenError(f"node {clip.name!r}: a Clip after the chain's last Conv is not absorbed")
+    lo, hi = float(clip.attr("min")), float(clip.attr("max"))
+    if not lo <= 0.0 <= hi:
+        raise CodegenError(f"node {clip.name!r}: Clip({lo:g}, {hi:g}) would change the zero padding")
+
+
 def _stage(graph: Graph, cfg: MachineConfig, nodes: list[Node]) -> Stage:
     conv = nodes[0]
     w = window_of(graph, conv)
     if w.s != 2:
         raise CodegenError(f"node {conv.name!r}: the conv chain runs 2-D Convs")
-    if conv.attr("group") != 1:
-        raise CodegenError(f"node {conv.name!r}: a grouped Conv is not chained (it runs on its own)")
-    s = conv_shape(graph, cfg, conv)
+    if conv.attr("group") != 1 and not is_depthwise(graph, conv):
+        raise CodegenError(f"node {conv.name!r}: a grouped Conv that is not depthwise is not chained")
+    s = conv_geometry(graph, conv, w.padded_shape) if conv.attr("group") != 1 else conv_shape(graph, cfg, conv)
     return Stage(tuple(nodes), s, w.pads[0], w.pads[1], w.in_shape[2], w.in_shape[3])
+
+
+def pack_stage(st: Stage, weights: np.ndarray, n: int) -> np.ndarray:
+    """A stage's weight (float32 or int8 form) as it reads it: [kh, kw, C, Cout] (`pack_taps`), or, depthwise,
+    [taps, n, C] with channel c's tap weight at row c % n: for each channel block the [n, block] diagonal weight
+    tile one preload takes."""
+    if not st.depthwise:
+        return pack_taps(weights)
+    c = st.s.c
+    out = np.zeros((st.s.taps, n, c), weights.dtype)
+    out[:, np.arange(c) % n, np.arange(c)] = weights.reshape(c, st.s.taps).T
+    return out
 
 
 def scratch_bytes(chain: Chain, out_dt: DType) -> int:
@@ -192,17 +237,26 @@ class Sizes:
             sizes += [pixels * kb * self.mm_dt.size for _, kb in k_slices(st.s.c, self.n)]
         return sizes
 
-    def step_tiles(self, st: Stage, rows: int, kc: int, last: bool) -> list[int]:
-        """Weights, bias, requantizer (and the last stage's out tile) of one step."""
+    def step_tiles(self, i: int, rows: int, kc: int) -> list[int]:
+        """Weights, bias, requantizer of one step of stage i; the last stage's out tile; an int8 Clip stage's
+        float32 rows of one channel block of the next stage's tile (`_Kernel.clip_rows`)."""
+        st, stages = self.chain.stages[i], self.chain.stages
         tn = min(self.n, st.s.cout)
         sizes = [st.s.taps * kc * tn * self.mm_dt.size, tn * 4, tn * 8]
-        return sizes + ([rows * st.s.cols * tn * self.out_dt.size] if last else [])
+        if i == len(stages) - 1:
+            return sizes + [rows * st.s.cols * tn * self.out_dt.size]
+        clip_rows = st.clip is not None and self.mm_dt is DType.i8
+        return sizes + ([rows * stages[i + 1].s.padded[1] * tn * 4] if clip_rows else [])
 
-    def chunk(self, cfg: MachineConfig, band: int, st: Stage, rows: int, last: bool) -> int:
-        """Input channels per K chunk of a stage: the most channel blocks whose weights fit a step's third."""
+    def chunk(self, cfg: MachineConfig, band: int, i: int, rows: int) -> int:
+        """Input channels per K chunk of stage i: the most channel blocks whose weights fit a step's third (a
+        depthwise stage: its output tile's own block, 0 if that does not fit)."""
+        st = self.chain.stages[i]
         third = min(slot.size for slot in self.step_slots(cfg, band))
+        if st.depthwise:
+            return min(st.s.c, self.n) if _bytes(self.step_tiles(i, rows, min(st.s.c, self.n))) <= third else 0
         blocks = largest_fitting(
-            -(-st.s.c // self.n), lambda b: _bytes(self.step_tiles(st, rows, min(st.s.c, b * self.n), last)) <= third
+            -(-st.s.c // self.n), lambda b: _bytes(self.step_tiles(i, rows, min(st.s.c, b * self.n))) <= third
         )
         return min(st.s.c, blocks * self.n)
 
@@ -238,7 +292,7 @@ class Sizes:
             tn = min(self.n, st.s.cout)
             if stream > MAX_ROWS or not probe.fits([], [stream * tn * 4]):
                 return False
-            if self.chunk(cfg, band, st, r, i == len(self.chain.stages) - 1) == 0:
+            if self.chunk(cfg, band, i, r) == 0:
                 return False
         return True
 
@@ -277,8 +331,8 @@ def band_heights(
     this one's compute) and wide bands filling every slot but the last (fewer, taller bands: less halo recomputed
     and fewer weight re-reads, but bands run one after another), each of the most last-stage rows that fit (fewer
     rows only recompute more halo and re-read the weights more often: half as many measured 1.4x slower on
-    resnet18 64x64's layer1 block, and each schedule costs the planner a build). Empty when the chain does not run here (the generator
-    then states why)."""
+    resnet18 64x64's layer1 block, and each schedule costs the planner a build). Empty when the chain does not
+    run here (the generator then states why)."""
     try:
         chain = parse_chain(graph, nodes, cfg)
     except CodegenError:
@@ -307,12 +361,16 @@ def chain_phases(
     eps = tuple(
         _accumulator_epilogue(cx, st)
         if st is last and scales is not None
-        else conv_epilogue(cx, st.nodes, st.s, dense(0, (1,), cx.dtype(st.nodes[-1].outputs[0])))
+        else conv_epilogue(cx, st.drained, st.s, dense(0, (1,), cx.dtype(st.drained[-1].outputs[0])))
         for st in chain.stages
     )
     scratch = dense(cx.temp(last.conv, SCRATCH), (last.s.n, last.s.out[0] * last.s.cols, last.s.cout), z.out_dt)
     taps = tuple(
-        dense(cx.addresses[const_key(st.conv.inputs[1], CHAIN_TAPS)], (st.s.taps, st.s.c, st.s.cout), z.mm_dt)
+        dense(
+            cx.addresses[const_key(st.conv.inputs[1], CHAIN_TAPS)],
+            (st.s.taps, cfg.array_size if st.depthwise else st.s.c, st.s.cout),
+            z.mm_dt,
+        )
         for st in chain.stages
     )
     k = _Kernel(cx, chain, z, eps, taps, scratch, rows)
@@ -383,37 +441,45 @@ class _Kernel:
         steps: list[Step] = []
         for i, st in enumerate(chain.stages):
             a, bb = ranges[i]
-            final = i == len(chain.stages) - 1
-            kc = z.chunk(cfg, self.rows, st, z.rows(self.rows)[i], final)
-            for col, tn in k_slices(st.s.cout, z.n):
+            kc = z.chunk(cfg, self.rows, i, z.rows(self.rows)[i])
+            cols = k_slices(st.s.cout, z.n)
+            for col, tn in cols:
                 acc = TileArena(cfg, first_step + len(steps), cx.rotation).acc_tile(st.s.stream_rows(bb - a) * tn * 4)
-                for k0, kb in k_slices(st.s.c, kc):
+                chunks = [(col, tn)] if st.depthwise else k_slices(st.s.c, kc)
+                for j, (k0, kb) in enumerate(chunks):
                     index = first_step + len(steps)
                     arena = TileArena(cfg, index)
                     arena.spad = slots[index % DEPTH]
-                    work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc)
-                    steps.append(self.step(arena, work, inputs, raw, edges if not steps else None))
+                    closes = j == len(chunks) - 1
+                    work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc, j == 0, closes)
+                    clip = closes and col == cols[-1][0] and st.clip is not None  # the stage's rows all drained
+                    steps.append(self.step(arena, work, inputs, raw, edges if not steps else None, clip))
         return steps
 
-    def step(self, arena: TileArena, t: _Work, inputs: list[list[int]], raw: list[int], edges: list | None) -> Step:
+    def step(
+        self, arena: TileArena, t: _Work, inputs: list[list[int]], raw: list[int], edges: list | None, clip: bool
+    ) -> Step:
         """One stage's Cout tile x K chunk of a band; `edges` (the band's first step): it also brings the chain
-        input and zeroes the tile rows past the image edges."""
+        input and zeroes the tile rows past the image edges; `clip` (a Clip stage's last step): then the vector
+        unit clips the stage's rows in the next stage's tile (`clip_rows`), and the matrix unit waits for it
+        before the next stage reads them."""
         chain, z = self.chain, self.z
         st, ep = chain.stages[t.stage], self.eps[t.stage]
         s, es = st.s, z.mm_dt.size
         final = t.stage == len(chain.stages) - 1
-        last_chunk = t.k0 + t.kc == s.c
+        last_chunk = t.closes
         w_tile = arena.tile(s.taps * t.kc * t.tn * es)
         ep_tiles = ep.tiles(arena, 1, t.tn) if last_chunk else (0, 0, 0)
         out_tile = arena.tile(t.rows * s.cols * t.tn * z.out_dt.size) if final and last_chunk else 0
         blocks = k_slices(s.c, z.n)
         count = t.b - t.a
+        weights = self.taps[t.stage].slice(1, 0 if st.depthwise else t.k0, t.kc).slice(2, t.col, t.tn)
 
         def load(em: Emitter) -> None:
             if edges is not None:
                 self.zero_edges(em, edges, inputs, raw)
                 self.load_input(em, t.img, t.o0, t.rows, raw or inputs[0])
-            em.dma_load(self.taps[t.stage].slice(1, t.k0, t.kc).slice(2, t.col, t.tn), w_tile)
+            em.dma_load(weights, w_tile)
             ep.load(em, ep_tiles, t.img, t.col, t.tn, t.a, count)
 
         compute: list = [(Unit.load, load)]
@@ -421,7 +487,7 @@ class _Kernel:
             compute.append((Unit.vector, lambda em: self.quantize(em, raw, inputs[0])))
 
         def matmul(em: Emitter) -> None:
-            opened = t.k0 != 0
+            opened = not t.opens
             for kh in range(s.kernel[0]):
                 for kw in range(s.kernel[1]):
                     tap = kh * s.kernel[1] + kw
@@ -441,6 +507,10 @@ class _Kernel:
                 self.drain_into_next(em, t, ep, ep_tiles, inputs)
 
         compute.append((Unit.matrix, matmul))
+        if clip:
+            temp = arena.tile(z.step_tiles(t.stage, z.rows(self.rows)[t.stage], t.kc)[-1]) if self.cx.int8 else 0
+            compute.append((Unit.vector, lambda em: self.clip_rows(em, t, inputs, temp)))
+            compute.append((Unit.matrix, lambda em: None))  # the next stage's preloads wait for the clipped rows
         stores = []
         if final and last_chunk:
             view = self.scratch.index((t.img,)).slice(0, t.o0 * s.cols, t.rows * s.cols).slice(1, t.col, t.tn)
@@ -465,6 +535,25 @@ class _Kernel:
         for i, r in enumerate(range(t.a, t.b)):  # every stride_w-th computed position, one drained row each
             band = DrainBand(t.acc + i * s.pitch * t.tn * 4, s.out[1], t.tn, s.strides[1], 1, 1)
             ep.drain(em, band, tiles, at(r))
+
+    def clip_rows(self, em: Emitter, t: _Work, inputs: list[list[int]], temp: int) -> None:
+        """A Clip stage's output rows [a, b) in every channel block of the next stage's tile (whole padded rows:
+        the zero padding stays zero), clipped as the unfused Clip: fp32 in place; int8 dequantized at the Conv's
+        output scale, clipped, and quantized at the next Conv's input scale (`temp`: one block's float32 rows),
+        as the quantized reference's float32 Clip between the two."""
+        st, nxt, cx = self.chain.stages[t.stage], self.chain.stages[t.stage + 1], self.cx
+        clip, es = st.clip, self.z.mm_dt.size
+        lo, hi = f32_bits(float(clip.attr("min"))), f32_bits(float(clip.attr("max")))
+        p0 = band_ranges(self.chain, t.o0, t.rows)[t.stage + 1][0] * nxt.s.strides[0]
+        pitch = nxt.s.padded[1]
+        for (_, kb), block in zip(k_slices(nxt.s.c, self.z.n), inputs[t.stage + 1], strict=True):
+            rows, size = block + (t.a + nxt.top - p0) * pitch * kb * es, (t.b - t.a) * pitch * kb
+            if not cx.int8:
+                em.b.v_clip(*em.regs(rows, rows, lo, hi), size, "f32")
+                continue
+            dequantize(em, temp, rows, size, cx.scale(st.conv.outputs[0]))
+            em.b.v_clip(*em.regs(temp, temp, lo, hi), size, "f32")
+            em.b.v_qnt(*em.regs(rows, temp, f32_bits(1.0 / cx.matrix(nxt.conv).input_scale)), size)
 
     def load_input(self, em: Emitter, img: int, o0: int, rows: int, tiles: list[int]) -> None:
         """The chain input's rows a band needs, each channel block by transposing loads into its padded tile."""
@@ -520,7 +609,7 @@ class _Kernel:
 @dataclass(frozen=True)
 class _Work:
     """One step: stage, image, the band (last-stage rows [o0, o0 + rows)), the stage's output rows [a, b), its Cout
-    tile [col, col + tn) and K chunk [k0, k0 + kc), the accumulator tile."""
+    tile [col, col + tn) and K chunk [k0, k0 + kc) (depthwise: the tile's own channels), the accumulator tile."""
 
     stage: int
     img: int
@@ -533,6 +622,8 @@ class _Work:
     k0: int
     kc: int
     acc: int
+    opens: bool  # the first K chunk: the accumulator starts here
+    closes: bool  # the last K chunk: the drain follows
 
 
 def _accumulator_epilogue(cx: LowerContext, st: Stage) -> Epilogue:

@@ -18,10 +18,12 @@ from fusion.engine.conv_chain_match import find_conv_chains
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import CodegenError
 from fusion.engine.execute import run_kernel
-from fusion.engine.kernel import build_kernel, try_build
+from fusion.engine.kernel import build_kernel, dram_forms, try_build
 from fusion.engine.plan import Group, baseline_group
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
+from fusion.lower.compiler import constant_forms
+from fusion.lower.context import split_const_key, taps_form
 from simulator.config import load_config
 
 CHAIN = "conv_chain"
@@ -53,23 +55,55 @@ def chain_graph(c, hw, layers, residual=False, seed=0, batch=1):
     return b.build(), tuple(names)
 
 
+def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3):
+    """MobileNetV2's inverted residual from x [batch, c, *hw]: 1x1 expand (x `expand`) -> Clip(0, 6) -> depthwise
+    (pad k // 2, `stride`) -> Clip -> 1x1 project to cout (+ x when stride 1 and cout == c); Relu instead of the
+    Clips when not `relu6`. Returns the graph and its node names."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("inverted_residual")
+    x = b.input("x", (batch, c, *hw))
+    e = c * expand
+
+    def act(h, name):
+        if relu6:
+            return b.op(OpType.Clip, h, name=name, min=0.0, max=6.0)
+        return b.op(OpType.Relu, h, name=name)
+
+    def conv(h, i, shape, group, k, s):
+        """Conv i: fan-in-scaled weights (x 1.5: the Clips bind), bias, padding k // 2."""
+        w = (rng.standard_normal(shape) * 1.5 / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+        bias = b.constant((rng.standard_normal(shape[0]) * 0.2).astype(np.float32), f"b{i}")
+        attrs = {"dilations": (1, 1), "group": group, "pads": (k // 2,) * 4, "strides": (s, s)}
+        return b.op(OpType.Conv, h, b.constant(w, f"w{i}"), bias, name=f"c{i}", **attrs)
+
+    h = act(conv(x, 0, (e, c, 1, 1), 1, 1, 1), "a0")
+    h = act(conv(h, 1, (e, 1, dw_kernel, dw_kernel), e, dw_kernel, stride), "a1")
+    h = conv(h, 2, (cout, e, 1, 1), 1, 1, 1)
+    names = ["c0", "a0", "c1", "a1", "c2"]
+    if stride == 1 and cout == c:
+        h = b.op(OpType.Add, x, h, name="add")
+        names.append("add")
+    b.output(h)
+    return b.build(), tuple(names)
+
+
 def _inputs(graph, seed=1):
     rng = np.random.default_rng(seed)
     return {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
 
 
-def _check(graph, names, dtype, rows=0, wide=False):
+def _check(graph, names, dtype, rows=0, wide=False, tol=1e-5):
     """The chain kernel (race-checked) against the reference, and against the unfused kernels run one by one."""
     inputs = _inputs(graph)
     mc = context(graph, inputs, dtype)
     kernel, run, env = run_group(mc, Group(names, CHAIN, rows, resident_a=wide), inputs)
-    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-5)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, tol)
     unfused = dict(env)
     for name in names:
         node = graph.node(name)
         k = build_kernel(mc, baseline_group(node))
         unfused.update(run_kernel(mc, k, unfused).outputs if k.program is not None else {})
-    assert_reference(run.outputs, unfused, graph.outputs[0], dtype, 1e-5)
+    assert_reference(run.outputs, unfused, graph.outputs[0], dtype, tol)
     return mc, run
 
 
@@ -233,3 +267,88 @@ def test_the_planner_takes_the_chain_where_bandwidth_is_scarce() -> None:
         chained = run_kernel(mc, build_kernel(mc, group), reference_env(mc, inputs)).cycles
         gains.append(1 - chained / _separately(graph, inputs, config))
     assert gains[1] > max(gains[0], 0.0)
+
+
+@st.composite
+def inverted_residuals(draw):
+    """MobileNetV2 inverted residuals: channels, expansion, output channels (the block input's for a residual),
+    stride, spatial size (ragged last bands), ReLU6 or ReLU between the stages, a 3x3 or 5x5 depthwise kernel."""
+    c = draw(st.sampled_from([8, 16, 24]))
+    expand = draw(st.sampled_from([1, 2, 3, 6]))
+    stride = draw(st.sampled_from([1, 2]))
+    cout = draw(st.sampled_from([c, 16, 32]))
+    hw = (draw(st.integers(3, 12)), draw(st.integers(3, 12)))
+    return c, hw, expand, cout, stride, draw(st.booleans()), draw(st.sampled_from([3, 5]))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=inverted_residuals(), band=st.sampled_from([0, 1, 2, 3]), wide=st.booleans(), seed=st.integers(0, 3))
+def test_random_inverted_residuals_match_the_reference_and_unfused(
+    dtype: str, case: tuple, band: int, wide: bool, seed: int
+) -> None:
+    """int8 bit-exact (the Clips between stages dequantize, clip and requantize at the next Conv's input scale,
+    the project Conv read only by the Add is dequantized per channel), fp32 within 1e-4."""
+    c, hw, expand, cout, stride, relu6, k = case
+    graph, names = inverted_residual(c, hw, expand, cout, stride, seed=seed, relu6=relu6, dw_kernel=k)
+    out_rows = graph.types[graph.outputs[0]].shape[2]
+    mc = context(graph, _inputs(graph), dtype)
+    layouts = {w for _, w in band_heights(graph, mc.config, mc.qplan, [graph.node(n) for n in names])}
+    if wide not in layouts:
+        # fp32 5x5: a channel block's 25 diagonal [16, 16] weight tiles exceed a step's third of a bank (wide
+        # bands' step halves hold them)
+        assert (dtype, k, wide) == ("fp32", 5, False)
+        with pytest.raises(CodegenError, match="does not fit"):
+            build_kernel(mc, Group(names, CHAIN, resident_a=wide))
+        wide = True
+    _check(graph, names, dtype, min(band, out_rows), wide, tol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_an_inverted_residual_of_two_images_and_a_depthwise_head(dtype: str) -> None:
+    """A batch of two 6x-expanded blocks (MobileNetV2's features.3 at 64x64 scaled down); then a chain starting at
+    the depthwise Conv (features.1: depthwise -> Clip -> project), its input read straight into the depthwise
+    stage's tile."""
+    graph, names = inverted_residual(16, (8, 8), 6, 16, 1, batch=2)
+    _check(graph, names, dtype, 3, tol=1e-4)
+    graph, names = inverted_residual(16, (9, 9), 2, 24, 2)
+    _check(graph, names[2:], dtype, 2, tol=1e-4)
+
+
+def test_the_candidate_finder_takes_inverted_residuals() -> None:
+    """Every run of 2-3 Convs through the Clips; a run ending at a Clip is taken without it."""
+    graph, _ = inverted_residual(16, (8, 8), 6, 16, 1)
+    assert find_conv_chains(graph) == [
+        ("c0", "a0", "c1"),
+        ("c0", "a0", "c1", "a1", "c2"),
+        ("c0", "a0", "c1", "a1", "c2", "add"),
+        ("c1", "a1", "c2"),
+    ]
+    b = GraphBuilder("grouped")  # a grouped Conv that is not depthwise: no chain through it
+    x = b.input("x", (1, 16, 8, 8))
+    attrs = {"dilations": (1, 1), "pads": (0,) * 4, "strides": (1, 1)}
+    h = b.op(OpType.Conv, x, b.constant(np.ones((16, 8, 1, 1), np.float32)), name="c0", group=2, **attrs)
+    b.output(b.op(OpType.Conv, h, b.constant(np.ones((16, 16, 1, 1), np.float32)), name="c1", group=1, **attrs))
+    assert find_conv_chains(b.build()) == []
+
+
+def test_a_clip_the_chain_cannot_absorb_is_refused_by_name() -> None:
+    graph, names = inverted_residual(16, (8, 8), 6, 16, 1)
+    nodes = [graph.node(n) for n in names[:4]]  # ends at the depthwise Conv's Clip
+    with pytest.raises(CodegenError, match="a1.*last Conv"):
+        parse_chain(graph, nodes, load_config("base"))
+
+
+def test_fused_conv_kernels_carry_no_baseline_tap_major_weight() -> None:
+    """A fused conv kernel's DRAM image holds its own packing of each Conv weight, not the baseline's tap-major
+    copy (`constant_forms(conv_taps=False)`); the baseline's one-Conv kernel keeps it."""
+    graph, names = chain_graph(16, (8, 8), [(16, 3, 1, True), (16, 3, 1, False)])
+    for dtype in ("fp32", "int8"):
+        mc = context(graph, _inputs(graph), dtype)
+        taps = {k for k in constant_forms(graph, mc.qplan) if split_const_key(k)[0] == taps_form(mc.int8)}
+        assert len(taps) == 2
+        for group in (Group(names, CHAIN), Group(("c0", "r0"), "implicit_gemm")):
+            forms, _ = dram_forms(mc, mc.subgraph(group.nodes), group)
+            assert not taps & forms.keys() and forms  # (the kernels' packings: the chain tests run them)
+        forms, _ = dram_forms(mc, mc.subgraph(("c1",)), baseline_group(graph.node("c1")))
+        assert len(taps & forms.keys()) == 1
