@@ -32,6 +32,7 @@ from fusion.engine.codegen.conv_chain import (
     SCRATCH,
     band_heights,
     chain_phases,
+    pack_stage,
     parse_chain,
     zero_bytes,
 )
@@ -104,7 +105,9 @@ class Strategy:
     loop_order: str | None = None  # the GEMM loop order it always runs (None: "mn", or "nm" when A-stationary)
     # a lower bound on its matrix-unit cycles from shapes (branch and bound); None: 0, always built
     matrix_bound: Callable[[ModelContext, Group], float] | None = None
-    dram_forms: Forms | None = None  # extra constant forms and DRAM scratch buffers its generator reads
+    # extra constant forms and DRAM scratch buffers its generator reads; a strategy with its own forms reads its own
+    # packing of a Conv weight, never the baseline's tap-major one (`constant_forms(conv_taps=False)`)
+    dram_forms: Forms | None = None
     spread: float | None = None  # the analytic model's stated relative error (None: the largest stated)
 
     @property
@@ -239,10 +242,12 @@ def _conv_chain_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarr
     """Every chained Conv's weight as per-tap tiles, a zero run (edge rows), and the last one's output scratch
     (`codegen.conv_chain`)."""
     chain = parse_chain(sub, sub.nodes, mc.config)
-    taps = {
-        const_key(st.conv.inputs[1], CHAIN_TAPS): pack_taps(forms[const_key(st.conv.inputs[1], _weight_form(mc))])
-        for st in chain.stages
-    }
+    taps = {}
+    for st in chain.stages:
+        weight = st.conv.inputs[1]
+        taps[const_key(weight, CHAIN_TAPS)] = pack_stage(
+            st, forms[const_key(weight, _weight_form(mc))], mc.config.array_size
+        )
     taps[const_key(chain.stages[0].conv.inputs[1], CHAIN_ZEROS)] = np.zeros(zero_bytes(mc.config), np.int8)
     out_dt = storage_dtype(sub, mc.qplan, chain.stages[-1].nodes[-1].outputs[0])
     return taps, {temp_key(chain.stages[-1].conv, SCRATCH): chain_scratch_bytes(chain, out_dt)}
