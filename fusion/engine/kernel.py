@@ -157,9 +157,9 @@ def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict
 def dram_forms(mc: ModelContext, sub: Graph, group: Group) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The constants as the group's generator reads them (packed weights included) and its DRAM scratch buffers
     (key -> bytes): what a program holding the group needs in its DRAM image."""
-    forms = constant_forms(sub, mc.qplan)
+    extra = strategy_of(group).dram_forms  # a generator with its own forms reads no baseline tap-major Conv weight
+    forms = constant_forms(sub, mc.qplan, conv_taps=extra is None)
     forms.update(_absorbed_biases(mc, sub))
-    extra = strategy_of(group).dram_forms
     if extra is None:
         return forms, {}
     more, scratch = extra(mc, sub, forms)

@@ -90,8 +90,10 @@ def alias_roots(graph: Graph) -> dict[str, str]:
     return roots
 
 
-def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray]:
-    """Every constant as the kernels read it: float32, or (int8 path) pre-quantized matrix operands and biases."""
+def constant_forms(graph: Graph, plan: QuantPlan | None, conv_taps: bool = True) -> dict[str, np.ndarray]:
+    """Every constant as the kernels read it: float32, or (int8 path) pre-quantized matrix operands and biases;
+    with `conv_taps`, each Conv weight also tap-major as the baseline conv kernel reads it (a fused conv kernel
+    reads its own packing instead: without it, its DRAM image neither carries nor slab-packs that copy)."""
     forms: dict[str, np.ndarray] = {}
     for node in graph.nodes:
         if node.op == OpType.Trilu:
@@ -102,7 +104,7 @@ def constant_forms(graph: Graph, plan: QuantPlan | None) -> dict[str, np.ndarray
             if not graph.is_constant(value):
                 continue
             data = np.asarray(graph.constants[value])
-            if node.op == OpType.Conv and pos == 1 and packs(data.shape):  # the implicit GEMM's tap-major weight
+            if conv_taps and node.op == OpType.Conv and pos == 1 and packs(data.shape):  # the baseline's tap-major
                 stored = data if plan is None else plan.matrix[node.name].quantize_weight(data)
                 forms[const_key(value, taps_form(plan is not None))] = pack_weight(stored)
             if plan is not None and node.op in MATRIX_OPS and pos < 2:
