@@ -57,6 +57,9 @@ def _category(mnemonic: str, t: str) -> int:
 
 _CATEGORY = np.array([_category(spec.mnemonic, spec.timing) for spec in _SPECS])
 _HAS_N = np.array([any(f.name == "n" for f in spec.fields) for spec in _SPECS])
+_CHAIN_LOAD = np.array([spec.timing in ("chain_load", "chain_stream") for spec in _SPECS])
+_CHAIN_REDUCE = np.array([spec.timing == "chain_reduce" for spec in _SPECS])
+_CHAIN_STORE = np.array([spec.timing == "chain_store" for spec in _SPECS])
 
 
 def _spec_indices(words: np.ndarray) -> np.ndarray:
@@ -108,6 +111,18 @@ def _bursts(cfg: MachineConfig, rows: np.ndarray, row_bytes: np.ndarray, strides
         int(n) * timing.dma_bursts(cfg, int(k) & 0xFFF, (int(k) >> 12) & 0xFFFF, int(k) >> 28)
         for k, n in zip(shapes, counts, strict=True)
     )
+
+
+def _chain_reduce_elems(kind: np.ndarray, n: np.ndarray) -> int:
+    """Elements the chain reductions (`vc.rsum`, ...: no n field) pass over: their register's length, taken as the
+    longest chain load (`vc.ld`, `vc.lds`) of their chain (since the last `vc.st`; a chain without one: the chain
+    before it). A broadcast operand's shorter load does not shorten it."""
+    reduces = np.flatnonzero(_CHAIN_REDUCE[kind])
+    if not reduces.size:
+        return 0
+    chain = np.cumsum(_CHAIN_STORE[kind])  # a chain ends at its store
+    key = np.where(_CHAIN_LOAD[kind], (chain << 32) | n, 0)  # the latest chain's loads rank first (n < 2^32)
+    return int((np.maximum.accumulate(key)[reduces] & 0xFFFFFFFF).sum())
 
 
 def _steps(pops: np.ndarray, matmuls: int, vector_instrs: int, dma_stores: int) -> int:
@@ -167,7 +182,7 @@ def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float 
         "drains": int(np.count_nonzero(drain)),
         "drain_rows": int(rows[drain].sum()),
         "vector_instrs": int(np.count_nonzero(category == PASS)),
-        "vector_pass_elems": int(n[(category == PASS) & _HAS_N[kind]].sum()),
+        "vector_pass_elems": int(n[(category == PASS) & _HAS_N[kind]].sum()) + _chain_reduce_elems(kind, n),
         "chain_ops": int(np.count_nonzero(category == CHAIN)),
         "phases": int(np.count_nonzero(category == FENCE)),
         "zero_tests": int(np.count_nonzero(category == ZERO_TEST)),
