@@ -3,9 +3,10 @@
     python bench/bench_program.py [--models mlp,bert,...]   ->  bench/results/program.md
 
 Columns: the plan's kernels each simulated alone and summed; host-dispatched = that sum plus
-`MachineConfig.launch_cycles` per launch; the plan linked into one program (`fusion.engine.program`); the
-overlap it gains over the sum, and at each token-ordered boundary (marginal: the program with that boundary
-fenced, minus the program); the on-chip dispatch measurements' cycles. One process, models one after another.
+`MachineConfig.launch_cycles` per launch; the plan linked into one program as the engine keeps it
+(`fusion.engine.program_run.link_for_call`); the overlap it gains over the sum, and at each token-ordered
+boundary (as the link measured it: the kernels' shares against the plan fenced everywhere); the on-chip dispatch
+code's cycles. One process, models one after another.
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ def main() -> None:
         "binary, one simulation. Overlap: kernels - program; predicted overlap: the planner's estimate for the "
         "plan's kernel boundaries (`fusion.engine.overlap.BoundaryOverlap`, analytic cost model). "
         "Boundaries: token-ordered / fenced; top gains: the "
-        "largest marginal gains of single boundaries (cycles). Program with on-chip dispatch: the groups with "
-        "dense and zero-skip variants whose measurement fits the budget (1% of the dense kernel) measured and "
-        "dispatched on chip (its measurement cycles, share of that program); the other columns run the planned "
-        "variants.",
+        "largest gains of single boundaries as the link measured them (cycles). Program with on-chip dispatch: the "
+        "groups with dense and zero-skip variants whose count fits the budget (1% of the dense kernel) dispatched "
+        "on chip, kept only if that paid on the model's input (its dispatch code's cycles, share of that program); "
+        "the other columns run the planned variants.",
         "",
         "| model | kernels | launches | host | program | kernels/program | host/program | overlap | "
         "predicted overlap | joined / fenced | top boundary gains | program with on-chip dispatch | "

@@ -19,9 +19,8 @@ from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.errors import EngineError
 from fusion.engine.footprint import check_fits_dram
 from fusion.engine.planner import POLICIES
-from fusion.engine.program import model_prefers
-from fusion.engine.program_figures import measure
-from fusion.engine.program_run import EXECUTIONS
+from fusion.engine.program_figures import of_call
+from fusion.engine.program_run import EXECUTIONS, host_launches
 from fusion.engine.report import PolicyReport, build_report, format_comparison, format_report
 from fusion.engine.validation import ValidationPolicy
 from fusion.engine.workers import default_workers
@@ -122,8 +121,8 @@ def _run_policy(
         emit_kernels(result.records, cache.used, args.emit_asm / policy if args.compare else args.emit_asm)
     engine = engine.for_inputs(inputs)  # the engine of these input shapes
     figures = None
-    if args.execution == "program" and (args.report or args.json):
-        figures = measure(engine.mc, engine.plan.choices, inputs, model_prefers(engine.mc, cost_model))
+    if result.program is not None:  # the run's own figures (what its link measured): no simulation more
+        figures = of_call(result.program, host_launches(engine.graph, result.records), engine.config.launch_cycles)
     return build_report(engine, result, figures), result.outputs
 
 

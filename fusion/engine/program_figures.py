@@ -3,10 +3,12 @@
 - sum of kernels: each planned group simulated as its own program (`execute.run_kernel`), values moved on the
   host, cycles added (what `CallResult.cycles` reports);
 - host-dispatched: that sum plus `MachineConfig.launch_cycles` per launched kernel (alias groups launch nothing);
-- program: the plan linked into one binary as the engine links it (`program_run.faster_link`), one simulation.
+- program: the plan linked into one binary as the engine links it and run on the inputs
+  (`program_run.link_for_call`: the candidate's run and the fenced reference's).
 
-The overlap gained at each token-ordered boundary is its gain alone, as the link measured it when it chose the
-boundary (`program_run.link_with_gains`: the two kernels joined between fences vs fenced), so no simulation more.
+The overlap gained at each token-ordered boundary is what the link measured when it kept the program (the
+kernels' shares of the timeline against the fenced reference's, `program_run._gains`), so no simulation more. An
+engine's call already holds all of it (`CallResult.program`): `of_call` reads the figures from there.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from fusion.engine.context import ModelContext
 from fusion.engine.execute import run_kernel
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import GroupChoice
-from fusion.engine.program import Prefer, run_program
-from fusion.engine.program_run import link_with_gains
+from fusion.engine.program import Prefer
+from fusion.engine.program_run import ProgramCall, link_for_call
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,8 @@ def measure(
         env.update(run.outputs)
         kernels += run.cycles
         launches += kernel.program is not None
-    linked, gains = link_with_gains(mc, choices, prefer)
-    run = run_program(mc, linked, inputs)
-    gained = [(before, after, int(g)) for (before, after), g in gains.items()] if per_boundary else []
+    linked, run = link_for_call(mc, choices, prefer, inputs)
+    gained = linked.gains if per_boundary else ()
     return ProgramFigures(
         run.cycles,
         kernels,
@@ -68,4 +69,20 @@ def measure(
         tuple(gained),
         sum(not b.joined for b in linked.boundaries),
         sum(b.joined for b in linked.boundaries),
+    )
+
+
+def of_call(call: ProgramCall, launches: int, launch_cycles: int) -> ProgramFigures:
+    """The figures of an engine's program-mode call, from what it already measured (no simulation): the kernels'
+    sum is the plan fenced at every boundary without on-chip dispatch, as the link ran it on the call that linked
+    the program (each kernel as it runs alone); `launches`: the kernels a host would launch for the call."""
+    return ProgramFigures(
+        call.cycles,
+        call.fenced_cycles,
+        launches,
+        call.fenced_cycles + launches * launch_cycles,
+        call.dispatch_cycles,
+        call.gains,
+        sum(not b.joined for b in call.boundaries),
+        sum(b.joined for b in call.boundaries),
     )

@@ -2,7 +2,11 @@
 
 `EngineOptions(execution="program")`: the call's plan is linked into one program (`program.link_plan`, kept per
 calibration state and plan, so calls between re-plans rerun the same binary), with on-chip dispatch between each
-group's dense and zero-skip variants (break-even from the engine's cost model), and simulated once. Guards and
+group's dense and zero-skip variants (break-even from the engine's cost model), and simulated once. The call
+that links a plan keeps the fastest of that candidate, the same without its dispatches and the plan fenced
+everywhere (`keep_fastest`: one more simulation, two when the dispatches did not pay on its data; the kernels are
+generated once for all of them, `program.PhaseCache`, and the dispatch predictions come from the kernels the
+engine built), so the program is never slower than its kernels one by one on that call. Guards and
 shadow validation keep working per kernel: each kernel's outputs in the program (every value has its own DRAM
 bytes) are compared with its group's nodes run unfused on the program's own inputs of that kernel; a failing
 kernel is evicted, its signature blocked and the event logged as in host mode, and the program is linked again
@@ -11,7 +15,6 @@ with that group replaced by its unfused kernels (at most once per group). The ho
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,11 +25,13 @@ import numpy as np
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import KernelRun, to_real
+from fusion.engine.kernel import Kernel
 from fusion.engine.overlap import BoundaryOverlap, Priced
 from fusion.engine.plan import Group, GroupChoice, baseline_group
 from fusion.engine.program import (
     Boundary,
     LinkedProgram,
+    PhaseCache,
     Prefer,
     ProgramKernel,
     ProgramRun,
@@ -59,6 +64,8 @@ class ProgramCall:
     dispatch_cycles: int  # the on-chip measurements' cycles (inside `cycles`)
     replaced: tuple[tuple[str, ...], ...]  # groups run as unfused kernels after a failed validation
     driver_cycles: int = 0  # `cycles` outside the plan's kernels (the dispatch code, the final halt)
+    fenced_cycles: int = 0  # the plan fenced at every boundary, no on-chip dispatch, as the link measured it
+    gains: tuple[tuple[int, int, int], ...] = ()  # (plan position before, after, cycles) per token-ordered boundary
 
 
 def planning_overlap(mc: ModelContext, execution: str) -> Callable[[Sequence[Priced]], float] | None:
@@ -89,13 +96,22 @@ def run_as_program(
     start = time.perf_counter()
     mc = c.state.mc
     replaced: dict[tuple[str, ...], str] = {}
+    phases = PhaseCache(mc)  # (the links of this call's plans, fallbacks included, generate each kernel once)
     for _ in range(len(c.plan.choices) + 1):
         choices = _with_fallbacks(engine, c, replaced)
         linked = _linked(engine, c, choices)
+        fresh = linked is None
+        if linked is None:
+            linked = _link(engine, c, choices, phases)
         run = _run_checked(engine, c, linked, inputs)
         if not isinstance(run, ProgramRun):
             replaced.update(run)
             continue
+        if fresh:
+            budget = _budget(engine, c, [k.group for k in linked.kernels])
+            linked, run = keep_fastest(mc, choices, linked, run, inputs, phases, engine.options.checked, budget)
+            with engine._lock:
+                engine.programs[c.state][choices] = linked
         failures, validated = _validate(engine, c, linked, run, inputs)
         if not failures:
             break
@@ -115,6 +131,8 @@ def run_as_program(
         run.dispatch_cycles,
         tuple(replaced),
         run.cycles - sum(run.kernel_cycles[k.name] for k in linked.kernels),
+        linked.fenced_cycles,
+        linked.gains,
     )
     outputs = {v: to_real(mc, v, run.outputs[v]) for v in engine.graph.outputs}
     seconds = time.perf_counter() - start
@@ -144,148 +162,97 @@ def _buildable_variants(engine: FusionEngine, c: _Call, choice: GroupChoice) -> 
     return choice if (twin, dense) == (choice.zero_skip, choice.dense) else replace(choice, zero_skip=twin, dense=dense)
 
 
-def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram:
-    """The choices' program, linked once per calibration state (the dispatch thresholds are fixed at link)."""
+def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram | None:
+    """The choices' program if a call of this calibration state linked it (the dispatch thresholds are fixed at
+    link), else None."""
     with engine._lock:
-        linked = engine.programs.setdefault(c.state, {}).get(choices)
-    if linked is None:
-        groups = [g for choice in choices for g in _variants(choice)]
-        budget = _budget(engine, c, groups)
-        linked = faster_link(c.state.mc, choices, model_prefers(c.state.mc, engine.cost_model), budget)
-        with engine._lock:
-            engine.programs[c.state][choices] = linked
-    return linked
+        return engine.programs.setdefault(c.state, {}).get(choices)
 
 
-def faster_link(
-    mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None, max_cycles: int | None = None
-) -> LinkedProgram:
-    """The program with the token-ordered boundaries `best_fences` picks, unless the same program with a fence at
-    every boundary measures fewer cycles (on zero inputs: timing does not depend on values, the on-chip dispatch
-    aside, which both take alike): so a program never runs slower than its kernels fenced one after another. A
-    measurement that traps or passes `max_cycles` counts as slowest (the fenced program is kept: the call's own
-    run then finds the failing kernel)."""
-    return link_with_gains(mc, choices, prefer, max_cycles)[0]
+def _link(engine: FusionEngine, c: _Call, choices: tuple, phases: PhaseCache) -> LinkedProgram:
+    """The candidate program: every boundary the link's rules allow token-ordered, on-chip dispatch where the
+    engine's cost model says it can pay (predictions from the kernels the engine built)."""
+    mc = c.state.mc
+
+    def built(group: Group) -> Kernel:
+        return engine._kernel(c.state, group, data_class_of(group), c.evaluator)[0]
+
+    return link_plan(mc, choices, model_prefers(mc, engine.cost_model, built), phases=phases)
 
 
-def link_with_gains(
-    mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None, max_cycles: int | None = None
-) -> tuple[LinkedProgram, dict[tuple[int, int], float]]:
-    """`faster_link`'s program and what each of its token-ordered boundaries gains alone, as the link measured it
-    ((plan position before, after) -> cycles; `best_fences`), at no extra simulation."""
-    zeros = {v: np.zeros(mc.graph.types[v].shape, mc.graph.types[v].dtype.numpy) for v in mc.graph.inputs}
-    timing = _Timing(mc, choices, prefer, zeros, max_cycles)
-    fenced = timing.link(None)
-    kernels = fenced.kernels
-    gains = _gains(fenced, timing)
-    fences = _best(kernels, gains)
-    if fences >= {k.index for k in kernels}:
-        return fenced, {}
-    joined = timing.link(fences)
-    if not any(b.joined for b in joined.boundaries):
-        return joined, {}
-    if timing.cycles(fences) >= timing.cycles(None):
-        return fenced, {}
-    alone = {(a.index, b.index): g for a, b, g in zip(kernels, kernels[1:], gains, strict=False)}
-    return joined, {(b.before, b.after): alone.get((b.before, b.after), 0.0) for b in joined.boundaries if b.joined}
-
-
-class _Timing:
-    """The plan's programs on zero inputs, each fence set linked and simulated at most once: its cycles (infinite
-    when it traps or overruns) and each `.kernel` block's share of the timeline."""
-
-    def __init__(
-        self,
-        mc: ModelContext,
-        choices: Sequence[GroupChoice],
-        prefer: Prefer | None,
-        zeros: Mapping[str, np.ndarray],
-        max_cycles: int | None,
-    ) -> None:
-        self.mc, self.choices, self.prefer, self.zeros, self.max_cycles = mc, choices, prefer, zeros, max_cycles
-        self._linked: dict[frozenset[int] | None, LinkedProgram] = {}
-        self._runs: dict[frozenset[int] | None, ProgramRun | None] = {}
-
-    def link(self, fences: frozenset[int] | None) -> LinkedProgram:
-        """The program with a fence after these plan positions (None: after every kernel)."""
-        if fences not in self._linked:
-            if fences is None:
-                self._linked[fences] = link_plan(self.mc, self.choices, self.prefer, join=False)
-            else:
-                self._linked[fences] = link_plan(self.mc, self.choices, self.prefer, fenced=fences)
-        return self._linked[fences]
-
-    def run(self, fences: frozenset[int] | None) -> ProgramRun | None:
-        """Its run on zero inputs; None when it traps or overruns."""
-        if fences not in self._runs:
-            try:
-                linked = self.link(fences)
-                self._runs[fences] = simulate_program(self.mc, linked, self.zeros, max_cycles=self.max_cycles)
-            except SimulatorTrap:
-                self._runs[fences] = None
-        return self._runs[fences]
-
-    def cycles(self, fences: frozenset[int] | None) -> float:
-        run = self.run(fences)
-        return math.inf if run is None else run.cycles
-
-
-def best_fences(
+def keep_fastest(
     mc: ModelContext,
     choices: Sequence[GroupChoice],
-    fenced: LinkedProgram,
-    zeros: Mapping[str, np.ndarray],
+    candidate: LinkedProgram,
+    run: ProgramRun,
+    inputs: Mapping[str, np.ndarray],
+    phases: PhaseCache,
+    checked: bool = False,
     max_cycles: int | None = None,
-    prefer: Prefer | None = None,
-) -> frozenset[int]:
-    """Which boundaries of `fenced` (the plan linked with `prefer` and a fence after every kernel) to fence: each
-    boundary's gain measured in the whole program (`_gains`), then the set of joins of largest total gain in which
-    no single-phase kernel is joined at both ends (the link's rule), by dynamic programming over the boundaries in
-    order (`_best`)."""
-    return _best(fenced.kernels, _gains(fenced, _Timing(mc, choices, prefer, zeros, max_cycles)))
+) -> tuple[LinkedProgram, ProgramRun]:
+    """The program a plan keeps, from the candidate's run on a call's inputs and one more simulation: the same plan
+    fenced at every boundary with no on-chip dispatch (each kernel as it runs alone, one after another). Kept: the
+    candidate, or when its dispatches made it slower than that (their count and their fenced boundaries cost more
+    than the zero tiles they skip on this data), the candidate without them (a third simulation, only then), or
+    when still slower, the fenced program: so a program is never slower than its kernels fenced one by one, and
+    a dispatch stays only where it paid on the data of the call that linked it. The kept program carries the
+    fenced cycles and each token-ordered boundary's gain over them (`_gains`); the run is the kept program's (each
+    is a valid run of the call: every program computes the same values). `max_cycles`: the watchdog of each run
+    (a reference that traps or passes it counts as slowest)."""
+    fenced = link_plan(mc, choices, None, join=False, phases=phases)
+    try:
+        reference = simulate_program(mc, fenced, inputs, checked=checked, max_cycles=max_cycles)
+    except SimulatorTrap:
+        return candidate, run
+    best = (candidate, run)
+    if run.cycles > reference.cycles and candidate.dispatches:
+        plain = link_plan(mc, choices, None, phases=phases)
+        try:
+            again = simulate_program(mc, plain, inputs, checked=checked, max_cycles=reference.cycles)
+            if again.cycles < run.cycles:
+                best = (plain, again)
+        except SimulatorTrap:
+            pass  # (slower than the fenced program: past its cycles)
+    if best[1].cycles > reference.cycles:
+        best = (fenced, reference)
+    linked, kept = best
+    return replace(linked, fenced_cycles=reference.cycles, gains=_gains(linked, kept, fenced, reference)), kept
 
 
-def _gains(fenced: LinkedProgram, timing: _Timing) -> list[float]:
-    """Each boundary's gain alone, in three simulations, not two per boundary: the fenced program, then the program
-    with every even boundary token-ordered and every odd one fenced, then the reverse. A fence separates each
-    joined pair from the rest, so the two kernels' shares of the timeline (entry to entry: the fence after the
-    pair included) fenced minus joined is that boundary's gain. 0 where the link refuses the join or it traps."""
-    kernels = fenced.kernels
-    every = frozenset(k.index for k in kernels)
-    base = timing.run(None)
-    gains = [0.0] * (len(kernels) - 1)
-    for parity in (0, 1):
-        trial = [k for k in range(parity, len(gains), 2) if kernels[k].index != kernels[k + 1].index]
-        fences = every - {kernels[k].index for k in trial}
-        run = timing.run(fences) if trial and base is not None else None
-        if run is None:
-            continue  # (a trap: those joins gain nothing; the call's own run finds the failing kernel)
-        joined = timing.link(fences).boundaries
-        for k in trial:
-            if joined[k].joined:
-                pair = (kernels[k].name, kernels[k + 1].name)
-                gains[k] = sum(base.kernel_cycles[n] - run.kernel_cycles[n] for n in pair)
-    return gains
+def link_for_call(
+    mc: ModelContext,
+    choices: Sequence[GroupChoice],
+    prefer: Prefer | None,
+    inputs: Mapping[str, np.ndarray],
+    max_cycles: int | None = None,
+) -> tuple[LinkedProgram, ProgramRun]:
+    """The program the engine keeps for a plan and its run on these inputs (`keep_fastest` after the candidate's
+    run: two simulations, three when the candidate's dispatches did not pay)."""
+    phases = PhaseCache(mc)
+    candidate = link_plan(mc, choices, prefer, phases=phases)
+    run = simulate_program(mc, candidate, inputs, max_cycles=max_cycles)
+    return keep_fastest(mc, choices, candidate, run, inputs, phases, max_cycles=max_cycles)
 
 
-def _best(kernels: Sequence[ProgramKernel], gains: Sequence[float]) -> frozenset[int]:
-    """The plan positions to fence after: the joins of largest total gain, none at both ends of a single-phase
-    kernel. value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]:
-    the previous boundary's state on that best path."""
-    value, back = [0.0, -math.inf], []
-    for k, gain in enumerate(gains):
-        single = kernels[k].phases == 1  # the kernel between boundaries k - 1 and k
-        fence = max((0, 1), key=lambda p: value[p])
-        join = max((0, 1) if not single else (0,), key=lambda p: value[p])
-        back.append((fence, join))
-        value = [value[fence], value[join] + gain if gain > 0 else -math.inf]
-    joined_at: set[int] = set()
-    state = max((0, 1), key=lambda p: value[p])
-    for k in range(len(gains) - 1, -1, -1):
-        if state:
-            joined_at.add(k)
-        state = back[k][state]
-    return frozenset(kernels[k].index for k in range(len(gains)) if k not in joined_at)
+def _gains(
+    linked: LinkedProgram, run: ProgramRun, fenced: LinkedProgram, reference: ProgramRun
+) -> tuple[tuple[int, int, int], ...]:
+    """Each token-ordered boundary's gain: the kernels' shares of the timeline (entry to next entry) fenced minus
+    joined. A join moves the next kernel's first loads under the previous kernel, so a kernel's share falls with
+    the boundary at its start: a boundary gains the share its next kernel lost, the first of a chain of joins also
+    the share its previous kernel lost (its end). Over a chain the gains add up to the chain's exact saving (a
+    fence closes it in both programs)."""
+    alone = {k.index: reference.kernel_cycles[k.name] for k in fenced.kernels}
+
+    def lost(kernel: ProgramKernel) -> int:
+        return alone[kernel.index] - run.kernel_cycles[kernel.name]
+
+    out = []
+    for k, b in enumerate(linked.boundaries):
+        if b.joined:
+            first = k == 0 or not linked.boundaries[k - 1].joined
+            out.append((b.before, b.after, lost(linked.kernels[k + 1]) + (lost(linked.kernels[k]) if first else 0)))
+    return tuple(out)
 
 
 def _fused(group: Group) -> bool:

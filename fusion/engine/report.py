@@ -49,7 +49,7 @@ class PolicyReport:
 
 
 def build_report(engine: FusionEngine, result: CallResult, figures: ProgramFigures | None = None) -> PolicyReport:
-    """The call's report; `figures` (`program_figures.measure`): a program's overlap per boundary."""
+    """The call's report; `figures` (`program_figures.of_call`): a program's overlap per boundary."""
     plan = engine.plan
     assert plan is not None and engine.mc is not None
     reasons = {c.group.nodes: c.reason for c in plan.choices}
@@ -191,7 +191,8 @@ def program_lines(rep: PolicyReport) -> list[str]:
     ]
     if "kernel_cycles" in p:
         lines.append(
-            f"  kernels one by one {p['kernel_cycles']} cycles (host-dispatched {p['host_cycles']}); overlap gained "
+            f"  kernels fenced one by one {p['kernel_cycles']} cycles (host-dispatched {p['host_cycles']}); overlap "
+            "gained "
             f"{p['kernel_cycles'] - p['cycles']}; per boundary: "
             + ", ".join(f"{b['before']}->{b['after']}: {b.get('gained_cycles', '?')}" for b in joined)
         )

@@ -83,17 +83,35 @@ def test_a_counter_read_is_not_moved_by_a_kernel_between_writer_and_dispatch(pla
 
 
 def test_the_engine_dispatches_on_chip_per_call_in_program_mode(planned) -> None:
+    """The program is linked on a sparse call, where the dispatch pays (`program_run.keep_fastest`); later calls
+    switch variants on chip with the data."""
     graph, _ = planned
     engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="program"), samples=[{"x": DENSE}])
     host = FusionEngine(graph, "base", "int8", samples=[{"x": DENSE}])
     sparse = sparse_activations((64, 256), engine.config.array_size, 0.75, seed=2)
-    for x, expected in [(DENSE, "epilogue"), (sparse, "zero_skip")] * 2:
+    for x, expected in [(sparse, "zero_skip"), (DENSE, "epilogue")] * 2:
         result = engine.run({"x": x})
         (decision,) = result.program.decisions
         assert decision[:2] == (("fc", "relu"), expected)
         assert ("fc", "relu") not in result.replanned  # the dispatched group is never re-planned for its data
         assert result.program.dispatch_cycles <= count_cycles(engine.config)
         np.testing.assert_array_equal(result.outputs[graph.outputs[0]], host.run({"x": x}).outputs[graph.outputs[0]])
+    assert len(engine.programs[engine._state]) == 1  # one link: the variant is picked on chip
+
+
+def test_a_dispatch_that_does_not_pay_on_the_linking_call_is_left_out(planned) -> None:
+    """Linked on dense data, the count and the fence it puts before the GEMM cost cycles the zero-skip variant
+    never wins back on that call: the kept program has no dispatch and is no slower than its kernels fenced."""
+    graph, _ = planned
+    engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="program"), samples=[{"x": DENSE}])
+    result = engine.run({"x": DENSE})
+    (kept,) = engine.programs[engine._state].values()
+    assert kept.dispatches == () and result.program.decisions == () and result.program.dispatch_cycles == 0
+    mc = engine.mc
+    candidate = link_plan(mc, engine.plan.choices, model_prefers(mc, engine.cost_model))
+    assert len(candidate.dispatches) == 1  # the cost model allows it; on this data it does not pay
+    assert run_program(mc, candidate, {"x": DENSE}).cycles > result.cycles
+    assert result.cycles <= result.program.fenced_cycles
 
 
 def test_one_counter_a_writer_between_another_writer_and_its_dispatch_makes_that_one_measure() -> None:

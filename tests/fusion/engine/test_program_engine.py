@@ -97,25 +97,30 @@ def test_fuse_execution_program_reports_boundaries_overlap_and_dispatch(tmp_path
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet_block", "encoder_post_d128"])
-def test_the_engine_links_the_faster_of_chosen_joins_and_fenced_boundaries(name: str) -> None:
-    from fusion.engine.program import link_plan, run_program
-    from fusion.engine.program_run import best_fences, faster_link
+def test_the_engine_keeps_the_fastest_of_its_candidate_and_the_fenced_program(name: str) -> None:
+    from fusion.engine.program import link_plan, model_prefers, run_program
 
     graph, inputs = model(name)
     engine = FusionEngine(graph, "base", "int8")
-    engine.run(inputs)
+    result = engine.run(inputs)
     mc, choices = engine.mc, engine.plan.choices
+    (kept,) = engine.programs[engine._state].values()
 
     def cycles(linked) -> int:
         return run_program(mc, linked, inputs, checked=True).cycles
 
-    fenced = link_plan(mc, choices, join=False)
-    zeros = {v: np.zeros_like(x) for v, x in inputs.items()}
-    chosen = link_plan(mc, choices, fenced=best_fences(mc, choices, fenced, zeros))
-    greedy = link_plan(mc, choices)  # every boundary the link's rules allow, left to right
-    assert cycles(faster_link(mc, choices, None)) == min(cycles(chosen), cycles(fenced)) <= cycles(greedy)
-    single = {k.index for k in chosen.kernels if k.phases == 1}
-    joined = [b for b in chosen.boundaries if b.joined]
+    # the candidate: every boundary the link's rules allow, left to right, and the dispatches the cost model allows;
+    # the same without dispatch; the reference: fenced everywhere, no dispatch (each kernel as it runs alone)
+    candidate = cycles(link_plan(mc, choices, model_prefers(mc, engine.cost_model)))
+    plain, fenced = cycles(link_plan(mc, choices)), cycles(link_plan(mc, choices, join=False))
+    expected = candidate if candidate <= fenced else plain if plain <= fenced else fenced
+    assert cycles(kept) == result.program.cycles == expected == result.cycles <= fenced
+    assert kept.fenced_cycles == fenced and result.program.fenced_cycles == fenced
+    assert result.program.gains == kept.gains
+    if not kept.dispatches:  # (a dispatch's variant and count are not a boundary's)
+        assert sum(g for *_, g in kept.gains) == kept.fenced_cycles - result.cycles
+    single = {k.index for k in kept.kernels if k.phases == 1}
+    joined = [b for b in kept.boundaries if b.joined]
     assert not any(a.after == b.before and a.after in single for a, b in zip(joined, joined[1:], strict=False))
 
 
