@@ -21,12 +21,15 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Protocol
 
+import numpy as np
+
 from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.errors import MemoryPlanError
-from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.local_alloc import ALIGN, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View
 from isa.enums import DType, Unit
 from simulator.config import MachineConfig
+from simulator.timing import dma_cycles
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,13 @@ class Gemm:
 @dataclass(frozen=True)
 class Tiling:
     """Output tiles of `rows` x `cols` (cols at most the array size), K in chunks of `chunk` (a multiple of
-    the array size unless it is all of K)."""
+    the array size unless it is all of K); split K: `group` column tiles share each step's A chunk (one
+    accumulator tile each, all in one accumulator slot), so A is read once per group of column tiles."""
 
     rows: int
     cols: int
     chunk: int
+    group: int = 1
 
 
 def _operand_bytes(op: Operand, elems: int) -> list[int]:
@@ -131,45 +136,105 @@ def _k_slices(k: int, n: int) -> list[tuple[int, int]]:
     return [(s, min(n, k - s)) for s in range(0, k, n)]
 
 
-def _sizes(g: Gemm, tm: int, tn: int, kc: int, n: int) -> tuple[list[int], list[int]]:
-    """Scratchpad and accumulator bytes of one step's tiles (bias and int8 result counted on every step)."""
-    spad: list[int] = _panel(g).panel_bytes(kc, tn)  # one B panel, its k-slices stacked
+def _sizes(g: Gemm, tm: int, tn: int, kc: int, n: int, group: int = 1) -> tuple[list[int], list[int]]:
+    """Scratchpad and accumulator bytes of one step's tiles over `group` column tiles (bias and int8 result
+    counted on every step)."""
+    spad: list[int] = _panel(g).panel_bytes(kc, tn) * group  # one B panel per column tile, k-slices stacked
     for _, kb in _k_slices(kc, n):
         spad += _operand_bytes(g.a, tm * kb)
+    per_column: list[int] = []
     mode = g.bias_mode
     if mode != "none":
-        spad.append({"col": tn, "row": tm, "full": tm * tn}[mode] * 4)
+        per_column.append({"col": tn, "row": tm, "full": tm * tn}[mode] * 4)
     if g.int8:
-        spad.append(tm * tn * g.out_size)
+        per_column.append(tm * tn * g.out_size)
     if isinstance(g.requant, ChannelRequant | ChannelDequant):
         per_channel = 8 if isinstance(g.requant, ChannelRequant) else 4
-        spad.append((tm if g.requant.per_row else tn) * per_channel)
-    return spad, [tm * tn * 4]
+        per_column.append((tm if g.requant.per_row else tn) * per_channel)
+    return spad + per_column * group, [tm * tn * 4] * group
 
 
 def choose_tiling(cfg: MachineConfig, g: Gemm) -> Tiling:
     """The whole K in one step if at least min(M, array size) rows fit beside it (the matrix unit's fill is
-    amortised and A stays resident); else split K: the most rows that fit beside one k-slice (the matrix
-    instructions and B's reloads fall with the rows), then the longest chunk that fits beside them."""
+    amortised and A stays resident); else split K (`_split_tiling`)."""
     m, k = g.a.view.shape
     n_arr = cfg.array_size
     tn = min(n_arr, g.out.shape[1])
     probe = TileArena(cfg, 0)
-
-    def rows_for(kc: int) -> int:
-        return largest_fitting(min(m, MAX_ROWS), lambda t: probe.fits(*_sizes(g, t, tn, kc, n_arr)))
-
-    tm = rows_for(k)
+    tm = largest_fitting(min(m, MAX_ROWS), lambda t: probe.fits(*_sizes(g, t, tn, k, n_arr)))
     if tm >= min(m, n_arr):
         return Tiling(tm, tn, k)
-    tm = rows_for(n_arr)
-    if tm == 0:
+    return _split_tiling(cfg, g, tn)
+
+
+def _split_tiling(cfg: MachineConfig, g: Gemm, tn: int) -> Tiling:
+    """Split K, both operands streamed: A is read once per group of column tiles and B once per row block. Of
+    the column-tile group sizes whose accumulators fit one slot with at least min(M, array size) rows each (the
+    matrix unit's fill stays amortised), the one moving the fewest DRAM bytes whose loads keep the load unit no
+    busier than one column tile per step does (B's panels are many small DMAs: regathering them for more row
+    blocks can cost more load time than A's re-reads save)."""
+    m, k = g.a.view.shape
+    panel = _panel(g)
+    columns = panel.columns(tn)
+    single = _grouped(cfg, g, tn, 1)
+    a_bytes, b_bytes = m * k * g.a.view.dtype.size, len(columns) * panel.panel_bytes(k, tn)[0]
+    a_pass, b_pass = _a_pass_cycles(cfg, g, single), _b_pass_cycles(cfg, g, single, columns)
+
+    def cost(t: Tiling) -> tuple[int, int]:
+        """(DRAM bytes, load-unit cycles) of the tiling's operand loads."""
+        a_passes, b_passes = -(-len(columns) // t.group), -(-m // t.rows)
+        return a_bytes * a_passes + b_bytes * b_passes, a_pass * a_passes + b_pass * b_passes
+
+    best, budget = single, cost(single)[1]
+    for group in range(2, len(columns) + 1):
+        tiling = _grouped(cfg, g, tn, group)
+        if tiling.rows < min(m, cfg.array_size):
+            break  # more column tiles only leave fewer rows
+        if cost(tiling)[1] <= budget and cost(tiling)[0] < cost(best)[0]:
+            best = tiling
+    return best
+
+
+def _dma_cycles(cfg: MachineConfig, loads: list[tuple[View, int]]) -> int:
+    """Load-unit cycles of these 2-D DMAs (`simulator.timing.dma_cycles`)."""
+    return sum(dma_cycles(cfg, v.shape[0], v.shape[1] * v.dtype.size, v.strides[0]) for v, _ in loads)
+
+
+def _a_pass_cycles(cfg: MachineConfig, g: Gemm, t: Tiling) -> int:
+    """Load cycles of reading all of A once in `t`'s row blocks and chunks (slices joined as `_fill` joins them)."""
+    m, k = g.a.view.shape
+    total = 0
+    for (i0, rows), (c0, cw) in product(_blocks(m, t.rows), _blocks(k, t.chunk)):
+        parts = [g.a.part(i0, rows, c0 + k0, kb) for k0, kb in _k_slices(cw, cfg.array_size)]
+        locals_ = np.cumsum([0] + [-(-p.size * p.dtype.size // ALIGN) * ALIGN for p in parts])
+        total += _dma_cycles(cfg, _runs([(p, int(at)) for p, at in zip(parts, locals_, strict=False)]))
+    return total
+
+
+def _b_pass_cycles(cfg: MachineConfig, g: Gemm, t: Tiling, columns: list[tuple[int, int]]) -> int:
+    """Load cycles of gathering every column tile's B panels once, in `t`'s chunks."""
+    total = 0
+    for (j0, cols), (c0, cw) in product(columns, _blocks(g.a.view.shape[1], t.chunk)):
+        total += _dma_cycles(cfg, _panel(g).panel(TileArena(cfg, 0), c0, cw, j0, cols, cols)[1])
+    return total
+
+
+def _grouped(cfg: MachineConfig, g: Gemm, tn: int, group: int) -> Tiling:
+    """Split K over `group` column tiles: the most rows that fit beside one k-slice (the matrix instructions
+    and B's reloads fall with the rows), then the longest chunk that fits beside them (rows 0: none fit)."""
+    m, k = g.a.view.shape
+    n_arr = cfg.array_size
+    probe = TileArena(cfg, 0)
+    tm = largest_fitting(min(m, MAX_ROWS), lambda t: probe.fits(*_sizes(g, t, tn, n_arr, n_arr, group)))
+    if tm == 0 and group == 1:
         raise MemoryPlanError(
             f"a GEMM with K={k} does not fit: one output row of one {n_arr}-wide k-slice needs more than a "
             f"buffer slot of the scratchpad ({probe.spad.size} bytes) or accumulator ({probe.acc.size} bytes)"
         )
-    slices = largest_fitting(-(-k // n_arr), lambda c: probe.fits(*_sizes(g, tm, tn, c * n_arr, n_arr)))
-    return Tiling(tm, tn, min(k, slices * n_arr))
+    if tm == 0:
+        return Tiling(0, tn, 0, group)
+    slices = largest_fitting(-(-k // n_arr), lambda c: probe.fits(*_sizes(g, tm, tn, c * n_arr, n_arr, group)))
+    return Tiling(tm, tn, min(k, slices * n_arr), group)
 
 
 @dataclass(frozen=True)
@@ -189,9 +254,9 @@ def _alloc(arena: TileArena, op: Operand, slice_elems: list[int]) -> _Tiles:
 
 
 def _fill(op: Operand, tiles: _Tiles, parts: list[View], loads: list, quants: list[Emit]) -> None:
-    """Load the slices; queue their quantization (float operands on the int8 path)."""
+    """Load the slices (`_runs`); queue their quantization (float operands on the int8 path)."""
+    loads += _runs(list(zip(parts, tiles.raw, strict=True)))
     for part, raw, ready in zip(parts, tiles.raw, tiles.ready, strict=True):
-        loads.append((part, raw))
         if op.quantize_scale is not None:
             inv = f32_bits(1.0 / op.quantize_scale)
 
@@ -199,6 +264,32 @@ def _fill(op: Operand, tiles: _Tiles, parts: list[View], loads: list, quants: li
                 em.b.v_qnt(*em.regs(q, raw, inv), count)
 
             quants.append(quantize)
+
+
+def _runs(loads: list[tuple[View, int]]) -> list[tuple[View, int]]:
+    """Loads of contiguous 2-D blocks of one size, evenly spaced in DRAM and landing back to back (a slab-major
+    A's k-slices of one row block), joined into one strided DMA each: one DRAM latency per run, not per slice."""
+    runs: list[tuple[View, int, int, int]] = []  # (first load, local, blocks, DRAM gap between blocks)
+    for view, local in loads:
+        if runs and _contiguous(view):
+            first, start, blocks, gap = runs[-1]
+            step = view.address - (first.address + (blocks - 1) * gap)
+            lands = local == start + blocks * first.size * first.dtype.size
+            alike = _contiguous(first) and first.size == view.size and first.dtype == view.dtype
+            if alike and lands and step > 0 and (blocks == 1 or step == gap):
+                runs[-1] = (first, start, blocks + 1, step)
+                continue
+        runs.append((view, local, 1, 0))
+    return [
+        (first if blocks == 1 else View(first.address, (blocks, first.size), (gap, first.dtype.size), first.dtype), at)
+        for first, at, blocks, gap in runs
+    ]
+
+
+def _contiguous(view: View) -> bool:
+    """A 2-D view whose elements are one contiguous run."""
+    es = view.dtype.size
+    return len(view.shape) == 2 and view.strides[1] == es and view.strides[0] == view.shape[1] * es
 
 
 @dataclass(frozen=True)
@@ -305,63 +396,116 @@ def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
                 a_tiles = _alloc(arena, g.a, a_elems)
                 _fill(g.a, a_tiles, a_parts, loads, quants)
             acc = TileArena(cfg, progress.tiles, progress.rotation).acc_tile(rows * cols * 4)
-            chunk = _Chunk(ks, a_tiles, b_ready, first=True, last=True)
-            progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
+            chunk = _Chunk(ks, a_tiles, first=True, last=True)
+            step = _chunk_step(arena, g, (i0, rows), [_Column(j0, cols, acc, b_ready)], chunk, loads, quants)
+            progress.steps.append(step)
             progress.tiles += 1
     progress.blocks += len(outer)
 
 
 def _split_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -> None:
-    """Every output tile as a run of K-chunk steps, both operands streamed (nothing resident)."""
+    """Every group of `tiling.group` output tiles of a row block as a run of K-chunk steps, both operands
+    streamed (nothing resident): each step loads the chunk of A once for the group's column tiles."""
     m, k = g.a.view.shape
     chunks = _blocks(k, tiling.chunk)
-    panel = _panel(g)
-    for (i0, rows), (j0, cols) in product(_blocks(m, tiling.rows), panel.columns(tiling.cols)):
-        acc = TileArena(cfg, progress.tiles, progress.rotation).acc_tile(rows * cols * 4)
+    columns = _panel(g).columns(tiling.cols)
+    groups = [columns[c : c + tiling.group] for c in range(0, len(columns), tiling.group)]
+    for (i0, rows), group in product(_blocks(m, tiling.rows), groups):
+        accs = TileArena(cfg, progress.tiles, progress.rotation)
+        tiles = [(j0, cols, accs.acc_tile(rows * cols * 4)) for j0, cols in group]
         for index, (c0, cw) in enumerate(chunks):
             ks = _k_slices(cw, cfg.array_size)
             arena = TileArena(cfg, len(progress.steps), progress.rotation)
-            b_ready, loads, quants = panel.panel(arena, c0, cw, j0, cols, cols)
+            loads: list = []
+            quants: list[Emit] = []
+            parts = []
+            for j0, cols, acc in tiles:
+                b_ready, b_loads, b_prep = _panel(g).panel(arena, c0, cw, j0, cols, cols)
+                loads += b_loads
+                quants += b_prep
+                parts.append(_Column(j0, cols, acc, b_ready))
             a_tiles = _alloc(arena, g.a, [rows * kb for _, kb in ks])
             _fill(g.a, a_tiles, [g.a.part(i0, rows, c0 + k0, kb) for k0, kb in ks], loads, quants)
-            chunk = _Chunk(ks, a_tiles, b_ready, first=index == 0, last=index == len(chunks) - 1)
-            progress.steps.append(_chunk_step(arena, acc, g, (i0, rows, j0, cols), chunk, loads, quants))
+            chunk = _Chunk(ks, a_tiles, first=index == 0, last=index == len(chunks) - 1)
+            progress.steps.append(_chunk_step(arena, g, (i0, rows), parts, chunk, loads, quants))
         progress.tiles += 1
 
 
 @dataclass(frozen=True)
 class _Chunk:
-    """One step's share of a tile's K: its k-slices (offsets within B's panel), where A's slices and B's
-    panel sit, and whether it opens (mx.mm) or closes (epilogue, store) the tile."""
+    """One step's share of a tile's K: its k-slices (offsets within B's panels), where A's slices sit, and
+    whether it opens (mx.mm) or closes (epilogue, store) the tiles."""
 
     slices: list[tuple[int, int]]
     a: _Tiles
-    b: int  # the matrix-ready panel's address
     first: bool
     last: bool
 
 
+@dataclass(frozen=True)
+class _Column:
+    """One output tile of a step: output columns [j0, j0 + cols), its accumulator tile, its matrix-ready B
+    panel."""
+
+    j0: int
+    cols: int
+    acc: int
+    b: int
+
+
 def _chunk_step(
     arena: TileArena,
-    acc: int,
     g: Gemm,
-    tile: tuple[int, int, int, int],
+    block: tuple[int, int],
+    columns: list[_Column],
     chunk: _Chunk,
     loads: list,
     quants: list,
 ) -> Step:
-    i0, rows, j0, cols = tile
+    """The step of rows [i0, i0 + rows) over `columns` (the same A chunk for each)."""
+    i0, rows = block
+    outs = [_column_epilogue(arena, g, i0, rows, c, chunk.last, loads) for c in columns]
     dt = chunk.a.dtype
-    slices = [(a, chunk.b + k0 * cols * dt.size, kb) for a, (k0, kb) in zip(chunk.a.ready, chunk.slices, strict=True)]
+
+    def quantize(em: Emitter) -> None:
+        for prepare in quants:
+            prepare(em)
+
+    def matmul(em: Emitter) -> None:
+        for c in columns:
+            for index, (a_addr, (k0, kb)) in enumerate(zip(chunk.a.ready, chunk.slices, strict=True)):
+                em.b.mx_preload(em.reg(c.b + k0 * c.cols * dt.size), kb, c.cols, dt.name)
+                mm = em.b.mx_mm if index == 0 and chunk.first else em.b.mx_mma
+                mm(*em.regs(c.acc, a_addr), rows)
+
+    def epilogue(em: Emitter) -> None:
+        for _, emit in outs:
+            emit(em)
+
+    compute = [(Unit.vector, quantize)] if quants else []
+    compute.append((Unit.matrix, matmul))
+    if chunk.last and (g.bias_mode != "none" or g.requant is not None):
+        compute.append((Unit.vector, epilogue))
+    stores = [(at, g.out.slice(0, i0, rows).slice(1, c.j0, c.cols)) for (at, _), c in zip(outs, columns, strict=True)]
+    return Step(loads, compute, stores if chunk.last else [])
+
+
+def _column_epilogue(
+    arena: TileArena, g: Gemm, i0: int, rows: int, c: _Column, last: bool, loads: list
+) -> tuple[int, Emit]:
+    """One column tile's closing work (on the step closing the tile): its tiles and loads, and where the result
+    is (the accumulator itself without an int8 result) with the bias and (int8) requantization or
+    dequantization that put it there."""
+    j0, cols, acc = c.j0, c.cols, c.acc
     acc_dt = DType.i32 if g.int8 else DType.f32
-    mode = g.bias_mode if chunk.last else "none"
+    mode = g.bias_mode if last else "none"
     bias_addr = 0
     if mode != "none":
         part = g.bias.slice(0, i0, rows).slice(1, j0, cols)
         part = {"col": part.index((0,)), "row": part.permute((1, 0)).index((0,)), "full": part}[mode]
         bias_addr = arena.tile(part.size * 4)
         loads.append((part, bias_addr))
-    requant = g.requant if chunk.last else None
+    requant = g.requant if last else None
     out_addr = arena.tile(rows * cols * g.out_size) if requant is not None else acc
     n = rows * cols
     table_addr = 0
@@ -370,16 +514,6 @@ def _chunk_step(
         part = table.slice(0, i0, rows) if requant.per_row else table.slice(0, j0, cols)
         table_addr = arena.tile(part.size * 4)
         loads.append((part, table_addr))
-
-    def quantize(em: Emitter) -> None:
-        for prepare in quants:
-            prepare(em)
-
-    def matmul(em: Emitter) -> None:
-        for index, (a_addr, b_addr, kb) in enumerate(slices):
-            em.b.mx_preload(em.reg(b_addr), kb, cols, dt.name)
-            mm = em.b.mx_mm if index == 0 and chunk.first else em.b.mx_mma
-            mm(*em.regs(acc, a_addr), rows)
 
     def epilogue(em: Emitter) -> None:
         if mode == "col":
@@ -399,9 +533,4 @@ def _chunk_step(
             mult, shift = requant
             em.b.v_rqnt(*em.regs(out_addr, acc, mult), shift, n)
 
-    compute = [(Unit.vector, quantize)] if quants else []
-    compute.append((Unit.matrix, matmul))
-    if mode != "none" or requant is not None:
-        compute.append((Unit.vector, epilogue))
-    stores = [(out_addr, g.out.slice(0, i0, rows).slice(1, j0, cols))] if chunk.last else []
-    return Step(loads, compute, stores)
+    return out_addr, epilogue
