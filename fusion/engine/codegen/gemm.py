@@ -109,6 +109,7 @@ class Schedule:
     panels: int = 1  # weight-column panels (N wide) per step: A is loaded once for all of them; 0: most that fit
     zero_skip: bool = False
     resident_a: bool = False  # A-stationary loop order: A loaded once per buffer half, steps stream weight panels
+    panel_multiple: int = 1  # a step's panels are a multiple of this (a chain epilogue needing whole heads)
 
 
 def _spad_bytes(g: FusedGemm, tm: int, panels: int, tn: int, k: int, n_arr: int) -> tuple[list[int], list[int]]:
@@ -141,14 +142,17 @@ def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[in
     if schedule.zero_skip:  # a skipped block must find every register it uses already loaded (see _tile_step)
         want_panels = min(want_panels, ZERO_SKIP_MAX_PANELS)
     rows_limit = MAX_ROWS if g.chain is None else cfg.vreg_elems // cfg.array_size  # a chain's tile: one register
-    tm = largest_fitting(min(m, rows_limit), lambda t: _fits(cfg, g, t, 1))
+    tm = largest_fitting(min(m, rows_limit), lambda t: _fits(cfg, g, t, schedule.panel_multiple))
     if tm == 0:
         raise CodegenError(f"a fused GEMM with K={k} does not fit a buffer half of the scratchpad or accumulator")
     if schedule.tile_m:
         tm = min(schedule.tile_m, tm)
     elif want_panels > 1:  # "largest that fits" beside the requested panels, so A is reused across all of them
         tm = largest_fitting(tm, lambda t: _fits(cfg, g, t, want_panels)) or tm
-    panels = largest_fitting(want_panels, lambda p: _fits(cfg, g, tm, p))
+    unit = schedule.panel_multiple
+    panels = unit * largest_fitting(-(-want_panels // unit), lambda p: _fits(cfg, g, tm, p * unit))
+    if panels == 0 and unit > 1:
+        raise CodegenError(f"{unit} weight panels (a step's least) do not fit a buffer half beside {tm} rows")
     return tm, max(panels, 1)
 
 

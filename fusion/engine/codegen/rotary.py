@@ -20,7 +20,7 @@ broadcast inside a register (other than a constant, packed), an int8 output, mor
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,8 +124,11 @@ def _tensor_reads(graph: Graph, node: Node) -> list[tuple[int, str]]:
     return out
 
 
-def layout(graph: Graph, nodes: Sequence[Node], config: MachineConfig) -> Layout:
-    """The region's segment layout; CodegenError for a region this kernel cannot run."""
+def layout(
+    graph: Graph, nodes: Sequence[Node], config: MachineConfig, extra: Mapping[str, Sequence[int]] | None = None
+) -> Layout:
+    """The region's segment layout, with the `extra` cuts of some values (a producer's tile boundaries) made too;
+    CodegenError for a region this kernel cannot run."""
     rows_shape = graph.types[nodes[-1].outputs[0]].shape[:-1]
     width = {v: graph.types[v].shape[-1] for n in nodes for v in (*n.inputs, *n.outputs) if v in graph.types}
     cuts: dict[str, set[int]] = {}
@@ -159,6 +162,10 @@ def layout(graph: Graph, nodes: Sequence[Node], config: MachineConfig) -> Layout
                 links.append((out, value, sum(width[v] for v in node.inputs[:pos])))
             else:
                 links.append((out, value, 0))
+    for value, more in (extra or {}).items():
+        if value not in cuts:
+            raise CodegenError(f"{value!r} is no register value of the region")
+        cuts[value] |= set(more)
     changed = True
     while changed:  # terminates: cut sets only grow, within each value's width
         changed = False
@@ -246,59 +253,87 @@ def _check_dtypes(cx: LowerContext, nodes: Sequence[Node]) -> None:
             raise CodegenError(f"node {node.name!r}: an int8 move changing the scale")
 
 
-def segment_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
+@dataclass(frozen=True)
+class Region:
+    """What a region's blocks load, pack, spill and store (the same for every block of rows)."""
+
+    nodes: tuple[Node, ...]
+    layout: Layout
+    externals: tuple[str, ...]  # values read from outside the region, each one register
+    packed: tuple[tuple[int, str, str], ...]  # (node index, constant, form key): see `_packed_reads`
+    packed_width: dict[str, int]  # form key -> its node's output width
+    spills: tuple[str, ...]  # values moved through local memory (Slice sources not already f32 there, Concats)
+    f32_local: frozenset[str]  # externals whose loaded tile is their f32 form (a Slice reads it in place)
+    uses: dict[str, int]
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1].outputs[0]
+
+    def width(self, value: str) -> int:
+        return self.layout.cuts[value][-1]
+
+    def emit(self, cx: LowerContext, em: Emitter, r: int, addr: dict[str, int], spill: dict[str, int]) -> int:
+        """The region on a block of `r` rows whose externals and packed constants are at `addr` (segment-major);
+        returns the output's register."""
+        regs = _emit_region(cx, em, self.nodes, r, addr, spill, self.f32_local, self.packed_width, self.uses)
+        return regs.of[self.output]
+
+
+def plan_region(cx: LowerContext, nodes: Sequence[Node], extra: Mapping[str, Sequence[int]] | None = None) -> Region:
+    """The region's plan (`extra`: see `layout`); CodegenError for a region this kernel cannot run."""
     graph = cx.graph
-    lay = layout(graph, nodes, cx.config)
+    lay = layout(graph, nodes, cx.config, extra)
     _check_dtypes(cx, nodes)
     produced = {n.outputs[0] for n in nodes}
-    out_value = nodes[-1].outputs[0]
-    externals = [v for v in lay.cuts if v not in produced]
-    packed = _packed_reads(graph, nodes)
-    width = {v: graph.types[v].shape[-1] for v in lay.cuts}
-    sources = {n.inputs[0] for n in nodes if n.op == OpType.Slice}
-    f32_local = {v for v in externals if cx.dtype(v) is DType.f32}  # their loaded tile is their f32 form
-    spills = [v for v in sources if v not in f32_local] + [n.outputs[0] for n in nodes if n.op == OpType.Concat]
-    views = {v: _matrix_view(cx, v) for v in (*externals, out_value)}
-    uses = _last_uses(graph, nodes)
-    packed_width = {key: width[nodes[i].outputs[0]] for i, _, key in packed}
-    offsets = np.cumsum([0, *packed_width.values()]).tolist()[:-1]  # each constant's place in a block's part
-    total = sum(packed_width.values())
+    externals = tuple(v for v in lay.cuts if v not in produced)
+    packed = tuple(_packed_reads(graph, nodes))
+    sources = dict.fromkeys(n.inputs[0] for n in nodes if n.op == OpType.Slice)
+    f32_local = frozenset(v for v in externals if cx.dtype(v) is DType.f32)
+    concats = tuple(n.outputs[0] for n in nodes if n.op == OpType.Concat)
+    spills = tuple(v for v in sources if v not in f32_local) + concats
+    packed_width = {key: graph.types[nodes[i].outputs[0]].shape[-1] for i, _, key in packed}
+    return Region(tuple(nodes), lay, externals, packed, packed_width, spills, f32_local, _last_uses(graph, nodes))
+
+
+def segment_chain_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
+    region = plan_region(cx, nodes)
+    lay, out_value, width = region.layout, region.output, region.width
+    views = {v: _matrix_view(cx, v) for v in (*region.externals, out_value)}
+    offsets = np.cumsum([0, *region.packed_width.values()]).tolist()[:-1]  # each constant's place in a block
+    total = sum(region.packed_width.values())
     steps = []
     for r0 in range(0, lay.rows, lay.block_rows):
         r = min(lay.block_rows, lay.rows - r0)
         arena = TileArena(cx.config, len(steps), cx.rotation)
-        sizes = [r * width[v] * cx.dtype(v).size for v in externals] + [
-            r * width[nodes[i].outputs[0]] * 4 for i, _, _ in packed
-        ]
-        sizes += [r * width[v] * 4 for v in (*spills, out_value)]
+        sizes = [r * width(v) * cx.dtype(v).size for v in region.externals]
+        sizes += [r * w * 4 for w in (*region.packed_width.values(), *map(width, (*region.spills, out_value)))]
         if not arena.fits(sizes):
             raise CodegenError(f"a block of {r} rows does not fit a buffer slot ({sum(sizes)} bytes)")
-        addr = {v: arena.tile(r * width[v] * cx.dtype(v).size) for v in externals}
-        addr |= {key: arena.tile(r * width[nodes[i].outputs[0]] * 4) for i, _, key in packed}
-        spill = {v: arena.tile(r * width[v] * 4) for v in spills}
-        out_addr = arena.tile(r * width[out_value] * 4)
+        addr = {v: arena.tile(r * width(v) * cx.dtype(v).size) for v in region.externals}
+        addr |= {key: arena.tile(r * w * 4) for key, w in region.packed_width.items()}
+        spill = {v: arena.tile(r * width(v) * 4) for v in region.spills}
+        out_addr = arena.tile(r * width(out_value) * 4)
         loads = []
-        for v in externals:
-            rows = views[v].slice(0, r0, r)
-            cuts = lay.cuts[v]
-            loads += [
-                (rows.slice(1, c0, c1 - c0), addr[v] + r * c0 * cx.dtype(v).size)
-                for c0, c1 in zip(cuts, cuts[1:], strict=False)
-            ]
-        base = cx.addresses[_region_form(nodes)] + r0 * total * 4 if packed else 0
-        for (i, _, key), offset in zip(packed, offsets, strict=True):
-            w = width[nodes[i].outputs[0]]
+        for v in region.externals:
+            loads += segment_views(views[v].slice(0, r0, r), lay.cuts[v], addr[v], cx.dtype(v).size)
+        base = cx.addresses[_region_form(nodes)] + r0 * total * 4 if region.packed else 0
+        for (key, w), offset in zip(region.packed_width.items(), offsets, strict=True):
             loads.append((dense(base + r * offset * 4, (r * w,), DType.f32), addr[key]))
-        cuts = lay.cuts[out_value]
-        rows = views[out_value].slice(0, r0, r)
-        stores = [(out_addr + r * c0 * 4, rows.slice(1, c0, c1 - c0)) for c0, c1 in zip(cuts, cuts[1:], strict=False)]
+        stores = [(a, v) for v, a in segment_views(views[out_value].slice(0, r0, r), lay.cuts[out_value], out_addr, 4)]
 
         def compute(em: Emitter, r=r, addr=addr, spill=spill, out_addr=out_addr) -> None:
-            regs = _emit_region(cx, em, nodes, r, addr, spill, f32_local, packed_width, uses)
-            em.b.vc_st(em.reg(out_addr), regs.of[out_value])
+            em.b.vc_st(em.reg(out_addr), region.emit(cx, em, r, addr, spill))
 
         steps.append(Step(coalesced(loads), [(Unit.vector, compute)], stores))
     return steps
+
+
+def segment_views(rows: View, cuts: Sequence[int], local: int, size: int) -> list[tuple[View, int]]:
+    """A (rows x width) view's segments with their places in a segment-major tile at `local` (`size` bytes an
+    element): one strided transfer each."""
+    r = rows.shape[0]
+    return [(rows.slice(1, c0, c1 - c0), local + r * c0 * size) for c0, c1 in zip(cuts, cuts[1:], strict=False)]
 
 
 def _operands(graph: Graph, node: Node) -> list[Operand]:

@@ -22,15 +22,17 @@ from itertools import product
 
 import numpy as np
 
-from fusion.engine.codegen.gemm import FusedGemm, Schedule, fused_gemm_steps, pack_panels
+from fusion.engine.codegen.gemm import ChainEpilogue, FusedGemm, Schedule, fused_gemm_steps, pack_panels
 from fusion.engine.codegen.matrix_group import packable_weight
+from fusion.engine.codegen.rotary import Region, find_segment_chains, plan_region, segment_views
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
-from fusion.lower.emitter import Step
+from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.gemm import Operand
 from fusion.lower.kernels.matrix import matrix_operand, requant
+from fusion.lower.local_alloc import TileArena
 from fusion.lower.views import View, dense
 from isa.enums import DType
 
@@ -42,9 +44,10 @@ MAX_SIBLINGS = 4
 class SiblingMatch:
     heads: tuple[Node, ...]  # the MatMuls, in graph order
     views: tuple[Node, ...]  # the head splits (Reshape, Transpose) taken along
+    regions: tuple[str, ...] = ()  # the rotary regions (`codegen.rotary`) on split outputs taken along
 
     def nodes(self, graph: Graph) -> tuple[str, ...]:
-        names = {n.name for n in (*self.heads, *self.views)}
+        names = {n.name for n in (*self.heads, *self.views)} | set(self.regions)
         return tuple(n.name for n in graph.nodes if n.name in names)
 
 
@@ -63,14 +66,32 @@ def _head_split(graph: Graph, head: Node) -> list[Node]:
     return out
 
 
+def _rotary_region(graph: Graph, value: str, regions: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The largest segment-chain region (`codegen.rotary`) reading nothing but `value` and constants, holding
+    every reader of `value`, its output shaped like `value` (so it is stored head by head); () when none."""
+    readers = {c.name for c in graph.consumers.get(value, ())}
+    fits = []
+    for region in regions:
+        names = set(region)
+        produced = {graph.node(n).outputs[0] for n in region}
+        reads = {v for n in region for v in graph.node(n).inputs if v not in produced and not graph.is_constant(v)}
+        out = graph.node(region[-1]).outputs[0]
+        if reads == {value} and readers <= names and graph.types[out].shape == graph.types[value].shape:
+            fits.append(region)
+    return max(fits, key=len, default=())
+
+
 def find_siblings(graph: Graph) -> list[SiblingMatch]:
     """Every set of 2..MAX_SIBLINGS MatMuls with constant 2-D weights reading one activation (the first ones in
     graph order when there are more), once for each choice of which of them take their head split along (the
-    layout may belong to another kernel, e.g. an attention's)."""
+    layout may belong to another kernel, e.g. an attention's), and once more with the rotary regions of the split
+    outputs taken along where each of them has one (Q and K rotated in the GEMM's store, never stored unrotated;
+    a split without one, V's, is left to its reader then)."""
     by_input: dict[str, list[Node]] = {}
     for node in graph.nodes:
         if node.op == OpType.MatMul and not graph.is_constant(node.inputs[0]) and packable_weight(graph, node):
             by_input.setdefault(node.inputs[0], []).append(node)
+    regions = find_segment_chains(graph) if by_input else []
     out = []
     for heads in by_input.values():
         heads = heads[:MAX_SIBLINGS]
@@ -78,25 +99,39 @@ def find_siblings(graph: Graph) -> list[SiblingMatch]:
         if len(heads) < 2:
             continue
         for taken in product(*((False, True) if split else (False,) for split in splits)):
-            views = tuple(v for split, take in zip(splits, taken, strict=True) if take for v in split)
+            chosen = [split for split, take in zip(splits, taken, strict=True) if take]
+            views = tuple(v for split in chosen for v in split)
             out.append(SiblingMatch(tuple(heads), views))
+            rotary = [_rotary_region(graph, split[-1].outputs[0], regions) for split in chosen]
+            if chosen and all(rotary) and all(split[-1].op == OpType.Transpose for split in chosen):
+                out.append(SiblingMatch(tuple(heads), views, tuple(n for region in rotary for n in region)))
     return out
 
 
-def sibling_heads(nodes: Sequence[Node]) -> tuple[list[Node], dict[str, list[Node]]]:
-    """The group's MatMuls (in order) and each one's layout nodes in the group (its Reshape, Transpose)."""
+def sibling_heads(nodes: Sequence[Node]) -> tuple[list[Node], dict[str, list[Node]], dict[str, list[Node]]]:
+    """The group's MatMuls (in order), each one's layout nodes in the group (its Reshape, Transpose) and each
+    one's rotary region (the nodes reading its split output, directly or through each other)."""
     heads = [n for n in nodes if n.op == OpType.MatMul]
     if len(heads) < 2:
         raise CodegenError(f"side-by-side GEMMs are at least two MatMuls, this group has {len(heads)}")
     layouts: dict[str, list[Node]] = {h.name: [] for h in heads}
+    regions: dict[str, list[Node]] = {h.name: [] for h in heads}
     final = {h.name: h.outputs[0] for h in heads}
+    owner_of: dict[str, str] = {}  # a region value -> its head
     for node in (n for n in nodes if n.op != OpType.MatMul):
-        owner = next((h for h, v in final.items() if v == node.inputs[0]), None)
-        if node.op not in (OpType.Reshape, OpType.Transpose) or owner is None:
-            raise CodegenError(f"node {node.name!r}: side-by-side GEMMs take only the layout of their outputs")
-        layouts[owner].append(node)
-        final[owner] = node.outputs[0]
-    return heads, layouts
+        owner = next((h for h, v in final.items() if v == node.inputs[0] and not regions[h]), None)
+        if node.op in (OpType.Reshape, OpType.Transpose) and owner is not None:
+            layouts[owner].append(node)
+            final[owner] = node.outputs[0]
+            continue
+        owners = {owner_of.get(v) or next((h for h, f in final.items() if f == v), None) for v in node.inputs}
+        owners.discard(None)
+        if len(owners) != 1:
+            raise CodegenError(f"node {node.name!r}: side-by-side GEMMs take only the layout and rotary of outputs")
+        (head,) = owners
+        regions[head].append(node)
+        owner_of[node.outputs[0]] = head
+    return heads, layouts, regions
 
 
 def _outputs(cx: LowerContext, head: Node, layout: list[Node], rows: int, n: int) -> list[tuple[int, View]]:
@@ -109,11 +144,20 @@ def _outputs(cx: LowerContext, head: Node, layout: list[Node], rows: int, n: int
         if flat is None:
             raise CodegenError(f"node {head.name!r}: its output must flatten to rows x columns")
         return [(0, flat)]
-    perm = tuple(layout[-1].attr("perm"))
-    split = view.permute(tuple(np.argsort(perm).tolist()))  # (..., heads, D) in the GEMM's row order
-    d = split.shape[-1]
-    if d % cx.config.array_size or math.prod(split.shape[:-1]) * d != rows * n:
+    runs = _head_rows(head, view, tuple(layout[-1].attr("perm")), rows)
+    d = runs[0][1].shape[-1]
+    if d % cx.config.array_size or len(runs) * d != n:
         raise CodegenError(f"node {head.name!r}: a head dim of {d} is not a multiple of the array size")
+    return runs
+
+
+def _head_rows(head: Node, view: View, perm: tuple[int, ...], rows: int) -> list[tuple[int, View]]:
+    """A head-split value (or one shaped like it) seen per head: (head's first column in the GEMM's output, its
+    rows x d view)."""
+    split = view.permute(tuple(np.argsort(perm).tolist()))  # (..., heads, d) in the GEMM's row order
+    d = split.shape[-1]
+    if math.prod(split.shape[:-2]) != rows:
+        raise CodegenError(f"node {head.name!r}: its head split does not keep the GEMM's {rows} rows")
     runs = []
     for h in range(split.shape[-2]):
         rows_view = split.slice(len(split.shape) - 2, h, 1).reshaped((rows, d))
@@ -121,6 +165,104 @@ def _outputs(cx: LowerContext, head: Node, layout: list[Node], rows: int, n: int
             raise CodegenError(f"node {head.name!r}: a head's rows do not flatten (several batches)")
         runs.append((h * d, rows_view))
     return runs
+
+
+@dataclass(frozen=True)
+class _Rotated:
+    """A head-split output whose rotary region runs on its drained tiles: per head, its first column in the fused
+    GEMM, the region output's rows x d view and each packed constant's rows x width view."""
+
+    region: Region
+    d: int
+    heads: tuple[tuple[int, View, dict[str, View]], ...]
+    const_cuts: dict[str, tuple[int, ...]]  # packed constant form key -> its segments' cuts
+
+
+def _rotated(cx: LowerContext, head: Node, layout: list[Node], region: list[Node], rows: int, start: int) -> _Rotated:
+    """Plan a head's rotary region on its drained panels: the split value's segments must be the panels (each
+    drained tile one segment, so a head's tiles side by side are its segment-major register)."""
+    if not layout or layout[-1].op != OpType.Transpose:
+        raise CodegenError(f"node {head.name!r}: a rotary region is taken only after a head split")
+    value, n_arr = layout[-1].outputs[0], cx.config.array_size
+    d = cx.graph.types[value].shape[-1]
+    panels = tuple(range(0, d + 1, n_arr))
+    plan = plan_region(cx, region, {value: panels})
+    if plan.externals != (value,) or plan.layout.cuts[value] != panels:
+        raise CodegenError(f"node {head.name!r}: its rotary region's segments are not the GEMM's panels")
+    perm, out = tuple(layout[-1].attr("perm")), plan.output
+    if cx.graph.types[out].shape != cx.graph.types[value].shape:
+        raise CodegenError(f"node {head.name!r}: its rotary region's output is not shaped like its head split")
+    outs = _head_rows(head, cx.view(out), perm, rows)
+    consts = {
+        key: _head_rows(head, cx.view(c).broadcast_to(cx.graph.types[plan.nodes[i].outputs[0]].shape), perm, rows)
+        for i, c, key in plan.packed
+    }
+    per_head = tuple(
+        (start + col, view, {key: runs[h][1] for key, runs in consts.items()}) for h, (col, view) in enumerate(outs)
+    )
+    const_cuts = {key: plan.layout.cuts[plan.nodes[i].outputs[0]] for i, _, key in plan.packed}
+    return _Rotated(plan, d, per_head, const_cuts)
+
+
+def _rotary_store(cx: LowerContext, rotated: Sequence[_Rotated], split_out: Sequence[tuple[int, View]]):
+    """The fused GEMM's store epilogue: panels of rotated heads go through their region (constants loaded once
+    per step for the heads that share them, every value in registers, the output stored segment by segment),
+    every other panel is stored as drained."""
+    n_arr = cx.config.array_size
+
+    rotated_cols = {j for rot in rotated for col, _, _ in rot.heads for j in range(col, col + rot.d)}
+
+    def target(j0: int) -> tuple[View, int]:
+        return next((view, start) for start, view in reversed(split_out) if j0 >= start)
+
+    def step(arena: TileArena, block: tuple[int, int], tiles: list[tuple[int, int, int]]):
+        i0, rows = block
+        drained = {j0: addr for j0, _, addr in tiles}
+        loads: list = []
+        stores: list = []
+        const_at: dict[tuple, int] = {}  # one load of a constant's block for every head reading the same bytes
+        work = []
+        for rot in rotated:
+            spill = {v: arena.tile(rows * rot.region.width(v) * 4) for v in rot.region.spills}
+            for col, out_view, consts in rot.heads:
+                panels = list(range(col, col + rot.d, n_arr))
+                if not any(j in drained for j in panels):
+                    continue
+                if not all(j in drained for j in panels):
+                    raise CodegenError("a step's weight panels split a rotated head (panels per step not whole heads)")
+                es = cx.dtype(rot.region.externals[0]).size
+                src, size = drained[panels[0]], rows * n_arr * es
+                copies = [] if all(drained[j] == src + i * size for i, j in enumerate(panels)) else panels
+                if copies:
+                    src = arena.tile(size * len(panels))
+                addr = {rot.region.externals[0]: src}
+                for key, view in consts.items():
+                    part = view.slice(0, i0, rows)
+                    ident = (part.address, part.shape, part.strides)
+                    if ident not in const_at:
+                        const_at[ident] = arena.tile(rows * part.shape[-1] * 4)
+                        loads += segment_views(part, rot.const_cuts[key], const_at[ident], 4)
+                    addr[key] = const_at[ident]
+                out_addr = arena.tile(rows * rot.d * 4)
+                out_cuts = rot.region.layout.cuts[rot.region.output]
+                stores += [(a, v) for v, a in segment_views(out_view.slice(0, i0, rows), out_cuts, out_addr, 4)]
+                copies_from = [(drained[j], src + i * size) for i, j in enumerate(copies)]
+                work.append((rot.region, addr, spill, out_addr, copies_from, size, es))
+        for j0, cols, addr in tiles:
+            if j0 in rotated_cols:
+                continue
+            view, start = target(j0)
+            stores.append((addr, view.slice(0, i0, rows).slice(1, j0 - start, cols)))
+
+        def emit(em: Emitter) -> None:
+            for region, addr, spill, out_addr, copies_from, size, es in work:
+                for src, dst in copies_from:
+                    em.b.v_copy(*em.regs(dst, src), size // es, "i8" if es == 1 else "f32")
+                em.b.vc_st(em.reg(out_addr), region.emit(cx, em, rows, addr, spill))
+
+        return loads, emit, stores
+
+    return step
 
 
 def pack_siblings(weights: Sequence[np.ndarray], n_arr: int) -> np.ndarray:
@@ -133,7 +275,7 @@ def pack_siblings(weights: Sequence[np.ndarray], n_arr: int) -> np.ndarray:
 
 def sibling_steps(cx: LowerContext, nodes: Sequence[Node], panels: int) -> list[Step]:
     graph, cfg = cx.graph, cx.config
-    heads, layouts = sibling_heads(nodes)
+    heads, layouts, regions = sibling_heads(nodes)
     first = heads[0]
     weights = [packable_weight(graph, h) for h in heads]
     if any(h.inputs[0] != first.inputs[0] for h in heads) or any(w is None for w in weights):
@@ -163,19 +305,33 @@ def sibling_steps(cx: LowerContext, nodes: Sequence[Node], panels: int) -> list[
     packed = cx.addresses[const_key(first.inputs[1], SIBLINGS)]
     n_arr = cfg.array_size
     panel_requant = tuple(requant(cx, h) for h, n in zip(heads, widths, strict=True) for _ in range(n // n_arr))
+    rotated = [
+        _rotated(cx, h, layouts[h.name], regions[h.name], rows, start)
+        for h, start in zip(heads, starts, strict=True)
+        if regions[h.name]
+    ]
+    schedule = Schedule(panels=panels)
+    chain = None
+    if rotated:
+        whole = math.lcm(*(r.d // n_arr for r in rotated))  # a step's panels hold whole rotated heads
+        widest = max(max(r.region.layout.cuts[v][-1] for v in r.region.layout.cuts) for r in rotated)
+        schedule = Schedule(tile_m=cfg.vreg_elems // widest, panels=panels, panel_multiple=whole)
+        per_elem = max(len(r.region.spills) + len(r.region.packed) for r in rotated) + 2  # + output, + a copy
+        chain = ChainEpilogue(_rotary_store(cx, rotated, split_out), (4,) * per_elem, ())
     g = FusedGemm(
         Operand(av, a.quantize_scale),
         Operand(dense(packed, (k, total), w_dt)),
         dense(0, (rows, total), dtypes.pop()),  # shape and drained dtype only: split_out says where tiles go
         requant=requant(cx, first),
         b_panels=dense(packed, (total // n_arr, k, n_arr), w_dt),
+        chain=chain,
         panel_requant=panel_requant if cx.int8 else (),
         split_out=split_out,
     )
-    return fused_gemm_steps(cfg, g, Schedule(panels=panels), alone=True, rotation=cx.rotation)
+    return fused_gemm_steps(cfg, g, schedule, alone=True, rotation=cx.rotation)
 
 
 def sibling_weights(graph: Graph) -> list[str]:
     """The group's weights in its MatMuls' order (for packing)."""
-    heads, _ = sibling_heads(graph.nodes)
+    heads, _, _ = sibling_heads(graph.nodes)
     return [packable_weight(graph, h) for h in heads]  # type: ignore[misc]

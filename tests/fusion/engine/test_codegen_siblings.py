@@ -74,3 +74,59 @@ def test_ragged_widths_are_refused_and_an_early_reader_is_illegal() -> None:
     graph = b.build()
     mc = context(graph, {"x": np.ones((1, 4, 8), np.float32)}, "fp32")
     assert not structurally_legal(mc, [graph.node("p0"), graph.node("p1")], "siblings")
+
+
+def rotary_projections_graph(m: int, k: int, heads: tuple[int, int], d: int, dv: int, cut: int, seed: int) -> Graph:
+    """LLaMA's attention inputs: Q, K, V projections of x, each split into heads of d (V: dv); Q and K rotated,
+    x * cos + Concat(-x[..., cut:], x[..., :cut]) * sin with cos and sin (1, 1, m, d) broadcast over heads."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("qkv_rotary")
+    x = b.input("x", (1, m, k))
+    angle = rng.uniform(0, 6.3, (1, 1, m, d)).astype(np.float32)
+    cos, sin = b.constant(np.cos(angle)), b.constant(np.sin(angle))
+    for name, h, width in (("q", heads[0], d), ("k", heads[1], d), ("v", heads[1], dv)):
+        y = b.op(OpType.MatMul, x, b.constant(rng.standard_normal((k, h * width)).astype(np.float32)), name=name)
+        y = b.op(OpType.Reshape, y, shape=(1, m, h, width), name=f"{name}_split")
+        y = b.op(OpType.Transpose, y, perm=(0, 2, 1, 3), name=f"{name}_heads")
+        if name != "v":
+            lo = b.op(OpType.Slice, y, axes=(3,), starts=(0,), ends=(cut,), steps=(1,), name=f"{name}_lo")
+            hi = b.op(OpType.Slice, y, axes=(3,), starts=(cut,), ends=(d,), steps=(1,), name=f"{name}_hi")
+            rot = b.op(OpType.Concat, b.op(OpType.Neg, hi, name=f"{name}_neg"), lo, axis=3, name=f"{name}_cat")
+            xc = b.op(OpType.Mul, y, cos, name=f"{name}_xcos")
+            y = b.op(OpType.Add, xc, b.op(OpType.Mul, rot, sin, name=f"{name}_rsin"), name=f"{name}_out")
+        b.output(y)
+    return b.build()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 24),
+    k=st.integers(1, 64),
+    heads=st.tuples(st.integers(1, 3), st.integers(1, 2)),
+    d=st.sampled_from([16, 32, 64]),
+    dv=st.sampled_from([16, 32]),
+    cut=st.sampled_from([0.25, 0.5, 0.75]),
+    panels=st.sampled_from([1, 2, 0]),
+    dtype=st.sampled_from(["fp32", "int8"]),
+)
+def test_rotary_regions_run_in_the_gemm_store(m, k, heads, d, dv, cut, panels, dtype) -> None:
+    """Q and K rotated on their drained tiles (never stored unrotated): int8 bit-exact, fp32 within 1e-5, and
+    only the rotated outputs and V leave the chip. A rotary cut off the array's panel boundaries is refused."""
+    cut = round(cut * d)
+    graph = rotary_projections_graph(m, k, heads, d, dv, cut, seed=m * k + d)
+    full = max(find_siblings(graph), key=lambda match: len(match.regions))
+    nodes = full.nodes(graph)
+    assert len(full.regions) == 14 and len(nodes) == len(graph.nodes) - 2  # V's head split is left to its reader
+    assert any(c.family == "siblings" and c.nodes == nodes for c in enumerate_candidates(graph))
+    inputs = {"x": np.random.default_rng(m + k).standard_normal((1, m, k)).astype(np.float32)}
+    mc = context(graph, inputs, dtype)
+    assert structurally_legal(mc, [graph.node(n) for n in nodes], "siblings")
+    group = Group(nodes, "siblings", panels=panels)
+    if cut % 16:
+        assert "panels" in try_build(mc, group)
+        return
+    kernel, run, env = run_group(mc, group, inputs)
+    for value in ("q_out", "k_out", "v"):
+        assert_reference(run.outputs, env, value, dtype, 1e-5)
+    v_bytes = m * heads[1] * dv * (1 if dtype == "int8" else 4)
+    assert run.dram_write_bytes == m * (heads[0] + heads[1]) * d * 4 + v_bytes  # rotated f32, V as drained
