@@ -119,6 +119,7 @@ class LinkedProgram:
     # and each token-ordered boundary's gain over it ((plan position before, after, cycles))
     fenced_cycles: int = 0
     gains: tuple[tuple[int, int, int], ...] = ()
+    dropped: tuple[str, ...] = ()  # operands of the dispatches it left out: they did not pay on that call's data
 
 
 class PhaseCache:

@@ -28,6 +28,7 @@ from fusion.engine.execute import KernelRun, to_real
 from fusion.engine.kernel import Kernel
 from fusion.engine.overlap import BoundaryOverlap, Priced
 from fusion.engine.plan import Group, GroupChoice, baseline_group
+from fusion.engine.profile import data_class
 from fusion.engine.program import (
     Boundary,
     LinkedProgram,
@@ -97,7 +98,7 @@ def run_as_program(
     mc = c.state.mc
     replaced: dict[tuple[str, ...], str] = {}
     phases = PhaseCache(mc)  # (the links of this call's plans, fallbacks included, generate each kernel once)
-    for _ in range(len(c.plan.choices) + 1):
+    for _ in range(len(c.plan.choices) + 2):  # (a replacement per group, one relink for sparse data)
         choices = _with_fallbacks(engine, c, replaced)
         linked = _linked(engine, c, choices)
         fresh = linked is None
@@ -113,6 +114,10 @@ def run_as_program(
             with engine._lock:
                 engine.programs[c.state][choices] = linked
         failures, validated = _validate(engine, c, linked, run, inputs)
+        if not failures and _turned_sparse(mc, linked, {**inputs, **run.outputs}):
+            with engine._lock:  # linked again on this call's data, where the left-out dispatches may pay
+                engine.programs[c.state].pop(choices, None)
+            continue
         if not failures:
             break
         replaced.update(failures)
@@ -195,7 +200,8 @@ def keep_fastest(
     candidate, or when its dispatches made it slower than that (their count and their fenced boundaries cost more
     than the zero tiles they skip on this data), the candidate without them (a third simulation, only then), or
     when still slower, the fenced program: so a program is never slower than its kernels fenced one by one, and
-    a dispatch stays only where it paid on the data of the call that linked it. The kept program carries the
+    a dispatch stays only where it paid on the data of the call that linked it (left out on dense data, it is
+    weighed again when its operand turns sparse: `LinkedProgram.dropped`). The kept program carries the
     fenced cycles and each token-ordered boundary's gain over them (`_gains`); the run is the kept program's (each
     is a valid run of the call: every program computes the same values). `max_cycles`: the watchdog of each run
     (a reference that traps or passes it counts as slowest)."""
@@ -216,7 +222,15 @@ def keep_fastest(
     if best[1].cycles > reference.cycles:
         best = (fenced, reference)
     linked, kept = best
-    return replace(linked, fenced_cycles=reference.cycles, gains=_gains(linked, kept, fenced, reference)), kept
+    # a dispatch left out on dense data is weighed again when its operand turns sparse (`_turned_sparse`); one left
+    # out on sparse data did not pay where it could
+    values, n = {**inputs, **run.outputs}, mc.config.array_size
+    left_out = candidate.dispatches if linked is not candidate else ()
+    dropped = tuple(
+        d.operand for d in left_out if d.operand in values and data_class(values[d.operand], n)[0] != "sparse"
+    )
+    gains = _gains(linked, kept, fenced, reference)
+    return replace(linked, fenced_cycles=reference.cycles, gains=gains, dropped=dropped), kept
 
 
 def link_for_call(
@@ -232,6 +246,13 @@ def link_for_call(
     candidate = link_plan(mc, choices, prefer, phases=phases)
     run = simulate_program(mc, candidate, inputs, max_cycles=max_cycles)
     return keep_fastest(mc, choices, candidate, run, inputs, phases, max_cycles=max_cycles)
+
+
+def _turned_sparse(mc: ModelContext, linked: LinkedProgram, values: Mapping[str, np.ndarray]) -> bool:
+    """Whether an operand whose dispatch the link left out (it did not pay on the linking call's dense data) is of
+    the sparse class in this call: the program is then linked again (`keep_fastest` weighs the dispatch anew)."""
+    n = mc.config.array_size
+    return any(data_class(values[v], n)[0] == "sparse" for v in linked.dropped if v in values)
 
 
 def _gains(

@@ -112,6 +112,11 @@ def test_a_dispatch_that_does_not_pay_on_the_linking_call_is_left_out(planned) -
     assert len(candidate.dispatches) == 1  # the cost model allows it; on this data it does not pay
     assert run_program(mc, candidate, {"x": DENSE}).cycles > result.cycles
     assert result.cycles <= result.program.fenced_cycles
+    assert kept.dropped == ("pre",)  # weighed again once the operand turns sparse: linked again on that call
+    sparse = sparse_activations((64, 256), engine.config.array_size, 0.75, seed=2)
+    for x, expected in [(sparse, "zero_skip"), (DENSE, "epilogue"), (sparse, "zero_skip")]:
+        (decision,) = engine.run({"x": x}).program.decisions
+        assert decision[:2] == (("fc", "relu"), expected)
 
 
 def test_one_counter_a_writer_between_another_writer_and_its_dispatch_makes_that_one_measure() -> None:
