@@ -7,7 +7,7 @@ refusing with a reason, which `generator_accepts` turns into a decision as well.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fusion.engine.context import ModelContext
 from fusion.engine.decision import FusionDecision
@@ -29,24 +29,10 @@ def internal_values_private(graph: Graph, nodes: Sequence[Node]) -> FusionDecisi
     return FusionDecision.yes()
 
 
-# families whose kernels store every value read outside them (a vector chain's intermediates, side-by-side GEMMs)
+# families whose kernels store every value read outside them (a vector chain's intermediates, side-by-side GEMMs):
+# legal wherever the group's kernel can run before those readers, which `no_cycle_through_outside` checks (plans
+# run their groups in a topological order, `planner.in_execution_order`)
 STORES_INTERMEDIATES = frozenset({"chain", "siblings"})
-
-
-def intermediates_stored_in_order(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
-    """A vector chain stores every value read outside (`codegen.chain.stored_intermediates`): legal when each
-    outside reader comes after the chain's last node (plans run groups in the order of their last nodes)."""
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
-    inside = {n.name for n in nodes}
-    for node in nodes[:-1]:
-        early = [
-            c.name
-            for c in graph.consumers.get(node.outputs[0], ())
-            if c.name not in inside and order[c.name] < order[nodes[-1].name]
-        ]
-        if early:
-            return FusionDecision.no(f"{node.outputs[0]!r} is read by {early[0]!r} before the chain ends")
-    return FusionDecision.yes()
 
 
 def dependencies_respected(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
@@ -57,21 +43,30 @@ def dependencies_respected(graph: Graph, nodes: Sequence[Node]) -> FusionDecisio
     return FusionDecision.yes()
 
 
-def no_cycle_through_outside(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
-    """No path leaves the group and re-enters it: the fused kernel could not be scheduled (XLA's check)."""
+def no_cycle_through_outside(
+    graph: Graph, nodes: Sequence[Node], planned: Mapping[str, Sequence[Node]] | None = None
+) -> FusionDecision:
+    """No path leaves the group and re-enters it: the fused kernel could not be scheduled (XLA's check).
+    `planned`: the nodes of the groups already planned, by node; a path entering one goes on from all of its
+    nodes (the group runs as one kernel: every output after every input), so the plan's groups keep an order."""
     inside = {n.name for n in nodes}
+    planned = planned or {}
     frontier = [c for n in nodes for v in n.outputs for c in graph.consumers.get(v, ()) if c.name not in inside]
     seen: set[str] = set()
     while frontier:
         node = frontier.pop()
         if node.name in seen:
             continue
-        seen.add(node.name)
-        for value in node.outputs:
-            for consumer in graph.consumers.get(value, ()):
-                if consumer.name in inside:
-                    return FusionDecision.no(f"path {nodes[0].name!r} -> {node.name!r} -> {consumer.name!r} re-enters")
-                frontier.append(consumer)
+        members = planned.get(node.name, (node,))
+        seen.update(m.name for m in members)
+        for member in members:
+            for value in member.outputs:
+                for consumer in graph.consumers.get(value, ()):
+                    if consumer.name in inside:
+                        return FusionDecision.no(
+                            f"path {nodes[0].name!r} -> {node.name!r} -> {consumer.name!r} re-enters"
+                        )
+                    frontier.append(consumer)
     return FusionDecision.yes()
 
 
@@ -115,11 +110,7 @@ def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     chain = FusionDecision.yes() if dag else dependencies_respected(graph, nodes)
     return (
         chain
-        & (
-            intermediates_stored_in_order(graph, nodes)
-            if family in STORES_INTERMEDIATES
-            else internal_values_private(graph, nodes)
-        )
+        & (FusionDecision.yes() if family in STORES_INTERMEDIATES else internal_values_private(graph, nodes))
         & no_cycle_through_outside(graph, nodes)
         & numerics_preserved(mc, nodes, family)
     )

@@ -7,6 +7,7 @@ Plans are data; the policies are functions of (model, profiles, cost model) with
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -25,11 +26,12 @@ from fusion.engine.errors import EngineError
 from fusion.engine.execute import timing_cycles
 from fusion.engine.fuse_ops import fuse_ops
 from fusion.engine.kernel import Kernel, storage_dtypes
-from fusion.engine.legality import generator_accepts, structurally_legal
+from fusion.engine.legality import generator_accepts, no_cycle_through_outside, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Measurement, Plan, baseline_group
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
 from fusion.engine.strategies import REGISTRY, matrix_bound, strategy_of
 from fusion.engine.workers import CompilePool, build_and_count
+from fusion.graph.ir import Graph, Node
 from simulator.errors import SimulatorTrap
 
 POLICIES = ("none", "static", "dynamic", "oracle")
@@ -475,7 +477,8 @@ def plan_dynamic(
         scored.append((fusion_gain(ev, best, parts, threshold), base, best, alts, cand))
     scored = _settle_rivals(ev, scored, alone)
     scored.sort(key=lambda s: -s[0])
-    taken: set[str] = set()
+    by_name = {n.name: n for n in mc.graph.nodes}
+    planned: dict[str, tuple[Node, ...]] = {}  # the picked groups' nodes, by node
     picked: dict[str, GroupChoice] = {}
     for gain, base, best, alts, cand in scored:
         if gain <= threshold * base:
@@ -483,12 +486,17 @@ def plan_dynamic(
                 (best.group.nodes, f"gain {gain:.0f} (score, predicted or measured) is below the threshold")
             )
             continue
-        if taken & set(best.group.nodes):
+        if not planned.keys().isdisjoint(best.group.nodes):
             continue
-        taken.update(best.group.nodes)
+        members = tuple(by_name[n] for n in best.group.nodes)
+        ordered = no_cycle_through_outside(mc.graph, members, planned)  # the groups keep an order to run in
+        if not ordered:
+            rejected.append((best.group.nodes, f"with the groups taken before it: {ordered.reason}"))
+            continue
+        planned.update(dict.fromkeys(best.group.nodes, members))
         picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"gain {gain:.0f} (score)")
     for node in mc.graph.nodes:
-        if node.name in taken or node.name not in region:
+        if node.name in planned or node.name not in region:
             continue
         best, alts, reason = alone[node.name]
         if best is None:
@@ -541,9 +549,11 @@ def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> l
     return settled + [s for s in scored if s[1] == float("inf")]
 
 
-def _regions(names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:
+def _regions(graph: Graph, names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:
     """The finest partition of `names` in which every group of every plan lies inside one part (groups reaching
-    outside `names` join the parts they touch): the regions where the plans can be swapped for each other."""
+    outside `names` join the parts they touch) and no two parts read each other's values both ways (those are
+    merged): the regions where the plans can be swapped for each other, whichever plan each region takes, and
+    the groups still have an order to run in."""
     parent = {n: n for n in names}
 
     def root(n: str) -> str:
@@ -552,15 +562,68 @@ def _regions(names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[st
             n = parent[n]
         return n
 
+    def join(group: Iterable[str]) -> None:
+        inside = [n for n in group if n in parent]
+        for n in inside[1:]:
+            parent[root(n)] = root(inside[0])
+
     for plan in plans:
         for choice in plan.choices:
-            inside = [n for n in choice.group.nodes if n in parent]
-            for n in inside[1:]:
-                parent[root(n)] = root(inside[0])
+            join(choice.group.nodes)
+    # parts (by root) and the nodes outside `names` as vertices of the value graph; a strongly connected set of
+    # them (parts reading each other's values, possibly through nodes outside) becomes one part
+    vertex = {n.name: root(n.name) if n.name in parent else n.name for n in graph.nodes}
+    successors: dict[str, set[str]] = {v: set() for v in vertex.values()}
+    for node in graph.nodes:
+        for value in node.outputs:
+            successors[vertex[node.name]].update(vertex[c.name] for c in graph.consumers.get(value, ()))
+    for component in strongly_connected(successors):
+        join(component)
     parts: dict[str, set[str]] = {}
     for n in names:
         parts.setdefault(root(n), set()).add(n)
     return [frozenset(p) for p in parts.values()]
+
+
+def strongly_connected(successors: Mapping[str, Collection[str]]) -> list[list[str]]:
+    """The strongly connected components of a directed graph (Kosaraju's two passes, iterative), those of more
+    than one vertex."""
+    finished: list[str] = []
+    seen: set[str] = set()
+    for start in successors:
+        if start in seen:
+            continue
+        seen.add(start)
+        stack = [(start, iter(successors[start]))]
+        while stack:
+            v, rest = stack[-1]
+            w = next((w for w in rest if w not in seen), None)
+            if w is None:
+                stack.pop()
+                finished.append(v)
+            else:
+                seen.add(w)
+                stack.append((w, iter(successors[w])))
+    predecessors: dict[str, list[str]] = {v: [] for v in successors}
+    for v, ws in successors.items():
+        for w in ws:
+            predecessors[w].append(v)
+    owner: dict[str, str] = {}
+    components = []
+    for start in reversed(finished):
+        if start in owner:
+            continue
+        owner[start] = start
+        component, todo = [start], [start]
+        while todo:
+            for w in predecessors[todo.pop()]:
+                if w not in owner:
+                    owner[w] = start
+                    component.append(w)
+                    todo.append(w)
+        if len(component) > 1:
+            components.append(component)
+    return components
 
 
 def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
@@ -573,7 +636,7 @@ def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
     groups reaching outside it are not candidates."""
     rivals = [plan_none(ev, region), plan_static(ev, region)]
     choices: list[GroupChoice] = []
-    for part in _regions(region, [plan, *rivals]):
+    for part in _regions(ev.mc.graph, region, [plan, *rivals]):
         mine = [c for c in plan.choices if part.issuperset(c.group.nodes)]
         others = [
             cs
@@ -634,10 +697,40 @@ def _program_key(kernel: Kernel) -> tuple:
     return (kernel.program.text, tuple(s for _, s in guard.shapes), tuple(d for _, d in guard.dtypes))
 
 
-def in_execution_order(mc: ModelContext, choices) -> tuple[GroupChoice, ...]:
-    """Groups by their last node: a group reads only values produced by earlier groups' last nodes."""
-    order = {n.name: i for i, n in enumerate(mc.graph.nodes)}
-    return tuple(sorted(choices, key=lambda c: order[c.group.nodes[-1]]))
+def in_execution_order(mc: ModelContext, choices: Iterable[GroupChoice]) -> tuple[GroupChoice, ...]:
+    """The groups in a topological order of the values they pass (each after every group writing a value it
+    reads), the ready ones by their last node in graph order: a group storing a value an earlier node reads (side
+    by side GEMMs, a chain storing an intermediate) runs before that node's group. EngineError when there is none
+    (groups reading each other's values both ways: the planners never form such groups)."""
+    graph, choices = mc.graph, list(choices)
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    owner = {name: i for i, c in enumerate(choices) for name in c.group.nodes}
+    writer = {v: owner[n.name] for n in graph.nodes if n.name in owner for v in n.outputs}
+    readers: list[set[int]] = [set() for _ in choices]
+    waiting = [0] * len(choices)
+    for node in graph.nodes:
+        i = owner.get(node.name)
+        if i is None:
+            continue
+        for j in {writer[v] for v in node.inputs if v in writer} - {i}:
+            if i not in readers[j]:
+                readers[j].add(i)
+                waiting[i] += 1
+    key = [order[c.group.nodes[-1]] for c in choices]
+    ready = [(key[i], i) for i in range(len(choices)) if not waiting[i]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        out.append(choices[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                heapq.heappush(ready, (key[j], j))
+    if len(out) < len(choices):
+        stuck = next(c.group.nodes for c, w in zip(choices, waiting, strict=True) if w)
+        raise EngineError(f"the plan's groups read each other's values both ways (one: {'+'.join(stuck)}): no order")
+    return tuple(out)
 
 
 def oracle_options(ev: Evaluator) -> dict[str, list[Evaluated]]:

@@ -54,16 +54,3 @@ def test_a_chain_stores_the_residual_sum_it_normalises(lead, m, d, dtype) -> Non
     for value in kernel.outputs:
         assert_reference(run.outputs, env, value, dtype, 1e-5)
     assert run.dram_write_bytes == 2 * m * d * 4 * int(np.prod(lead or [1]))  # each value once, float32
-
-
-def test_a_reader_before_the_chain_ends_is_refused() -> None:
-    b = GraphBuilder("early")
-    x = b.input("x", (4, 8))
-    e = b.op(OpType.Exp, x, name="e")
-    early = b.op(OpType.Neg, e, name="early")  # reads e before the chain's last node in graph order
-    b.output(b.op(OpType.Add, b.op(OpType.Tanh, e, name="t"), early, name="out"))
-    graph = b.build()
-    mc = context(graph, {"x": np.ones((4, 8), np.float32)}, "fp32")
-    decision = structurally_legal(mc, [graph.node("e"), graph.node("t")], "chain")
-    assert not decision and "before the chain ends" in decision.reason
-    assert not structurally_legal(mc, [graph.node("e"), graph.node("t")], "stream")  # other families: private
