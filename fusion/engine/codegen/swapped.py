@@ -185,11 +185,19 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     blocks = shape.row_blocks(cfg.array_size)
     chunks = range(0, shape.n_out, shape.chunk)
     arenas = [TileArena(cfg, s, cx.rotation) for s in range(len(chunks))]
-    # A^T (per stationary row block) at the same place in every slot: step 0 loads (and quantizes) it once, then
-    # copies it to the slots the later steps use, so A is read from DRAM once however many chunks there are
-    a_tiles = [[(t.tile(mb * shape.k * a_view.dtype.size), t.tile(mb * shape.k)) for _, mb in blocks] for t in arenas]
-    if a.quantize_scale is None:
-        a_tiles = [[(raw, raw) for raw, _ in slot] for slot in a_tiles]
+    # A^T (per stationary row block), loaded (and quantized) once by step 0 so A is read from DRAM once however many
+    # chunks there are: in the spare scratchpad banks every step reads (`TileArena.spare`) when it fits there, else
+    # at the same place in every slot, each of the next steps using another slot copying it there (on the vector
+    # unit, under the matrix work of the steps before it)
+    a_bytes = [(mb * shape.k * a_view.dtype.size, mb * shape.k) for _, mb in blocks]
+    quantized = a.quantize_scale is not None
+    spare = TileArena.spare(cfg)
+    shared = spare is not None and spare.fits([b for pair in a_bytes for b in pair[: 1 + quantized]])
+
+    def place(t: TileArena) -> list[tuple[int, int]]:
+        return [(raw, t.tile(size) if quantized else raw) for raw, size in ((t.tile(r), q) for r, q in a_bytes)]
+
+    a_tiles = [place(spare)] * len(arenas) if shared else [place(t) for t in arenas]
     steps = []
     for step, c0 in enumerate(chunks):
         rows = min(shape.chunk, shape.n_out - c0)
@@ -210,19 +218,19 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
             if bias is not None:
                 em.dma_load(bias.slice(0, c0, rows), bias_t)
 
-        def prepare(em: Emitter, bias_t=bias_t, res=res, rows=rows, first=step == 0) -> None:
+        quantize = step == 0 and a.quantize_scale is not None
+        copy = 0 < step < DEPTH and not shared  # this step's slot gets step 0's A^T (the vector unit keeps order)
+
+        def prepare(em: Emitter, bias_t=bias_t, res=res, rows=rows, quantize=quantize, copy=copy, step=step) -> None:
             for (_, mb), r in zip(blocks, res, strict=True):
                 if bias is not None:  # zero bits (i32 x - x) are f32 zeros too, then each row its column's bias
                     em.b.v_sub(*em.regs(r, r, r), rows * mb, "i32")
                     em.b.v_add_vc(*em.regs(r, r, bias_t), rows * mb, mb, bias.dtype.name)
-            if not first:  # in vector order after step 0's copies (a vector -> matrix token follows)
-                return
             for (_, mb), (a_raw, a_t) in zip(blocks, a_tiles[0], strict=True):
-                if a.quantize_scale is not None:
+                if quantize:
                     em.b.v_qnt(*em.regs(a_t, a_raw, f32_bits(1.0 / a.quantize_scale)), mb * shape.k)
-            for there in a_tiles[1:DEPTH]:
-                for (_, mb), (_, a_t), (_, dst) in zip(blocks, a_tiles[0], there, strict=True):
-                    em.b.v_copy(*em.regs(dst, a_t), mb * shape.k, w_dt.name)
+            for (_, mb), (_, a_t), (_, dst) in zip(blocks, a_tiles[0], a_tiles[step], strict=True) if copy else ():
+                em.b.v_copy(*em.regs(dst, a_t), mb * shape.k, w_dt.name)
 
         def matmul(em: Emitter, w=w, accs=accs, outs=outs, res=res, rows=rows, a_here=a_tiles[step]) -> None:
             for (_, mb), (_, a_t), acc, out_t, r in zip(blocks, a_here, accs, outs, res, strict=True):
@@ -235,7 +243,7 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                 em.b.mx_drain(*em.regs(out_t, acc), rows, mb)
 
         compute = [(Unit.load, load)]
-        if a.quantize_scale is not None or len(chunks) > 1 or bias is not None:
+        if quantize or copy or bias is not None:
             compute.append((Unit.vector, prepare))
         compute.append((Unit.matrix, matmul))
         stores = [(o, scratch.slice(0, c0, rows).slice(1, r0, mb)) for (r0, mb), o in zip(blocks, outs, strict=True)]

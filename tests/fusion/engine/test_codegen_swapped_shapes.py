@@ -5,7 +5,10 @@ Simulated in checked (race-detecting) mode; int8 bit-exact against the quantized
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 from engine_helpers import assert_reference, context, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,6 +16,8 @@ from hypothesis import strategies as st
 from fusion.engine.plan import Group
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
+from fusion.lower.local_alloc import DEPTH
+from simulator.config import load_config
 
 
 def _gemm(m: int, k: int, n: int, bias: bool, tail: str, seed: int):
@@ -75,3 +80,22 @@ def test_a_head_split_after_the_gemm_is_stored_head_by_head(m, k, heads, d, dtyp
     mc = context(graph, inputs, dtype)
     kernel, run, env = run_group(mc, Group(("mm", "split", "heads"), "swapped"), inputs)
     assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("banks", [4, 2])
+def test_a_is_read_once_into_the_spare_banks_or_copied_to_each_slot(dtype: str, banks: int) -> None:
+    """Several chunks of output columns share A^T, loaded by one transposing DMA: in the spare scratchpad banks every
+    step reads (4 banks, 3 slots: no copy), or, on a machine whose slots take every bank, copied from the first
+    step's slot into the next DEPTH - 1 slots. Checked mode: no step reads A^T before it is there."""
+    m, k, n = 16, 256, 256
+    graph = _gemm(m, k, n, bias=False, tail="", seed=7)
+    inputs = {"x": np.random.default_rng(7).standard_normal((m, k)).astype(np.float32)}
+    mc = context(graph, inputs, dtype, replace(load_config("base"), spad_banks=banks))
+    kernel, run, env = run_group(mc, Group(("gemm",), "swapped"), inputs)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-5)
+    instructions = list(kernel.program.instructions())
+    a_copies = [i for i in instructions if i.mnemonic == "v.copy" and i.field("n") == m * k]
+    chunks = sum(i.mnemonic == "mx.drain" for i in instructions)  # one row block: a drain per chunk
+    assert chunks > 1
+    assert len(a_copies) == (0 if banks == 4 else min(chunks, DEPTH) - 1)
