@@ -24,7 +24,7 @@ from fusion.engine.bounds import gemm_bound, swapped_bound
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.attention import attention_forms, attention_steps
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
-from fusion.engine.codegen.conv import QUANTIZED, TAPS, conv_phases, conv_shape, pack_taps, quantized_bytes
+from fusion.engine.codegen.conv import QUANTIZED, TAPS, conv_phases, conv_shape, pack_band_taps, quantized_bytes
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
 from fusion.engine.codegen.conv_chain import (
     CHAIN_TAPS,
@@ -220,7 +220,9 @@ def _conv_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -
     """The Conv weight as per-tap tiles, the scratch buffer of the output before its layout change and (a float
     input on the int8 path) its int8 copy."""
     conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
-    taps = {const_key(conv.inputs[1], TAPS): pack_taps(forms[const_key(conv.inputs[1], _weight_form(mc))])}
+    weights = np.asarray(forms[const_key(conv.inputs[1], _weight_form(mc))])
+    s = conv_shape(sub, mc.config, conv)
+    taps = {const_key(conv.inputs[1], TAPS): pack_band_taps(weights, s, mc.config.array_size)}
     scratch = {temp_key(conv, 2): conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))}
     if mc.int8 and storage_dtype(sub, mc.qplan, conv.inputs[0]) is DType.f32:
         scratch[temp_key(conv, QUANTIZED)] = quantized_bytes(sub, conv)

@@ -41,7 +41,7 @@ from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
 
-TAPS = "taps"  # constant-form key of a Conv weight as per-tap [C/group, Cout] tiles (see pack_taps)
+TAPS = "taps"  # constant-form key of a Conv weight as the band schedule's step tiles (see pack_band_taps)
 
 
 def conv_shape(graph: Graph, cfg: MachineConfig, node: Node, packed: bool = False) -> ConvGeometry:
@@ -72,6 +72,24 @@ def pack_taps(weights: np.ndarray) -> np.ndarray:
         raise CodegenError(f"a Conv weight of rank {weights.ndim} has no implicit-GEMM packing (rank 3 or 4)")
     lifted = weights.reshape(*weights.shape[:2], *(1,) * (4 - weights.ndim), *weights.shape[2:])
     return np.ascontiguousarray(lifted.transpose(2, 3, 1, 0))
+
+
+def pack_band_taps(weights: np.ndarray, s: ConvGeometry, n: int) -> np.ndarray:
+    """W[Cout, C/group, kh, kw] (or 1-D) as the weight tiles the band schedule's steps read, flat: per Cout tile
+    [col, col + tn) (tn = min(n, Cout/group)), its [taps, C/group, tn] block at offset col * taps * C/group,
+    channel block by channel block ([taps, kb, tn] each, kb = min(n, C/group)). A step's K chunk (whole channel
+    blocks) is then one contiguous run: one DMA of full bursts, not one burst per tn-wide row (resnet18
+    layer3 at 224: 16-byte rows, 4x the DRAM channel time of the bytes)."""
+    taps = pack_taps(weights)  # [kh, kw, C/group, Cout]
+    flat = taps.reshape(s.taps, s.cg, s.cout)
+    tn = min(n, s.coutg)
+    blocks = [
+        flat[:, c0 : c0 + kb, g * s.coutg + j0 : g * s.coutg + j0 + width].ravel()
+        for g in range(s.groups)
+        for j0, width in k_slices(s.coutg, tn)
+        for c0, kb in k_slices(s.cg, n)
+    ]
+    return np.ascontiguousarray(np.concatenate(blocks))
 
 
 def scratch_bytes(graph: Graph, cfg: MachineConfig, node: Node, out_dtype: DType) -> int:
@@ -169,7 +187,7 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     source = BandSource.of(graph, node, x, s)
     pixels_out = s.out[0] * s.out[1]
     scratch = dense(cx.temp(node, 2), (s.n, s.out[0] * s.cols, s.cout), ep.out_dt)
-    taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps, s.cg, s.cout), mm_dt)
+    taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps * s.cg * s.cout,), mm_dt)
     k = _Kernel(s, tiling, z, taps, ep, quantize)
     spans = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
     fills = []
@@ -384,7 +402,7 @@ class _Kernel:
     s: ConvGeometry
     tiling: _Tiling
     z: _Sizes
-    taps: View  # [taps, C/group, Cout]
+    taps: View  # flat, `pack_band_taps`
     ep: Epilogue
     quantize: float | None
 
@@ -411,7 +429,8 @@ class _Kernel:
         def load(em: Emitter) -> None:
             for dma in dmas:
                 dma(em)
-            em.dma_load(self.taps.slice(1, t.c0, t.kc).slice(2, t.col, t.tn), weights)
+            start = (t.col * s.cg + t.c0 * t.tn) * s.taps  # the Cout tile's block, then its channel blocks
+            em.dma_load(self.taps.slice(0, start, s.taps * t.kc * t.tn), weights)
             self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
 
         def band_vector(em: Emitter) -> None:
@@ -426,7 +445,7 @@ class _Kernel:
                     for (c0, kb), block in zip(slices, ready, strict=True):
                         if not t.c0 <= c0 < t.c0 + t.kc:
                             continue
-                        at = weights + ((tap * t.kc + c0 - t.c0) * t.tn) * z.mm_dt.size
+                        at = weights + ((c0 - t.c0) * s.taps + tap * kb) * t.tn * z.mm_dt.size
                         em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
                         start = block + s.offset(kh, kw) * kb * z.mm_dt.size
                         (em.b.mx_mm if not opened else em.b.mx_mma)(*em.regs(t.acc, start), stream)
