@@ -40,6 +40,7 @@ import numpy as np
 from fusion.engine.codegen.conv import (
     DrainBand,
     Epilogue,
+    clip_tail,
     conv_epilogue,
     conv_shape,
     load_transposed,
@@ -358,11 +359,12 @@ def chain_phases(
     rows = band_rows(cfg, z, requested_rows)
     last = chain.stages[-1]
     scales = dequant_scales(cx, last.conv)  # int8: a last Conv read only by the residual Add is dequantized
+    clamped = tuple(_clamped(cx, st) for st in chain.stages)
     eps = tuple(
         _accumulator_epilogue(cx, st)
         if st is last and scales is not None
-        else conv_epilogue(cx, st.drained, st.s, dense(0, (1,), cx.dtype(st.drained[-1].outputs[0])))
-        for st in chain.stages
+        else conv_epilogue(cx, st.nodes if clamp else st.drained, st.s, dense(0, (1,), cx.dtype(st.conv.outputs[0])))
+        for st, clamp in zip(chain.stages, clamped, strict=True)
     )
     scratch = dense(cx.temp(last.conv, SCRATCH), (last.s.n, last.s.out[0] * last.s.cols, last.s.cout), z.out_dt)
     taps = tuple(
@@ -373,7 +375,7 @@ def chain_phases(
         )
         for st in chain.stages
     )
-    k = _Kernel(cx, chain, z, eps, taps, scratch, rows)
+    k = _Kernel(cx, chain, z, eps, clamped, taps, scratch, rows)
     bands = [(img, o0, r) for img in range(last.s.n) for o0, r in k_slices(last.s.out[0], rows)]
     phases, done = [k.prologue(len(bands))], 0
     for b, (img, o0, r) in enumerate(bands):
@@ -404,7 +406,8 @@ class _Kernel:
     chain: Chain
     z: Sizes
     eps: tuple[Epilogue, ...]
-    taps: tuple[View, ...]  # per stage [taps, C, Cout]
+    clamped: tuple[bool, ...]  # per stage: its Clip is the drain's int8 requantization clamp (`_clamped`)
+    taps: tuple[View, ...]  # per stage [taps, C, Cout] (depthwise: [taps, N, C], `pack_stage`)
     scratch: View  # [n, OH * cols, Cout]
     rows: int  # last-stage output rows per band
 
@@ -452,17 +455,26 @@ class _Kernel:
                     arena.spad = slots[index % DEPTH]
                     closes = j == len(chunks) - 1
                     work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc, j == 0, closes)
-                    clip = closes and col == cols[-1][0] and st.clip is not None  # the stage's rows all drained
-                    steps.append(self.step(arena, work, inputs, raw, edges if not steps else None, clip))
+                    clip = closes and st.clip is not None
+                    wait = clip and col == cols[-1][0]  # the stage's rows all drained and clipped
+                    steps.append(self.step(arena, work, inputs, raw, edges if not steps else None, clip, wait))
         return steps
 
     def step(
-        self, arena: TileArena, t: _Work, inputs: list[list[int]], raw: list[int], edges: list | None, clip: bool
+        self,
+        arena: TileArena,
+        t: _Work,
+        inputs: list[list[int]],
+        raw: list[int],
+        edges: list | None,
+        clip: bool = False,
+        wait: bool = False,
     ) -> Step:
         """One stage's Cout tile x K chunk of a band; `edges` (the band's first step): it also brings the chain
-        input and zeroes the tile rows past the image edges; `clip` (a Clip stage's last step): then the vector
-        unit clips the stage's rows in the next stage's tile (`clip_rows`), and the matrix unit waits for it
-        before the next stage reads them."""
+        input and zeroes the tile rows past the image edges; `clip` (a Clip stage's last K chunk): then the vector
+        unit clips the drained rows in the next stage's tile (`clip_rows`) while the matrix unit goes on to the
+        next Cout tile; `wait` (the stage's last one): the matrix unit waits for the clipped rows before the next
+        stage reads them."""
         chain, z = self.chain, self.z
         st, ep = chain.stages[t.stage], self.eps[t.stage]
         s, es = st.s, z.mm_dt.size
@@ -486,6 +498,10 @@ class _Kernel:
         if edges is not None and raw:
             compute.append((Unit.vector, lambda em: self.quantize(em, raw, inputs[0])))
 
+        # a vertically strided stage streams each output row's positions alone, skipping the input rows between
+        # (the band's one stream would compute them too: the stride-2 depthwise of an inverted residual, 2x)
+        runs = [(0, s.stream_rows(count))] if s.strides[0] == 1 else [(r * s.pitch, s.valid) for r in range(count)]
+
         def matmul(em: Emitter) -> None:
             opened = not t.opens
             for kh in range(s.kernel[0]):
@@ -497,7 +513,9 @@ class _Kernel:
                         at = w_tile + ((tap * t.kc + c0 - t.k0) * t.tn) * es
                         em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
                         start = block + s.offset(kh, kw) * kb * es
-                        (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(t.acc, start), s.stream_rows(count))
+                        for p, n in runs:
+                            acc, a_rows = t.acc + p * t.tn * 4, start + p * kb * es
+                            (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(acc, a_rows), n)
                         opened = True
             if not last_chunk:
                 return
@@ -510,7 +528,8 @@ class _Kernel:
         if clip:
             temp = arena.tile(z.step_tiles(t.stage, z.rows(self.rows)[t.stage], t.kc)[-1]) if self.cx.int8 else 0
             compute.append((Unit.vector, lambda em: self.clip_rows(em, t, inputs, temp)))
-            compute.append((Unit.matrix, lambda em: None))  # the next stage's preloads wait for the clipped rows
+        if wait:
+            compute.append((Unit.matrix, lambda em: None))  # (its hand-over token from the vector unit)
         stores = []
         if final and last_chunk:
             view = self.scratch.index((t.img,)).slice(0, t.o0 * s.cols, t.rows * s.cols).slice(1, t.col, t.tn)
@@ -537,23 +556,25 @@ class _Kernel:
             ep.drain(em, band, tiles, at(r))
 
     def clip_rows(self, em: Emitter, t: _Work, inputs: list[list[int]], temp: int) -> None:
-        """A Clip stage's output rows [a, b) in every channel block of the next stage's tile (whole padded rows:
-        the zero padding stays zero), clipped as the unfused Clip: fp32 in place; int8 dequantized at the Conv's
-        output scale, clipped, and quantized at the next Conv's input scale (`temp`: one block's float32 rows),
-        as the quantized reference's float32 Clip between the two."""
+        """A Clip stage's output rows [a, b) of Cout tile `col` in the next stage's tile (whole padded rows: the
+        zero padding stays zero), clipped as the unfused Clip: fp32 in place; int8 dequantized at the Conv's
+        output scale, clipped (unless the drain's requantization clamp already did, `clip_tail`), and quantized at
+        the next Conv's input scale (`temp`: the float32 rows), as the quantized reference's float32 Clip between
+        the two Convs."""
         st, nxt, cx = self.chain.stages[t.stage], self.chain.stages[t.stage + 1], self.cx
-        clip, es = st.clip, self.z.mm_dt.size
-        lo, hi = f32_bits(float(clip.attr("min"))), f32_bits(float(clip.attr("max")))
+        es = self.z.mm_dt.size
+        lo, hi = f32_bits(float(st.clip.attr("min"))), f32_bits(float(st.clip.attr("max")))
         p0 = band_ranges(self.chain, t.o0, t.rows)[t.stage + 1][0] * nxt.s.strides[0]
         pitch = nxt.s.padded[1]
-        for (_, kb), block in zip(k_slices(nxt.s.c, self.z.n), inputs[t.stage + 1], strict=True):
-            rows, size = block + (t.a + nxt.top - p0) * pitch * kb * es, (t.b - t.a) * pitch * kb
-            if not cx.int8:
-                em.b.v_clip(*em.regs(rows, rows, lo, hi), size, "f32")
-                continue
-            dequantize(em, temp, rows, size, cx.scale(st.conv.outputs[0]))
+        block = inputs[t.stage + 1][t.col // self.z.n]
+        rows, size = block + (t.a + nxt.top - p0) * pitch * t.tn * es, (t.b - t.a) * pitch * t.tn
+        if not cx.int8:
+            em.b.v_clip(*em.regs(rows, rows, lo, hi), size, "f32")
+            return
+        dequantize(em, temp, rows, size, cx.scale(st.conv.outputs[0]))
+        if not self.clamped[t.stage]:
             em.b.v_clip(*em.regs(temp, temp, lo, hi), size, "f32")
-            em.b.v_qnt(*em.regs(rows, temp, f32_bits(1.0 / cx.matrix(nxt.conv).input_scale)), size)
+        em.b.v_qnt(*em.regs(rows, temp, f32_bits(1.0 / cx.matrix(nxt.conv).input_scale)), size)
 
     def load_input(self, em: Emitter, img: int, o0: int, rows: int, tiles: list[int]) -> None:
         """The chain input's rows a band needs, each channel block by transposing loads into its padded tile."""
@@ -624,6 +645,18 @@ class _Work:
     acc: int
     opens: bool  # the first K chunk: the accumulator starts here
     closes: bool  # the last K chunk: the drain follows
+
+
+def _clamped(cx: LowerContext, st: Stage) -> bool:
+    """int8: the stage's Clip is its drain's requantization clamp (`conv.clip_tail`: ReLU6 above every int8 value
+    the Conv's output holds), so `clip_rows` need not clip again."""
+    if st.clip is None or not cx.int8:
+        return False
+    try:
+        clip_tail(cx, st.nodes)
+    except CodegenError:
+        return False
+    return True
 
 
 def _accumulator_epilogue(cx: LowerContext, st: Stage) -> Epilogue:

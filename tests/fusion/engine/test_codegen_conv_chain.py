@@ -55,10 +55,11 @@ def chain_graph(c, hw, layers, residual=False, seed=0, batch=1):
     return b.build(), tuple(names)
 
 
-def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3):
+def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3, gain=1.5):
     """MobileNetV2's inverted residual from x [batch, c, *hw]: 1x1 expand (x `expand`) -> Clip(0, 6) -> depthwise
     (pad k // 2, `stride`) -> Clip -> 1x1 project to cout (+ x when stride 1 and cout == c); Relu instead of the
-    Clips when not `relu6`. Returns the graph and its node names."""
+    Clips when not `relu6`; weights `gain` x fan-in-scaled (1.5: the Clips bind; 0.5: mostly the int8
+    requantization clamp). Returns the graph and its node names."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("inverted_residual")
     x = b.input("x", (batch, c, *hw))
@@ -70,8 +71,8 @@ def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, 
         return b.op(OpType.Relu, h, name=name)
 
     def conv(h, i, shape, group, k, s):
-        """Conv i: fan-in-scaled weights (x 1.5: the Clips bind), bias, padding k // 2."""
-        w = (rng.standard_normal(shape) * 1.5 / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+        """Conv i: fan-in-scaled weights, bias, padding k // 2."""
+        w = (rng.standard_normal(shape) * gain / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
         bias = b.constant((rng.standard_normal(shape[0]) * 0.2).astype(np.float32), f"b{i}")
         attrs = {"dilations": (1, 1), "group": group, "pads": (k // 2,) * 4, "strides": (s, s)}
         return b.op(OpType.Conv, h, b.constant(w, f"w{i}"), bias, name=f"c{i}", **attrs)
@@ -272,13 +273,23 @@ def test_the_planner_takes_the_chain_where_bandwidth_is_scarce() -> None:
 @st.composite
 def inverted_residuals(draw):
     """MobileNetV2 inverted residuals: channels, expansion, output channels (the block input's for a residual),
-    stride, spatial size (ragged last bands), ReLU6 or ReLU between the stages, a 3x3 or 5x5 depthwise kernel."""
+    stride, spatial size (ragged last bands), ReLU6 or ReLU between the stages, a 3x3 or 5x5 depthwise kernel,
+    the weights' gain (whether the Clips bind or are the int8 requantization clamp)."""
     c = draw(st.sampled_from([8, 16, 24]))
     expand = draw(st.sampled_from([1, 2, 3, 6]))
     stride = draw(st.sampled_from([1, 2]))
     cout = draw(st.sampled_from([c, 16, 32]))
     hw = (draw(st.integers(3, 12)), draw(st.integers(3, 12)))
-    return c, hw, expand, cout, stride, draw(st.booleans()), draw(st.sampled_from([3, 5]))
+    return (
+        c,
+        hw,
+        expand,
+        cout,
+        stride,
+        draw(st.booleans()),
+        draw(st.sampled_from([3, 5])),
+        draw(st.sampled_from([0.5, 1.5])),
+    )
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
@@ -289,8 +300,8 @@ def test_random_inverted_residuals_match_the_reference_and_unfused(
 ) -> None:
     """int8 bit-exact (the Clips between stages dequantize, clip and requantize at the next Conv's input scale,
     the project Conv read only by the Add is dequantized per channel), fp32 within 1e-4."""
-    c, hw, expand, cout, stride, relu6, k = case
-    graph, names = inverted_residual(c, hw, expand, cout, stride, seed=seed, relu6=relu6, dw_kernel=k)
+    c, hw, expand, cout, stride, relu6, k, gain = case
+    graph, names = inverted_residual(c, hw, expand, cout, stride, seed=seed, relu6=relu6, dw_kernel=k, gain=gain)
     out_rows = graph.types[graph.outputs[0]].shape[2]
     mc = context(graph, _inputs(graph), dtype)
     layouts = {w for _, w in band_heights(graph, mc.config, mc.qplan, [graph.node(n) for n in names])}
