@@ -557,7 +557,10 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     p_tiles = _packed(arena, m, ktiles, pes) if split else [p_rows]
     echunks = chunks(p.dv, n)
     streamed = len(kblocks) > 1  # the product accumulates over key blocks: one region per value chunk
-    acc = arena.acc_tile(m * n * (len(echunks) if streamed else 1) * 4)
+    # one accumulator region per value chunk (when they fit) also lets the chunks' products follow each other
+    # through the array, each drained after the last one is issued, instead of a drain waiting after each
+    regions = streamed or TileArena(cx.config, 0).fits([], [m * n * len(echunks) * 4])
+    acc = arena.acc_tile(m * n * (len(echunks) if regions else 1) * 4)
     o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
     (mult1, shift1), (mult2, shift2) = p.requant or ((f32_bits(1.0), 0), (f32_bits(1.0), 0))
     kdt, vdt = _op_dt(p.k), _op_dt(p.v)
@@ -629,14 +632,16 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
             if last:
                 em.b.ep_cfg(*em.regs(0, 0, mult2), shift2, Activation.none, "none", p.out_dt.name)
             for e, (_, ec) in enumerate(echunks):
-                region = acc + (e * m * n * 4 if streamed else 0)  # whole keys: each chunk drained before the next
+                region = acc + (e * m * n * 4 if regions else 0)  # one region: each chunk drained before the next
                 for i, (j0, bk) in enumerate(kblocks[b]):
                     j = first_tile[b] + i
                     v_at = _v_tile(v_bufs, t, i, e, (j0 - kblocks[b][0][0]) * ec * vdt.size)
                     em.b.mx_preload(em.reg(v_at), bk, ec, vdt.name)
                     (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(region, p_tiles[j]), m)
-                if last:
+                if last and not regions:
                     em.b.mx_drain(*em.regs(o_tiles[e], region), m, ec)
+            for e, (_, ec) in enumerate(echunks) if last and regions else ():
+                em.b.mx_drain(*em.regs(o_tiles[e], acc + e * m * n * 4), m, ec)
 
         return emit
 

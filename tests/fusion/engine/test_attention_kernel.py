@@ -115,6 +115,22 @@ def test_keys_beyond_a_buffer_slot_stream_through_it(dtype):
     assert_matches(got, want, dtype)
 
 
+def test_the_value_chunks_accumulate_apart_and_drain_after_the_last():
+    """BERT's head dim 64 is four value chunks: their products into four accumulator regions, one after another
+    through the array, and the four drains after the last (not a drain waiting between them)."""
+    shape = AttentionShape(seq=16, heads=2, head_dim=64)
+    graph, inputs = attention_graph(shape)
+    mc = context(graph, inputs, "fp32")
+    (match,) = find_attention(graph)
+    _, program, _ = build(mc, match.nodes(graph))
+    matrix = [i.mnemonic for i in program.instructions() if i.mnemonic.startswith("mx.")]
+    per_head = len(matrix) // shape.heads
+    product = matrix[per_head - 12 : per_head]  # a head's last: four (preload, matmul) pairs, four drains
+    assert product == ["mx.preload", "mx.mm"] * 4 + ["mx.drain"] * 4, product
+    result, got, want = run(shape, "fp32")
+    assert_matches(got, want, "fp32")
+
+
 def test_the_mask_is_generated_not_loaded():
     """The kernel's DRAM reads are its Q/K/V sources and the positions vector, never the Sq x Sk mask."""
     shape = AttentionShape(seq=32, heads=2, head_dim=16, causal=True)
