@@ -26,6 +26,8 @@ from unittest import mock
 from bench.zoo import zoo_model
 
 CHAIN = "conv_chain"
+# mobilenet_v2 64x64's inverted residuals: features.2, 3, 4, 6, 9, 13
+MOBILENET_BLOCKS = "ir:16x32x6x2x24,ir:24x16x6x1x24,ir:24x16x6x2x32,ir:32x8x6x1x32,ir:64x4x6x1x64,ir:96x4x6x1x96"
 
 
 def plan_and_run(graph, inputs: dict, config, dtype: str, chains: bool) -> dict:
@@ -75,19 +77,73 @@ def basic_block(c: int, hw: int, seed: int = 0):
     return b.build(), {"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)}
 
 
-def block_rows(c: int, hw: int, configs, dtypes=("fp32", "int8")) -> list[str]:
-    """The block alone: the chain's best schedule (measured) vs the separate kernels (each Conv by its fastest conv
-    schedule or the baseline, the Add + ReLU as one chain kernel), cycles and DRAM bytes."""
+def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3, gain=1.5):
+    """MobileNetV2's inverted residual from x [batch, c, *hw]: 1x1 expand (x `expand`) -> Clip(0, 6) -> depthwise
+    (pad k // 2, `stride`) -> Clip -> 1x1 project to cout (+ x when stride 1 and cout == c); Relu instead of the
+    Clips when not `relu6`; weights `gain` x fan-in-scaled (1.5: the Clips bind; 0.5: mostly the int8
+    requantization clamp), biases. Returns the graph and its node names."""
+    import numpy as np
+
+    from fusion.graph.builder import GraphBuilder
+    from fusion.graph.ops import OpType
+
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("inverted_residual")
+    x = b.input("x", (batch, c, *hw))
+    e = c * expand
+
+    def act(h, name):
+        if relu6:
+            return b.op(OpType.Clip, h, name=name, min=0.0, max=6.0)
+        return b.op(OpType.Relu, h, name=name)
+
+    def conv(h, i, shape, group, k, s):
+        w = (rng.standard_normal(shape) * gain / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+        bias = b.constant((rng.standard_normal(shape[0]) * 0.2).astype(np.float32), f"b{i}")
+        attrs = {"dilations": (1, 1), "group": group, "pads": (k // 2,) * 4, "strides": (s, s)}
+        return b.op(OpType.Conv, h, b.constant(w, f"w{i}"), bias, name=f"c{i}", **attrs)
+
+    h = act(conv(x, 0, (e, c, 1, 1), 1, 1, 1), "a0")
+    h = act(conv(h, 1, (e, 1, dw_kernel, dw_kernel), e, dw_kernel, stride), "a1")
+    h = conv(h, 2, (cout, e, 1, 1), 1, 1, 1)
+    names = ["c0", "a0", "c1", "a1", "c2"]
+    if stride == 1 and cout == c:
+        h = b.op(OpType.Add, x, h, name="add")
+        names.append("add")
+    b.output(h)
+    return b.build(), tuple(names)
+
+
+def block(spec: str):
+    """A block from its spec: `basic:CxHW` (a ResNet basic block) or `ir:CxHWxExSxCOUT` (an inverted residual:
+    expansion E, depthwise stride S); its graph, seeded input and the chain's nodes."""
+    import numpy as np
+
+    kind, _, dims = spec.partition(":")
+    sizes = tuple(map(int, dims.split("x")))
+    if kind == "basic" and len(sizes) == 2:
+        graph, inputs = basic_block(*sizes)
+        return graph, inputs, tuple(n.name for n in graph.nodes)
+    if kind == "ir" and len(sizes) == 5:
+        c, hw, expand, stride, cout = sizes
+        graph, names = inverted_residual(c, (hw, hw), expand, cout, stride)
+        x = np.random.default_rng(1).standard_normal(graph.types["x"].shape).astype(np.float32)
+        return graph, {"x": x}, names
+    raise SystemExit(f"--blocks: {spec!r} is neither basic:CxHW nor ir:CxHWxExSxCOUT")
+
+
+def block_rows(spec: str, configs, dtypes=("fp32", "int8")) -> list[str]:
+    """The block alone: the dynamic plan without `conv_chain` (measured, host execution), the chain's best schedule
+    (measured), and the dynamic plan with it (what the planner takes); cycles and DRAM bytes."""
     from fusion.engine.candidates import Candidate, schedules
     from fusion.engine.context import ModelContext
     from fusion.engine.execute import run_kernel
     from fusion.engine.kernel import try_build
-    from fusion.engine.plan import Group
     from fusion.quant.calibrate import calibrate
     from fusion.reference.interpreter import evaluate
     from fusion.reference.quantized import evaluate_quantized
 
-    graph, inputs = basic_block(c, hw)
+    graph, inputs, names = block(spec)
     rows = []
     for dtype in dtypes:
         params = calibrate(graph, [inputs]) if dtype == "int8" else None
@@ -98,24 +154,18 @@ def block_rows(c: int, hw: int, configs, dtypes=("fp32", "int8")) -> list[str]:
                 if params is None
                 else {k: v.data for k, v in evaluate_quantized(graph, inputs, params).items()}
             )
-
-            def best(groups, mc=mc, env=env):
-                """The fastest of the groups that build, measured: (group, run), or None."""
-                runs = [(g, run_kernel(mc, k, env)) for g in groups if not isinstance(k := try_build(mc, g), str)]
-                return min(runs, key=lambda gr: gr[1].cycles, default=None)
-
-            convs = ("implicit_gemm", "implicit_packed", "implicit_stationary")
-            first = best([Group(("c0", "r0"), s) for s in convs])
-            parts = [first] if first else [best([Group(("c0",), "unfused")]), best([Group(("r0",), "unfused")])]
-            parts += [best([Group(("c1",), s) for s in (*convs, "unfused")]), best([Group(("add", "relu"), "chain")])]
-            chain = best(schedules(mc, Candidate(tuple(n.name for n in graph.nodes), CHAIN)))
-            sep_cycles = sum(r.cycles for _, r in parts)
-            sep_dram = sum(r.dram_read_bytes + r.dram_write_bytes for _, r in parts)
-            dram = chain[1].dram_read_bytes + chain[1].dram_write_bytes
+            groups = schedules(mc, Candidate(names, CHAIN))
+            runs = [(g, run_kernel(mc, k, env)) for g in groups if not isinstance(k := try_build(mc, g), str)]
+            off, on = (plan_and_run(graph, inputs, config, dtype, chains) for chains in (False, True))
+            if not runs:
+                rows.append(f"| {spec} | {dtype} | {config.name} | {off['cycles']:,} | refused | | | | |")
+                continue
+            group, run = min(runs, key=lambda gr: gr[1].cycles)
+            dram = run.dram_read_bytes + run.dram_write_bytes
             rows.append(
-                f"| {c}x{hw}x{hw} | {dtype} | {config.name} | {sep_cycles:,} | {chain[1].cycles:,} "
-                f"({chain[0].schedule}) | {sep_cycles / chain[1].cycles:.2f}x | {sep_dram / 1e3:.0f} | "
-                f"{dram / 1e3:.0f} |"
+                f"| {spec} | {dtype} | {config.name} | {off['cycles']:,} | {run.cycles:,} ({group.schedule}) | "
+                f"{off['cycles'] / run.cycles:.2f}x | {on['cycles']:,} ({len(on['chains'])} chain) | "
+                f"{off['dram'] / 1e3:.0f} | {dram / 1e3:.0f} |"
             )
             print(rows[-1], flush=True)
     return rows
@@ -133,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="one run, MODEL:MACHINE:VARIANT (machine base|low, variant with|without)")
     ap.add_argument("--json", help="append the runs' figures to this JSON-lines file")
     ap.add_argument("--from-json", help="write the table from these runs instead of planning")
-    ap.add_argument("--blocks", default="64x16,128x8", help="basic blocks alone, CxHW (resnet18 64x64's layer1, 2)")
+    ap.add_argument(
+        "--blocks",
+        default=f"basic:64x16,basic:128x8,{MOBILENET_BLOCKS}",
+        help="blocks alone: basic:CxHW, ir:CxHWxExSxCOUT (default: resnet18 64x64's layer1, 2; mobilenet_v2 64x64's)",
+    )
     args = ap.parse_args(argv)
     base = load_config("base")
     configs = (base, replace(base, name=f"base_bw{args.bandwidth}", dram_bytes_per_cycle=args.bandwidth))
@@ -177,17 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.blocks:
         lines += [
             "",
-            "## One ResNet basic block alone (Conv3x3 + ReLU, Conv3x3, + x, ReLU)",
+            "## Blocks alone",
             "",
-            "Separate: each Conv by its fastest conv schedule (or the baseline), the Add + ReLU as one chain kernel; "
-            "chain: the conv_chain schedule measuring fewest cycles. Cycles, DRAM kB.",
+            "`basic:CxHW`: a ResNet basic block (Conv3x3 + ReLU, Conv3x3, + x, ReLU); `ir:CxHWxExSxCOUT`: a "
+            "MobileNetV2 inverted residual (1x1 expand x E -> ReLU6 -> 3x3 depthwise stride S -> ReLU6 -> 1x1 "
+            "project, + x when S = 1 and COUT = C). Without: the dynamic plan with no `conv_chain` candidate; "
+            "chain: the conv_chain schedule measuring fewest cycles; planner: the dynamic plan with it (the chains "
+            "it takes). Cycles (host execution), DRAM kB.",
             "",
-            "| block | dtype | machine | separate | chain | speedup | DRAM kB separate | DRAM kB chain |",
-            "|---|---|---|---|---|---|---|---|",
+            "| block | dtype | machine | without | chain | speedup | planner | DRAM kB without | DRAM kB chain |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        for block in args.blocks.split(","):
-            c, hw = map(int, block.split("x"))
-            lines += block_rows(c, hw, configs)
+        for spec in args.blocks.split(","):
+            lines += block_rows(spec, configs)
     Path(args.out).write_text("\n".join(lines) + "\n")
     return 0
 

@@ -13,6 +13,7 @@ from engine_helpers import assert_reference, context, reference_env, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.bench_layer_fusion import inverted_residual
 from fusion.engine.codegen.conv_chain import band_heights, band_ranges, parse_chain
 from fusion.engine.conv_chain_match import find_conv_chains
 from fusion.engine.engine import EngineOptions, FusionEngine
@@ -51,39 +52,6 @@ def chain_graph(c, hw, layers, residual=False, seed=0, batch=1):
     if residual:
         h = b.op(OpType.Relu, b.op(OpType.Add, h, x, name="add"), name="relu_out")
         names += ["add", "relu_out"]
-    b.output(h)
-    return b.build(), tuple(names)
-
-
-def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3, gain=1.5):
-    """MobileNetV2's inverted residual from x [batch, c, *hw]: 1x1 expand (x `expand`) -> Clip(0, 6) -> depthwise
-    (pad k // 2, `stride`) -> Clip -> 1x1 project to cout (+ x when stride 1 and cout == c); Relu instead of the
-    Clips when not `relu6`; weights `gain` x fan-in-scaled (1.5: the Clips bind; 0.5: mostly the int8
-    requantization clamp). Returns the graph and its node names."""
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder("inverted_residual")
-    x = b.input("x", (batch, c, *hw))
-    e = c * expand
-
-    def act(h, name):
-        if relu6:
-            return b.op(OpType.Clip, h, name=name, min=0.0, max=6.0)
-        return b.op(OpType.Relu, h, name=name)
-
-    def conv(h, i, shape, group, k, s):
-        """Conv i: fan-in-scaled weights, bias, padding k // 2."""
-        w = (rng.standard_normal(shape) * gain / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-        bias = b.constant((rng.standard_normal(shape[0]) * 0.2).astype(np.float32), f"b{i}")
-        attrs = {"dilations": (1, 1), "group": group, "pads": (k // 2,) * 4, "strides": (s, s)}
-        return b.op(OpType.Conv, h, b.constant(w, f"w{i}"), bias, name=f"c{i}", **attrs)
-
-    h = act(conv(x, 0, (e, c, 1, 1), 1, 1, 1), "a0")
-    h = act(conv(h, 1, (e, 1, dw_kernel, dw_kernel), e, dw_kernel, stride), "a1")
-    h = conv(h, 2, (cout, e, 1, 1), 1, 1, 1)
-    names = ["c0", "a0", "c1", "a1", "c2"]
-    if stride == 1 and cout == c:
-        h = b.op(OpType.Add, x, h, name="add")
-        names.append("add")
     b.output(h)
     return b.build(), tuple(names)
 
