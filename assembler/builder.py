@@ -21,7 +21,7 @@ import numpy as np
 
 from assembler import program as ir
 from assembler.diagnostics import AssemblyError, Diagnostic
-from assembler.link import DATA_RANGES, link, paused_gc
+from assembler.link import DATA_RANGES, ROW, link, paused_gc
 from assembler.objfile import ObjectFile, Section
 from isa import BY_MNEMONIC, INSTRUCTIONS, DType, InstructionSpec
 from isa.errors import IsaTableError
@@ -61,8 +61,22 @@ class ProgramBuilder:
 
     def __init__(self, data_base: int | None = None) -> None:
         self._items: list[ir.Item] = []
+        self._open: ir.InstrRun | None = None  # the run instructions are appended to (closed by any other item)
         if data_base is not None:
-            self._items.append(ir.DataBase(data_base, _caller()))
+            self._add(ir.DataBase(data_base, _caller()))
+
+    def _add(self, item: ir.Item) -> None:
+        """Append a non-instruction item; it ends the open run of instructions."""
+        self._open = None
+        self._items.append(item)
+
+    def _run(self) -> ir.InstrRun:
+        """The open run of instructions (a new one after any other item)."""
+        run = self._open
+        if run is None:
+            run = self._open = ir.InstrRun([], [], [])
+            self._items.append(run)
+        return run
 
     # --- text ------------------------------------------------------------------------------
 
@@ -71,24 +85,27 @@ class ProgramBuilder:
         spec = BY_MNEMONIC.get(mnemonic)
         if spec is None:
             raise _call_error(f"unknown mnemonic {mnemonic!r}")
-        self._items.append(ir.Instr(spec, _bind(spec, args, kwargs), _caller()))
+        run = self._open or self._run()
+        run.rows.append(ROW[mnemonic])
+        run.args.append(_bind(spec, args, kwargs))
+        run.locs.append(_caller())
         return self
 
     def label(self, name: str) -> str:
         """Define `name` at the current position of the current section; returns the name."""
-        self._items.append(ir.Label(name, _caller()))
+        self._add(ir.Label(name, _caller()))
         return name
 
     def equ(self, name: str, value: int | float | str) -> str:
-        self._items.append(ir.Equ(name, value, _caller()))
+        self._add(ir.Equ(name, value, _caller()))
         return name
 
     def text(self) -> ProgramBuilder:
-        self._items.append(ir.SetSection(Section.text, _caller()))
+        self._add(ir.SetSection(Section.text, _caller()))
         return self
 
     def data(self) -> ProgramBuilder:
-        self._items.append(ir.SetSection(Section.data, _caller()))
+        self._add(ir.SetSection(Section.data, _caller()))
         return self
 
     # --- data ------------------------------------------------------------------------------
@@ -108,11 +125,11 @@ class ProgramBuilder:
         return self._data("f32", values)
 
     def zero(self, count: int) -> ProgramBuilder:
-        self._items.append(ir.Zero(count, _caller()))
+        self._add(ir.Zero(count, _caller()))
         return self
 
     def align(self, boundary: int) -> ProgramBuilder:
-        self._items.append(ir.Align(boundary, _caller()))
+        self._add(ir.Align(boundary, _caller()))
         return self
 
     def _data(self, kind: str, values: tuple[Any, ...]) -> ProgramBuilder:
@@ -124,7 +141,7 @@ class ProgramBuilder:
             payload = tuple(values)
         if len(payload) == 0:
             raise _call_error(f".{kind} needs at least one value")
-        self._items.append(ir.Data(kind, payload, _caller(3)))
+        self._add(ir.Data(kind, payload, _caller(3)))
         return self
 
     # --- kernels ---------------------------------------------------------------------------
@@ -139,14 +156,14 @@ class ProgramBuilder:
     ) -> Iterator[ProgramBuilder]:
         """`with b.kernel("gemm", inputs=[("a", "i8", (64, 64), "a_buf")], attrs={...}):` emits a kernel block."""
         loc = _user_frame()
-        self._items.append(ir.KernelBegin(name, loc))
+        self._add(ir.KernelBegin(name, loc))
         for output, group in ((False, inputs), (True, outputs)):
             for tensor_name, dtype, shape, address in group:
-                self._items.append(ir.KernelTensor(output, tensor_name, dtype, tuple(shape), address, loc))
+                self._add(ir.KernelTensor(output, tensor_name, dtype, tuple(shape), address, loc))
         for key, value in (attrs or {}).items():
-            self._items.append(ir.KernelAttr(key, str(value), loc))
+            self._add(ir.KernelAttr(key, str(value), loc))
         yield self
-        self._items.append(ir.KernelEnd(_user_frame()))
+        self._add(ir.KernelEnd(_user_frame()))
 
     # --- result ----------------------------------------------------------------------------
 
@@ -170,10 +187,10 @@ def _array_bytes(kind: str, array: np.ndarray) -> bytes:
     if flat.dtype.kind not in "iu":
         raise _call_error(f".{kind} needs an integer array, got dtype {flat.dtype}")
     lo, hi = DATA_RANGES[kind]
-    if flat.size and (flat.min() < lo or flat.max() > hi):
+    limits = np.iinfo(flat.dtype)
+    if flat.size and (limits.min < lo or limits.max > hi) and (flat.min() < lo or flat.max() > hi):
         raise _call_error(f".{kind} array has values outside [{lo}, {hi}]")
-    unsigned = "<u1" if kind == "i8" else "<u4"
-    return (flat.astype(np.int64) & ((1 << (8 * np.dtype(unsigned).itemsize)) - 1)).astype(unsigned).tobytes()
+    return flat.astype("<u1" if kind == "i8" else "<u4").tobytes()  # (integer casts wrap: two's complement)
 
 
 def _bind(spec: InstructionSpec, args: tuple, kwargs: dict) -> tuple:
@@ -199,13 +216,16 @@ def builder_method_name(spec: InstructionSpec) -> str:
 
 
 def _generated(spec: InstructionSpec) -> Any:
-    arity = len(spec.fields)
+    arity, row = len(spec.fields), ROW[spec.mnemonic]
 
     def emit(self: ProgramBuilder, *args: Any, **kwargs: Any) -> ProgramBuilder:
         if kwargs or len(args) != arity:
             args = _bind(spec, args, kwargs)
         frame = sys._getframe(1)
-        self._items.append(ir.Instr(spec, args, (frame.f_code.co_filename, frame.f_lineno)))
+        run = self._open or self._run()
+        run.rows.append(row)
+        run.args.append(args)
+        run.locs.append((frame.f_code.co_filename, frame.f_lineno))
         return self
 
     emit.__name__ = emit.__qualname__ = builder_method_name(spec)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from assembler.diagnostics import AssemblyError, Diagnostic, Problem, nearest
 from assembler.objfile import MAX_TENSOR_RANK, KernelMeta, ObjectFile, Section, Symbol, TensorDecl
 from assembler.operands import ENUM_NAMES, REGISTER_NAMES, evaluate, f32_bits, field_value
@@ -24,6 +26,7 @@ from assembler.program import (
     DataBase,
     Equ,
     Instr,
+    InstrRun,
     Item,
     KernelAttr,
     KernelBegin,
@@ -33,7 +36,7 @@ from assembler.program import (
     SetSection,
     Zero,
 )
-from isa import BY_MNEMONIC, DType, InstructionSpec, Kind
+from isa import BY_MNEMONIC, INSTRUCTIONS, DType, InstructionSpec, Kind
 from isa.encoding import encode_fields
 
 NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
@@ -42,6 +45,7 @@ MAX_DATA_BYTES = 1 << 28
 ADDRESS_LIMIT = 1 << 32
 MAX_EQU_DEPTH = 128  # .equ symbols resolved through one another (each level is a few Python frames)
 TARGET_KINDS = (Kind.target, Kind.loop_end)
+ROW = {spec.mnemonic: i for i, spec in enumerate(INSTRUCTIONS)}  # mnemonic -> index of its ISA table row
 DATA_RANGES = {"i8": (-(1 << 7), (1 << 8) - 1), "i32": (-(1 << 31), (1 << 32) - 1)}
 
 Reporter = Callable[[Any, int, str, str], Diagnostic]  # (loc, col, message, hint) -> diagnostic
@@ -182,6 +186,11 @@ def _layout(state: _Linker, items: list[Item]) -> tuple[list[tuple[Item, int]], 
                 state.fail(item.loc, 0, Problem("instruction in the .data section", "switch back with .text"))
             placed.append((item, pc))
             pc += 1
+        elif kind is InstrRun:
+            if section is Section.data:
+                state.fail(item.locs[0], 0, Problem("instruction in the .data section", "switch back with .text"))
+            placed.append((item, pc))
+            pc += len(item.rows)
         elif kind is Label:
             if state.define(item.name, item.loc, item.col):
                 state.labels[item.name] = (section, pc if section is Section.text else offset)
@@ -291,48 +300,93 @@ def _kernel_metadata(state: _Linker, item: KernelTensor | KernelAttr, kernel: _K
 
 
 def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
-    """Pass 2 for text: resolve every operand and encode (0 for a word with problems)."""
-    words = []
-    lookup = state.lookup
-    text_len = sum(1 for item, _ in placed if type(item) is Instr)
+    """Pass 2 for text: resolve every operand and encode (0 for a word with problems). Words whose operands are
+    all plain (`_plain_operands`) are encoded with numpy, one ISA row at a time (`_encode_row`); the others take
+    the general path (`_general_word`), in program order, so problems are reported as they were."""
+    rows: list[int] = []
+    args: list[tuple] = []
+    locs: list[Any] = []
+    cols: dict[int, tuple[int, ...]] = {}  # text items: the column of each operand
     for item, pc in placed:
-        if type(item) is not Instr:
-            continue
-        spec, cols = item.spec, item.cols
-        word = _plain_word(spec, item.args)
-        if word is not None:
-            words.append(word)
-            continue
-        values = []
-        try:
-            for i, (fld, arg) in enumerate(zip(spec.fields, item.args, strict=True)):
-                col = cols[i] if cols else 0
-                value = field_value(spec, fld, arg, col, pc, lookup)
-                if fld.kind in TARGET_KINDS and not 0 <= pc + value <= text_len:
-                    raise Problem(f"{fld.name} {pc + value} is outside the program", f"text is [0, {text_len}]", col)
-                values.append(value)
-        except Problem as problem:
-            state.fail(item.loc, 0, problem)
-            words.append(0)
-            continue
-        words.append(encode_fields(spec, values))
-    return words
+        kind = type(item)
+        if kind is InstrRun:
+            rows += item.rows
+            args += item.args
+            locs += item.locs
+        elif kind is Instr:
+            rows.append(ROW[item.spec.mnemonic])
+            args.append(item.args)
+            locs.append(item.loc)
+            cols[pc] = item.cols
+    words = np.zeros(len(rows), dtype=np.uint64)
+    ids = np.array(rows, dtype=np.intp)
+    order = np.argsort(ids, kind="stable")
+    ends = np.cumsum(np.bincount(ids, minlength=len(INSTRUCTIONS)))
+    general: list[np.ndarray] = []
+    for row in np.flatnonzero(np.diff(ends, prepend=0)):
+        at = order[ends[row - 1] if row else 0 : ends[row]]
+        encoded, plain = _encode_row(INSTRUCTIONS[row], [args[i] for i in at.tolist()])
+        words[at[plain]] = encoded[plain]
+        general.append(at[~plain])
+    text_len = len(rows)
+    for pc in np.sort(np.concatenate(general)).tolist() if general else ():
+        words[pc] = _general_word(state, INSTRUCTIONS[rows[pc]], args[pc], locs[pc], cols.get(pc, ()), pc, text_len)
+    return words.tolist()
 
 
-def _plain_word(spec: InstructionSpec, args: tuple) -> int | None:
-    """The encoded word when every argument is plain (`_plain_operands`); None when one needs the general path
-    (a symbol, an expression, a value out of range: its error comes from there)."""
+def _general_word(state: _Linker, spec: InstructionSpec, args: tuple, loc: Any, cols: tuple, pc: int, n: int) -> int:
+    """One word by the general path (symbols, expressions, pc-relative targets, every error), 0 on a problem."""
     values = []
-    for accepts, arg in zip(_plain_operands(spec.mnemonic), args, strict=True):
-        if type(accepts) is tuple:
-            if type(arg) is not int or not accepts[0] <= arg <= accepts[1]:
-                return None
-            values.append(arg)
-        elif accepts is None or type(arg) is not str or arg not in accepts:
-            return None
-        else:
-            values.append(accepts[arg])
+    try:
+        for i, (fld, arg) in enumerate(zip(spec.fields, args, strict=True)):
+            col = cols[i] if cols else 0
+            value = field_value(spec, fld, arg, col, pc, state.lookup)
+            if fld.kind in TARGET_KINDS and not 0 <= pc + value <= n:
+                raise Problem(f"{fld.name} {pc + value} is outside the program", f"text is [0, {n}]", col)
+            values.append(value)
+    except Problem as problem:
+        state.fail(loc, 0, problem)
+        return 0
     return encode_fields(spec, values)
+
+
+def _encode_row(spec: InstructionSpec, args: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """The words of instructions of one ISA row and which of them were plain (every operand as `_plain_operands`
+    takes it: an int of the field's range, or an allowed enum name); the others are left to the general path."""
+    count = len(args)
+    words = np.full(count, spec.match, dtype=np.uint64)
+    plain = np.ones(count, dtype=bool)
+    if count and set(map(len, args)) != {len(spec.fields)}:
+        return words, ~plain  # (the general path reports the operand count)
+    for fld, accepts, column in zip(spec.fields, _plain_operands(spec.mnemonic), zip(*args, strict=True), strict=True):
+        values, ok = _plain_column(accepts, column)
+        plain &= ok
+        words |= (values.astype(np.uint64) & np.uint64((1 << fld.width) - 1)) << np.uint64(fld.lo)
+    return words, plain
+
+
+def _plain_column(accepts: tuple[int, int] | dict[str, int] | None, column: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """One operand of many instructions as field values (int64) and which of them are plain; vectorised when the
+    column holds one Python type, element by element when it mixes them."""
+    count = len(column)
+    if accepts is None:
+        return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool)
+    types = set(map(type, column))
+    if type(accepts) is tuple:
+        if types == {int}:
+            try:
+                values = np.array(column, dtype=np.int64)
+            except OverflowError:  # wider than 64 bits: out of every field's range
+                values = np.array([v if -(1 << 63) <= v < (1 << 63) else accepts[1] + 1 for v in column])
+            return values, (values >= accepts[0]) & (values <= accepts[1])
+        typed = [v if type(v) is int and accepts[0] <= v <= accepts[1] else None for v in column]
+    elif types == {str}:
+        values = np.array([accepts.get(v, -1) for v in column], dtype=np.int64)
+        return values, values >= 0
+    else:
+        typed = [accepts.get(v) if type(v) is str else None for v in column]
+    ok = np.array([v is not None for v in typed], dtype=bool)
+    return np.array([0 if v is None else v for v in typed], dtype=np.int64), ok
 
 
 @functools.cache

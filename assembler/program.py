@@ -28,6 +28,18 @@ class Instr:
 
 
 @dataclass(frozen=True, slots=True)
+class InstrRun:
+    """Consecutive instructions from `ProgramBuilder`, held as columns so the linker encodes them per ISA row
+    with numpy instead of one Python call per word: `rows` indexes `isa.INSTRUCTIONS`, `args` and `locs` are as
+    in `Instr` (one operand tuple and one emitting (file, line) per instruction). The builder appends to the
+    open run until another item follows it."""
+
+    rows: list[int]
+    args: list[tuple[Arg, ...]]
+    locs: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Label:
     name: str
     loc: Any
@@ -107,6 +119,7 @@ class KernelEnd:
 
 Item = (
     Instr
+    | InstrRun
     | Label
     | Equ
     | SetSection

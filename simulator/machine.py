@@ -10,7 +10,8 @@ a function of the word alone (the ISA table), and the planner simulates many pro
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -35,11 +36,49 @@ DECODE_CACHE_WORDS = 1 << 17  # distinct words kept decoded across runs (~25 MB 
 WATCHDOG_EVERY = 256
 
 
+LOOPS = frozenset({"loop", "loopi"})  # hardware loops: their `lend` marks where a step jumps back
+
+
 @lru_cache(maxsize=DECODE_CACHE_WORDS)
 def decoded(word: int) -> tuple[Instruction, Unit]:
     """A word's instruction and the unit whose queue it enters; EncodingError for an illegal word (not cached)."""
     ins = decode(word)
     return ins, instruction_unit(ins)
+
+
+@dataclass(frozen=True)
+class DecodedText:
+    """A program's text decoded: per pc its instruction (None: an illegal word) and unit, the decode errors by pc,
+    and the pcs hardware loops jump back from (their ends)."""
+
+    instructions: list[Instruction | None]
+    units: list[Unit]
+    errors: dict[int, str]
+    loop_ends: frozenset[int]
+
+
+def decode_text(text: Sequence[int]) -> DecodedText:
+    """Each distinct word decoded once (`decoded`: a program repeats most of its words), then mapped to its pcs
+    without a Python loop over the text; the pcs of illegal words and of loops are looked up only when the text
+    holds some."""
+    instruction_of: dict[int, Instruction | None] = {}
+    unit_of: dict[int, Unit] = {}
+    error_of: dict[int, str] = {}
+    for word in dict.fromkeys(text):
+        try:
+            instruction_of[word], unit_of[word] = decoded(word)
+        except EncodingError as err:
+            instruction_of[word], unit_of[word] = None, Unit.scalar
+            error_of[word] = f"illegal instruction: {err}"
+    loops = {
+        w: ins.field("lend") for w, ins in instruction_of.items() if ins is not None and ins.spec.mnemonic in LOOPS
+    }
+    return DecodedText(
+        list(map(instruction_of.__getitem__, text)),
+        list(map(unit_of.__getitem__, text)),
+        {pc: error_of[w] for pc, w in enumerate(text) if w in error_of} if error_of else {},
+        frozenset(pc + loops[w] for pc, w in enumerate(text) if w in loops) if loops else frozenset(),
+    )
 
 
 class Machine:
@@ -70,31 +109,19 @@ class Machine:
         self.kernel_entries: list[tuple[int, int]] = []  # (kernel index, cycle) each time a kernel is entered
         self.halt_cycle = -1
         n = len(obj.text)
-        self.instructions: list[Instruction | None] = []
-        self.units: list[Unit] = []
-        self.decode_errors: dict[int, str] = {}
-        for pc, word in enumerate(obj.text):
-            try:
-                ins, unit = decoded(word)
-            except EncodingError as err:
-                self.decode_errors[pc] = f"illegal instruction: {err}"
-                ins, unit = None, Unit.scalar
-            self.instructions.append(ins)
-            self.units.append(unit)
+        text = decode_text(obj.text)
+        self.instructions, self.units, self.decode_errors = text.instructions, text.units, text.errors
         self.count = [0] * (n + 1)
         self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
         self.units.append(Unit.scalar)
         self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe) if checked else None
-        steps: list[Step] = []
-        for pc, ins in enumerate(self.instructions):
-            steps.append(self._illegal(pc) if ins is None else BUILDERS[ins.mnemonic](self, pc, ins))
-        steps.append(self._fell_off(n))
-        self.steps = steps
-        self._wrap_loop_ends()
-        self._wrap_kernel_entries()
-        self._wrap_watchdog()
-        if self.races is not None:
-            self._wrap_checked()
+        # each step is built when first reached (`_step`): a run stopped by its cycle budget builds no more than
+        # it ran, and straight-line code builds each step once, as before
+        self.steps: list[Step | None] = [None] * (n + 1)
+        self._loop_ends = text.loop_ends
+        self._entered: dict[int, list[int]] = {}  # pc -> the kernels starting there, in order
+        for k, kernel in enumerate(obj.kernels):
+            self._entered.setdefault(kernel.start, []).append(k)
 
     # --- helpers for instruction builders -----------------------------------------------------------
     def describe(self, pc: int) -> str:
@@ -162,22 +189,45 @@ class Machine:
 
     # --- the issue loop -------------------------------------------------------------------------------
     def run(self) -> None:
-        steps, count, pc = self.steps, self.count, 0
+        steps, count, build, pc = self.steps, self.count, self._step, 0
         try:
             if self.trace is None:
                 while pc >= 0:
                     count[pc] += 1
-                    pc = steps[pc]()
+                    pc = (steps[pc] or build(pc))()
             else:
                 trace = self.trace
                 while pc >= 0:
                     count[pc] += 1
                     issued = self.now
-                    nxt = steps[pc]()
+                    nxt = (steps[pc] or build(pc))()
                     trace.append((Unit.scalar, pc, issued, max(self.now, issued + 1)))
                     pc = nxt
         except Fault as fault:
             raise SimulatorTrap(pc, self.describe(pc), self.now, fault.reason) from None
+
+    def _step(self, pc: int) -> Step:
+        """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped, innermost first, by
+        a hardware loop's end, the kernels entered there, a watchdog checkpoint (every WATCHDOG_EVERY instructions
+        of the text: see the constant) and, in checked mode, the race checker."""
+        n = len(self.instructions)
+        ins = self.instructions[pc] if pc < n else None
+        if pc == n:
+            step = self._fell_off(n)
+        elif ins is None:
+            step = self._illegal(pc)
+        else:
+            step = BUILDERS[ins.spec.mnemonic](self, pc, ins)
+        if pc in self._loop_ends:
+            step = self._loop_end(pc, step)
+        for k in self._entered.get(pc, ()):
+            step = self._kernel_entry(k, step)
+        if pc < n and pc and not pc % WATCHDOG_EVERY:
+            step = self._watched(step)
+        if self.races is not None:
+            step = self._checked(self.races, self.units[pc], pc, step)
+        self.steps[pc] = step
+        return step
 
     def _illegal(self, pc: int) -> Step:
         reason = self.decode_errors[pc]
@@ -192,17 +242,6 @@ class Machine:
             raise Fault(f"execution ran past the last instruction (pc {n}) without halt")
 
         return step
-
-    def _wrap_loop_ends(self) -> None:
-        """Hardware loops: arriving at a loop's end pc jumps back to its body for free while iterations remain."""
-        ends = {
-            pc + ins.field("lend")
-            for pc, ins in enumerate(self.instructions)
-            if ins is not None and ins.mnemonic in ("loop", "loopi")
-        }
-        for end in ends:
-            if 0 <= end < len(self.steps):
-                self.steps[end] = self._loop_end(end, self.steps[end])
 
     def _loop_end(self, end: int, inner: Step) -> Step:
         loops, count = self.loops, self.count
@@ -220,11 +259,6 @@ class Machine:
 
         return step
 
-    def _wrap_kernel_entries(self) -> None:
-        for k, kernel in enumerate(self.obj.kernels):
-            if 0 <= kernel.start < len(self.steps):
-                self.steps[kernel.start] = self._kernel_entry(k, self.steps[kernel.start])
-
     def _kernel_entry(self, k: int, inner: Step) -> Step:
         entries = self.kernel_entries
 
@@ -235,22 +269,12 @@ class Machine:
 
         return step
 
-    def _wrap_watchdog(self) -> None:
-        """Watchdog checkpoints every WATCHDOG_EVERY instructions of the text (see the constant)."""
-        for pc in range(WATCHDOG_EVERY, len(self.instructions), WATCHDOG_EVERY):
-            self.steps[pc] = self._watched(self.steps[pc])
-
     def _watched(self, inner: Step) -> Step:
         def step() -> int:
             self.watchdog()
             return inner()
 
         return step
-
-    def _wrap_checked(self) -> None:
-        races = self.races
-        for pc, step in enumerate(self.steps):
-            self.steps[pc] = self._checked(races, self.units[pc], pc, step)
 
     @staticmethod
     def _checked(races: RaceChecker, unit: int, pc: int, inner: Step) -> Step:
