@@ -22,7 +22,7 @@ from itertools import product
 
 import numpy as np
 
-from fusion.engine.codegen.gemm import ChainEpilogue, FusedGemm, Schedule, fused_gemm_steps, pack_panels
+from fusion.engine.codegen.gemm import ChainEpilogue, FusedGemm, Schedule, fused_gemm_steps, k_slices, pack_panels
 from fusion.engine.codegen.matrix_group import packable_weight
 from fusion.engine.codegen.rotary import Region, find_segment_chains, plan_region, segment_views
 from fusion.engine.errors import CodegenError
@@ -32,7 +32,7 @@ from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.gemm import Operand
 from fusion.lower.kernels.matrix import matrix_operand, requant
-from fusion.lower.local_alloc import TileArena
+from fusion.lower.local_alloc import ALIGN, DEPTH, TileArena
 from fusion.lower.views import View, dense
 from isa.enums import DType
 
@@ -204,27 +204,64 @@ def _rotated(cx: LowerContext, head: Node, layout: list[Node], region: list[Node
     return _Rotated(plan, d, per_head, const_cuts)
 
 
-def _rotary_store(cx: LowerContext, rotated: Sequence[_Rotated], split_out: Sequence[tuple[int, View]]):
-    """The fused GEMM's store epilogue: panels of rotated heads go through their region (constants loaded once
-    per step for the heads that share them, every value in registers, the output stored segment by segment),
-    every other panel is stored as drained."""
-    n_arr = cx.config.array_size
-
+def _rotary_store(
+    cx: LowerContext, rotated: Sequence[_Rotated], split_out: Sequence[tuple[int, View]], m: int, a_spare: int
+):
+    """The fused GEMM's store epilogue: panels of rotated heads go through their region (every value in
+    registers, the output stored segment by segment), every other panel is stored as drained. The constants
+    (one load for all heads reading the same bytes) stay for a whole row block in the spare scratchpad banks,
+    above the `a_spare` bytes a single block's A may take there (`gemm.fused_gemm_steps`), loaded by the block's
+    first step (`DEPTH` regions in rotation when there are several blocks: a block's first step waits, by the
+    pipeline's credits, for the step DEPTH before it); where they do not fit, each step loads its own."""
+    n_arr, cfg = cx.config.array_size, cx.config
     rotated_cols = {j for rot in rotated for col, _, _ in rot.heads for j in range(col, col + rot.d)}
+    consts = {}  # the distinct constant views (all rows) and their cuts, in first-use order
+    for rot in rotated:
+        for _, _, views in rot.heads:
+            for key, view in views.items():
+                consts.setdefault((view.address, view.shape, view.strides), (view, rot.const_cuts[key]))
+    homes: dict[int, dict[tuple, int]] = {}  # a block's first row -> its constants' local addresses
+    first_rows: list[int] = []  # the first block's rows: every block but the last has as many
 
     def target(j0: int) -> tuple[View, int]:
         return next((view, start) for start, view in reversed(split_out) if j0 >= start)
 
+    def resident(i0: int, rows: int, loads: list) -> dict[tuple, int] | None:
+        """The block's constants in the spare banks (loaded now by its first step), None if they do not fit."""
+        if i0 in homes:
+            return homes[i0]
+        tm = first_rows[0]
+        spare = TileArena.spare(cfg)
+        if spare is None or not consts:
+            return None
+        blocks = -(-m // tm)
+        sizes = [_aligned(tm * view.shape[-1] * 4) for view, _ in consts.values()]
+        regions = 1 if blocks == 1 else DEPTH
+        base = spare.spad.base + spare.spad.size - regions * sum(sizes)
+        if base < spare.spad.base + (a_spare if blocks == 1 else 0):
+            return None
+        at = base + (i0 // tm % regions) * sum(sizes)
+        home = {}
+        for (ident, (view, cuts)), size in zip(consts.items(), sizes, strict=True):
+            home[ident] = at
+            loads += segment_views(view.slice(0, i0, rows), cuts, at, 4)
+            at += size
+        homes[i0] = home
+        return home
+
     def step(arena: TileArena, block: tuple[int, int], tiles: list[tuple[int, int, int]]):
         i0, rows = block
+        if not first_rows:
+            first_rows.append(rows)
         drained = {j0: addr for j0, _, addr in tiles}
         loads: list = []
         stores: list = []
-        const_at: dict[tuple, int] = {}  # one load of a constant's block for every head reading the same bytes
+        home = resident(i0, rows, loads)
+        const_at: dict[tuple, int] = {}  # without a home: one load per step for every head reading the same bytes
         work = []
         for rot in rotated:
             spill = {v: arena.tile(rows * rot.region.width(v) * 4) for v in rot.region.spills}
-            for col, out_view, consts in rot.heads:
+            for col, out_view, views in rot.heads:
                 panels = list(range(col, col + rot.d, n_arr))
                 if not any(j in drained for j in panels):
                     continue
@@ -236,12 +273,14 @@ def _rotary_store(cx: LowerContext, rotated: Sequence[_Rotated], split_out: Sequ
                 if copies:
                     src = arena.tile(size * len(panels))
                 addr = {rot.region.externals[0]: src}
-                for key, view in consts.items():
-                    part = view.slice(0, i0, rows)
-                    ident = (part.address, part.shape, part.strides)
+                for key, view in views.items():
+                    ident = (view.address, view.shape, view.strides)
+                    if home is not None:
+                        addr[key] = home[ident]
+                        continue
                     if ident not in const_at:
-                        const_at[ident] = arena.tile(rows * part.shape[-1] * 4)
-                        loads += segment_views(part, rot.const_cuts[key], const_at[ident], 4)
+                        const_at[ident] = arena.tile(rows * view.shape[-1] * 4)
+                        loads += segment_views(view.slice(0, i0, rows), rot.const_cuts[key], const_at[ident], 4)
                     addr[key] = const_at[ident]
                 out_addr = arena.tile(rows * rot.d * 4)
                 out_cuts = rot.region.layout.cuts[rot.region.output]
@@ -263,6 +302,11 @@ def _rotary_store(cx: LowerContext, rotated: Sequence[_Rotated], split_out: Sequ
         return loads, emit, stores
 
     return step
+
+
+def _aligned(nbytes: int) -> int:
+    """Bytes a tile takes in local memory (`TileArena` aligns every tile)."""
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def pack_siblings(weights: Sequence[np.ndarray], n_arr: int) -> np.ndarray:
@@ -317,7 +361,10 @@ def sibling_steps(cx: LowerContext, nodes: Sequence[Node], panels: int) -> list[
         widest = max(max(r.region.layout.cuts[v][-1] for v in r.region.layout.cuts) for r in rotated)
         schedule = Schedule(tile_m=cfg.vreg_elems // widest, panels=panels, panel_multiple=whole)
         per_elem = max(len(r.region.spills) + len(r.region.packed) for r in rotated) + 2  # + output, + a copy
-        chain = ChainEpilogue(_rotary_store(cx, rotated, split_out), (4,) * per_elem, ())
+        a_spare = sum(
+            _aligned(rows * kb * (av.dtype.size + (a.quantize_scale is not None))) for _, kb in k_slices(k, n_arr)
+        )
+        chain = ChainEpilogue(_rotary_store(cx, rotated, split_out, rows, a_spare), (4,) * per_elem, ())
     g = FusedGemm(
         Operand(av, a.quantize_scale),
         Operand(dense(packed, (k, total), w_dt)),

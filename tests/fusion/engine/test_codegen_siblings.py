@@ -130,3 +130,15 @@ def test_rotary_regions_run_in_the_gemm_store(m, k, heads, d, dv, cut, panels, d
         assert_reference(run.outputs, env, value, dtype, 1e-5)
     v_bytes = m * heads[1] * dv * (1 if dtype == "int8" else 4)
     assert run.dram_write_bytes == m * (heads[0] + heads[1]) * d * 4 + v_bytes  # rotated f32, V as drained
+
+
+def test_rotated_heads_over_several_row_blocks_keep_their_constants_per_block() -> None:
+    """150 rows of 64-wide heads: three row blocks of at most 64 rows (a register holds 64 x 64), whose constants
+    rotate through the spare banks' regions (race-checked), int8 bit-exact."""
+    graph = rotary_projections_graph(150, 16, (1, 1), 64, 16, 32, seed=3)
+    full = max(find_siblings(graph), key=lambda match: len(match.regions))
+    inputs = {"x": np.random.default_rng(2).standard_normal((1, 150, 16)).astype(np.float32)}
+    mc = context(graph, inputs, "int8")
+    kernel, run, env = run_group(mc, Group(full.nodes(graph), "siblings", panels=0), inputs)
+    for value in ("q_out", "k_out", "v"):
+        assert_reference(run.outputs, env, value, "int8", 0)
