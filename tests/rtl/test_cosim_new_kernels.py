@@ -1,5 +1,6 @@
 """The engine's newer kernel families on the RTL, on `tiny`: the conv schedules `implicit_packed` and
-`implicit_stationary`, layer fusion (`conv_chain`, a basic block with its residual), the dequantizing int8 conv
+`implicit_stationary`, layer fusion (`conv_chain`: a basic block with its residual, a bottleneck, a MobileNetV2 inverted residual with
+its ReLU6 Clips and depthwise middle), the dequantizing int8 conv
 epilogue (per-channel f32 rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel, a vector
 chain through a row reduction (RMSNorm) and fused attention (grouped-query, causal and padding masks), plus the
 baseline's frame kernels in geometries the window-kernel regression (`test_cosim_lower.py`) does not take
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.bench_layer_fusion import inverted_residual
 from fusion.engine.candidates import enumerate_candidates
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
@@ -55,6 +57,7 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
     dilated_1d, dilated_1d_nodes = conv_graph(1, 4, 8, (9,), (3,), (2,), (2,), (2, 1), 1, True)
     block, block_nodes = chain_graph(8, (6, 5), [(8, 3, 1, True), (8, 3, 1, False)], residual=True)
     bottleneck, bottleneck_nodes = chain_graph(8, (7, 6), [(4, 1, 1, True), (8, 3, 2, True), (12, 1, 1, False)])
+    inverted, inverted_nodes = inverted_residual(4, (5, 4), 2, 4, 1)  # ReLU6s, a depthwise middle, + x
     dequant = residual_graph(c=8, cout=8, size=6, kernel=3, stride=1, pad=1)
     gated = gated_mlp_graph((), 6, 12, 8, "silu")
     rotary = rotary_graph((2,), 5, 8, 3, False)
@@ -68,6 +71,7 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
         "implicit_stationary_grouped": (grouped, Group(grouped_nodes, "implicit_stationary")),  # 2 images, stride 2
         "conv_chain": (block, Group(block_nodes, "conv_chain", 2)),  # bands of 2 rows: a ragged last band
         "conv_chain_bottleneck": (bottleneck, Group(bottleneck_nodes, "conv_chain")),  # strided middle conv
+        "conv_chain_inverted": (inverted, Group(inverted_nodes, "conv_chain")),
         "dequantizing_conv": (dequant, Group(("conv", "add", "relu"), "implicit_packed")),
         "gated": (gated, Group(_offered(gated, "gated"), "gated")),
         "segment_chain": (rotary, Group(_offered(rotary, "segment_chain"), "segment_chain")),
@@ -124,7 +128,7 @@ def test_new_kernel_families_match_the_rtl(dtype: str) -> None:
     if dtype == "int8":
         vector_only = {"segment_chain", "rms_norm_chain", *FRAME_CASES}
         assert all("matrix_unit" in _units(r) for name, r in reports.items() if name not in vector_only)
-        for name in ("implicit_packed", "conv_chain", "gated", "attention"):  # requantizing drains
+        for name in ("implicit_packed", "conv_chain", "conv_chain_inverted", "gated", "attention"):  # requantizing
             assert "epilogue" in _units(reports[name]), name
         # the dequantizing drain writes f32 (no RTL datapath): its matmuls are what the RTL checks
         assert any(m == "mx.drain" for m, _ in reports["dequantizing_conv"].skipped)
