@@ -1,6 +1,8 @@
 """Layer fusion (depth-first execution) of consecutive convolutions (`conv_chain`): a ResNet basic block (3x3 ->
-3x3, + the residual Add of the block input), a bottleneck (1x1 -> 3x3 -> 1x1), any chain of Convs each read only
-by the next, computed band by band with every intermediate kept in the scratchpad.
+3x3, + the residual Add of the block input), a bottleneck (1x1 -> 3x3 -> 1x1), a MobileNetV2 inverted residual
+(1x1 expand -> ReLU6 -> 3x3 depthwise -> ReLU6 -> 1x1 project, + the block input), any chain of ungrouped or
+depthwise Convs each read only by the next, computed band by band with every intermediate kept in the scratchpad
+(an inverted residual's 6x expanded tensor never reaches DRAM).
 
 The last Conv's output is computed in bands of `rows` output rows. Each band needs a range of rows of every
 intermediate (with the halo its consumer's kernel reads: recomputed by the neighbouring band, never stored), and
@@ -21,6 +23,15 @@ the next step's weight DMA and this step's preloads mostly use different banks: 
 fp32, matrix bank stalls 56k -> 22k cycles), and its accumulator tile in the step's accumulator slot. The tiles'
 padding is cleared once per slot (a first phase); rows of a band's tiles past an image edge are zeroed by DMAs
 from a zero constant (the slot's previous band may have left data there).
+
+A depthwise stage runs on the matrix unit like the others, each Cout tile reading only its own channel block,
+with one diagonal [block, block] weight tile per tap (`pack_stage`): in the pixel-major tiles a tap is one
+stream of the block's positions accumulated in place, where the vector unit would need a per-channel multiply and
+an add per tap over the same elements. A vertically strided stage streams each output row's positions alone.
+A Clip (ReLU6) between stages is applied by the vector unit to the stage's rows in the next stage's tile as each
+Cout tile drains (fp32 in place; int8: dequantized at the Conv's output scale, clipped unless the drain's
+requantization clamp already is the Clip, quantized at the next Conv's input scale, as the quantized reference's
+float32 Clip between two Convs); the matrix unit waits for the stage's last before the next stage reads them.
 
 int8: each stage requantizes its accumulator per output channel (bias, folded ReLU) in the drain, exactly as the
 unfused conv kernel does; a residual Add (+ ReLU) of the chain input is float32 in the quantized plan, so it runs
