@@ -36,7 +36,7 @@ from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requ
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize, fill
 from fusion.lower.kernels.windows import window_of
-from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
@@ -108,11 +108,13 @@ def quantized_bytes(graph: Graph, node: Node) -> int:
 @dataclass(frozen=True)
 class _Tiling:
     """Output rows per band, output channels per column tile, input channels per K chunk (a multiple of the
-    array size unless it is all of a group's channels)."""
+    array size unless it is all of a group's channels); `spare`: the kernel's one band sits in the scratchpad
+    bank no slot uses (`TileArena.spare`) and the steps' tiles rotate over whole slots."""
 
     rows: int
     tn: int
     chunk: int
+    spare: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,9 +138,11 @@ class _Sizes:
         spad = [self.s.taps * chunk * tn * self.mm_dt.size, tn * 4, tn * 8, rows * self.s.cols * tn * self.out_dt.size]
         return spad + ([rows * self.s.out[1] * tn * 4] if self.residual else [])
 
-    def fits(self, probe: TileArena, rows: int, tn: int, chunk: int) -> bool:
+    def fits(self, probe: TileArena, rows: int, tn: int, chunk: int, apart: bool = False) -> bool:
+        """One step's tiles in a slot: beside the band, or (`apart`: the band in the spare bank) alone."""
+        resident = [] if apart else self.resident(rows)
         return self.s.stream_rows(rows) <= MAX_ROWS and probe.fits(
-            self.resident(rows) + self.streamed(rows, tn, chunk), [self.s.stream_rows(rows) * tn * 4]
+            resident + self.streamed(rows, tn, chunk), [self.s.stream_rows(rows) * tn * 4]
         )
 
 
@@ -147,7 +151,15 @@ def choose_tiling(cfg: MachineConfig, z: _Sizes, name: str) -> _Tiling:
     so fewer bands move fewer bytes), then the longest K chunk of channel blocks beside them."""
     s, n = z.s, cfg.array_size
     tn = min(n, s.coutg)
-    probe = TileArena(cfg, 0)
+    probe, spare = TileArena(cfg, 0), TileArena.spare(cfg)
+    # every output row in one band held in the spare bank: the weights are read once, and the DMA filling a
+    # step's tiles never writes a bank the matrix unit streams the band from (one image and group: nothing
+    # loads into the band while it is read)
+    whole = s.out[0]
+    if spare is not None and s.n * s.groups == 1 and spare.fits(z.resident(whole)):
+        blocks = largest_fitting(-(-s.cg // n), lambda b: z.fits(probe, whole, tn, min(s.cg, b * n), True))
+        if blocks:
+            return _Tiling(whole, tn, min(s.cg, blocks * n), True)
     rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, min(n, s.cg)))
     if rows == 0:
         raise CodegenError(
@@ -156,6 +168,27 @@ def choose_tiling(cfg: MachineConfig, z: _Sizes, name: str) -> _Tiling:
         )
     blocks = largest_fitting(-(-s.cg // n), lambda b: z.fits(probe, rows, tn, min(s.cg, b * n)))
     return _Tiling(rows, tn, min(s.cg, blocks * n))
+
+
+def step_region(cfg: MachineConfig, band: Slot, reserved: Sequence[int]) -> Slot:
+    """Where a resident schedule's steps put their own tiles: the scratchpad bank no slot uses (`TileArena.spare`),
+    else the band's slot past its A tiles. Then the next band's A tiles, loading into another slot, share no bank
+    with what the matrix unit reads (measured: 281k of resnet18 conv1's 1.04M cycles were matrix bank stalls with
+    step tiles rotating over every slot; 155k with them in the band's slot)."""
+    spare = TileArena.spare(cfg)
+    if spare is not None:
+        return spare.spad
+    used = sum(-(-size // ALIGN) * ALIGN for size in reserved)
+    return Slot(band.base + used, band.size - used)
+
+
+def step_arena(cfg: MachineConfig, region: Slot, index: int) -> TileArena:
+    """Step `index`'s tiles in the third of `region` numbered index % DEPTH: step index + DEPTH reuses its bytes
+    only after step index is done (`run_pipeline`'s credits)."""
+    third = region.size // DEPTH // ALIGN * ALIGN
+    arena = TileArena(cfg, index)
+    arena.spad = Slot(region.base + (index % DEPTH) * third, third)
+    return arena
 
 
 def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
@@ -196,7 +229,7 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
             source.band(img, g * s.cg + c0, kb, oh0 * s.strides[0], s.in_rows(rows))
             for c0, kb in k_slices(s.cg, cfg.array_size)
         ]
-        resident = TileArena(cfg, b, cx.rotation)
+        resident = TileArena.spare(cfg) if tiling.spare else TileArena(cfg, b, cx.rotation)
         fills.append(BandFill(parts, [resident.tile(size) for size in z.resident(tiling.rows)], quantize))
     per_band = len(k_slices(s.coutg, tiling.tn)) * len(k_slices(s.cg, tiling.chunk))
     steps: list[Step] = []
@@ -211,7 +244,7 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
             acc = TileArena(cfg, tiles, cx.rotation).acc_tile(s.stream_rows(rows) * tn * 4)
             for c0, kc in k_slices(s.cg, tiling.chunk):
                 arena = TileArena(cfg, len(steps), cx.rotation)
-                for size in z.resident(tiling.rows):
+                for size in [] if tiling.spare else z.resident(tiling.rows):  # skip the band's bytes in its slot
                     arena.tile(size)
                 i = len(steps) - b * per_band
                 dmas = fills[b].dmas() if own and i == 0 else []

@@ -38,6 +38,8 @@ from fusion.engine.codegen.conv import (
     conv_shape,
     load_transposed,
     pack_taps,
+    step_arena,
+    step_region,
     to_nchw,
 )
 from fusion.engine.codegen.gemm import k_slices
@@ -49,7 +51,7 @@ from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.vector_ops import fill
 from fusion.lower.kernels.windows import window_of
-from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
+from fusion.lower.local_alloc import ALIGN, DEPTH, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import DType, Unit
 from simulator.config import MachineConfig
@@ -146,7 +148,7 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
     tn, probe, every = panel_width(cfg, s), TileArena(cfg, 0), pieces(s, n, block_width(n, s))
 
     def fits(rows: int, group: Sequence[Piece], resident: bool = False) -> bool:
-        """A tiles and one step's tiles in a slot (resident: the step's in a third of `_step_region`)."""
+        """A tiles and one step's tiles in a slot (resident: the step's in a third of `step_region`)."""
         stream = stream_rows(s, rows)
         a = [stream * p.k * mm_dt.size for p in group]
         step = [sum(p.k for p in group) * tn * mm_dt.size, tn * 4, tn * 8, rows * s.out[1] * tn * out_dt.size]
@@ -155,7 +157,7 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
             return False
         if not resident:
             return probe.fits(a + step)
-        region = _step_region(cfg, probe.spad, a)
+        region = step_region(cfg, probe.spad, a)
         return (
             probe.fits(a) and sum(-(-size // ALIGN) * ALIGN for size in step) <= region.size // DEPTH // ALIGN * ALIGN
         )
@@ -211,7 +213,7 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
             acc = TileArena(cfg, tiles, cx.rotation).acc_tile(stream_rows(s, band.rows) * tn * 4)
             for gi in range(len(tiling.groups)):
                 if tiling.resident:
-                    arena = _step_arena(cfg, _step_region(cfg, arenas[b].spad, reserved), len(steps))
+                    arena = step_arena(cfg, step_region(cfg, arenas[b].spad, reserved), len(steps))
                 else:
                     arena = TileArena(cfg, len(steps), cx.rotation)
                 t = replace(band, col=band.g * s.coutg + j0, tn=tn, acc=acc, kgroup=gi)
@@ -228,27 +230,6 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
 
 def _tiles(arena: TileArena, sizes: Sequence[int]) -> list[int]:
     return [arena.tile(size) for size in sizes]
-
-
-def _step_region(cfg: MachineConfig, band: Slot, reserved: Sequence[int]) -> Slot:
-    """Where a resident schedule's steps put their own tiles: the scratchpad bank no slot uses (`TileArena.spare`),
-    else the band's slot past its A tiles. Then the next band's A tiles, loading into another slot, share no bank
-    with what the matrix unit reads (measured: 281k of resnet18 conv1's 1.04M cycles were matrix bank stalls with
-    step tiles rotating over every slot; 155k with them in the band's slot)."""
-    spare = TileArena.spare(cfg)
-    if spare is not None:
-        return spare.spad
-    used = sum(-(-size // ALIGN) * ALIGN for size in reserved)
-    return Slot(band.base + used, band.size - used)
-
-
-def _step_arena(cfg: MachineConfig, region: Slot, index: int) -> TileArena:
-    """Step `index`'s tiles in the third of `region` numbered index % DEPTH: step index + DEPTH reuses its bytes
-    only after step index is done (`run_pipeline`'s credits)."""
-    third = region.size // DEPTH // ALIGN * ALIGN
-    arena = TileArena(cfg, index)
-    arena.spad = Slot(region.base + (index % DEPTH) * third, third)
-    return arena
 
 
 def channels_last_view(address: int, s: ConvGeometry, block: int, dtype: DType) -> View:

@@ -125,3 +125,17 @@ def test_a_float_input_whose_bands_do_not_fit_is_quantized_to_int8_first() -> No
         choose_tiling(mc.config, floats, "conv")
     _, run = _check(graph, names, "int8")
     assert run.dram_write_bytes >= 512 * 7 * 7  # the int8 copy
+
+
+def test_one_band_in_the_spare_bank_reads_weights_and_input_once() -> None:
+    """A ResNet layer3-like conv (14x14, 64 -> 48 channels, 3x3, fp32): every output row fits one band in the
+    scratchpad bank no slot uses, so the kernel reads its input and each weight once (DRAM reads at most input +
+    weights + bias + the output's transposing loads back), race-checked."""
+    graph, names = conv_graph(1, 64, 48, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    mc = context(graph, {"x": np.zeros((1, 64, 14, 14), np.float32)}, "fp32")
+    s = conv_shape(graph, mc.config, graph.node("conv"))
+    z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)
+    tiling = choose_tiling(mc.config, z, "conv")
+    assert tiling.spare and tiling.rows == s.out[0]
+    _, run = _check(graph, names, "fp32")
+    assert run.dram_read_bytes <= (64 * 14 * 14 + 48 * 64 * 9 + 48 + 48 * 14 * s.cols) * 4
