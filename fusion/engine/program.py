@@ -384,7 +384,7 @@ class _KernelEmitter(Emitter):
 
 
 @dataclass(frozen=True)
-class _Planned:
+class PlannedKernel:
     """A plan kernel as `overlap.BoundaryOverlap` prices a boundary (its group and predicted cycles)."""
 
     group: Group
@@ -409,14 +409,14 @@ class _Forgone:
 
             self._overlap = BoundaryOverlap(self.mc)
         k = self.kernels.index(index)
-        here = _Planned(dense, None, dense_cycles)
+        here = PlannedKernel(dense, None, dense_cycles)
         total = 0.0
         if k > 0:
             before = self.choices[self.kernels[k - 1]]
-            total += self._overlap(_Planned(before.group, None, before.predicted_cycles), here)
+            total += self._overlap(PlannedKernel(before.group, None, before.predicted_cycles), here)
         if k + 1 < len(self.kernels):
             after = self.choices[self.kernels[k + 1]]
-            total += self._overlap(here, _Planned(after.group, None, after.predicted_cycles))
+            total += self._overlap(here, PlannedKernel(after.group, None, after.predicted_cycles))
         return total
 
 

@@ -15,6 +15,7 @@ with that group replaced by its unfused kernels (at most once per group). The ho
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from fusion.engine.program import (
     Boundary,
     LinkedProgram,
     PhaseCache,
+    PlannedKernel,
     Prefer,
     ProgramKernel,
     ProgramRun,
@@ -101,16 +103,15 @@ def run_as_program(
     for _ in range(len(c.plan.choices) + 2):  # (a replacement per group, one relink for sparse data)
         choices = _with_fallbacks(engine, c, replaced)
         linked = _linked(engine, c, choices)
-        fresh = linked is None
-        if linked is None:
-            linked = _link(engine, c, choices, phases)
+        made = _link(engine, c, choices, phases) if linked is None else None
+        linked = made.candidate if made is not None else linked
         run = _run_checked(engine, c, linked, inputs)
         if not isinstance(run, ProgramRun):
             replaced.update(run)
             continue
-        if fresh:
+        if made is not None:
             budget = _budget(engine, c, [k.group for k in linked.kernels])
-            linked, run = keep_fastest(mc, choices, linked, run, inputs, phases, engine.options.checked, budget)
+            linked, run = keep_fastest(mc, choices, made, run, inputs, engine.options.checked, budget)
             with engine._lock:
                 engine.programs[c.state][choices] = linked
         failures, validated = _validate(engine, c, linked, run, inputs)
@@ -174,45 +175,99 @@ def _linked(engine: FusionEngine, c: _Call, choices: tuple) -> LinkedProgram | N
         return engine.programs.setdefault(c.state, {}).get(choices)
 
 
-def _link(engine: FusionEngine, c: _Call, choices: tuple, phases: PhaseCache) -> LinkedProgram:
-    """The candidate program: every boundary the link's rules allow token-ordered, on-chip dispatch where the
-    engine's cost model says it can pay (predictions from the kernels the engine built)."""
+def _link(engine: FusionEngine, c: _Call, choices: tuple, phases: PhaseCache) -> Candidates:
+    """The plan's candidate programs, with on-chip dispatch where the engine's cost model says it can pay
+    (predictions from the kernels the engine built)."""
     mc = c.state.mc
 
     def built(group: Group) -> Kernel:
         return engine._kernel(c.state, group, data_class_of(group), c.evaluator)[0]
 
-    return link_plan(mc, choices, model_prefers(mc, engine.cost_model, built), phases=phases)
+    return candidates(mc, choices, model_prefers(mc, engine.cost_model, built), phases)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What a plan may run as: `candidate` (the joins `planned_fences` picks, on-chip dispatch by `prefer`) and
+    `fenced` (a fence at every boundary, no dispatch: each kernel as it runs alone, one after another)."""
+
+    candidate: LinkedProgram
+    fenced: LinkedProgram
+    fences: frozenset[int]  # the candidate's fenced plan positions (its dispatches fence more)
+    phases: PhaseCache
+
+
+def candidates(
+    mc: ModelContext, choices: Sequence[GroupChoice], prefer: Prefer | None, phases: PhaseCache
+) -> Candidates:
+    """The plan's candidate and fenced programs (`Candidates`), their kernels generated once."""
+    fenced = link_plan(mc, choices, None, join=False, phases=phases)
+    fences = planned_fences(mc, choices, fenced.kernels)
+    return Candidates(link_plan(mc, choices, prefer, fenced=fences, phases=phases), fenced, fences, phases)
+
+
+def planned_fences(
+    mc: ModelContext, choices: Sequence[GroupChoice], kernels: Sequence[ProgramKernel]
+) -> frozenset[int]:
+    """The plan positions to fence after: the joins of largest total predicted gain (`overlap.BoundaryOverlap`,
+    what the planner priced: the next kernel's loads moved under the previous one's last step), none at both ends
+    of a single-phase kernel (`_best`). A boundary predicted to gain nothing keeps its fence: such joins gain a few
+    cycles of fence drain or lose to loads competing with the previous kernel's stores (docs/program.md)."""
+    overlap = BoundaryOverlap(mc)
+
+    def priced(kernel: ProgramKernel) -> PlannedKernel:
+        return PlannedKernel(kernel.group, None, choices[kernel.index].predicted_cycles)
+
+    gains = [overlap(priced(a), priced(b)) for a, b in zip(kernels, kernels[1:], strict=False)]
+    return _best(kernels, gains)
+
+
+def _best(kernels: Sequence[ProgramKernel], gains: Sequence[float]) -> frozenset[int]:
+    """The plan positions to fence after: the joins of largest total gain, none at both ends of a single-phase
+    kernel. value[s]: the largest total gain so far with the last boundary joined (s = 1) or fenced; back[k][s]:
+    the previous boundary's state on that best path."""
+    value, back = [0.0, -math.inf], []
+    for k, gain in enumerate(gains):
+        single = kernels[k].phases == 1  # the kernel between boundaries k - 1 and k
+        fence = max((0, 1), key=lambda p: value[p])
+        join = max((0, 1) if not single else (0,), key=lambda p: value[p])
+        back.append((fence, join))
+        value = [value[fence], value[join] + gain if gain > 0 else -math.inf]
+    joined_at: set[int] = set()
+    state = max((0, 1), key=lambda p: value[p])
+    for k in range(len(gains) - 1, -1, -1):
+        if state:
+            joined_at.add(k)
+        state = back[k][state]
+    return frozenset(kernels[k].index for k in range(len(gains)) if k not in joined_at)
 
 
 def keep_fastest(
     mc: ModelContext,
     choices: Sequence[GroupChoice],
-    candidate: LinkedProgram,
+    made: Candidates,
     run: ProgramRun,
     inputs: Mapping[str, np.ndarray],
-    phases: PhaseCache,
     checked: bool = False,
     max_cycles: int | None = None,
 ) -> tuple[LinkedProgram, ProgramRun]:
-    """The program a plan keeps, from the candidate's run on a call's inputs and one more simulation: the same plan
-    fenced at every boundary with no on-chip dispatch (each kernel as it runs alone, one after another). Kept: the
-    candidate, or when its dispatches made it slower than that (their count and their fenced boundaries cost more
-    than the zero tiles they skip on this data), the candidate without them (a third simulation, only then), or
-    when still slower, the fenced program: so a program is never slower than its kernels fenced one by one, and
-    a dispatch stays only where it paid on the data of the call that linked it (left out on dense data, it is
-    weighed again when its operand turns sparse: `LinkedProgram.dropped`). The kept program carries the
-    fenced cycles and each token-ordered boundary's gain over them (`_gains`); the run is the kept program's (each
-    is a valid run of the call: every program computes the same values). `max_cycles`: the watchdog of each run
-    (a reference that traps or passes it counts as slowest)."""
-    fenced = link_plan(mc, choices, None, join=False, phases=phases)
+    """The program a plan keeps, from the candidate's run on a call's inputs and one more simulation: the fenced
+    program's (`Candidates.fenced`). Kept: the candidate, or when its dispatches made it slower than that (their
+    count and their fenced boundaries cost more than the zero tiles they skip on this data), the candidate without
+    them (a third simulation, only then), or when still slower, the fenced program: so a program is never slower
+    than its kernels fenced one by one, and a dispatch stays only where it paid on the data of the call that linked
+    it (left out on dense data, it is weighed again when its operand turns sparse: `LinkedProgram.dropped`). The
+    kept program carries the fenced cycles and each token-ordered boundary's gain over them (`_gains`); the run is
+    the kept program's (each is a valid run of the call: every program computes the same values). `max_cycles`:
+    the watchdog of each run (a reference that traps or passes it counts as slowest)."""
+    candidate, fenced = made.candidate, made.fenced
     try:
         reference = simulate_program(mc, fenced, inputs, checked=checked, max_cycles=max_cycles)
     except SimulatorTrap:
         return candidate, run
     best = (candidate, run)
     if run.cycles > reference.cycles and candidate.dispatches:
-        plain = link_plan(mc, choices, None, phases=phases)
+        plain = link_plan(mc, choices, None, fenced=made.fences, phases=made.phases)
         try:
             again = simulate_program(mc, plain, inputs, checked=checked, max_cycles=reference.cycles)
             if again.cycles < run.cycles:
@@ -242,10 +297,9 @@ def link_for_call(
 ) -> tuple[LinkedProgram, ProgramRun]:
     """The program the engine keeps for a plan and its run on these inputs (`keep_fastest` after the candidate's
     run: two simulations, three when the candidate's dispatches did not pay)."""
-    phases = PhaseCache(mc)
-    candidate = link_plan(mc, choices, prefer, phases=phases)
-    run = simulate_program(mc, candidate, inputs, max_cycles=max_cycles)
-    return keep_fastest(mc, choices, candidate, run, inputs, phases, max_cycles=max_cycles)
+    made = candidates(mc, choices, prefer, PhaseCache(mc))
+    run = simulate_program(mc, made.candidate, inputs, max_cycles=max_cycles)
+    return keep_fastest(mc, choices, made, run, inputs, max_cycles=max_cycles)
 
 
 def _turned_sparse(mc: ModelContext, linked: LinkedProgram, values: Mapping[str, np.ndarray]) -> bool:
@@ -258,22 +312,24 @@ def _turned_sparse(mc: ModelContext, linked: LinkedProgram, values: Mapping[str,
 def _gains(
     linked: LinkedProgram, run: ProgramRun, fenced: LinkedProgram, reference: ProgramRun
 ) -> tuple[tuple[int, int, int], ...]:
-    """Each token-ordered boundary's gain: the kernels' shares of the timeline (entry to next entry) fenced minus
-    joined. A join moves the next kernel's first loads under the previous kernel, so a kernel's share falls with
-    the boundary at its start: a boundary gains the share its next kernel lost, the first of a chain of joins also
-    the share its previous kernel lost (its end). Over a chain the gains add up to the chain's exact saving (a
-    fence closes it in both programs)."""
+    """Each token-ordered boundary's gain, from the kernels' shares of the timeline (entry to next entry), fenced
+    minus joined: a boundary between two fences gains what its two kernels' shares lost together (its gain alone);
+    in a chain of joins a kernel between two joined boundaries splits what its share lost between them (removing
+    the fence at its end lets the next kernel start early, what it then waits for is paid in that kernel's share:
+    in a chain the two do not separate). The gains add up to each chain's exact saving (a fence closes it in both
+    programs)."""
     alone = {k.index: reference.kernel_cycles[k.name] for k in fenced.kernels}
-
-    def lost(kernel: ProgramKernel) -> int:
-        return alone[kernel.index] - run.kernel_cycles[kernel.name]
-
-    out = []
-    for k, b in enumerate(linked.boundaries):
-        if b.joined:
-            first = k == 0 or not linked.boundaries[k - 1].joined
-            out.append((b.before, b.after, lost(linked.kernels[k + 1]) + (lost(linked.kernels[k]) if first else 0)))
-    return tuple(out)
+    joined = [b.joined for b in linked.boundaries]
+    gains = [0] * len(joined)
+    for k, kernel in enumerate(linked.kernels):
+        lost = alone[kernel.index] - run.kernel_cycles[kernel.name] if kernel.index in alone else 0
+        before, after = k > 0 and joined[k - 1], k < len(joined) and joined[k]
+        if before and after:
+            gains[k - 1] += lost // 2
+            gains[k] += lost - lost // 2
+        elif before or after:
+            gains[k - 1 if before else k] += lost
+    return tuple((b.before, b.after, g) for b, g in zip(linked.boundaries, gains, strict=True) if b.joined)
 
 
 def _fused(group: Group) -> bool:

@@ -98,7 +98,9 @@ def test_fuse_execution_program_reports_boundaries_overlap_and_dispatch(tmp_path
 
 @pytest.mark.parametrize("name", ["mlp", "resnet_block", "encoder_post_d128"])
 def test_the_engine_keeps_the_fastest_of_its_candidate_and_the_fenced_program(name: str) -> None:
+    """`keep_fastest`: the candidate (predicted joins, dispatches), else the same without dispatch, else fenced."""
     from fusion.engine.program import link_plan, model_prefers, run_program
+    from fusion.engine.program_run import planned_fences
 
     graph, inputs = model(name)
     engine = FusionEngine(graph, "base", "int8")
@@ -109,10 +111,13 @@ def test_the_engine_keeps_the_fastest_of_its_candidate_and_the_fenced_program(na
     def cycles(linked) -> int:
         return run_program(mc, linked, inputs, checked=True).cycles
 
-    # the candidate: every boundary the link's rules allow, left to right, and the dispatches the cost model allows;
-    # the same without dispatch; the reference: fenced everywhere, no dispatch (each kernel as it runs alone)
-    candidate = cycles(link_plan(mc, choices, model_prefers(mc, engine.cost_model)))
-    plain, fenced = cycles(link_plan(mc, choices)), cycles(link_plan(mc, choices, join=False))
+    # the candidate: the joins of largest predicted gain and the dispatches the cost model allows; the same without
+    # dispatch; the reference: fenced everywhere, no dispatch (each kernel as it runs alone); each linked on its own
+    # here (no shared phases)
+    reference = link_plan(mc, choices, join=False)
+    fences = planned_fences(mc, choices, reference.kernels)
+    candidate = cycles(link_plan(mc, choices, model_prefers(mc, engine.cost_model), fenced=fences))
+    plain, fenced = cycles(link_plan(mc, choices, fenced=fences)), cycles(reference)
     expected = candidate if candidate <= fenced else plain if plain <= fenced else fenced
     assert cycles(kept) == result.program.cycles == expected == result.cycles <= fenced
     assert kept.fenced_cycles == fenced and result.program.fenced_cycles == fenced
