@@ -115,6 +115,7 @@ class _Tiling:
     tn: int
     chunk: int
     spare: bool = False
+    weights: bool = False  # all the weights in the spare bank, loaded by the first band's steps, read by all
 
 
 @dataclass(frozen=True)
@@ -134,15 +135,21 @@ class _Sizes:
         raw = [pixels * kb * self.in_dt.size for _, kb in k_slices(self.s.cg, self.n)]
         return raw + ([pixels * kb for _, kb in k_slices(self.s.cg, self.n)] if self.quantize else [])
 
-    def streamed(self, rows: int, tn: int, chunk: int) -> list[int]:
-        spad = [self.s.taps * chunk * tn * self.mm_dt.size, tn * 4, tn * 8, rows * self.s.cols * tn * self.out_dt.size]
+    def streamed(self, rows: int, tn: int, chunk: int, weights: bool = True) -> list[int]:
+        """One step's tiles (`weights` False: all the weights sit in the spare bank)."""
+        spad = [tn * 4, tn * 8, rows * self.s.cols * tn * self.out_dt.size]
+        spad += [self.s.taps * chunk * tn * self.mm_dt.size] if weights else []
         return spad + ([rows * self.s.out[1] * tn * 4] if self.residual else [])
 
-    def fits(self, probe: TileArena, rows: int, tn: int, chunk: int, apart: bool = False) -> bool:
+    @property
+    def weight_bytes(self) -> int:
+        return self.s.taps * self.s.cg * self.s.cout * self.mm_dt.size
+
+    def fits(self, probe: TileArena, rows: int, tn: int, chunk: int, apart: bool = False, weights: bool = True) -> bool:
         """One step's tiles in a slot: beside the band, or (`apart`: the band in the spare bank) alone."""
         resident = [] if apart else self.resident(rows)
         return self.s.stream_rows(rows) <= MAX_ROWS and probe.fits(
-            resident + self.streamed(rows, tn, chunk), [self.s.stream_rows(rows) * tn * 4]
+            resident + self.streamed(rows, tn, chunk, weights), [self.s.stream_rows(rows) * tn * 4]
         )
 
 
@@ -160,6 +167,12 @@ def choose_tiling(cfg: MachineConfig, z: _Sizes, name: str) -> _Tiling:
         blocks = largest_fitting(-(-s.cg // n), lambda b: z.fits(probe, whole, tn, min(s.cg, b * n), True))
         if blocks:
             return _Tiling(whole, tn, min(s.cg, blocks * n), True)
+    # several bands, all the weights in the spare bank: each is read once instead of once per band, and the
+    # steps' slots hold only the band and the epilogue's tiles (so bands of more rows fit)
+    if spare is not None and spare.fits([z.weight_bytes]):
+        rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, s.cg, weights=False))
+        if rows:
+            return _Tiling(rows, tn, s.cg, weights=True)
     rows = largest_fitting(s.out[0], lambda r: z.fits(probe, r, tn, min(n, s.cg)))
     if rows == 0:
         raise CodegenError(
@@ -454,7 +467,12 @@ class _Kernel:
         slices = k_slices(s.cg, n)
         dmas, vector = band_work
         last = t.c0 + t.kc == s.cg
-        weights = arena.tile(s.taps * t.kc * t.tn * z.mm_dt.size)
+        start = (t.col * s.cg + t.c0 * t.tn) * s.taps  # the Cout tile's block, then its channel blocks
+        if self.tiling.weights:  # in the spare bank at their packed offset; the first band of image 0 loads them
+            weights = TileArena.spare(cx.config).spad.base + start * z.mm_dt.size
+            fetch = t.img == 0 and t.oh0 == 0
+        else:
+            weights, fetch = arena.tile(s.taps * t.kc * t.tn * z.mm_dt.size), True
         tiles = self.ep.tiles(arena, t.rows, t.tn) if last else (0, 0, 0)
         out_tile = arena.tile(t.rows * s.cols * t.tn * z.out_dt.size) if last else 0
         stream = s.stream_rows(t.rows)
@@ -462,8 +480,8 @@ class _Kernel:
         def load(em: Emitter) -> None:
             for dma in dmas:
                 dma(em)
-            start = (t.col * s.cg + t.c0 * t.tn) * s.taps  # the Cout tile's block, then its channel blocks
-            em.dma_load(self.taps.slice(0, start, s.taps * t.kc * t.tn), weights)
+            if fetch:
+                em.dma_load(self.taps.slice(0, start, s.taps * t.kc * t.tn), weights)
             self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
 
         def band_vector(em: Emitter) -> None:

@@ -139,3 +139,20 @@ def test_one_band_in_the_spare_bank_reads_weights_and_input_once() -> None:
     assert tiling.spare and tiling.rows == s.out[0]
     _, run = _check(graph, names, "fp32")
     assert run.dram_read_bytes <= (64 * 14 * 14 + 48 * 64 * 9 + 48 + 48 * 14 * s.cols) * 4
+
+
+def test_bands_share_weights_held_in_the_spare_bank() -> None:
+    """A ResNet layer1-like conv (fp32, 40x40, 16 -> 32 channels, 3x3) runs in several bands of output rows; its
+    weights fit the spare scratchpad bank, so they are loaded once by the first band and read by all (DRAM reads
+    at most the input with its band halos, the weights and bias once, and the output's transposing loads back),
+    race-checked."""
+    graph, names = conv_graph(1, 16, 32, (40, 40), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    mc = context(graph, {"x": np.zeros((1, 16, 40, 40), np.float32)}, "fp32")
+    s = conv_shape(graph, mc.config, graph.node("conv"))
+    z = _Sizes(s, mc.config.array_size, DType.f32, DType.f32, DType.f32, False, False)
+    tiling = choose_tiling(mc.config, z, "conv")
+    assert tiling.weights and not tiling.spare and tiling.rows < s.out[0]
+    _, run = _check(graph, names, "fp32")
+    bands = -(-s.out[0] // tiling.rows)
+    x_rows = 40 + bands * (s.in_rows(tiling.rows) - tiling.rows)  # each band's halo rows read again
+    assert run.dram_read_bytes <= (16 * 40 * x_rows + 32 * 16 * 9 + 32 + 32 * 40 * s.cols) * 4
