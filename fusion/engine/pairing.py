@@ -3,8 +3,9 @@
 A memory-bound group next to a compute-bound one is the pair whose overlap can pay: the consumer's DMAs run
 while the producer's matrix or vector unit works (or the other way round), where two memory-bound kernels would
 only queue on the same DMA units. Bound = the cost model's per-unit busy time (`unit_times`): memory when the
-busiest DMA unit (or the channel) outworks the matrix and vector units. Each such adjacent pair (the producer's
-output flowing into the consumer) is built with `build_pipelined` and measured on the
+busiest DMA unit (or the channel) outworks the matrix and vector units; a producer of a single step (`serial`)
+pairs with a consumer of either bound. Each such adjacent pair (the producer's output flowing into the consumer)
+is built with `build_pipelined` and measured on the
 simulator on zero inputs: kernel timing does not depend on the values (zero-skip kernels, which test data at
 issue, are never pipelined), so planning needs no live data. The pair is taken when it saves at least
 REGRET_FLOOR of the two kernels' measured cycles (`worth_pairing`) and its run in checked mode finds no race (the
@@ -36,6 +37,13 @@ def bound(features: KernelFeatures, cfg: MachineConfig) -> str:
     """'memory' when a DMA unit or the DRAM channel is the kernel's busiest unit, else 'compute'."""
     t = unit_times(features, cfg)
     return "memory" if max(t.load, t.store, t.transfer) >= max(t.matrix, t.vector) else "compute"
+
+
+def serial(features: KernelFeatures) -> bool:
+    """A producer of one step runs its load, compute and store in series: its load unit idles while it computes
+    and stores, which the consumer's independent loads fill whatever either kernel's bound (a small RMSNorm chain
+    before llama's Q/K/V + rotary GEMM, both memory-bound: 1119 + 5811 cycles apart, 6467 paired)."""
+    return features.steps <= 1
 
 
 def plan_pipelines(ev: Evaluator, plan: Plan, region: Collection[str] | None = None, kept: Sequence = ()) -> Plan:
@@ -78,7 +86,7 @@ def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | 
     if isinstance(ea, str) or isinstance(eb, str):
         return None
     kinds = (bound(ea.features, ev.mc.config), bound(eb.features, ev.mc.config))
-    if kinds[0] == kinds[1]:
+    if kinds[0] == kinds[1] and not serial(ea.features):
         return None
     try:
         kernel = build_pipelined(ev.mc, a.group, b.group)

@@ -18,6 +18,7 @@ from fusion.engine.kernel import build_kernel
 from fusion.engine.pairing import worth_pairing
 from fusion.engine.pipelined import build_pipelined
 from fusion.engine.plan import Group
+from fusion.engine.planner import Evaluator
 from fusion.engine.report import build_report, format_report
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ir import Graph
@@ -25,14 +26,6 @@ from fusion.graph.ops import OpType
 from fusion.quant.calibrate import calibrate
 from simulator.config import load_config
 from simulator.errors import SimulatorTrap
-
-NO_PLANNED_PAIR = pytest.mark.xfail(
-    strict=True,
-    reason="no bundled model's dynamic plan has a complementary pair since conv_chain (#16) runs resnet_block as one "
-    "kernel, and a LayerNorm -> Linear consumer carries a zero-skip dispatch table (pairing refuses it): the "
-    "planner-level pairing tests need a new fixture (pairs themselves: the tests above build them directly)",
-)
-
 
 LN = Group(("ln",), "chain")
 GEMM = Group(("fc", "relu"), "epilogue")
@@ -50,6 +43,25 @@ def ln_gemm_graph(m: int = 16, d: int = 64, n: int = 256, seed: int = 0) -> Grap
     bias = b.constant((rng.standard_normal(n) * 0.1).astype(np.float32), "bias")
     b.output(b.op(OpType.Relu, b.op(OpType.Gemm, h, w, bias, name="fc"), name="relu"))
     return b.build()
+
+
+def norm_projections_graph(m: int = 16, d: int = 64, n: int = 64, seed: int = 0) -> Graph:
+    """A one-step LayerNorm feeding Q, K, V projections side by side (`siblings`): the planner pairs them (a serial
+    producer, `pairing.serial`), so the planner-level tests below run a planned pair."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("norm_projections")
+    x = b.input("x", (1, m, d))
+    gamma = b.constant((rng.standard_normal(d) * 0.2 + 1).astype(np.float32), "gamma")
+    beta = b.constant((rng.standard_normal(d) * 0.1).astype(np.float32), "beta")
+    h = b.op(OpType.LayerNorm, x, gamma, beta, name="ln", axis=2, epsilon=1e-5)
+    for name in ("q", "k", "v"):
+        w = b.constant((rng.standard_normal((d, n)) / np.sqrt(d)).astype(np.float32), f"w_{name}")
+        b.output(b.op(OpType.MatMul, h, w, name=name))
+    return b.build()
+
+
+def planned_pair_model() -> tuple[Graph, dict[str, np.ndarray]]:
+    return norm_projections_graph(), {"x": np.random.default_rng(1).standard_normal((1, 16, 64)).astype(np.float32)}
 
 
 def _context(dtype: str) -> tuple[ModelContext, dict[str, np.ndarray]]:
@@ -122,15 +134,14 @@ def test_bundled_model_pairs_are_race_free_and_exact(name: str, dtype: str, leas
     assert pairs >= least
 
 
-@NO_PLANNED_PAIR
 def test_planner_pairs_complementary_groups_and_the_engine_runs_them() -> None:
-    graph, x = model("resnet_block")  # its conv -> residual Add pair (the encoders' GEMMs fuse their chains)
+    graph, x = planned_pair_model()
     # host: a program joins its kernel boundaries itself and runs no pair (docs/program.md)
     apart = FusionEngine(graph, "base", "int8", EngineOptions(pipeline=False, execution="host")).run(x)
     engine = FusionEngine(graph, "base", "int8", EngineOptions(checked=True, execution="host"))
     first, second = engine.run(x), engine.run(x)
     pairs = engine.plan.pipelined
-    assert pairs and all(set(p.bounds) == {"memory", "compute"} for p in pairs)
+    assert pairs and all(set(p.bounds) == {"memory", "compute"} or p.producer.nodes == ("ln",) for p in pairs)
     assert all(p.pipelined_cycles < p.separate_cycles for p in pairs)
     # timing does not depend on the values: the plan-time measurement on zeros is what the live run takes
     assert first.cycles == apart.cycles - sum(p.separate_cycles - p.pipelined_cycles for p in pairs)
@@ -155,7 +166,6 @@ def test_pair_kernel_round_trips_through_the_disk_cache(tmp_path) -> None:
     np.testing.assert_array_equal(run_kernel(mc, again, env).outputs["relu"], env["relu"])
 
 
-@NO_PLANNED_PAIR
 def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkeypatch) -> None:
     import fusion.engine.engine as engine_module
 
@@ -166,7 +176,7 @@ def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkey
         (v, data), *_ = run.outputs.items()
         return replace(run, outputs={**run.outputs, v: data + np.ones_like(data)})
 
-    graph, x = model("resnet_block")
+    graph, x = planned_pair_model()
     monkeypatch.setattr(engine_module, "run_kernel", faulty)
     engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="host"))  # (pairs run in host mode)
     result = engine.run(x)
@@ -178,7 +188,6 @@ def test_shadow_validation_catches_a_wrong_pair_and_runs_the_groups_apart(monkey
     assert not any(r.pipelined_with for r in engine.run(x).records)  # blocked from then on
 
 
-@NO_PLANNED_PAIR
 def test_planner_race_checks_only_pairs_worth_taking_and_refuses_a_racing_one(monkeypatch) -> None:
     """The checked (race-finding) simulation runs only for pairs saving at least the regret floor, each taken pair
     passed it, and a pair whose DRAM ordering is missing is found racing and not taken."""
@@ -191,8 +200,17 @@ def test_planner_race_checks_only_pairs_worth_taking_and_refuses_a_racing_one(mo
         runs.append((checked, cycles))
         return cycles
 
-    graph, x = model("resnet_block")
+    within = Evaluator.simulated_within
+
+    def budgeted(ev, kernel, budget, checked=False):  # the plain, budgeted simulation of a candidate pair
+        cycles = within(ev, kernel, budget, checked)
+        if kernel.pipelined_with is not None:
+            runs.append((checked, cycles))
+        return cycles
+
+    graph, x = planned_pair_model()
     monkeypatch.setattr(pairing, "timing_cycles", counted)
+    monkeypatch.setattr(Evaluator, "simulated_within", budgeted)
     engine = FusionEngine(graph, "base", "int8", EngineOptions(execution="host"))
     engine.run(x)
     pairs = engine.plan.pipelined
