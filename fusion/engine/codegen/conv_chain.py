@@ -182,15 +182,21 @@ def _stage(graph: Graph, cfg: MachineConfig, nodes: list[Node]) -> Stage:
 
 
 def pack_stage(st: Stage, weights: np.ndarray, n: int) -> np.ndarray:
-    """A stage's weight (float32 or int8 form) as it reads it: [kh, kw, C, Cout] (`pack_taps`), or, depthwise,
-    [taps, n, C] with channel c's tap weight at row c % n: for each channel block the [n, block] diagonal weight
-    tile one preload takes."""
-    if not st.depthwise:
-        return pack_taps(weights)
-    c = st.s.c
-    out = np.zeros((st.s.taps, n, c), weights.dtype)
-    out[:, np.arange(c) % n, np.arange(c)] = weights.reshape(c, st.s.taps).T
-    return out
+    """A stage's weight (float32 or int8 form) as its steps read it: [Cout tiles, taps, K, n], a Cout tile's
+    weights of every tap and input channel contiguous (K = C), so a step's [taps, K chunk, tile] is one run per
+    tap (one run for a 1x1 Conv or a whole K), not a burst per row; a depthwise stage's tile is [taps, n, n], K =
+    its own channel block, channel c's tap weight on the diagonal (row c % n): the [block, block] weight tile one
+    preload takes. Cout is zero-padded to whole tiles."""
+    taps, c, cout = st.s.taps, st.s.c, st.s.cout
+    tiles = -(-cout // n)
+    if st.depthwise:
+        diagonal = np.zeros((taps, n, tiles * n), weights.dtype)
+        diagonal[:, np.arange(c) % n, np.arange(c)] = weights.reshape(c, taps).T
+        rows = diagonal  # [taps, K = n, Cout]
+    else:
+        rows = np.zeros((taps, c, tiles * n), weights.dtype)
+        rows[..., :cout] = pack_taps(weights).reshape(taps, c, cout)
+    return np.ascontiguousarray(rows.reshape(taps, rows.shape[1], tiles, n).transpose(2, 0, 1, 3))
 
 
 def scratch_bytes(chain: Chain, out_dt: DType) -> int:
@@ -240,21 +246,23 @@ class Sizes:
         return [max(rng[i][1] - rng[i][0] for rng in spans) for i in range(len(self.chain.stages))]
 
     def band_tiles(self, band: int) -> list[int]:
-        """The padded input tile of every stage (channel blocks), the raw float input first when quantizing."""
+        """The padded input tile of every stage (channel blocks), the raw float input first when quantizing; then
+        every stage's bias and requantizer table, each of all its output channels (one DMA per band, not per
+        step)."""
         sizes = []
         for i, (st, r) in enumerate(zip(self.chain.stages, self.rows(band), strict=True)):
             pixels = st.s.in_rows(r) * st.s.padded[1]
             if i == 0 and self.quantize:
                 sizes += [pixels * kb * self.in_dt.size for _, kb in k_slices(st.s.c, self.n)]
             sizes += [pixels * kb * self.mm_dt.size for _, kb in k_slices(st.s.c, self.n)]
-        return sizes
+        return sizes + [size for st in self.chain.stages for size in (st.s.cout * 4, st.s.cout * 8)]
 
     def step_tiles(self, i: int, rows: int, kc: int) -> list[int]:
-        """Weights, bias, requantizer of one step of stage i; the last stage's out tile; an int8 Clip stage's
-        float32 rows of one channel block of the next stage's tile (`_Kernel.clip_rows`)."""
+        """Weights of one step of stage i; the last stage's out tile; an int8 Clip stage's float32 rows of one
+        channel block of the next stage's tile (`_Kernel.clip_rows`)."""
         st, stages = self.chain.stages[i], self.chain.stages
         tn = min(self.n, st.s.cout)
-        sizes = [st.s.taps * kc * tn * self.mm_dt.size, tn * 4, tn * 8]
+        sizes = [st.s.taps * kc * tn * self.mm_dt.size]
         if i == len(stages) - 1:
             return sizes + [rows * st.s.cols * tn * self.out_dt.size]
         clip_rows = st.clip is not None and self.mm_dt is DType.i8
@@ -378,10 +386,11 @@ def chain_phases(
         for st, clamp in zip(chain.stages, clamped, strict=True)
     )
     scratch = dense(cx.temp(last.conv, SCRATCH), (last.s.n, last.s.out[0] * last.s.cols, last.s.cout), z.out_dt)
+    n = cfg.array_size
     taps = tuple(
         dense(
             cx.addresses[const_key(st.conv.inputs[1], CHAIN_TAPS)],
-            (st.s.taps, cfg.array_size if st.depthwise else st.s.c, st.s.cout),
+            (-(-st.s.cout // n), st.s.taps, n if st.depthwise else st.s.c, n),
             z.mm_dt,
         )
         for st in chain.stages
@@ -418,12 +427,13 @@ class _Kernel:
     z: Sizes
     eps: tuple[Epilogue, ...]
     clamped: tuple[bool, ...]  # per stage: its Clip is the drain's int8 requantization clamp (`_clamped`)
-    taps: tuple[View, ...]  # per stage [taps, C, Cout] (depthwise: [taps, N, C], `pack_stage`)
+    taps: tuple[View, ...]  # per stage [Cout tiles, taps, C, N] (depthwise: [Cout tiles, taps, N, N], `pack_stage`)
     scratch: View  # [n, OH * cols, Cout]
     rows: int  # last-stage output rows per band
 
-    def band_tiles(self, b: int) -> tuple[list[int], list[list[int]]]:
-        """Band b's tiles in its slot: the raw float input blocks (when quantizing), every stage's input blocks."""
+    def band_tiles(self, b: int) -> tuple[list[int], list[list[int]], list[tuple[int, int]]]:
+        """Band b's tiles in its slot: the raw float input blocks (when quantizing), every stage's input blocks,
+        every stage's (bias, requantizer table) tiles."""
         z, first = self.z, self.chain.stages[0]
         arena = TileArena(self.cx.config, b, self.cx.rotation)
         if z.wide:
@@ -435,13 +445,13 @@ class _Kernel:
             count = len(k_slices(st.s.c, z.n))
             inputs.append(rest[:count])
             rest = rest[count:]
-        return tiles[:n_raw], inputs
+        return tiles[:n_raw], inputs, list(zip(rest[::2], rest[1::2], strict=True))
 
     def prologue(self, bands: int) -> list[Step]:
         """Every slot's band tiles cleared once (the padding positions no band writes)."""
         steps = []
         for b in range(1 if self.z.wide else min(DEPTH, bands)):
-            raw, inputs = self.band_tiles(b)
+            raw, inputs, _ = self.band_tiles(b)
             steps.append(Step([], [(Unit.vector, lambda em, raw=raw, inputs=inputs: self.clear(em, inputs, raw))]))
         return steps
 
@@ -449,7 +459,7 @@ class _Kernel:
         """A band's steps: for every stage, Cout tile and K chunk, one step."""
         cx, chain, z, cfg = self.cx, self.chain, self.z, self.cx.config
         ranges = band_ranges(chain, o0, rows)
-        raw, inputs = self.band_tiles(b)
+        raw, inputs, params = self.band_tiles(b)
         edges = edge_rows(chain, ranges)
         slots = z.step_slots(cfg, self.rows)
         steps: list[Step] = []
@@ -468,7 +478,8 @@ class _Kernel:
                     work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc, j == 0, closes)
                     clip = closes and st.clip is not None
                     wait = clip and col == cols[-1][0]  # the stage's rows all drained and clipped
-                    steps.append(self.step(arena, work, inputs, raw, edges if not steps else None, clip, wait))
+                    bring = (edges, params) if not steps else None
+                    steps.append(self.step(arena, work, inputs, raw, params[i], bring, clip, wait))
         return steps
 
     def step(
@@ -477,36 +488,42 @@ class _Kernel:
         t: _Work,
         inputs: list[list[int]],
         raw: list[int],
-        edges: list | None,
+        param: tuple[int, int],
+        bring: tuple[list, list[tuple[int, int]]] | None,
         clip: bool = False,
         wait: bool = False,
     ) -> Step:
-        """One stage's Cout tile x K chunk of a band; `edges` (the band's first step): it also brings the chain
-        input and zeroes the tile rows past the image edges; `clip` (a Clip stage's last K chunk): then the vector
-        unit clips the drained rows in the next stage's tile (`clip_rows`) while the matrix unit goes on to the
-        next Cout tile; `wait` (the stage's last one): the matrix unit waits for the clipped rows before the next
-        stage reads them."""
+        """One stage's Cout tile x K chunk of a band (`param`: its stage's bias and requantizer tiles). `bring`
+        (the band's first step: the edge rows and every stage's tiles): it also brings the chain input and every
+        stage's bias and requantizer table, and zeroes the tile rows past the image edges. `clip` (a Clip stage's
+        last K chunk): then the vector unit clips the drained rows in the next stage's tile (`clip_rows`) while
+        the matrix unit goes on to the next Cout tile; `wait` (the stage's last one): the matrix unit waits for
+        the clipped rows before the next stage reads them."""
         chain, z = self.chain, self.z
         st, ep = chain.stages[t.stage], self.eps[t.stage]
         s, es = st.s, z.mm_dt.size
         final = t.stage == len(chain.stages) - 1
         last_chunk = t.closes
         w_tile = arena.tile(s.taps * t.kc * t.tn * es)
-        ep_tiles = ep.tiles(arena, 1, t.tn) if last_chunk else (0, 0, 0)
+        bias, table = param
+        has_bias, has_table = ep.bias is not None, ep.table is not None
+        ep_tiles = (bias + t.col * 4 if has_bias else 0, 0, table + t.col * 8 if has_table else 0)
         out_tile = arena.tile(t.rows * s.cols * t.tn * z.out_dt.size) if final and last_chunk else 0
         blocks = k_slices(s.c, z.n)
         count = t.b - t.a
-        weights = self.taps[t.stage].slice(1, 0 if st.depthwise else t.k0, t.kc).slice(2, t.col, t.tn)
+        weights = (
+            self.taps[t.stage].index((t.col // z.n,)).slice(1, 0 if st.depthwise else t.k0, t.kc).slice(2, 0, t.tn)
+        )
 
         def load(em: Emitter) -> None:
-            if edges is not None:
-                self.zero_edges(em, edges, inputs, raw)
+            if bring is not None:
+                self.zero_edges(em, bring[0], inputs, raw)
                 self.load_input(em, t.img, t.o0, t.rows, raw or inputs[0])
+                self.load_params(em, bring[1])
             em.dma_load(weights, w_tile)
-            ep.load(em, ep_tiles, t.img, t.col, t.tn, t.a, count)
 
         compute: list = [(Unit.load, load)]
-        if edges is not None and raw:
+        if bring is not None and raw:
             compute.append((Unit.vector, lambda em: self.quantize(em, raw, inputs[0])))
 
         # a vertically strided stage streams each output row's positions alone, skipping the input rows between
@@ -565,6 +582,14 @@ class _Kernel:
         for i, r in enumerate(range(t.a, t.b)):  # every stride_w-th computed position, one drained row each
             band = DrainBand(t.acc + i * s.pitch * t.tn * 4, s.out[1], t.tn, s.strides[1], 1, 1)
             ep.drain(em, band, tiles, at(r))
+
+    def load_params(self, em: Emitter, params: list[tuple[int, int]]) -> None:
+        """Every stage's bias and requantizer table (those its drain applies), all its output channels."""
+        for ep, (bias, table) in zip(self.eps, params, strict=True):
+            if ep.bias is not None:
+                em.dma_load(ep.bias, bias)
+            if ep.table is not None:
+                em.dma_load(ep.table, table)
 
     def clip_rows(self, em: Emitter, t: _Work, inputs: list[list[int]], temp: int) -> None:
         """A Clip stage's output rows [a, b) of Cout tile `col` in the next stage's tile (whole padded rows: the
