@@ -46,6 +46,7 @@ class KernelFeatures:
     steps: int = 0  # pipeline steps: token handovers into the main compute unit (matrix, else vector): overlap
     load_bursts: int = 0  # DRAM bursts of the loads (strided rows start their own bursts)
     store_bursts: int = 0
+    matrix_segments: int = 0  # runs of matmuls whose results an instruction waits for (0: not counted, old rows)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
