@@ -60,6 +60,8 @@ _HAS_N = np.array([any(f.name == "n" for f in spec.fields) for spec in _SPECS])
 _CHAIN_LOAD = np.array([spec.timing in ("chain_load", "chain_stream") for spec in _SPECS])
 _CHAIN_REDUCE = np.array([spec.timing == "chain_reduce" for spec in _SPECS])
 _CHAIN_STORE = np.array([spec.timing == "chain_store" for spec in _SPECS])
+_PUSH = np.array([spec.mnemonic == "sync.push" for spec in _SPECS])
+_STREAM_MATMUL = np.array([spec.timing == "matmul_stream" for spec in _SPECS])
 
 
 def _spec_indices(words: np.ndarray) -> np.ndarray:
@@ -125,6 +127,16 @@ def _chain_reduce_elems(kind: np.ndarray, n: np.ndarray) -> int:
     return int((np.maximum.accumulate(key)[reduces] & 0xFFFFFFFF).sum())
 
 
+def _matrix_segments(kind: np.ndarray, category: np.ndarray, src: np.ndarray) -> int:
+    """Runs of matmuls the matrix unit waits out: instructions that need every earlier result (`mx.drain`, `mx.mms`,
+    a `sync.push` from the matrix unit: `timing.matrix_drained_start`) right after a matmul, preloads aside. Each
+    pays the array's latency once; back-to-back drains after one run wait once."""
+    matmul = category == MATMUL
+    waits = (category == DRAIN) | _STREAM_MATMUL[kind] | (_PUSH[kind] & (src == int(Unit.matrix)))
+    at = np.flatnonzero(matmul | waits)
+    return int(np.count_nonzero(waits[at[1:]] & matmul[at[:-1]]))
+
+
 def _steps(pops: np.ndarray, matmuls: int, vector_instrs: int, dma_stores: int) -> int:
     """Pipeline steps of the kernel's main compute unit: how many times it receives a step's tiles (`pops`: the
     `sync.pop` destinations)."""
@@ -155,7 +167,8 @@ def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float 
     words = np.asarray(text, dtype=np.uint64)
     kind = _spec_indices(words)
     category = _CATEGORY[kind]
-    rows, cols, dtype, rs2, rd, imm, n, dst = _fields(words, "rows", "cols", "dtype", "rs2", "rd", "imm32", "n", "dst")
+    fields = ("rows", "cols", "dtype", "rs2", "rd", "imm32", "n", "dst", "src")
+    rows, cols, dtype, rs2, rd, imm, n, dst, src = _fields(words, *fields)
     dma = np.flatnonzero((category == LOAD) | (category == STORE))
     li = np.flatnonzero(category == LI)
     row_bytes = cols[dma] * _DTYPE_BYTES[dtype[dma]]
@@ -219,4 +232,5 @@ def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float 
         steps=steps,
         load_bursts=counts["load_bursts"],
         store_bursts=counts["store_bursts"],
+        matrix_segments=_matrix_segments(kind, category, src),
     )
