@@ -67,13 +67,14 @@ class UnitTimes:
 
 
 def _matmul_time(f: KernelFeatures, cfg: MachineConfig) -> int:
-    """Preloads and matmuls on the pipelined array: each drain, and each step's hand-over to the other units (a
-    token from the matrix unit), ends a segment by waiting for the results; within one the tiles overlap as
+    """Preloads and matmuls on the pipelined array: an instruction waiting for the results (a drain, a streamed
+    matmul, a step's hand-over to the other units) ends a segment (`KernelFeatures.matrix_segments`, counted from
+    the program; a row without the count: one per drain or step); within one the tiles overlap as
     `timing.matrix_segment_cycles` says, at the kernel's average sizes."""
     if not f.matmuls:
         return f.preloads * timing.preload_cycles(cfg)
     tiles = max(f.preloads, 1)
-    segments = min(max(f.drains, f.steps, 1), tiles)
+    segments = min(max(f.matrix_segments or max(f.drains, f.steps), 1), tiles)
     rows = _avg(f.matmul_rows, f.matmuls)
     return segments * timing.matrix_segment_cycles(cfg, _avg(tiles, segments), _avg(f.matmuls, tiles), rows)
 
