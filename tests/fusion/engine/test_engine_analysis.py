@@ -148,6 +148,22 @@ def test_constant_slab_gather_is_a_view() -> None:
     assert not is_view(graph, next(n for n in graph.nodes if n.op == OpType.Transpose))
 
 
+def test_a_transpose_moving_only_size_one_axes_is_a_view() -> None:
+    """ViT's (17, 1, 64) <-> (1, 17, 64): the same bytes, applied on the host like a Reshape; one that reorders
+    longer axes is a kernel."""
+    from fusion.engine.views import apply_view, is_view
+    from fusion.graph.builder import GraphBuilder
+
+    b = GraphBuilder("size_one_transposes")
+    x = b.input("x", (17, 1, 3, 64))
+    b.output(b.op(OpType.Transpose, x, perm=(1, 0, 2, 3), name="swap_one"))
+    b.output(b.op(OpType.Transpose, x, perm=(2, 1, 0, 3), name="reorder"))
+    graph = b.build()
+    data = np.random.default_rng(0).standard_normal((17, 1, 3, 64)).astype(np.float32)
+    assert is_view(graph, graph.node("swap_one")) and not is_view(graph, graph.node("reorder"))
+    np.testing.assert_array_equal(apply_view(graph, graph.node("swap_one"), data), data.transpose(1, 0, 2, 3))
+
+
 def test_bound_pruning_finds_the_same_best_schedule_as_building_every_one() -> None:
     """Branch and bound over GEMM schedules: the matrix-unit bound never exceeds the analytic prediction, so the
     pruned search picks the schedule an exhaustive search picks, while building fewer kernels."""
