@@ -198,6 +198,13 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         return [(raw, t.tile(size) if quantized else raw) for raw, size in ((t.tile(r), q) for r, q in a_bytes)]
 
     a_tiles = [place(spare)] * len(arenas) if shared else [place(t) for t in arenas]
+    # phase 2's first block of a chain gets its other operands (residual, LayerNorm rows) from a last phase-1 step
+    # of loads only, in the buffer slot that block then uses (phase 2's blocks continue phase 1's slot rotation),
+    # while the matrix unit finishes: that block then waits only for C to come back
+    first = len(chunks)
+    back, prefetch = (
+        _chain_back(cx, scratch, chain, head.outputs[0], value_rows, out_rows, first) if chain else ([], [])
+    )
     steps = []
     for step, c0 in enumerate(chunks):
         rows = min(shape.chunk, shape.n_out - c0)
@@ -248,10 +255,12 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         compute.append((Unit.matrix, matmul))
         stores = [(o, scratch.slice(0, c0, rows).slice(1, r0, mb)) for (r0, mb), o in zip(blocks, outs, strict=True)]
         steps.append(Step([], compute, stores))
+    if prefetch:
+        steps.append(Step([], [(Unit.load, lambda em: [em.dma_load(view, at) for view, at in prefetch])], []))
     if chain:
         if split:
             raise CodegenError(f"node {head.name!r}: a head split after the GEMM is absorbed without a chain only")
-        return [steps, _chain_back(cx, scratch, chain, head.outputs[0], value_rows, out_rows)]
+        return [steps, back]
     return [steps, _transpose_back(cfg, scratch, out_rows, cx.rotation, split)]
 
 
@@ -300,10 +309,13 @@ def _chain_back(
     c_value: str,
     value_rows: Callable[[View], View],
     out: View,
-) -> list[Step]:
+    first: int = 0,
+) -> tuple[list[Step], list[tuple[View, int]]]:
     """Phase 2 with a vector-chain epilogue: blocks of C come back through transposing loads of C^T, the chain
     runs on them with its other operands (per-column rows, C-shaped tiles), and the result is stored. A chain with
-    a row reduction (LayerNorm, Softmax) takes whole rows; otherwise blocks span all rows and split the columns."""
+    a row reduction (LayerNorm, Softmax) takes whole rows; otherwise blocks span all rows and split the columns.
+    Block j uses the buffer slot of step `first + j`; the first block's other operands are returned as loads
+    ((view, local address) pairs) for a step `first` of phase 1 to issue, and that block loads only C."""
     n_out, m = scratch.shape
     table = operands(cx, chain, frozenset({c_value}))
     in_c_layout, row_views = operand_views(cx, table, cx.graph.types[c_value].shape)
@@ -323,45 +335,53 @@ def _chain_back(
         rows, cols = m, largest_fitting(n_out, lambda c: fits(m, c))
     if rows == 0 or cols == 0:
         raise CodegenError(f"a {m} x {n_out} block of C does not fit a vector register or the scratchpad")
-    steps = []
-    for r0 in range(0, m, rows):
-        rb = min(rows, m - r0)
-        for c0 in range(0, n_out, cols):
-            cb = min(cols, n_out - c0)
-            arena = TileArena(cx.config, len(steps), cx.rotation)
-            addr = {c_value: arena.tile(rb * cb * scratch.dtype.size)}
-            parts = {v: _rows_cols(view, m, r0, rb, c0, cb) for v, view in tile_views.items()}
-            addr |= {v: arena.tile(rb * cb * p.dtype.size) for v, p in parts.items()}
-            rows_part = {v: view.slice(0, c0, cb) for v, view in row_views.items()}
-            addr |= {v: arena.tile(cb * 4) for v in rows_part}
-            out_addr = arena.tile(rb * cb * 4)
-            part = scratch.slice(0, c0, cb).slice(1, r0, rb)
+    blocks = [
+        (r0, min(rows, m - r0), c0, min(cols, n_out - c0)) for r0 in range(0, m, rows) for c0 in range(0, n_out, cols)
+    ]
 
-            others = tuple((view, addr[v]) for v, view in (*parts.items(), *rows_part.items()))
+    def others_of(r0: int, rb: int, c0: int, cb: int) -> list[tuple[str, View, int]]:
+        """The block's other operands: (value, view, local bytes)."""
+        parts = [(v, _rows_cols(view, m, r0, rb, c0, cb)) for v, view in tile_views.items()]
+        rows_part = [(v, view.slice(0, c0, cb)) for v, view in row_views.items()]
+        return [(v, p, rb * cb * p.dtype.size) for v, p in parts] + [(v, p, cb * 4) for v, p in rows_part]
 
-            def load(em: Emitter, part=part, local=addr[c_value], rb=rb, cb=cb, others=others) -> None:
-                for view, at in others:
-                    em.dma_load(view, at)
-                at, dram, stride = em.regs(local, part.address, part.strides[0])
-                em.b.dma_ldt(at, dram, stride, cb, rb, part.dtype.name)
+    steps: list[Step] = []
+    prefetch: list[tuple[View, int]] = []
+    for r0, rb, c0, cb in blocks:
+        arena = TileArena(cx.config, first + len(steps), cx.rotation)
+        addr = {c_value: arena.tile(rb * cb * scratch.dtype.size)}
+        others_here = others_of(r0, rb, c0, cb)
+        addr |= {v: arena.tile(size) for v, _, size in others_here}
+        out_addr = arena.tile(rb * cb * 4)
+        part = scratch.slice(0, c0, cb).slice(1, r0, rb)
 
-            def compute(em: Emitter, a=addr, out_addr=out_addr, n=rb * cb, period=cb) -> None:
-                emit_chain(cx, em, chain, table, a, out_addr, n, period)
+        others = tuple((view, addr[v]) for v, view, _ in others_here)
+        if not steps:  # loaded ahead, by phase 1
+            prefetch, others = list(others), ()
 
-            scattered = scatter if rb == m and cb == n_out else None
-            if scattered is None:
-                store = _rows_cols(out, m, r0, rb, c0, cb)
-                steps.append(Step([], [(Unit.load, load), (Unit.vector, compute)], [(out_addr, store)]))
-                continue
-            flat, runs = scattered  # whole rows in kernel order: put in the output's order locally, one store
-            placed = arena.tile(rb * cb * 4)
+        def load(em: Emitter, part=part, local=addr[c_value], rb=rb, cb=cb, others=others) -> None:
+            for view, at in others:
+                em.dma_load(view, at)
+            at, dram, stride = em.regs(local, part.address, part.strides[0])
+            em.b.dma_ldt(at, dram, stride, cb, rb, part.dtype.name)
 
-            def compute_placed(em: Emitter, compute=compute, out_addr=out_addr, placed=placed, runs=runs) -> None:
-                compute(em)
-                copy_runs(em, runs, placed, out_addr, n_out, DType.f32)
+        def compute(em: Emitter, a=addr, out_addr=out_addr, n=rb * cb, period=cb) -> None:
+            emit_chain(cx, em, chain, table, a, out_addr, n, period)
 
-            steps.append(Step([], [(Unit.load, load), (Unit.vector, compute_placed)], [(placed, flat)]))
-    return steps
+        scattered = scatter if rb == m and cb == n_out else None
+        if scattered is None:
+            store = _rows_cols(out, m, r0, rb, c0, cb)
+            steps.append(Step([], [(Unit.load, load), (Unit.vector, compute)], [(out_addr, store)]))
+            continue
+        flat, runs = scattered  # whole rows in kernel order: put in the output's order locally, one store
+        placed = arena.tile(rb * cb * 4)
+
+        def compute_placed(em: Emitter, compute=compute, out_addr=out_addr, placed=placed, runs=runs) -> None:
+            compute(em)
+            copy_runs(em, runs, placed, out_addr, n_out, DType.f32)
+
+        steps.append(Step([], [(Unit.load, load), (Unit.vector, compute_placed)], [(placed, flat)]))
+    return steps, prefetch
 
 
 def _transpose_back(cfg: MachineConfig, scratch: View, out: View, rotation: int, split: int = 0) -> list[Step]:

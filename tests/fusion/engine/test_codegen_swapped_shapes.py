@@ -99,3 +99,27 @@ def test_a_is_read_once_into_the_spare_banks_or_copied_to_each_slot(dtype: str, 
     chunks = sum(i.mnemonic == "mx.drain" for i in instructions)  # one row block: a drain per chunk
     assert chunks > 1
     assert len(a_copies) == (0 if banks == 4 else min(chunks, DEPTH) - 1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_chain_operands_are_loaded_before_phase_two(dtype: str) -> None:
+    """x @ W + r -> LayerNorm: the residual and LayerNorm's rows are loaded by phase 1 (in the slot phase 2's first
+    block uses) while the matrix unit finishes, so after the fence between the phases the first transfer is C^T
+    coming back; checked mode: nothing reads them before they are there or overwrites them before phase 2."""
+    m, k, n = 16, 128, 128
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("residual_norm")
+    x, r = b.input("x", (m, k)), b.input("r", (m, n))
+    h = b.op(OpType.MatMul, x, b.constant((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)), name="mm")
+    h = b.op(OpType.Add, h, r, name="res")
+    gamma, beta = (b.constant(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    b.output(b.op(OpType.LayerNorm, h, gamma, beta, axis=1, epsilon=1e-5, name="norm"))
+    graph = b.build()
+    inputs = {v: rng.standard_normal((m, w)).astype(np.float32) for v, w in (("x", k), ("r", n))}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(("mm", "res", "norm"), "swapped"), inputs)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-4)
+    mnemonics = [i.mnemonic for i in kernel.program.instructions()]
+    fence = mnemonics.index("fence")
+    assert next(x for x in mnemonics[fence:] if x.startswith("dma.ld")) == "dma.ldt"
+    assert mnemonics[:fence].count("dma.ld") >= 3  # the weight chunks, then the residual and the two rows
