@@ -476,7 +476,7 @@ class _Kernel:
                     arena.spad = slots[index % DEPTH]
                     closes = j == len(chunks) - 1
                     work = _Work(i, img, o0, rows, a, bb, col, tn, k0, kb, acc, j == 0, closes)
-                    clip = closes and st.clip is not None
+                    clip = closes and st.clip is not None and not self.kept(i)
                     wait = clip and col == cols[-1][0]  # the stage's rows all drained and clipped
                     bring = (edges, params) if not steps else None
                     steps.append(self.step(arena, work, inputs, raw, params[i], bring, clip, wait))
@@ -582,6 +582,15 @@ class _Kernel:
         for i, r in enumerate(range(t.a, t.b)):  # every stride_w-th computed position, one drained row each
             band = DrainBand(t.acc + i * s.pitch * t.tn * 4, s.out[1], t.tn, s.strides[1], 1, 1)
             ep.drain(em, band, tiles, at(r))
+
+    def kept(self, i: int) -> bool:
+        """int8: stage i's Clip is its drain's requantization clamp and the next Conv's input scale is the Conv's
+        output scale: the drained rows already are the next Conv's int8 input (quantizing f32(q) x f32(s) at s
+        gives q back), nothing to clip or rescale."""
+        st = self.chain.stages[i]
+        if not self.clamped[i]:
+            return False
+        return self.cx.scale(st.conv.outputs[0]) == self.cx.matrix(self.chain.stages[i + 1].conv).input_scale
 
     def load_params(self, em: Emitter, params: list[tuple[int, int]]) -> None:
         """Every stage's bias and requantizer table (those its drain applies), all its output channels."""

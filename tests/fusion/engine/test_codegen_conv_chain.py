@@ -331,3 +331,13 @@ def test_fused_conv_kernels_carry_no_baseline_tap_major_weight() -> None:
             assert not taps & forms.keys() and forms  # (the kernels' packings: the chain tests run them)
         forms, _ = dram_forms(mc, mc.subgraph(("c1",)), baseline_group(graph.node("c1")))
         assert len(taps & forms.keys()) == 1
+
+
+def test_int8_clips_that_are_the_drains_clamp_at_the_next_convs_scale_need_no_pass() -> None:
+    """Both ReLU6s below every int8 value (gain 0.5) and each next Conv's input scale its producer's output scale:
+    the drained rows are the next stage's int8 input as they are (no clip, no rescale pass), still bit-exact."""
+    graph, names = inverted_residual(16, (6, 6), 3, 16, 1, seed=0, gain=0.5)
+    mc = context(graph, _inputs(graph), "int8")
+    for conv, nxt in (("c0", "c1"), ("c1", "c2")):
+        assert mc.qplan.scales[graph.node(conv).outputs[0]] == mc.qplan.matrix[nxt].input_scale
+    _check(graph, names, "int8", 2)
