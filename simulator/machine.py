@@ -3,8 +3,9 @@
 The program is decoded once into one closure per instruction (`steps[pc]() -> next pc`), built by the
 explicit mnemonic -> builder map in `simulator.dispatch`. A step does its instruction's data work at
 issue, in program order, and hands unit instructions to the timing engine, which decides when they run.
-Words decode through a bounded cache shared by every machine (`decoded`): a word's instruction and unit are
-a function of the word alone (the ISA table), and the planner simulates many programs built of the same words.
+Words decode with numpy through a bounded table shared by every machine (`simulator.decode`): a word's
+instruction and unit are a function of the word alone (the ISA table), and the planner simulates many programs
+built of the same words. Each step is built when the run first reaches it.
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from assembler.disasm import format_instruction
 from assembler.objfile import ObjectFile
-from isa import EncodingError, Instruction, decode
+from isa import EncodingError, Instruction
 from isa.enums import Unit
 from isa.fields import NUM_VREGS, NUM_XREGS
 from simulator.config import MachineConfig
-from simulator.dispatch import BUILDERS, instruction_unit
+from simulator.decode import decode_words, decoded
+from simulator.dispatch import BUILDERS
 from simulator.engine import DMA, PLAIN, S_ACC_RD, S_ACC_WR, S_SPAD_RD, S_SPAD_WR, STAT_FIELDS, Engine, Op
 from simulator.errors import Fault, SimulatorTrap
 from simulator.memory import Memory
@@ -30,20 +31,12 @@ from simulator.races import RaceChecker
 
 Step = Callable[[], int]
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
-DECODE_CACHE_WORDS = 1 << 17  # distinct words kept decoded across runs (~25 MB at most)
 # straight-line code checks the watchdog at least this often (taken branches and loop ends check it too), so a
 # cycle budget (`MachineConfig.max_cycles`) stops a long unrolled kernel soon after it is exceeded
 WATCHDOG_EVERY = 256
 
 
 LOOPS = frozenset({"loop", "loopi"})  # hardware loops: their `lend` marks where a step jumps back
-
-
-@lru_cache(maxsize=DECODE_CACHE_WORDS)
-def decoded(word: int) -> tuple[Instruction, Unit]:
-    """A word's instruction and the unit whose queue it enters; EncodingError for an illegal word (not cached)."""
-    ins = decode(word)
-    return ins, instruction_unit(ins)
 
 
 @dataclass(frozen=True)
@@ -58,27 +51,36 @@ class DecodedText:
 
 
 def decode_text(text: Sequence[int]) -> DecodedText:
-    """Each distinct word decoded once (`decoded`: a program repeats most of its words), then mapped to its pcs
-    without a Python loop over the text; the pcs of illegal words and of loops are looked up only when the text
-    holds some."""
-    instruction_of: dict[int, Instruction | None] = {}
-    unit_of: dict[int, Unit] = {}
-    error_of: dict[int, str] = {}
-    for word in dict.fromkeys(text):
-        try:
-            instruction_of[word], unit_of[word] = decoded(word)
-        except EncodingError as err:
-            instruction_of[word], unit_of[word] = None, Unit.scalar
-            error_of[word] = f"illegal instruction: {err}"
-    loops = {
-        w: ins.field("lend") for w, ins in instruction_of.items() if ins is not None and ins.spec.mnemonic in LOOPS
-    }
+    """Each distinct word decoded once (`simulator.decode`: a program repeats many of its words), then mapped to
+    its pcs without a Python loop over the text; the pcs of illegal words and of loops are looked up only when
+    the text holds some."""
+    try:
+        table: dict[int, tuple[Instruction | None, Unit]] = dict(decode_words(text))
+        errors: dict[int, str] = {}
+    except EncodingError:
+        table, errors = _with_illegal(text)
+    pairs = list(map(table.__getitem__, text))
+    loops = {w: i.field("lend") for w, (i, _) in table.items() if i is not None and i.spec.mnemonic in LOOPS}
     return DecodedText(
-        list(map(instruction_of.__getitem__, text)),
-        list(map(unit_of.__getitem__, text)),
-        {pc: error_of[w] for pc, w in enumerate(text) if w in error_of} if error_of else {},
+        [ins for ins, _ in pairs],
+        [unit for _, unit in pairs],
+        {pc: errors[w] for pc, w in enumerate(text) if w in errors} if errors else {},
         frozenset(pc + loops[w] for pc, w in enumerate(text) if w in loops) if loops else frozenset(),
     )
+
+
+def _with_illegal(text: Sequence[int]) -> tuple[dict[int, tuple[Instruction | None, Unit]], dict[int, str]]:
+    """The words of a text that holds an illegal one, one by one: each illegal word's error kept (it traps when
+    reached, as a step), the others decoded."""
+    table: dict[int, tuple[Instruction | None, Unit]] = {}
+    errors: dict[int, str] = {}
+    for word in dict.fromkeys(text):
+        try:
+            table[word] = decoded(word)
+        except EncodingError as err:
+            table[word] = (None, Unit.scalar)
+            errors[word] = f"illegal instruction: {err}"
+    return table, errors
 
 
 class Machine:

@@ -11,8 +11,9 @@ from assembler.objfile import ObjectFile
 from assembler.source import assemble
 from isa import decode
 from simulator import load_config, simulate
+from simulator.decode import decoded
 from simulator.errors import SimulatorTrap
-from simulator.machine import WATCHDOG_EVERY, Machine, decoded
+from simulator.machine import WATCHDOG_EVERY, Machine
 
 STRAIGHT = 3 * WATCHDOG_EVERY  # instructions of straight-line code, no branch or loop
 
@@ -55,3 +56,12 @@ def test_a_run_within_its_budget_is_not_stopped() -> None:
     assert simulate(obj, replace(load_config("tiny"), max_cycles=cycles)).counters.cycle == cycles
     with pytest.raises(SimulatorTrap, match="watchdog"):  # one cycle less: stopped at halt at the latest
         simulate(obj, replace(load_config("tiny"), max_cycles=cycles - 1))
+
+
+def test_a_stopped_run_builds_only_the_steps_it_reached() -> None:
+    obj = _straight_line(STRAIGHT)
+    cycles = simulate(obj, "tiny").counters.cycle
+    m = Machine(obj, replace(load_config("tiny"), max_cycles=cycles // 3))
+    with pytest.raises(SimulatorTrap, match="watchdog") as trap:
+        m.run()
+    assert [pc for pc, step in enumerate(m.steps) if step is not None] == list(range(trap.value.pc + 1))
