@@ -195,6 +195,15 @@ class Windows:
         sizes += [span * self.mask_dtype.size] * min(self.s.taps, kc)  # one mask per tap at most
         return sizes
 
+    def prep_elements(self, kc: int, cols: int) -> int:
+        """Elements the vector unit touches completing a panel, at most: the masks, every row masked, and with
+        a horizontal stride the period sums (and their int8 conversion)."""
+        pitch = self.s.span(cols)
+        elements = pitch * min(self.s.taps, kc) + kc * pitch
+        if self.s.f.strides[1] > 1:
+            elements += kc * pitch + (kc * cols if self.raw is DType.i8 else 0)
+        return elements
+
     def panel(
         self, arena: TileArena, k0: int, kc: int, j0: int, cols: int, width: int
     ) -> tuple[int, list[tuple[View, int]], list[Emit]]:

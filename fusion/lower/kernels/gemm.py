@@ -55,9 +55,12 @@ class Gathered(Protocol):
         [kc, cols] panel of rows [k0, k0 + kc) and columns [j0, j0 + cols) (matrix-ready dtype; room for `width` >= cols
     columns) in `arena` and returns
         its address, the DMA loads and the vector work (after the loads) that complete it; `panel_bytes` are the
-        scratchpad tiles it allocates (for tiling); `columns` the column blocks of at most `width` columns."""
+        scratchpad tiles it allocates (for tiling); `prep_elements` bounds the elements that vector work touches
+        (for pricing); `columns` the column blocks of at most `width` columns."""
 
     def panel_bytes(self, kc: int, cols: int) -> list[int]: ...
+
+    def prep_elements(self, kc: int, cols: int) -> int: ...
 
     def panel(
         self, arena: TileArena, k0: int, kc: int, j0: int, cols: int, width: int
@@ -170,9 +173,10 @@ def choose_tiling(cfg: MachineConfig, g: Gemm) -> Tiling:
 def _split_tiling(cfg: MachineConfig, g: Gemm, tn: int) -> Tiling:
     """Split K, both operands streamed: A is read once per group of column tiles and B once per row block. Of
     the column-tile group sizes whose accumulators fit one slot with at least min(M, array size) rows each (the
-    matrix unit's fill stays amortised), the one moving the fewest DRAM bytes whose loads keep the load unit no
-    busier than one column tile per step does (B's panels are many small DMAs: regathering them for more row
-    blocks can cost more load time than A's re-reads save)."""
+    matrix unit's fill stays amortised), the one moving the fewest DRAM bytes whose operands cost the load and
+    vector units no more cycles than one column tile per step does (B's panels are many small DMAs and, for a
+    conv, masking and stride compaction: regathering them for more row blocks can cost more than A's re-reads
+    save)."""
     m, k = g.a.view.shape
     panel = _panel(g)
     columns = panel.columns(tn)
@@ -181,7 +185,7 @@ def _split_tiling(cfg: MachineConfig, g: Gemm, tn: int) -> Tiling:
     a_pass, b_pass = _a_pass_cycles(cfg, g, single), _b_pass_cycles(cfg, g, single, columns)
 
     def cost(t: Tiling) -> tuple[int, int]:
-        """(DRAM bytes, load-unit cycles) of the tiling's operand loads."""
+        """(DRAM bytes, load- and vector-unit cycles) of bringing the tiling's operands in."""
         a_passes, b_passes = -(-len(columns) // t.group), -(-m // t.rows)
         return a_bytes * a_passes + b_bytes * b_passes, a_pass * a_passes + b_pass * b_passes
 
@@ -201,21 +205,25 @@ def _dma_cycles(cfg: MachineConfig, loads: list[tuple[View, int]]) -> int:
 
 
 def _a_pass_cycles(cfg: MachineConfig, g: Gemm, t: Tiling) -> int:
-    """Load cycles of reading all of A once in `t`'s row blocks and chunks (slices joined as `_fill` joins them)."""
+    """Load cycles of reading all of A once in `t`'s row blocks and chunks (slices joined as `_fill` joins them),
+    and of quantizing it (a float A on the int8 path)."""
     m, k = g.a.view.shape
     total = 0
     for (i0, rows), (c0, cw) in product(_blocks(m, t.rows), _blocks(k, t.chunk)):
         parts = [g.a.part(i0, rows, c0 + k0, kb) for k0, kb in _k_slices(cw, cfg.array_size)]
         locals_ = np.cumsum([0] + [-(-p.size * p.dtype.size // ALIGN) * ALIGN for p in parts])
         total += _dma_cycles(cfg, _runs([(p, int(at)) for p, at in zip(parts, locals_, strict=False)]))
-    return total
+    quantized = m * k if g.a.quantize_scale is not None else 0
+    return total + -(-quantized // cfg.vector_lanes)
 
 
 def _b_pass_cycles(cfg: MachineConfig, g: Gemm, t: Tiling, columns: list[tuple[int, int]]) -> int:
-    """Load cycles of gathering every column tile's B panels once, in `t`'s chunks."""
-    total = 0
+    """Load and vector cycles of gathering every column tile's B panels once, in `t`'s chunks (the vector
+    work priced by the elements it touches at most)."""
+    total, panel = 0, _panel(g)
     for (j0, cols), (c0, cw) in product(columns, _blocks(g.a.view.shape[1], t.chunk)):
-        total += _dma_cycles(cfg, _panel(g).panel(TileArena(cfg, 0), c0, cw, j0, cols, cols)[1])
+        total += _dma_cycles(cfg, panel.panel(TileArena(cfg, 0), c0, cw, j0, cols, cols)[1])
+        total += -(-panel.prep_elements(cw, cols) // cfg.vector_lanes)
     return total
 
 
@@ -300,6 +308,9 @@ class _ViewPanel:
 
     def panel_bytes(self, kc: int, cols: int) -> list[int]:
         return _operand_bytes(self.op, kc * cols)
+
+    def prep_elements(self, kc: int, cols: int) -> int:
+        return kc * cols if self.op.quantize_scale is not None else 0
 
     def panel(self, arena: TileArena, k0: int, kc: int, j0: int, cols: int, width: int) -> tuple[int, list, list[Emit]]:
         tiles = _alloc(arena, self.op, [kc * width])
