@@ -57,8 +57,9 @@ def plan_and_run(graph, inputs: dict, config, dtype: str, chains: bool) -> dict:
     }
 
 
-def basic_block(c: int, hw: int, seed: int = 0):
-    """A ResNet basic block (Conv3x3 + ReLU, Conv3x3, + x, ReLU) with seeded fan-in-scaled weights and biases."""
+def basic_block(c: int, hw: int, seed: int = 0, mid: int = 0):
+    """A ResNet basic block (Conv3x3 + ReLU, Conv3x3, + x, ReLU), or with `mid` a bottleneck (Conv1x1 to mid +
+    ReLU, Conv3x3 + ReLU, Conv1x1 back to c, + x, ReLU), seeded fan-in-scaled weights and biases."""
     import numpy as np
 
     from fusion.graph.builder import GraphBuilder
@@ -67,12 +68,13 @@ def basic_block(c: int, hw: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     b = GraphBuilder("basic_block")
     x = h = b.input("x", (1, c, hw, hw))
-    attrs = {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": 1}
-    for i in range(2):
-        w = b.constant((rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32), f"w{i}")
-        bias = b.constant((rng.standard_normal(c) * 0.1).astype(np.float32), f"b{i}")
+    layers = [(mid, c, 1), (mid, mid, 3), (c, mid, 1)] if mid else [(c, c, 3), (c, c, 3)]
+    for i, (cout, cin, k) in enumerate(layers):
+        attrs = {"strides": (1, 1), "pads": (k // 2,) * 4, "dilations": (1, 1), "group": 1}
+        w = b.constant((rng.standard_normal((cout, cin, k, k)) / np.sqrt(k * k * cin)).astype(np.float32), f"w{i}")
+        bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), f"b{i}")
         h = b.op(OpType.Conv, h, w, bias, name=f"c{i}", **attrs)
-        h = b.op(OpType.Relu, h, name="r0") if i == 0 else h
+        h = b.op(OpType.Relu, h, name=f"r{i}") if i < len(layers) - 1 else h
     b.output(b.op(OpType.Relu, b.op(OpType.Add, h, x, name="add"), name="relu"))
     return b.build(), {"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)}
 
@@ -115,21 +117,22 @@ def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, 
 
 
 def block(spec: str):
-    """A block from its spec: `basic:CxHW` (a ResNet basic block) or `ir:CxHWxExSxCOUT` (an inverted residual:
-    expansion E, depthwise stride S); its graph, seeded input and the chain's nodes."""
+    """A block from its spec: `basic:CxHW` (a ResNet basic block), `bottleneck:CxHWxM` (a ResNet bottleneck,
+    M mid channels) or `ir:CxHWxExSxCOUT` (an inverted residual: expansion E, depthwise stride S); its graph,
+    seeded input and the chain's nodes."""
     import numpy as np
 
     kind, _, dims = spec.partition(":")
     sizes = tuple(map(int, dims.split("x")))
-    if kind == "basic" and len(sizes) == 2:
-        graph, inputs = basic_block(*sizes)
+    if (kind, len(sizes)) in (("basic", 2), ("bottleneck", 3)):
+        graph, inputs = basic_block(*sizes[:2], mid=sizes[2] if kind == "bottleneck" else 0)
         return graph, inputs, tuple(n.name for n in graph.nodes)
     if kind == "ir" and len(sizes) == 5:
         c, hw, expand, stride, cout = sizes
         graph, names = inverted_residual(c, (hw, hw), expand, cout, stride)
         x = np.random.default_rng(1).standard_normal(graph.types["x"].shape).astype(np.float32)
         return graph, {"x": x}, names
-    raise SystemExit(f"--blocks: {spec!r} is neither basic:CxHW nor ir:CxHWxExSxCOUT")
+    raise SystemExit(f"--blocks: {spec!r} is none of basic:CxHW, bottleneck:CxHWxM, ir:CxHWxExSxCOUT")
 
 
 def block_rows(spec: str, configs, dtypes=("fp32", "int8")) -> list[str]:
@@ -185,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", help="write the table from these runs instead of planning")
     ap.add_argument(
         "--blocks",
-        default=f"basic:64x16,basic:128x8,{MOBILENET_BLOCKS}",
-        help="blocks alone: basic:CxHW, ir:CxHWxExSxCOUT (default: resnet18 64x64's layer1, 2; mobilenet_v2 64x64's)",
+        default=f"basic:64x16,basic:128x8,bottleneck:256x16x64,bottleneck:512x8x128,{MOBILENET_BLOCKS}",
+        help="blocks alone: basic:CxHW, bottleneck:CxHWxM, ir:CxHWxExSxCOUT (default: resnet18 64x64's layer1, 2; "
+        "resnet50 64x64's layer1, 2; mobilenet_v2 64x64's)",
     )
     args = ap.parse_args(argv)
     base = load_config("base")
@@ -233,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "## Blocks alone",
             "",
-            "`basic:CxHW`: a ResNet basic block (Conv3x3 + ReLU, Conv3x3, + x, ReLU); `ir:CxHWxExSxCOUT`: a "
+            "`basic:CxHW`: a ResNet basic block (Conv3x3 + ReLU, Conv3x3, + x, ReLU); `bottleneck:CxHWxM`: a ResNet "
+            "bottleneck (Conv1x1 to M + ReLU, Conv3x3 + ReLU, Conv1x1 to C, + x, ReLU); `ir:CxHWxExSxCOUT`: a "
             "MobileNetV2 inverted residual (1x1 expand x E -> ReLU6 -> 3x3 depthwise stride S -> ReLU6 -> 1x1 "
             "project, + x when S = 1 and COUT = C). Without: the dynamic plan with no `conv_chain` candidate; "
             "chain: the conv_chain schedule measuring fewest cycles; planner: the dynamic plan with it (the chains "
