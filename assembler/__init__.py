@@ -1,8 +1,9 @@
 """Assembler: Lark-parsed text or Python instruction objects -> ObjectFile -> versioned binary.
 
 Entry points: `assemble(text)` / `assemble_file(path)` for source, `ProgramBuilder`
-for programs emitted from Python, `to_bytes`/`from_bytes`/`save`/`load` for the
-binary format, `disassemble(obj)` for text that re-assembles identically.
+for programs emitted from Python (with a `TextCache`, a text many programs repeat is encoded once),
+`to_bytes`/`from_bytes`/`save`/`load` for the binary format, `disassemble(obj)` for text that re-assembles
+identically.
 """
 
 from assembler.binary import BinaryFormatError, from_bytes, isa_fingerprint, load, save, to_bytes
@@ -11,6 +12,7 @@ from assembler.diagnostics import AssemblyError, Diagnostic
 from assembler.disasm import disassemble, format_instruction
 from assembler.objfile import KernelMeta, ObjectFile, Section, Symbol, TensorDecl
 from assembler.source import assemble, assemble_file
+from assembler.texts import TextCache
 
 __all__ = [
     "AssemblyError",
@@ -22,6 +24,7 @@ __all__ = [
     "Section",
     "Symbol",
     "TensorDecl",
+    "TextCache",
     "assemble",
     "assemble_file",
     "disassemble",

@@ -23,6 +23,7 @@ from assembler import program as ir
 from assembler.diagnostics import AssemblyError, Diagnostic
 from assembler.link import DATA_RANGES, ROW, link, paused_gc
 from assembler.objfile import ObjectFile, Section
+from assembler.texts import TextCache
 from isa import BY_MNEMONIC, INSTRUCTIONS, DType, InstructionSpec
 from isa.errors import IsaTableError
 
@@ -59,8 +60,9 @@ def _report(loc: Any, col: int, message: str, hint: str) -> Diagnostic:
 class ProgramBuilder:
     """Collects program items; see the module docstring. Methods return the builder for chaining."""
 
-    def __init__(self, data_base: int | None = None) -> None:
+    def __init__(self, data_base: int | None = None, texts: TextCache | None = None) -> None:
         self._items: list[ir.Item] = []
+        self._texts = texts  # encoded texts shared with other programs (`TextCache`), if given
         self._open: ir.InstrRun | None = None  # the run instructions are appended to (closed by any other item)
         if data_base is not None:
             self._add(ir.DataBase(data_base, _caller()))
@@ -170,7 +172,7 @@ class ProgramBuilder:
     def build(self) -> ObjectFile:
         """Link everything emitted so far; raises AssemblyError listing every problem."""
         with paused_gc():
-            return link(self._items, _report)
+            return link(self._items, _report, self._texts)
 
 
 def _array_bytes(kind: str, array: np.ndarray) -> bytes:

@@ -22,7 +22,7 @@ from isa.enums import Unit
 from isa.fields import WORD_BITS
 from simulator.dispatch import instruction_unit
 
-DECODE_CACHE_WORDS = 1 << 18  # distinct words kept decoded across runs (~50 MB at most)
+DECODE_CACHE_WORDS = 1 << 17  # distinct words kept decoded across runs (~40 MB at most)
 Decoded = tuple[Instruction, Unit]
 
 _OPCODE_MASK = np.uint64(0xFF)

@@ -1,0 +1,64 @@
+"""`TextCache`: a text many programs repeat is encoded once and shared, and a program whose words could differ
+(an operand, a symbol's value) never takes another's words."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from assembler import AssemblyError, ProgramBuilder, TextCache
+
+
+def _program(texts: TextCache | None, imm: int = 7, data: int = 1, pad: int = 4, kernel: str = "k") -> ProgramBuilder:
+    """A kernel reading a data label; `data` changes only the data contents, `pad` the label's address."""
+    b = ProgramBuilder(data_base=0, texts=texts)
+    with b.kernel(kernel, inputs=[("t", "i8", (4,), "table")]):
+        b.li(1, "table")
+        b.addi(2, 1, imm)
+        b.label(".Lloop")
+        b.beq(2, 0, ".Lloop")
+        b.halt()
+    b.data()
+    b.zero(pad)
+    b.label("table")
+    b.i8(np.full(4, data, dtype=np.int8))
+    return b
+
+
+def test_a_repeated_text_is_encoded_once_and_shared() -> None:
+    texts = TextCache()
+    first = _program(texts).build()
+    second = _program(texts, data=2, kernel="other").build()  # other constants and metadata, the same text
+    assert (texts.misses, texts.hits) == (1, 1) and second.text is first.text
+    assert second == _program(None, data=2, kernel="other").build() and second.data != first.data
+
+
+@pytest.mark.parametrize("change", [{"imm": -2}, {"imm": 6}, {"pad": 8}])
+def test_a_program_whose_words_differ_misses(change: dict) -> None:
+    texts = TextCache()
+    _program(texts, imm=-1).build()  # hash(-1) == hash(-2) in CPython: the key is a digest of the values
+    built = _program(texts, **change).build()
+    assert texts.hits == 0 and built.text == _program(None, **change).build().text
+
+
+def test_a_text_with_errors_is_not_kept_and_fails_every_time() -> None:
+    texts = TextCache()
+    for _ in range(2):
+        b = ProgramBuilder(texts=texts)
+        b.addi(1, 2, 1 << 40)
+        with pytest.raises(AssemblyError, match="out of range"):
+            b.build()
+    assert len(texts) == 0
+
+
+def test_bounded_by_texts_and_words_least_recently_used_first() -> None:
+    texts = TextCache(max_texts=2, max_words=10)
+    texts.put(b"a", (1, 2, 3))
+    texts.put(b"b", (4,))
+    assert texts.get(b"a") == (1, 2, 3)
+    texts.put(b"c", (5,))  # three texts: b (least recently used) goes
+    assert texts.get(b"b") is None and len(texts) == 2
+    texts.put(b"d", tuple(range(10)))  # a, c and d: 14 words, over 10: a then c go
+    assert len(texts) == 1 and texts.get(b"d") is not None
+    with pytest.raises(ValueError, match="positive"):
+        TextCache(max_texts=0)
