@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from assembler.texts import TextCache
 from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import Graph
 from fusion.quant.params import QuantParams
@@ -39,6 +40,12 @@ class ModelContext:
     def config_hash(self) -> str:
         """The machine config's hash (a guard field), computed once: planning builds many kernels."""
         return self.config.config_hash()
+
+    @cached_property
+    def texts(self) -> TextCache:
+        """Encoded program texts this model's kernels share: repeated layers generate the same instructions,
+        encoded once (`assembler.TextCache`)."""
+        return TextCache()
 
     @cached_property
     def _subgraphs(self) -> dict[tuple[str, ...], Graph]:
