@@ -16,6 +16,8 @@ from isa.memory_map import ACC_ELEMENT_BYTES, LOCAL_ACC_BASE
 from simulator.config import MachineConfig
 from simulator.errors import Fault
 
+RESOLVED_ACCESSES = 4096  # distinct (address, count, dtype) local accesses kept resolved (then cleared)
+
 
 class Memory:
     def __init__(self, cfg: MachineConfig, obj: ObjectFile) -> None:
@@ -36,6 +38,7 @@ class Memory:
         self._acc_bank_bytes = cfg.acc_bank_bytes
         self._acc_bank0 = cfg.spad_banks
         self._banks_of_mask: dict[int, tuple[int, ...]] = {}
+        self._resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
         # one typed view of each local memory per element type: an access is then a single slice
         self._typed = {
             (is_acc, np.dtype(d.numpy)): (self.acc if is_acc else self.spad).view(d.numpy)
@@ -44,7 +47,20 @@ class Memory:
         }
 
     def local(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int]:
-        """A typed view of `count` elements at local address `addr`: (view, bank mask, is_acc, shadow offset)."""
+        """A typed view of `count` elements at local address `addr`: (view, bank mask, is_acc, shadow offset).
+        Resolved accesses are kept (a kernel touches few distinct buffers, each many times); the view is of the
+        memory itself, so a kept one reads and writes what a new one would."""
+        key = (addr, count, dtype)
+        found = self._resolved.get(key)
+        if found is not None:
+            return found
+        found = self._resolve(addr, count, dtype)
+        if len(self._resolved) >= RESOLVED_ACCESSES:
+            self._resolved.clear()
+        self._resolved[key] = found
+        return found
+
+    def _resolve(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int]:
         size = dtype.itemsize
         nbytes = count * size
         if addr >= 0 and addr + nbytes <= self._spad_bytes:
