@@ -197,7 +197,8 @@ def _layout(state: _Linker, items: list[Item]) -> tuple[list[tuple[Item, int]], 
             pc += 1
         elif kind is InstrRun:
             if section is Section.data:
-                state.fail(item.locs[0], 0, Problem("instruction in the .data section", "switch back with .text"))
+                for loc in item.locs:
+                    state.fail(loc, 0, Problem("instruction in the .data section", "switch back with .text"))
             placed.append((item, pc))
             pc += len(item.rows)
         elif kind is Label:
