@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 
 MAX_TEXTS = 1024
-MAX_WORDS = 1 << 23  # ~64 MB of words as Python ints, shared with the programs that hold them
+MAX_WORDS = 1 << 21  # words kept (~80 MB as Python ints at most, most of it shared with live programs)
 
 
 class TextCache:
