@@ -88,7 +88,9 @@ def main() -> None:
         "",
         "`python bench/bench_program.py`. Kernels: the plan's kernels each simulated alone, summed. Host: that sum "
         "+ 5000 launch cycles (`launch_cycles`, 5 us at 1 GHz) per launch. Program: the plan linked into one "
-        "binary, one simulation. Overlap: kernels - program; predicted overlap: the planner's estimate for the "
+        "binary as the engine keeps it on the model's input (`program_run.link_for_call`: the fastest of the "
+        "candidate, the same without on-chip dispatch and the plan fenced everywhere). Overlap: kernels - program; "
+        "predicted overlap: the planner's estimate for the "
         "plan's kernel boundaries (`fusion.engine.overlap.BoundaryOverlap`, analytic cost model). "
         "Boundaries: token-ordered / fenced; top gains: the "
         "largest gains of single boundaries as the link measured them (cycles). Program with on-chip dispatch: the "
