@@ -79,11 +79,12 @@ def basic_block(c: int, hw: int, seed: int = 0, mid: int = 0):
     return b.build(), {"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)}
 
 
-def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3, gain=1.5):
+def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, dw_kernel=3, gain=1.5, stem=False):
     """MobileNetV2's inverted residual from x [batch, c, *hw]: 1x1 expand (x `expand`) -> Clip(0, 6) -> depthwise
     (pad k // 2, `stride`) -> Clip -> 1x1 project to cout (+ x when stride 1 and cout == c); Relu instead of the
     Clips when not `relu6`; weights `gain` x fan-in-scaled (1.5: the Clips bind; 0.5: mostly the int8
-    requantization clamp), biases. Returns the graph and its node names."""
+    requantization clamp), biases; `stem`: x first through a 1x1 Conv (the block input then an int8 Conv output in
+    the quantized plan, as in MobileNetV2). Returns the graph and the block's node names."""
     import numpy as np
 
     from fusion.graph.builder import GraphBuilder
@@ -105,6 +106,7 @@ def inverted_residual(c, hw, expand, cout, stride, seed=0, batch=1, relu6=True, 
         attrs = {"dilations": (1, 1), "group": group, "pads": (k // 2,) * 4, "strides": (s, s)}
         return b.op(OpType.Conv, h, b.constant(w, f"w{i}"), bias, name=f"c{i}", **attrs)
 
+    x = conv(x, 3, (c, c, 1, 1), 1, 1, 1) if stem else x
     h = act(conv(x, 0, (e, c, 1, 1), 1, 1, 1), "a0")
     h = act(conv(h, 1, (e, 1, dw_kernel, dw_kernel), e, dw_kernel, stride), "a1")
     h = conv(h, 2, (cout, e, 1, 1), 1, 1, 1)

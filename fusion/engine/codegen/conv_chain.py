@@ -414,7 +414,8 @@ def chain_phases(
         if last.s.strides[1] != 1:
             raise CodegenError(f"node {last.conv.name!r}: a residual Add or dequantization after a horizontal stride")
         residual = None if chain.residual is None else cx.view(chain.input).reshape_dense(out.shape)
-        phases.append(_residual_phase(cx, scratch, residual, out, dequant, chain.relu is not None))
+        x_scale = cx.scale(chain.input) if residual is not None and residual.dtype is DType.i8 else None
+        phases.append(_residual_phase(cx, scratch, residual, out, dequant, chain.relu is not None, x_scale))
     return phases
 
 
@@ -710,12 +711,21 @@ def _accumulator_epilogue(cx: LowerContext, st: Stage) -> Epilogue:
 
 
 def _residual_phase(
-    cx: LowerContext, scratch: View, residual: View | None, out: View, dequant: float | View | None, relu: bool
+    cx: LowerContext,
+    scratch: View,
+    residual: View | None,
+    out: View,
+    dequant: float | View | None,
+    relu: bool,
+    x_scale: float | None = None,
 ) -> list[Step]:
     """scratch [n, pixels, Cout] -> out [n, Cout, pixels] = (dequantized) scratch^T + residual (then ReLU): runs of
     pixels by transposing loads, the residual's [Cout, run] block (if any) beside them. `dequant`: an int8 scratch's
     scale (f32(q) x f32(scale)), or an int32 accumulator scratch's [Cout] channel scales (f32(acc + bias) x
-    f32(s_in x s_w[c]), the quantized reference's dequantizing Conv)."""
+    f32(s_in x s_w[c]), the quantized reference's dequantizing Conv). `x_scale`: the residual is int8 (the block
+    input a requantized Conv's output, MobileNetV2's), dequantized f32(q) x f32(scale) before the Add (loaded into
+    the last quarter of its float32 tile, which the in-order dequantization to the tile's start overwrites only
+    after reading)."""
     n, cout, pixels = out.shape
     es = scratch.dtype.size
     per_channel = isinstance(dequant, View)
@@ -744,7 +754,9 @@ def _residual_phase(
                 local, dram, stride = em.regs(raw, address, cout * es)
                 em.b.dma_ldt(local, dram, stride, count, cout, scratch.dtype.name)
                 if residual is not None:
-                    em.dma_load(residual.index((img,)).slice(1, p0, count), res)
+                    em.dma_load(
+                        residual.index((img,)).slice(1, p0, count), res + 3 * count * cout * (x_scale is not None)
+                    )
                 if channel:
                     em.dma_load(dequant, channel)
 
@@ -755,6 +767,8 @@ def _residual_phase(
                 elif dequant is not None:
                     dequantize(em, total, raw, size, dequant)
                 if residual is not None:
+                    if x_scale is not None:
+                        dequantize(em, res, res + 3 * size, size, x_scale)
                     em.b.v_add(*em.regs(total, total, res), size, "f32")
                 if relu:
                     em.b.v_relu(*em.regs(total, total), size, "f32")

@@ -341,3 +341,11 @@ def test_int8_clips_that_are_the_drains_clamp_at_the_next_convs_scale_need_no_pa
     for conv, nxt in (("c0", "c1"), ("c1", "c2")):
         assert mc.qplan.scales[graph.node(conv).outputs[0]] == mc.qplan.matrix[nxt].input_scale
     _check(graph, names, "int8", 2)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_an_inverted_residual_whose_input_is_a_conv_output(dtype: str) -> None:
+    """MobileNetV2's block input is a Conv's output read by the expand Conv and the Add: int8 in the quantized
+    plan, so the residual is dequantized (f32(q) x f32(scale)) before the float32 Add, as the reference."""
+    graph, names = inverted_residual(16, (8, 8), 6, 16, 1, stem=True)
+    _check(graph, names, dtype, 3, tol=1e-4)
