@@ -1,10 +1,10 @@
 """The engine's newer kernel families on the RTL, on `tiny`: the conv schedules `implicit_packed` and
-`implicit_stationary`, layer fusion (`conv_chain`: a basic block with its residual, a bottleneck, a MobileNetV2 inverted residual with
-its ReLU6 Clips and depthwise middle), the dequantizing int8 conv
-epilogue (per-channel f32 rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel, a vector
-chain through a row reduction (RMSNorm) and fused attention (grouped-query, causal and padding masks), plus the
-baseline's frame kernels in geometries the window-kernel regression (`test_cosim_lower.py`) does not take
-(strided depthwise, a stride-1 max pool with asymmetric padding: their integer masks).
+`implicit_stationary`, layer fusion (`conv_chain`: a basic block with its residual, a bottleneck, a MobileNetV2
+inverted residual with its ReLU6 Clips and depthwise middle), the dequantizing int8 conv epilogue (per-channel f32
+rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel, a vector chain through a row
+reduction (RMSNorm) and fused attention (grouped-query, causal and padding masks), plus the baseline's frame
+kernels in geometries the window-kernel regression (`test_cosim_lower.py`) does not take (strided depthwise, a
+stride-1 max pool with asymmetric padding: their integer masks).
 
 Each kernel is built by the engine's generator for its group (the group the candidate enumeration offers where
 there is one), checked against the (quantized) reference, simulated on the reference's values with transaction
