@@ -116,8 +116,8 @@ class Frame:
     ) -> list[tuple[View, int]]:
         """The DRAM views of phase p of channels [c0, c0 + kb) (one channel: its phase rows [first, last)) and
         their element offsets in the (data part of the) phase tile: rows at pitch W'. When W' > W a row's last
-        W' - W elements are the next row's first ones (masked); a channel's very last row is loaded alone so no
-        read passes the tensor's end."""
+        W' - W elements are the next rows' first ones (masked); the last rows whose W' elements would pass the
+        tensor's end (another value's bytes, which a store may be writing) are loaded alone, W elements each."""
         es = x.dtype.size
         sh = self.strides[0]
         last = self.rows if last is None else last
@@ -125,11 +125,13 @@ class Frame:
         stride = sh * self.w * es
         start = base.address + p * self.w * es + first * stride
         rows = kb * (last - first)
-        if self.pitch <= self.w or last < self.rows:
-            return [(View(start, (rows, self.pitch), (stride, es), x.dtype), 0)]
-        head = [(View(start, (rows - 1, self.pitch), (stride, es), x.dtype), 0)] if rows > 1 else []
-        tail = View(start + (rows - 1) * stride, (1, self.w), (stride, es), x.dtype)
-        return [*head, (tail, (rows - 1) * self.pitch)]
+        end = x.address + sum((n - 1) * s for n, s in zip(x.shape, x.strides, strict=True)) + es
+        whole = min(rows, max(0, (end - start - self.pitch * es) // stride + 1))  # rows read whole in bounds
+        head = [(View(start, (whole, self.pitch), (stride, es), x.dtype), 0)] if whole else []
+        alone = [
+            (View(start + r * stride, (1, self.w), (stride, es), x.dtype), r * self.pitch) for r in range(whole, rows)
+        ]
+        return [*head, *alone]
 
 
 def lifted(

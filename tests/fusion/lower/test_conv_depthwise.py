@@ -5,7 +5,7 @@ simulated in checked (race-detecting) mode on `tiny` (small buffer slots: bands 
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from lower_helpers import check_both
 
@@ -43,6 +43,9 @@ def depthwise(draw):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=depthwise())
+# a frame pitch (3 x 2) over three times the row (2): the second-to-last row's read passed the input's end into
+# the output, which the store was writing (a race the checked mode trapped; CI drew it on 2026-11-24)
+@example(case=(12, (2,), (1,), (3,), (1,), (0, 2), False))
 def test_every_depthwise_variant_matches_the_references(case: tuple) -> None:
     check_both(_graph(*case))
 
