@@ -18,15 +18,11 @@ from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import Graph, Node, TensorType, make_node
 from fusion.graph.ops import OpType
 from fusion.passes.dce import eliminate_dead_nodes
+from fusion.passes.rewrite import scalar_constant
 from fusion.reference.interpreter import run
 from fusion.reference.kernels import gelu
 
 PROBE = np.linspace(-5.0, 5.0, 41, dtype=np.float32)
-
-
-def _scalar(graph: Graph, value: str) -> float | None:
-    array = graph.constants.get(value)
-    return float(array) if array is not None and array.size == 1 else None
 
 
 _ARITHMETIC = (OpType.Add, OpType.Sub, OpType.Mul, OpType.Div, OpType.Pow)
@@ -44,7 +40,7 @@ def _argument(graph: Graph, start: Node) -> tuple[str, list[Node]] | None:
         prod = graph.producers.get(pending.pop())
         if prod is not None and prod.op in _ARITHMETIC and prod.name not in cone:
             cone[prod.name] = prod
-            pending.extend(v for v in prod.inputs if _scalar(graph, v) is None)
+            pending.extend(v for v in prod.inputs if scalar_constant(graph, v) is None)
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     kept: dict[str, Node] = {}
     for node in sorted(cone.values(), key=lambda n: -order[n.name]):  # readers before their producers
@@ -52,7 +48,7 @@ def _argument(graph: Graph, start: Node) -> tuple[str, list[Node]] | None:
         if node.outputs[0] not in graph.outputs and all(r.name in kept or r is start for r in readers):
             kept[node.name] = node
     produced = {n.outputs[0] for n in kept.values()}
-    leaves = {v for n in kept.values() for v in n.inputs if v not in produced and _scalar(graph, v) is None}
+    leaves = {v for n in kept.values() for v in n.inputs if v not in produced and scalar_constant(graph, v) is None}
     if len(leaves) != 1 or start.inputs[0] not in produced:
         return None
     return leaves.pop(), sorted(kept.values(), key=lambda n: order[n.name])
@@ -60,12 +56,12 @@ def _argument(graph: Graph, start: Node) -> tuple[str, list[Node]] | None:
 
 def _operand_nodes(graph: Graph, value: str, x: str) -> list[Node] | None:
     """Pattern nodes behind an allowed operand: [] for x or a scalar constant, [mul] for 0.5 * x; else None."""
-    if value == x or _scalar(graph, value) is not None:
+    if value == x or scalar_constant(graph, value) is not None:
         return []
     prod = graph.producers.get(value)
     if prod is not None and prod.op == OpType.Mul and x in prod.inputs and len(graph.consumers[value]) == 1:
         other = prod.inputs[1] if prod.inputs[0] == x else prod.inputs[0]
-        return [prod] if _scalar(graph, other) is not None else None
+        return [prod] if scalar_constant(graph, other) is not None else None
     return None
 
 

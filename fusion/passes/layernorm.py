@@ -14,7 +14,7 @@ from fusion.graph.assemble import rebuild
 from fusion.graph.ir import Graph, Node, make_node
 from fusion.graph.ops import OpType
 from fusion.passes.dce import eliminate_dead_nodes
-from fusion.passes.rewrite import fresh_name
+from fusion.passes.rewrite import fresh_name, scalar_constant
 
 
 def _sole(graph: Graph, value: str, op: OpType, readers: int = 1) -> Node | None:
@@ -24,11 +24,6 @@ def _sole(graph: Graph, value: str, op: OpType, readers: int = 1) -> Node | None
         return None
     matches = [u for u in users if u.op == op]
     return matches[0] if matches else None
-
-
-def _scalar(graph: Graph, value: str) -> float | None:
-    array = graph.constants.get(value)
-    return float(array) if array is not None and array.size == 1 else None
 
 
 def _other(node: Node, value: str) -> str:
@@ -51,13 +46,13 @@ def _match(graph: Graph, mean: Node) -> tuple[Node, dict] | None:
     div = next((u for u in users if u.op == OpType.Div and u.inputs[0] == d), None)
     if square is None or div is None or d in graph.outputs or len(users) != 2:
         return None
-    if not (square.inputs == (d, d) or (square.op == OpType.Pow and _scalar(graph, square.inputs[1]) == 2.0)):
+    if not (square.inputs == (d, d) or (square.op == OpType.Pow and scalar_constant(graph, square.inputs[1]) == 2.0)):
         return None
     var = _sole(graph, square.outputs[0], OpType.ReduceMean)
     if var is None or tuple(var.attr("axes")) != axes or not var.attr("keepdims"):
         return None
     add = _sole(graph, var.outputs[0], OpType.Add)
-    eps = _scalar(graph, _other(add, var.outputs[0])) if add is not None else None
+    eps = scalar_constant(graph, _other(add, var.outputs[0])) if add is not None else None
     sqrt = _sole(graph, add.outputs[0], OpType.Sqrt) if eps is not None else None
     if sqrt is None or _sole(graph, sqrt.outputs[0], OpType.Div) is not div or div.inputs[1] != sqrt.outputs[0]:
         return None

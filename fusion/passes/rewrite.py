@@ -7,6 +7,12 @@ from collections.abc import Iterable, Mapping
 from fusion.graph.ir import Graph, Node
 
 
+def scalar_constant(graph: Graph, value: str) -> float | None:
+    """The value of a one-element constant of any rank ((), (1,), (1, 1, 1)...), else None."""
+    array = graph.constants.get(value)
+    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
+
+
 def resolve(mapping: Mapping[str, str], value: str) -> str:
     """Follow a substitution chain a -> b -> c to its end."""
     while value in mapping:

@@ -46,6 +46,17 @@ def test_gelu_forms_fuse(form) -> None:
     assert op_names(out) == ["Gelu", "Relu"]
 
 
+def test_one_element_constants_of_any_rank_fuse() -> None:
+    """Scalars exported as shape (1,) constants (as ONNX exporters often write them) are scalars too: the matcher
+    read them with float(), which numpy refuses for rank > 0 (a TypeError the pass property test drew)."""
+    b = GraphBuilder()
+    x = b.input("x", (3, 7))
+    scaled = b.op(OpType.Div, x, b.constant(np.array([SQRT2], np.float32)))
+    erf_part = b.op(OpType.Add, b.op(OpType.Erf, scaled), b.constant(np.ones(1, np.float32)))
+    b.output(b.op(OpType.Mul, x, b.op(OpType.Mul, b.constant(np.array([0.5], np.float32)), erf_part)))
+    assert op_names(check_pass(b.build(), fuse_gelu)) == ["Gelu"]
+
+
 def test_near_misses_do_not_fuse() -> None:
     b = GraphBuilder()
     x = b.input("x", (3, 7))
