@@ -18,9 +18,9 @@ import numpy as np
 
 from assembler.disasm import format_instruction
 from assembler.objfile import ObjectFile
-from isa import EncodingError, Instruction
+from isa import INSTRUCTIONS, EncodingError, Instruction
 from isa.enums import Unit
-from isa.fields import NUM_VREGS, NUM_XREGS
+from isa.fields import NUM_VREGS, NUM_XREGS, Kind
 from simulator.config import MachineConfig
 from simulator.decode import decode_words, decoded
 from simulator.dispatch import BUILDERS
@@ -36,7 +36,8 @@ Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispat
 WATCHDOG_EVERY = 256
 
 
-LOOPS = frozenset({"loop", "loopi"})  # hardware loops: their `lend` marks where a step jumps back
+# hardware loops, from the ISA table: the instructions with a loop-end field (where a step jumps back), by mnemonic
+LOOP_END_FIELD = {s.mnemonic: f.name for s in INSTRUCTIONS for f in s.fields if f.kind is Kind.loop_end}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,11 @@ def decode_text(text: Sequence[int]) -> DecodedText:
     except EncodingError:
         table, errors = _with_illegal(text)
     pairs = list(map(table.__getitem__, text))
-    loops = {w: i.field("lend") for w, (i, _) in table.items() if i is not None and i.spec.mnemonic in LOOPS}
+    loops = {
+        w: i.field(LOOP_END_FIELD[i.spec.mnemonic])
+        for w, (i, _) in table.items()
+        if i is not None and i.spec.mnemonic in LOOP_END_FIELD
+    }
     return DecodedText(
         [ins for ins, _ in pairs],
         [unit for _, unit in pairs],
