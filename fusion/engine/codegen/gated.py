@@ -115,6 +115,13 @@ def pack_gated(first: np.ndarray, second: np.ndarray, n_arr: int) -> np.ndarray:
 
 
 def gated_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
+    g, schedule = gated_gemm(cx, nodes)
+    return fused_gemm_steps(cx.config, g, schedule, alone=True, rotation=cx.rotation)
+
+
+def gated_gemm(cx: LowerContext, nodes: Sequence[Node]) -> tuple[FusedGemm, Schedule]:
+    """The group as one fused GEMM over the panel-interleaved weights, with its chain as the epilogue, and the
+    schedule it runs (a pair of panels per step)."""
     graph, cfg = cx.graph, cx.config
     heads, chain = gated_heads(nodes)
     first, second = heads
@@ -170,4 +177,4 @@ def gated_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     schedule = Schedule(panels=2)
     if plan_tiles(cfg, g, schedule)[1] != 2:
         raise CodegenError(f"node {first.name!r}: a pair of weight panels does not fit a buffer slot beside A")
-    return fused_gemm_steps(cfg, g, schedule, alone=True, rotation=cx.rotation)
+    return g, schedule
