@@ -13,7 +13,7 @@ from engine_helpers import context, conv_graph, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusion.engine.codegen.conv import _Sizes, choose_tiling, conv_shape, scratch_bytes
+from fusion.engine.codegen.conv import _Sizes, band_geometry, band_traffic, choose_tiling, conv_shape, scratch_bytes
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
@@ -125,6 +125,25 @@ def test_a_float_input_whose_bands_do_not_fit_is_quantized_to_int8_first() -> No
         choose_tiling(mc.config, floats, "conv")
     _, run = _check(graph, names, "int8")
     assert run.dram_write_bytes >= 512 * 7 * 7  # the int8 copy
+
+
+def test_a_float_input_is_quantized_first_when_its_int8_bands_keep_the_weights_from_being_read_again() -> None:
+    """int8, a float input (a ResNet block output) whose float bands fit a slot but not the spare bank, with
+    weights larger than the spare bank: as float bands every band reads all the weights again; its int8 copy fits
+    one band in the spare bank, so the kernel quantizes first and reads each weight once (DRAM reads at most the
+    float input, its int8 copy, the weights, bias and requantizer table once, and the output's transposing loads
+    back); bit-exact against the quantized reference, race-checked."""
+    graph, names = conv_graph(1, 64, 128, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    rng = np.random.default_rng(3)
+    mc = context(graph, {"x": rng.standard_normal((1, 64, 14, 14)).astype(np.float32)}, "int8")
+    s, tail = band_geometry(graph, graph.node("conv"), conv_shape(graph, mc.config, graph.node("conv")))
+    floats = _Sizes(s, mc.config.array_size, DType.f32, DType.i8, DType.i8, True, False, tail)
+    ints = _Sizes(s, mc.config.array_size, DType.i8, DType.i8, DType.i8, False, False, tail)
+    as_floats, as_ints = choose_tiling(mc.config, floats, "conv"), choose_tiling(mc.config, ints, "conv")
+    assert not (as_floats.spare or as_floats.weights) and as_floats.rows < s.out[0] and as_ints.spare
+    assert band_traffic(ints, as_ints, 64 * 14 * 14) < band_traffic(floats, as_floats)
+    _, run = _check(graph, names, "int8")
+    assert run.dram_read_bytes <= 64 * 14 * 14 * 5 + 128 * 64 * 9 + 128 * 12 + 128 * 14 * s.cols
 
 
 def test_one_band_in_the_spare_bank_reads_weights_and_input_once() -> None:
