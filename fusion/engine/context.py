@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -11,6 +12,8 @@ from fusion.graph.ir import Graph
 from fusion.quant.params import QuantParams
 from fusion.quant.plan import QuantPlan, plan_quantization
 from simulator.config import MachineConfig
+
+SMALL_CONSTANT = 16  # constants up to this many elements enter a shape signature by value (scalars: immediates)
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,3 +61,34 @@ class ModelContext:
             sub = extract_subgraph(self.graph, nodes, name=f"{self.graph.name}/{nodes[0]}")
             sub = self._subgraphs.setdefault(nodes, sub)
         return sub
+
+    @cached_property
+    def _signatures(self) -> dict[tuple[str, ...], str]:
+        return {}
+
+    def shape_signature(self, nodes: tuple[str, ...]) -> str:
+        """What a group of these nodes computes, up to names and data (memoised): each value by its operator,
+        attributes, type, storage dtype (int8 or not) and inputs (Merkle style), graph inputs by position,
+        constants by dtype and shape (and value when small, up to SMALL_CONSTANT elements), but not the int8
+        scales or the weights. Groups of a model's repeated layers share it: the planner's schedule search
+        for one tells it which schedules can win for the others (`planner.Evaluator.ranked`)."""
+        found = self._signatures.get(nodes)
+        if found is not None:
+            return found
+        sub = self.subgraph(nodes)
+
+        def kind(v: str) -> tuple[str, bool]:
+            return str(sub.types[v]), self.scale(v) is not None
+
+        hashes = {v: repr(("input", i, kind(v))) for i, v in enumerate(sub.inputs)}
+        for v, array in sub.constants.items():
+            small = array.tolist() if array.size <= SMALL_CONSTANT else None
+            hashes[v] = repr(("const", array.dtype.str, array.shape, small, self.scale(v) is not None))
+        for node in sub.nodes:
+            base = repr((node.op.value, node.attrs, tuple(hashes[v] for v in node.inputs)))
+            hashes.update({out: _digest((base, i, kind(out))) for i, out in enumerate(node.outputs)})
+        return self._signatures.setdefault(nodes, _digest(tuple(hashes[v] for v in sub.outputs)))
+
+
+def _digest(text: object) -> str:
+    return hashlib.blake2b(repr(text).encode(), digest_size=16).hexdigest()

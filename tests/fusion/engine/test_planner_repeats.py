@@ -1,0 +1,60 @@
+"""Repeated structures (a model's layers) narrow the planner's schedule searches without changing its plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import context
+from transformer_graphs import BlockShape, transformer
+
+from fusion.cost import AnalyticCostModel
+from fusion.engine.planner import Evaluator, plan_dynamic
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
+
+
+def _layer_nodes(graph, op: OpType) -> list[str]:
+    return [n.name for n in graph.nodes if n.op == op]
+
+
+def test_repeated_layers_share_a_shape_signature_and_other_shapes_do_not() -> None:
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
+    mc = context(graph, inputs, "int8")
+    matmuls = _layer_nodes(graph, OpType.MatMul)  # per layer: q, k, v, scores, context, out, up, down
+    per_layer = len(matmuls) // 2
+    first, second = matmuls[:per_layer], matmuls[per_layer:]
+    for a, b in zip(first, second, strict=True):
+        assert mc.shape_signature((a,)) == mc.shape_signature((b,))  # other weights and int8 scales
+    up, down = first[-2], first[-1]  # (32 -> 64) and (64 -> 32): other shapes
+    assert mc.shape_signature((up,)) != mc.shape_signature((down,))
+    assert mc.scale(graph.node(first[0]).outputs[0]) != mc.scale(graph.node(second[0]).outputs[0])
+
+
+def test_a_small_constant_enters_the_signature_by_value() -> None:
+    g = GraphBuilder("muls")
+    x = g.input("x", (4, 16))
+    a = g.op(OpType.Mul, x, g.constant(np.float32(0.5)))
+    b = g.op(OpType.Mul, x, g.constant(np.float32(0.25)))
+    c = g.op(OpType.Mul, x, g.constant(np.float32(0.5)))
+    g.output(g.op(OpType.Add, g.op(OpType.Add, a, b), c))
+    graph = g.build()
+    mc = context(graph, {}, "fp32")
+    first, second, third = _layer_nodes(graph, OpType.Mul)
+    assert mc.shape_signature((first,)) == mc.shape_signature((third,)) != mc.shape_signature((second,))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_narrowed_repeats_plan_the_same_and_build_less(dtype: str) -> None:
+    """The plan (groups, schedules, predictions, reasons, alternatives, refusals) with repeated layers' searches
+    narrowed is the plan without, and fewer kernels are built for it."""
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
+    mc = context(graph, inputs, dtype)
+    plans, built = [], []
+    for repeats in (False, True):
+        ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=repeats)
+        plans.append(plan_dynamic(ev))
+        built.append(len(ev._memo))
+    full, narrowed = plans
+    assert (narrowed.choices, narrowed.rejected) == (full.choices, full.rejected)
+    assert narrowed.measured.kernels <= full.measured.kernels
+    assert built[1] < built[0]
