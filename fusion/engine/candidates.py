@@ -18,6 +18,7 @@ from fusion.engine.codegen.absorbed_layout import loads_in_place
 from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.gated import find_gated
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
+from fusion.engine.codegen.patch_embed import find_patch_embeds
 from fusion.engine.codegen.rotary import find_segment_chains
 from fusion.engine.codegen.siblings import find_siblings
 from fusion.engine.context import ModelContext
@@ -39,7 +40,8 @@ MAX_VECTOR_CHAIN = 8  # a run of chain nodes alone: RMSNorm is 7 (Pow, ReduceMea
 class Candidate:
     nodes: tuple[str, ...]
     family: str  # "single", "epilogue", "chain", "stream", "swapped" ((c)), "conv", "layout_chain"/"layout_load" ((d)),
-    # "attention" ((e)), "gated", "segment_chain" (chain ops with last-axis Slice/Concat: `codegen.rotary`)
+    # "attention" ((e)), "gated", "segment_chain" (chain ops with last-axis Slice/Concat: `codegen.rotary`),
+    # "patch_embed" (a patchify Conv with its token Reshape + Transpose: `codegen.patch_embed`)
 
 
 def sole_consumer(graph: Graph, node: Node) -> Node | None:
@@ -111,6 +113,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
     out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
     out += [Candidate(m.nodes(graph), "siblings") for m in find_siblings(graph)]
+    out += [Candidate(nodes, "patch_embed") for nodes in find_patch_embeds(graph)]
     return out
 
 

@@ -45,6 +45,7 @@ from fusion.engine.codegen.conv_stationary import scratch_sizes as stationary_sc
 from fusion.engine.codegen.gated import GATED, gated_heads, gated_steps, pack_gated
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
+from fusion.engine.codegen.patch_embed import PATCHES, pack_patch_weights, patch_embed_steps
 from fusion.engine.codegen.rotary import segment_chain_steps, segment_forms
 from fusion.engine.codegen.siblings import SIBLINGS, pack_siblings, sibling_steps, sibling_weights
 from fusion.engine.codegen.stream import stream_steps
@@ -169,6 +170,10 @@ def _attention(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_c
     return [attention_steps(cx, nodes)]
 
 
+def _patch_embed(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [patch_embed_steps(cx, nodes)]
+
+
 def _gated(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [gated_steps(cx, nodes)]
 
@@ -282,6 +287,13 @@ def _sibling_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]
     names = sibling_weights(sub)
     data = [np.asarray(forms[const_key(w, _weight_form(mc))]) for w in names]
     return {const_key(names[0], SIBLINGS): pack_siblings(data, mc.config.array_size)}, {}
+
+
+def _patch_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """A patchify Conv's weight packed Cout-tile major as its steps read it (`codegen.patch_embed`)."""
+    weight = sub.nodes[0].inputs[1]
+    data = np.asarray(forms[const_key(weight, _weight_form(mc))])
+    return {const_key(weight, PATCHES): pack_patch_weights(data, mc.config.array_size)}, {}
 
 
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
@@ -414,6 +426,8 @@ REGISTRY: Mapping[str, Strategy] = {
             pipelinable=False,  # its first phase clears tiles (no loads) and most band steps store nothing
             dram_forms=_conv_chain_forms,
         ),
+        # a patchify Conv (+ its token Reshape + Transpose) as one GEMM over the input's own rows (ViT patches)
+        Strategy("patch_embed", _patch_embed, "other", ("patch_embed",), dram_forms=_patch_forms),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
         # them: their steps run their segments in series, which the stage-overlap composition does not see)
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.64),

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from engine_helpers import context, gated_mlp_graph, model, rotary_graph
+from test_codegen_patch_embed import patch_graph
 
 from fusion.cost import AnalyticCostModel
 from fusion.engine.candidates import enumerate_candidates, schedules, zero_skip_twin
@@ -27,7 +28,9 @@ def built() -> dict[str, list]:
     out: dict[str, list] = {name: [] for name in REGISTRY}
     gated = gated_mlp_graph((1,), 16, 32, 32, "silu")  # a gated MLP (LLaMA's): no bundled model has one
     rotary = rotary_graph((2,), 16, 32, 16, False)  # rotary embeddings (LLaMA's): neither
+    patches = patch_graph(1, 3, 16, (8, 8), (4, 4), True)  # a ViT patch embedding: neither
     extra = [(gated, {"x": np.ones((1, 16, 32), np.float32)}), (rotary, {"a": np.ones((2, 16, 8), np.float32)})]
+    extra.append((patches, {"x": np.ones((1, 3, 8, 8), np.float32)}))
     for graph, x in [*map(model, BUNDLED), *extra]:
         mc = context(graph, x, "int8")
         for cand in enumerate_candidates(graph):
