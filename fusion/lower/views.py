@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from itertools import product
 
 from isa.enums import DType
@@ -139,7 +140,7 @@ def transfers(view: View) -> list[Transfer]:
     if strides[-1] == es:
         cols, col_stride = shape.pop(), strides.pop()
         if cols > MAX_COLS:  # a long contiguous run becomes rows of a divisor of its length
-            width = max(d for d in range(1, MAX_COLS + 1) if cols % d == 0)
+            width = widest_divisor(cols, MAX_COLS)
             shape.append(cols // width)
             strides.append(width * col_stride)
             cols = width
@@ -157,6 +158,14 @@ def transfers(view: View) -> list[Transfer]:
             out.append(Transfer(base + r0 * row_stride, n, cols, row_stride, local))
             local += n * cols
     return out
+
+
+@cache
+def widest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of `n` (>= 1) that is at most `limit` (divisors in pairs up to sqrt(n); memoised: the
+    generators split the same runs again and again)."""
+    pairs = ((d, n // d) for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    return max(x for pair in pairs for x in pair if x <= limit)
 
 
 @dataclass(frozen=True)
