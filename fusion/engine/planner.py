@@ -125,6 +125,7 @@ class Evaluator:
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
         self._over: dict[tuple, int] = {}  # by program: a budget its simulation exceeded (`measured_within`)
+        self._alike: dict[tuple, tuple] = {}  # a structure's first program key (`timing_key`)
         self.measure_seconds = 0.0  # host time of those simulations
         self.stopped = 0  # simulations stopped past their budget (`simulated_within`)
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
@@ -298,10 +299,11 @@ class Evaluator:
         """A built kernel's cycles simulated on zero inputs (`execute.timing_cycles`), memoised by program: the
         regret tests, the plan guard and the pipelining pass measure the same kernels, and a model's repeated
         layers generate the same programs (same instructions and input shapes: the same timing, since only
-        zero-skip kernels, never measured, test data). A view runs no kernel: 0."""
+        zero-skip kernels, never measured, test data), or with `repeats` programs differing only in their data's
+        immediates (`timing_key`). A view runs no kernel: 0."""
         if e.kernel.program is None:  # a view: no kernel runs
             return 0
-        key = _program_key(e.kernel)
+        key = self.timing_key(e.kernel)
         with self._lock:
             found = self._measured.get(key)
         if found is None:
@@ -318,7 +320,7 @@ class Evaluator:
         if e.kernel.program is None or budget < 1:
             cycles = self.measured_cycles(e)
             return cycles if cycles <= budget else None
-        key = _program_key(e.kernel)
+        key = self.timing_key(e.kernel)
         with self._lock:
             found, over = self._measured.get(key), self._over.get(key, 0)
         if found is None and budget <= over:
@@ -331,6 +333,18 @@ class Evaluator:
                 else:
                     self._measured[key] = found
         return found if found is not None and found <= budget else None
+
+    def timing_key(self, kernel: Kernel) -> tuple:
+        """What a kernel's measured cycles are memoised by: its program (`_program_key`), or with `repeats` the
+        first program seen of the same structure and schedule (`ModelContext.shape_signature`: a repeated
+        layer's kernel differs from the first's only in immediates its data sets, int8 requantization
+        multipliers and shifts, which no timing rule reads: `simulator.timing`)."""
+        key = _program_key(kernel)
+        if not self.repeats:
+            return key
+        alike = (self.mc.shape_signature(kernel.group.nodes), _schedule(kernel.group), key[1:], kernel.guard.sparsity)
+        with self._lock:
+            return self._alike.setdefault(alike, key)
 
     def simulated_within(self, kernel: Kernel, budget: int, checked: bool = False) -> int | None:
         """The kernel's cycles on zero inputs (`timing_cycles`, timed), or None once its run is past `budget`

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from engine_helpers import context
 from transformer_graphs import BlockShape, transformer
 
 from fusion.cost import AnalyticCostModel
+from fusion.engine.candidates import Candidate, schedules
+from fusion.engine.execute import timing_cycles
 from fusion.engine.planner import Evaluator, plan_dynamic
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
@@ -58,3 +62,24 @@ def test_narrowed_repeats_plan_the_same_and_build_less(dtype: str) -> None:
     assert (narrowed.choices, narrowed.rejected) == (full.choices, full.rejected)
     assert narrowed.measured.kernels <= full.measured.kernels
     assert built[1] < built[0]
+
+
+def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -> None:
+    """What the narrowing and the shared measurements rest on, on every GEMM schedule of two int8 layers: their
+    programs differ (requantization immediates), their features and simulated cycles do not."""
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
+    mc = context(graph, inputs, "int8")
+    ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=False)
+    matmuls = _layer_nodes(graph, OpType.MatMul)
+    per_layer = len(matmuls) // 2
+    differ = 0
+    for a, b in zip(matmuls[:per_layer], matmuls[per_layer:], strict=True):
+        for group in schedules(mc, Candidate((a,), "single")):
+            first, second = ev.evaluate(group), ev.evaluate(replace(group, nodes=(b,)))
+            if isinstance(first, str):
+                assert isinstance(second, str)
+                continue
+            differ += first.kernel.program.text != second.kernel.program.text
+            assert first.features == second.features
+            assert timing_cycles(mc, first.kernel) == timing_cycles(mc, second.kernel)
+    assert differ > 0
