@@ -13,10 +13,19 @@ from engine_helpers import context, conv_graph, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusion.engine.codegen.conv import _Sizes, band_geometry, band_traffic, choose_tiling, conv_shape, scratch_bytes
+from fusion.engine.codegen.conv import (
+    BandSource,
+    _Sizes,
+    band_geometry,
+    band_traffic,
+    choose_tiling,
+    conv_shape,
+    scratch_bytes,
+)
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
+from fusion.lower.views import dense
 from isa.enums import DType
 
 
@@ -144,6 +153,21 @@ def test_a_float_input_is_quantized_first_when_its_int8_bands_keep_the_weights_f
     assert band_traffic(ints, as_ints, 64 * 14 * 14) < band_traffic(floats, as_floats)
     _, run = _check(graph, names, "int8")
     assert run.dram_read_bytes <= 64 * 14 * 14 * 5 + 128 * 64 * 9 + 128 * 12 + 128 * 14 * s.cols
+
+
+def test_a_first_band_with_pad_rows_above_comes_in_by_one_dma_per_channel_block() -> None:
+    """A band with pad rows above the image (the first of each image) is staged: one transposing DMA per channel
+    block brings its rows densely, vector copies move them to their padded places (the last row first); a band
+    starting inside the image keeps one DMA per row. The two-band kernel is bit-exact, race-checked (int8)."""
+    graph, names = conv_graph(1, 32, 16, (24, 20), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    mc = context(graph, {"x": np.zeros((1, 32, 24, 20), np.float32)}, "int8")
+    node = graph.node("conv")
+    s, tail = band_geometry(graph, node, conv_shape(graph, mc.config, node))
+    source = BandSource.of(graph, node, dense(0, (1, 32, 24, 20), DType.i8), s, tail)
+    first, inner = source.band(0, 0, 16, 0, s.in_rows(8)), source.band(0, 0, 16, 8, s.in_rows(8))
+    assert first.staged and len(first.loads(0)) == 1
+    assert not inner.staged and len(inner.loads(0)) == s.in_rows(8)
+    _check(graph, names, "int8")
 
 
 def test_one_band_in_the_spare_bank_reads_weights_and_input_once() -> None:
