@@ -25,7 +25,7 @@ from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import timing_cycles
 from fusion.engine.fuse_ops import fuse_ops
-from fusion.engine.kernel import Kernel, storage_dtypes
+from fusion.engine.kernel import Kernel, storage_dtypes, try_build
 from fusion.engine.legality import generator_accepts, no_cycle_through_outside, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Measurement, Plan, baseline_group
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
@@ -58,18 +58,44 @@ T, R = TypeVar("T"), TypeVar("R")
 @dataclass(frozen=True)
 class Evaluated:
     group: Group
-    kernel: Kernel
+    # the kernel, or how to build it: a repeated structure's schedule is priced from the first one's features
+    # (`Evaluator.evaluate`) and built only when something needs its program
+    source: Kernel | Callable[[], Kernel]
     features: KernelFeatures
     cycles: float
     energy_pj: float
     score: float  # what the dynamic planner minimises: cycles plus priced DRAM channel time (see Evaluator)
     sd: float = 0.0  # the cost model's standard deviation of `cycles` (its spread x cycles)
 
+    @property
+    def kernel(self) -> Kernel:
+        """The built kernel (built now if it was priced before it was built)."""
+        source = self.source
+        if isinstance(source, Kernel):
+            return source
+        kernel = source()
+        object.__setattr__(self, "source", kernel)  # built once: a cache, the same kernel whenever asked
+        return kernel
+
 
 def _skips(group: Group) -> bool:
     """A zero-skip kernel: its timing depends on the data, so it is priced at the live zero-tile fraction and
     never simulated on zero inputs to settle a choice (`Strategy.skips_zero_tiles`)."""
     return strategy_of(group).skips_zero_tiles
+
+
+def _later(mc: ModelContext, group: Group, sparsity: str) -> Callable[[], Kernel]:
+    """How to build a group priced before it is built (see `Evaluated.source`)."""
+
+    def build() -> Kernel:
+        built = try_build(mc, group, sparsity)
+        if isinstance(built, str):
+            raise EngineError(
+                f"{group.schedule} of {group.nodes[0]!r}, priced as a repeated structure, refused: {built}"
+            )
+        return built
+
+    return build
 
 
 def _schedule(group: Group) -> tuple:
@@ -126,6 +152,7 @@ class Evaluator:
         self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
         self._over: dict[tuple, int] = {}  # by program: a budget its simulation exceeded (`measured_within`)
         self._alike: dict[tuple, tuple] = {}  # a structure's first program key (`timing_key`)
+        self._firsts: dict[tuple, Evaluated] = {}  # a structure's first built schedule (`_like`)
         self.measure_seconds = 0.0  # host time of those simulations
         self.stopped = 0  # simulations stopped past their budget (`simulated_within`)
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
@@ -164,18 +191,41 @@ class Evaluator:
         if owner:  # this call builds it; concurrent callers of the same key wait for its result
             try:
                 sparsity = "sparse" if skip else "any"
+                like = self._like(group, key[1])
+                if like is not None:
+                    entry.set_result(self._priced(group, _later(self.mc, group, sparsity), like.features))
+                    return entry.result()
                 if self.pool is None:
                     built, feats = build_and_count(self.mc, group, sparsity, key[1])
                 else:
                     built, feats = self.pool.submit(group, sparsity, key[1]).result()
                 entry.set_result(built if feats is None else self._priced(group, built, feats))
+                if feats is not None and self.repeats:
+                    with self._lock:
+                        self._firsts.setdefault(self._like_key(group, key[1]), entry.result())
             except BaseException as err:
                 entry.set_exception(err)
                 raise
         return entry.result()
 
+    def _like_key(self, group: Group, fraction: float) -> tuple:
+        return self.mc.shape_signature(group.nodes), _schedule(group), fraction
+
+    def _like(self, group: Group, fraction: float) -> Evaluated | None:
+        """With `repeats`, the built group of the same structure and schedule (`ModelContext.shape_signature`)
+        priced at the same zero-tile fraction, if any: a repeated layer's kernel has its features (its program
+        differs only in immediates its data sets: tests/fusion/engine/test_planner_repeats.py)."""
+        if not self.repeats:
+            return None
+        with self._lock:
+            return self._firsts.get(self._like_key(group, fraction))
+
     def _priced(
-        self, group: Group, kernel: Kernel, feats: KernelFeatures, est: CostEstimate | None = None
+        self,
+        group: Group,
+        kernel: Kernel | Callable[[], Kernel],
+        feats: KernelFeatures,
+        est: CostEstimate | None = None,
     ) -> Evaluated:
         est = est or self.cost_model.predict(feats, self.mc.config)
         spread = DEFAULT_SPREAD if est.spread is None else est.spread
@@ -254,7 +304,7 @@ class Evaluator:
             found = self._joint.get(key)
         if found is None:
             estimates = self.cost_model.predict_group([e.features for e in done], self.mc.config)
-            priced = [self._priced(e.group, e.kernel, e.features, est) for e, est in zip(done, estimates, strict=True)]
+            priced = [self._priced(e.group, e.source, e.features, est) for e, est in zip(done, estimates, strict=True)]
             with self._lock:
                 found = self._joint.setdefault(key, sorted(priced, key=lambda e: e.score))
         return found
@@ -301,9 +351,9 @@ class Evaluator:
         layers generate the same programs (same instructions and input shapes: the same timing, since only
         zero-skip kernels, never measured, test data), or with `repeats` programs differing only in their data's
         immediates (`timing_key`). A view runs no kernel: 0."""
-        if e.kernel.program is None:  # a view: no kernel runs
+        if strategy_of(e.group).host_view:  # a view: no kernel runs
             return 0
-        key = self.timing_key(e.kernel)
+        key = self.timing_key(e)
         with self._lock:
             found = self._measured.get(key)
         if found is None:
@@ -317,10 +367,10 @@ class Evaluator:
         it comes in under a known alternative (a loser's exact cycles decide nothing): its simulation stops once
         past the budget (the machine's watchdog at `max_cycles = budget`), which for a kernel several times slower
         than the winner saves most of it. What is learnt is memoised (exact cycles, or a budget exceeded)."""
-        if e.kernel.program is None or budget < 1:
+        if strategy_of(e.group).host_view or budget < 1:
             cycles = self.measured_cycles(e)
             return cycles if cycles <= budget else None
-        key = self.timing_key(e.kernel)
+        key = self.timing_key(e)
         with self._lock:
             found, over = self._measured.get(key), self._over.get(key, 0)
         if found is None and budget <= over:
@@ -334,15 +384,20 @@ class Evaluator:
                     self._measured[key] = found
         return found if found is not None and found <= budget else None
 
-    def timing_key(self, kernel: Kernel) -> tuple:
+    def timing_key(self, e: Evaluated) -> tuple:
         """What a kernel's measured cycles are memoised by: its program (`_program_key`), or with `repeats` the
         first program seen of the same structure and schedule (`ModelContext.shape_signature`: a repeated
         layer's kernel differs from the first's only in immediates its data sets, int8 requantization
-        multipliers and shifts, which no timing rule reads: `simulator.timing`)."""
-        key = _program_key(kernel)
+        multipliers and shifts, which no timing rule reads: `simulator.timing`), so a repeated layer's kernel
+        priced before it was built is not built to be measured."""
         if not self.repeats:
-            return key
-        alike = (self.mc.shape_signature(kernel.group.nodes), _schedule(kernel.group), key[1:], kernel.guard.sparsity)
+            return _program_key(e.kernel)
+        alike = self._like_key(e.group, 0.0)
+        with self._lock:
+            found = self._alike.get(alike)
+        if found is not None:
+            return found
+        key = _program_key(e.kernel)
         with self._lock:
             return self._alike.setdefault(alike, key)
 

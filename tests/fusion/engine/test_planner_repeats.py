@@ -12,6 +12,8 @@ from transformer_graphs import BlockShape, transformer
 from fusion.cost import AnalyticCostModel
 from fusion.engine.candidates import Candidate, schedules
 from fusion.engine.execute import timing_cycles
+from fusion.engine.features import kernel_features
+from fusion.engine.kernel import Kernel
 from fusion.engine.planner import Evaluator, plan_dynamic
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
@@ -47,21 +49,36 @@ def test_a_small_constant_enters_the_signature_by_value() -> None:
     assert mc.shape_signature((first,)) == mc.shape_signature((third,)) != mc.shape_signature((second,))
 
 
+def _built(ev: Evaluator) -> int:
+    """Groups the evaluator generated code for (refusals included), not those priced as repeats and never built."""
+    results = [f.result() for f in ev._memo.values()]
+    return sum(isinstance(r, str) or isinstance(r.source, Kernel) for r in results)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_narrowed_repeats_plan_the_same_and_build_less(dtype: str) -> None:
     """The plan (groups, schedules, predictions, reasons, alternatives, refusals) with repeated layers' searches
-    narrowed is the plan without, and fewer kernels are built for it."""
+    narrowed, priced from the first layer's kernels and measured by them is the plan without, and fewer kernels
+    are built and simulated for it; a planned group priced as a repeat builds its own kernel, with the features
+    it was priced by."""
     graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
     mc = context(graph, inputs, dtype)
-    plans, built = [], []
+    plans, built, evaluators = [], [], []
     for repeats in (False, True):
         ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=repeats)
         plans.append(plan_dynamic(ev))
-        built.append(len(ev._memo))
+        built.append(_built(ev))
+        evaluators.append(ev)
     full, narrowed = plans
     assert (narrowed.choices, narrowed.rejected) == (full.choices, full.rejected)
-    assert narrowed.measured.kernels <= full.measured.kernels
+    assert narrowed.measured.kernels < full.measured.kernels
     assert built[1] < built[0]
+    ev = evaluators[1]
+    for choice in narrowed.choices:
+        e = ev.evaluate(choice.group)
+        assert e.kernel.group == choice.group
+        if e.kernel.program is not None:
+            assert kernel_features(mc, e.kernel, 0.0) == e.features
 
 
 def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -> None:
