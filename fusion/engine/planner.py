@@ -209,7 +209,16 @@ class Evaluator:
         return entry.result()
 
     def _like_key(self, group: Group, fraction: float) -> tuple:
+        """A group's structure, schedule and priced zero-tile fraction; flattening a batch of one GEMM (nothing
+        to flatten: the same program) is the unflattened schedule."""
+        if group.flatten and self._batch(group.nodes[0]) == 1:
+            group = replace(group, flatten=False)
         return self.mc.shape_signature(group.nodes), _schedule(group), fraction
+
+    def _batch(self, name: str) -> int:
+        """The batch a node's first input has beside its last two axes (1 for a matrix)."""
+        graph = self.mc.graph
+        return math.prod(graph.types[graph.node(name).inputs[0]].shape[:-2])
 
     def _like(self, group: Group, fraction: float) -> Evaluated | None:
         """With `repeats`, the built group of the same structure and schedule (`ModelContext.shape_signature`)

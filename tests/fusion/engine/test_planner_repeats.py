@@ -100,3 +100,19 @@ def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -
             assert first.features == second.features
             assert timing_cycles(mc, first.kernel) == timing_cycles(mc, second.kernel)
     assert differ > 0
+
+
+def test_flattening_a_batch_of_one_is_the_same_program() -> None:
+    """What pricing a flattened batch-1 GEMM schedule as its unflattened twin rests on."""
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2))
+    mc = context(graph, inputs, "fp32")
+    ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=False)
+    head = next(n for n in graph.nodes if n.op == OpType.MatMul)
+    assert graph.types[head.inputs[0]].shape[0] == 1
+    flat = [g for g in schedules(mc, Candidate((head.name,), "single")) if g.flatten]
+    assert flat
+    for group in flat:
+        a, b = ev.evaluate(group), ev.evaluate(replace(group, flatten=False))
+        assert isinstance(a, str) == isinstance(b, str)
+        if not isinstance(a, str):
+            assert a.kernel.program.text == b.kernel.program.text
