@@ -32,7 +32,7 @@ def internal_values_private(graph: Graph, nodes: Sequence[Node]) -> FusionDecisi
 # families whose kernels store every value read outside them (a vector chain's intermediates, side-by-side GEMMs):
 # legal wherever the group's kernel can run before those readers, which `no_cycle_through_outside` checks (plans
 # run their groups in a topological order, `planner.in_execution_order`)
-STORES_INTERMEDIATES = frozenset({"chain", "siblings"})
+STORES_INTERMEDIATES = frozenset({"chain", "siblings", "patch_embed"})
 
 
 def dependencies_respected(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
@@ -79,11 +79,13 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     in the vector chain exactly as the drain would, and a swapped GEMM drains only value-preserving ops (the rest
     runs as a vector chain on the requantized output), so both keep the numerics; an attention kernel (and a gated
     pair of GEMMs) requantizes both MatMuls as their drains would and runs the rest as the unfused recipes; a conv
-    chain requantizes every Conv in its drain and runs a residual Add on the dequantized output, as unfused."""
+    chain requantizes every Conv in its drain and runs a residual Add on the dequantized output, as unfused; a
+    patch embedding requantizes its Conv in the drain and runs the class-token Concat and the chain after it on the
+    dequantized tokens, as unfused."""
     if (
         not mc.int8
         or nodes[0].op not in MATRIX_OPS
-        or family in ("stream", "swapped", "attention", "gated", "siblings", "conv_chain")
+        or family in ("stream", "swapped", "attention", "gated", "siblings", "conv_chain", "patch_embed")
     ):
         return FusionDecision.yes()
     if family == "conv" and mc.qplan.matrix[nodes[0].name].dequantize:
