@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fusion.engine.codegen.chain import CHAIN_OPS, emit_chain, operand_views, operands
 from fusion.engine.codegen.conv import Epilogue, conv_epilogue
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
@@ -40,6 +41,9 @@ from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
 
 PATCHES = "patches"  # constant-form key of a patchify Conv's weight packed as the steps read it
+
+
+MAX_TAIL = 4  # vector-chain nodes after the class-token Concat (position embedding Add, LayerNorm, ...)
 
 
 @dataclass(frozen=True)
@@ -85,178 +89,359 @@ def _sole_reader(graph: Graph, node: Node) -> Node | None:
     return readers[0] if len(readers) == 1 and value not in graph.outputs else None
 
 
+def _token_layout(graph: Graph, conv: Node) -> list[Node] | None:
+    """Conv -> [Reshape merging the spatial axes] -> Transpose(0, 2, 1): [n, Cout, ...] to [n, patches, Cout]."""
+    if conv.op != OpType.Conv or len(graph.types[conv.outputs[0]].shape) not in (3, 4):
+        return None
+    n, cout, *spatial = graph.types[conv.outputs[0]].shape
+    run, nxt = [conv], _sole_reader(graph, conv)
+    if nxt is not None and nxt.op == OpType.Reshape and len(spatial) == 2:
+        if tuple(graph.types[nxt.outputs[0]].shape) != (n, cout, spatial[0] * spatial[1]):
+            return None
+        run, nxt = [*run, nxt], _sole_reader(graph, nxt)
+    if len(graph.types[run[-1].outputs[0]].shape) != 3 or nxt is None or nxt.op != OpType.Transpose:
+        return None
+    return [*run, nxt] if tuple(nxt.attr("perm")) == (0, 2, 1) else None
+
+
+def _class_tokens(graph: Graph, node: Node | None, tokens: str) -> bool:
+    """A Concat of the tokens with constant rows (class / distillation tokens) along the token axis."""
+    if node is None or node.op != OpType.Concat or node.attr("axis") not in (1, -2):
+        return False
+    return all(v == tokens or graph.is_constant(v) for v in node.inputs) and node.inputs.count(tokens) == 1
+
+
+def _chain_runs(graph: Graph, node: Node, limit: int) -> list[list[Node]]:
+    """Every path of chain nodes from `node`'s readers, each node reading the previous one, up to `limit` long
+    (a value several chain nodes read branches: the pre-LN residual sum feeds the LayerNorm and a later Add)."""
+    runs = []
+    for reader in graph.consumers.get(node.outputs[0], ()):
+        if reader.op in CHAIN_OPS and len(reader.outputs) == 1:
+            runs.append([reader])
+            if limit > 1:
+                runs += [[reader, *rest] for rest in _chain_runs(graph, reader, limit - 1)]
+    return runs
+
+
 def find_patch_embeds(graph: Graph) -> list[tuple[str, ...]]:
-    """Conv (patchify) -> [Reshape merging the spatial axes] -> Transpose(0, 2, 1): [n, Cout, ...] to tokens."""
+    """Each patchify Conv with its token Reshape + Transpose, then optionally a class-token Concat and a run of
+    chain nodes after it (every prefix a candidate: the planner prices each)."""
     found = []
     for conv in graph.nodes:
-        if conv.op != OpType.Conv or len(graph.types[conv.outputs[0]].shape) not in (3, 4):
+        base = _token_layout(graph, conv)
+        if base is None:
             continue
-        n, cout, *spatial = graph.types[conv.outputs[0]].shape
-        run, nxt = [conv], _sole_reader(graph, conv)
-        if nxt is not None and nxt.op == OpType.Reshape and len(spatial) == 2:
-            if tuple(graph.types[nxt.outputs[0]].shape) != (n, cout, spatial[0] * spatial[1]):
-                continue
-            run, nxt = [*run, nxt], _sole_reader(graph, nxt)
-        if len(graph.types[run[-1].outputs[0]].shape) != 3:
-            continue
-        if nxt is not None and nxt.op == OpType.Transpose and tuple(nxt.attr("perm")) == (0, 2, 1):
-            found.append(tuple(x.name for x in (*run, nxt)))
-    return found
+        found.append(base)
+        cat = _sole_reader(graph, base[-1])
+        if _class_tokens(graph, cat, base[-1].outputs[0]):
+            found += [[*base, cat]] + [[*base, cat, *run] for run in _chain_runs(graph, cat, MAX_TAIL)]
+    return [tuple(n.name for n in nodes) for nodes in found]
 
 
 def pack_patch_weights(weights: np.ndarray, n: int) -> np.ndarray:
-    """W[Cout, C, ph, pw] (or a 1-D conv's [Cout, C, pw]) as [Cout tile][C][ph][pw][tile width], flat: a step's
-    weights (one Cout tile, a run of channels) are one contiguous run, each (c, kh) tile a dense [pw, width]."""
-    w = weights.reshape(weights.shape[0], weights.shape[1], -1, weights.shape[-1])
-    blocks = [w[c0 : c0 + width].transpose(1, 2, 3, 0).ravel() for c0, width in k_slices(w.shape[0], n)]
-    return np.ascontiguousarray(np.concatenate(blocks))
+    """W[Cout, C, ph, pw] (or a 1-D conv's [Cout, C, pw]) as [C][ph][Cout tile][pw][tile width], flat: a (c, kh)
+    row's weights for a run of Cout tiles are one contiguous run, each tile a dense [pw, width] preload."""
+    w = weights.reshape(weights.shape[0], weights.shape[1], -1, weights.shape[-1])  # [Cout, C, ph, pw]
+    tiles = [w[c0 : c0 + width].transpose(1, 2, 3, 0) for c0, width in k_slices(w.shape[0], n)]  # [C, ph, pw, nc]
+    flat = np.concatenate([t.reshape(*t.shape[:2], -1) for t in tiles], axis=2)  # [C, ph, Cout * pw]
+    return np.ascontiguousarray(flat.ravel())
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """The class-token Concat and the chain after it, run on one image's tokens [T, Cout] in a vector register."""
+
+    rows: int  # T
+    first: int  # the first patch token's row
+    consts: tuple[tuple[View, int], ...]  # each constant input [n, k, Cout] and its first row
+    chain: tuple[Node, ...]
+    table: dict
+    tiles: dict[str, View]  # the chain's other operands, [n, T, Cout] (broadcast)
+    rows_in: dict[str, View]  # its row operands (LayerNorm's weight and bias), [Cout]
+    out: View  # the group's last value [n, T, Cout]
+    kept: tuple[tuple[str, View], ...]  # values read outside the group, stored besides
+    value: str  # the Concat's output (the chain's input)
+
+    def sizes(self, cout: int) -> list[int]:
+        """Bytes of one image's tail tiles in a step: operands, rows, output and kept values (float32)."""
+        n = self.rows * cout * 4
+        return [n] * (len(self.tiles) + 1 + len(self.kept)) + [cout * 4] * len(self.rows_in)
+
+
+def _tail(cx: LowerContext, p: Patchify, tokens: str, nodes: Sequence[Node]) -> _Tail | None:
+    if not nodes:
+        return None
+    cat, chain = nodes[0], tuple(nodes[1:])
+    if tokens in cx.graph.outputs:
+        raise CodegenError(f"{tokens!r} is read outside the group: the tokens are never stored alone")
+    if cx.dtype(cat.outputs[0]) is not DType.f32:
+        raise CodegenError(f"node {cat.name!r}: the class-token Concat runs in float32 (its output is int8)")
+    consts, row = [], 0
+    for value in cat.inputs:
+        k = cx.graph.types[value].shape[1]
+        if value != tokens:
+            if cx.dtype(value) is not DType.f32:
+                raise CodegenError(f"node {cat.name!r}: constant {value!r} is not float32")
+            consts.append((cx.view(value), row))
+        else:
+            first = row
+        row += k
+    if row * p.cout > cx.config.vreg_elems:
+        raise CodegenError(f"{row} tokens x {p.cout} channels exceed a vector register ({cx.config.vreg_elems})")
+    last = (chain or (cat,))[-1].outputs[0]
+    table = operands(cx, chain) if chain else {}
+    tiles, rows_in = operand_views(cx, table, cx.view(last).shape) if chain else ({}, {})
+    tiles.pop(cat.outputs[0], None)  # the chain's input: the tokens tile itself
+    values = (cat.outputs[0], *(n.outputs[0] for n in chain))
+    kept = tuple((v, cx.view(v)) for v in values[:-1] if v in cx.graph.outputs)
+    return _Tail(row, first, tuple(consts), chain, table, tiles, rows_in, cx.view(last), kept, cat.outputs[0])
 
 
 @dataclass(frozen=True)
 class _Tiling:
     rows: int  # patch rows per band
     nc: int  # output channels per Cout tile
-    channels: int  # input channels per step (the step's K: channels x ph preloads)
+    group: int  # output channels per step (whole tiles): the accumulators that live through the channel steps
+    by_row: bool  # drained row by row into one token-major tile (one store), else tile by tile (one store each)
+    # one band per image and one channel group: every weight in the spare scratchpad bank (loaded once, the
+    # preloads never wait for a bank the matrix unit streams from), each channel's rows in its own step's slot (its
+    # regrouping overlaps the previous channel's matmuls); else each step loads its weights, bands rotate
+    resident: bool
 
 
-def _tiling(cfg: MachineConfig, p: Patchify, in_dt: DType, mm_dt: DType, out_dt: DType) -> _Tiling:
-    """The most patch rows per band, then the most channels per step, whose tiles fit one buffer slot."""
-    probe, nc = TileArena(cfg, 0), min(cfg.array_size, p.cout)
+def _tiling(
+    cfg: MachineConfig, p: Patchify, dts: tuple[DType, DType, DType], tail: _Tail | None, resident: bool
+) -> _Tiling:
+    """`resident` (refused when it does not fit), else the most patch rows per band (all of an image's with a
+    tail), then the most output channels per step, whose tiles fit one buffer slot (the band's input and tokens
+    beside them)."""
+    in_dt, mm_dt, out_dt = dts
+    probe, nc, spare = TileArena(cfg, 0), min(cfg.array_size, p.cout), TileArena.spare(cfg)
 
-    def fits(rows: int, channels: int) -> bool:
-        raw, band = p.c * rows * p.ph * p.w, p.c * rows * p.ph * p.ow * p.pw
-        spad = [raw * in_dt.size, band * mm_dt.size]
-        spad += [channels * p.ph * p.pw * nc * mm_dt.size, nc * 4, nc * 8, rows * p.ow * nc * out_dt.size]
-        return rows * p.ow <= MAX_ROWS and probe.fits(spad, [rows * p.ow * nc * 4])
+    def channel(rows: int) -> list[int]:
+        return [rows * p.ph * p.w * in_dt.size, p.ph * rows * p.ow * p.pw * mm_dt.size]
 
-    rows = largest_fitting(p.oh, lambda r: fits(r, 1))
-    if rows == 0:
-        raise CodegenError(f"one patch row of the input ({p.c} x {p.ph} x {p.w}) does not fit a buffer slot")
-    return _Tiling(rows, nc, largest_fitting(p.c, lambda c: fits(rows, c)))
+    def tokens(rows: int) -> list[int]:
+        return [tail.rows * p.cout * 4] + ([rows * p.ow * p.cout] if mm_dt is DType.i8 else []) if tail else []
+
+    def outputs(rows: int, group: int) -> list[int]:
+        return tail.sizes(p.cout) if tail else [rows * p.ow * group * out_dt.size]
+
+    m, weights = p.oh * p.ow, p.c * p.ph * p.pw * p.cout * mm_dt.size
+    if resident:
+        tiles = [*channel(p.oh), p.cout * 4, p.cout * 8, *tokens(p.oh), *outputs(p.oh, p.cout)]
+        if spare is None or not spare.fits([weights]) or m > MAX_ROWS or not probe.fits(tiles, [m * p.cout * 4]):
+            raise CodegenError(f"the weights ({weights} bytes) or one image's channel and tokens do not fit resident")
+        return _Tiling(p.oh, nc, p.cout, tail is not None or m <= cfg.array_size, True)
+
+    def fits(rows: int, group: int) -> bool:
+        raw, band = channel(rows)
+        step = [raw, p.ph * p.pw * group * mm_dt.size, group * 4, group * 8, *outputs(rows, group)]
+        band = [p.c * band, *tokens(rows)]
+        return rows * p.ow <= MAX_ROWS and probe.fits(band + step, [rows * p.ow * group * 4])
+
+    rows = p.oh if tail is not None else largest_fitting(p.oh, lambda r: fits(r, nc))
+    if rows == 0 or not fits(rows, nc):
+        raise CodegenError(f"one patch row band of the input ({p.c} x {p.ph} x {p.w}) does not fit a buffer slot")
+    tiles = largest_fitting(-(-p.cout // nc), lambda t: fits(rows, min(p.cout, t * nc)))
+    return _Tiling(rows, nc, min(p.cout, tiles * nc), tail is not None or rows * p.ow <= cfg.array_size, False)
 
 
-def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
-    """The group Conv [+ Reshape] + Transpose(0, 2, 1) as pipeline steps: per band of patch rows, Cout tile and
-    channel run, one step (the band's input loaded, and quantized, by its first step)."""
+def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = False) -> list[Step]:
+    """The group as pipeline steps: per band of patch rows, group of output channels and input channel, one step
+    (the first group's steps load and regroup their channel of the band; the last channel's drain). `resident`:
+    every weight loaded once into the spare bank (one band per image, one channel group), else per step."""
     graph, cfg, conv = cx.graph, cx.config, nodes[0]
-    if [n.name for n in nodes] not in [list(m) for m in find_patch_embeds(graph)]:
+    if tuple(n.name for n in nodes) not in find_patch_embeds(graph):
         raise CodegenError(f"node {conv.name!r}: not a patchify Conv followed by its token Reshape + Transpose")
     p = patchify(graph, cfg, conv)
-    out = cx.view(nodes[-1].outputs[0])  # [n, patches, Cout]
-    if cx.dtype(conv.outputs[0]) is not out.dtype:
+    layout = 3 if nodes[1].op == OpType.Reshape else 2
+    tokens = cx.view(nodes[layout - 1].outputs[0])  # [n, patches, Cout]
+    tail = _tail(cx, p, nodes[layout - 1].outputs[0], nodes[layout:])
+    if cx.dtype(conv.outputs[0]) is not tokens.dtype:
         raise CodegenError(f"node {conv.name!r}: the token layout changes the dtype of its output")
-    ep = conv_epilogue(cx, nodes[:1], conv_geometry(graph, conv, window_of(graph, conv).padded_shape), out)
+    ep = conv_epilogue(cx, nodes[:1], conv_geometry(graph, conv, window_of(graph, conv).padded_shape), tokens)
     if ep.scales is not None or ep.residual is not None or ep.dequant is not None:
         raise CodegenError(f"node {conv.name!r}: the patch GEMM drains a bias and a requantization only")
     image = cx.view(conv.inputs[0]).reshape_dense((p.n, p.c, p.h, p.w))
     mm_dt = DType.i8 if cx.int8 else DType.f32
     quantize = cx.matrix(conv).input_scale if cx.int8 and image.dtype is DType.f32 else None
-    tiling = _tiling(cfg, p, image.dtype, mm_dt, out.dtype)
-    weights = dense(cx.addresses[const_key(conv.inputs[1], PATCHES)], (p.cout * p.c * p.ph * p.pw,), mm_dt)
-    k = _Kernel(p, tiling, ep, weights, mm_dt, quantize)
+    tiling = _tiling(cfg, p, (image.dtype, mm_dt, tokens.dtype), tail, resident)
+    weights = dense(cx.addresses[const_key(conv.inputs[1], PATCHES)], (p.c * p.ph, p.cout * p.pw), mm_dt)
+    scale = cx.scale(nodes[layout - 1].outputs[0]) if tail is not None and cx.int8 else None
+    k = _Kernel(cx, p, tiling, ep, image.dtype, mm_dt, quantize, tail, scale)
+    resident = TileArena.spare(cfg).tile(weights.size * mm_dt.size) if tiling.resident else 0
     steps: list[Step] = []
-    accs = 0  # accumulator tiles rotate by their own count: one lives through its Cout tile's channel steps
+    accs = 0  # accumulator tiles rotate by their own count: one lives through its channel steps
     bands = [(img, *band) for img in range(p.n) for band in k_slices(p.oh, tiling.rows)]
     for b, (img, oh0, rows) in enumerate(bands):
-        sizes = [p.c * rows * p.ph * p.w * image.dtype.size, p.c * rows * p.ph * p.ow * p.pw * mm_dt.size]
-        # a kernel's only band goes to the scratchpad bank no slot uses: the matrix unit's reads of it then never
-        # wait for a preload reading the step's weights from the same bank; bands after bands rotate with the slots
-        spare = TileArena.spare(cfg) if len(bands) == 1 else None
-        spare = spare if spare is not None and spare.fits(sizes) else None
-        arena = spare or TileArena(cfg, b, cx.rotation)
-        raw, band = arena.tile(sizes[0]), arena.tile(sizes[1])
-        reserved = [] if spare else sizes
-        part = image.index((img,)).slice(1, oh0 * p.ph, rows * p.ph)
-        first = True
-        for co0, nc in k_slices(p.cout, tiling.nc):
-            acc = TileArena(cfg, accs, cx.rotation).acc_tile(rows * p.ow * nc * 4)
+        m = rows * p.ow
+        chan = [rows * p.ph * p.w * image.dtype.size, p.ph * m * p.pw * mm_dt.size]
+        toks = ([tail.rows * p.cout * 4] + ([m * p.cout] if cx.int8 else [])) if tail else []
+        shared, reserved = [], []
+        if not tiling.resident:  # the band's regrouped input (and tokens) stay put while its steps run
+            sizes = [p.c * chan[1], *toks]
+            # a kernel's only band goes to the scratchpad bank no slot uses: the matrix unit's reads of it never
+            # wait for a preload of the step's weights from the same bank; bands after bands rotate with the slots
+            spare = TileArena.spare(cfg) if len(bands) == 1 else None
+            spare = spare if spare is not None and spare.fits(sizes) else None
+            arena = spare or TileArena(cfg, b, cx.rotation)
+            shared, reserved = [arena.tile(size) for size in sizes], [] if spare else sizes
+        groups = k_slices(p.cout, tiling.group)
+        for g, (co0, width) in enumerate(groups):
+            acc = TileArena(cfg, accs, cx.rotation).acc_tile(m * width * 4)
             accs += 1
-            for c0, channels in k_slices(p.c, tiling.channels):
+            for c in range(p.c):
                 step = TileArena(cfg, len(steps), cx.rotation)
-                for nbytes in reserved:  # the band's input stays put while its steps run
+                for nbytes in reserved:
                     step.tile(nbytes)
-                t = _Tile(img, oh0, rows, co0, nc, c0, channels, band, acc)
-                dest = out.index((img,)).slice(0, oh0 * p.ow, rows * p.ow).slice(1, co0, nc)
-                steps.append(k.step(step, t, (part, raw) if first else None, dest))
-                first = False
+                loads = []
+                if tiling.resident:
+                    raw, band = step.tile(chan[0]), step.tile(chan[1])
+                    ends = [step.tile(size) for size in toks] if c == p.c - 1 else []
+                    w, pitch = resident + c * p.ph * p.cout * p.pw * mm_dt.size, p.cout * p.pw
+                    if not steps:
+                        loads.append((weights, resident))
+                else:
+                    raw, band, ends = step.tile(chan[0]), shared[0] + c * chan[1], shared[1:]
+                    w, pitch = step.tile(p.ph * p.pw * width * mm_dt.size), width * p.pw
+                    loads.append((weights.slice(0, c * p.ph, p.ph).slice(1, co0 * p.pw, width * p.pw), w))
+                if g == 0:
+                    loads.insert(0, (image.index((img, c)).slice(0, oh0 * p.ph, rows * p.ph), raw))
+                where = _Where(img, rows, raw, band, w, pitch, *ends, *[0] * (2 - len(ends)))
+                t = _Tile(co0, width, c, acc, g == len(groups) - 1)
+                steps.append(k.step(step, where, t, loads, g == 0, tokens.index((img,)).slice(0, oh0 * p.ow, m)))
     return steps
 
 
 @dataclass(frozen=True)
-class _Tile:
+class _Where:
+    """One step's local addresses."""
+
     img: int
-    oh0: int
     rows: int  # patch rows of the band
+    raw: int  # the channel's input rows [rows * ph, W] as loaded
+    band: int  # the channel's rows regrouped kernel-row major [ph, rows, OW * pw], in the matrix dtype
+    weights: int  # its weights for kernel row 0 and the step's first output channel: [pw, nc] per Cout tile
+    pitch: int  # elements between its kernel rows' weights
+    tokens: int  # with a tail: the Concat's output [T, Cout] (float32)
+    drained: int  # with a tail on the int8 path: the requantized patch tokens [patches, Cout] (int8)
+
+
+@dataclass(frozen=True)
+class _Tile:
     co0: int
-    nc: int
-    c0: int  # first input channel of the step
-    channels: int
-    band: int  # local address of the band's matrix-dtype input, kernel-row major [ph, C, rows, OW * pw]
-    acc: int  # accumulator tile [rows * OW, nc]
+    width: int  # output channels of the step (whole Cout tiles)
+    c: int  # the step's input channel
+    acc: int  # accumulator tiles [patches, nc], one per Cout tile of the group
+    last_group: bool
 
 
 @dataclass(frozen=True)
 class _Kernel:
+    cx: LowerContext
     p: Patchify
     tiling: _Tiling
     ep: Epilogue  # bias, per-channel table or per-tensor requantizer (`codegen.conv`)
-    weights: View  # flat, `pack_patch_weights`
+    in_dt: DType
     mm_dt: DType
     quantize: float | None  # the input scale of a float input on the int8 path
+    tail: _Tail | None
+    scale: float | None  # int8 with a tail: the tokens' scale (dequantized into the Concat's float32 tile)
 
-    def step(self, arena: TileArena, t: _Tile, band_load: tuple[View, int] | None, dest: View) -> Step:
-        p, es = self.p, self.mm_dt.size
-        last = t.c0 + t.channels == p.c
-        w_tile = arena.tile(t.channels * p.ph * p.pw * t.nc * es)
-        bias = arena.tile(t.nc * 4) if last and self.ep.bias is not None else 0
-        table = arena.tile(t.nc * 8) if last and self.ep.table is not None else 0
-        out_tile = arena.tile(t.rows * p.ow * t.nc * self.ep.out_dt.size) if last else 0
-        tile_start = (t.co0 * p.c + t.c0 * t.nc) * p.ph * p.pw  # `pack_patch_weights`: the Cout tile, its channels
-        loads = [(band_load[0], band_load[1])] if band_load else []
-        loads.append((self.weights.slice(0, tile_start, t.channels * p.ph * p.pw * t.nc), w_tile))
+    def step(self, arena: TileArena, at: _Where, t: _Tile, loads: list, regroup: bool, dest: View) -> Step:
+        """Channel t.c of the band for the step's output channels: (regroup it,) preload and stream every kernel
+        row per Cout tile, and after the last channel drain (and run the tail)."""
+        p, es, m = self.p, self.mm_dt.size, at.rows * self.p.ow
+        last = t.c == p.c - 1
+        tiles = k_slices(t.width, self.tiling.nc)  # (first column in the group, width) of each Cout tile
+        bias = arena.tile(t.width * 4) if last and self.ep.bias is not None else 0
+        table = arena.tile(t.width * 8) if last and self.ep.table is not None else 0
+        out_es = self.ep.out_dt.size
+        out = arena.tile(m * t.width * out_es) if last and self.tail is None else 0
         if bias:
-            loads.append((self.ep.bias.slice(0, t.co0, t.nc), bias))
+            loads.append((self.ep.bias.slice(0, t.co0, t.width), bias))
         if table:
-            loads.append((self.ep.table.slice(0, t.co0, t.nc), table))
+            loads.append((self.ep.table.slice(0, t.co0, t.width), table))
+        stores = []
+        if out and self.tiling.by_row:
+            stores.append((out, dest.slice(1, t.co0, t.width)))
+        elif out:
+            stores += [(out + j * m * out_es, dest.slice(1, t.co0 + j, nc)) for j, nc in tiles]
 
-        def regroup(em: Emitter) -> None:
-            self.regroup(em, t, band_load[1])
+        def target(r: int, j: int) -> int:
+            """Where row r of the group's column j drains."""
+            if self.tail is None:
+                return out + ((r * t.width + j) if self.tiling.by_row else j * m) * out_es
+            if self.scale is not None:
+                return at.drained + r * p.cout + t.co0 + j
+            return at.tokens + ((self.tail.first + r) * p.cout + t.co0 + j) * 4
 
         def matmul(em: Emitter) -> None:
-            run = p.ow * p.pw * es  # one input row's patches
-            local = w_tile
-            for c in range(t.c0, t.c0 + t.channels):
-                for kh in range(p.ph):
-                    em.b.mx_preload(em.reg(local), p.pw, t.nc, self.mm_dt.name)
-                    a = t.band + (kh * p.c + c) * t.rows * run
-                    (em.b.mx_mm if c == 0 and kh == 0 else em.b.mx_mma)(*em.regs(t.acc, a), t.rows * p.ow)
-                    local += p.pw * t.nc * es
-            if last:
-                self.drain(em, t, bias, table, out_tile)
+            for kh in range(p.ph):
+                a = at.band + kh * m * p.pw * es
+                for j, nc in tiles:
+                    w = at.weights + (kh * at.pitch + j * p.pw) * es
+                    em.b.mx_preload(em.reg(w), p.pw, nc, self.mm_dt.name)
+                    (em.b.mx_mm if t.c == 0 and kh == 0 else em.b.mx_mma)(*em.regs(t.acc + j * m * 4, a), m)
+            if not last:
+                return
+            flags = "_".join(name for name, on in (("bias", bias), ("pc", table)) if on) or "none"
+            for j, nc in tiles:
+                mult, shift = (table + j * 8, 0) if table else self.ep.requant
+                regs = em.regs(bias + j * 4 if bias else 0, 0, mult)
+                em.b.ep_cfg(*regs, shift, Activation.none, flags, self.ep.drain_dtype)
+                acc = t.acc + j * m * 4
+                if self.tail is None and not self.tiling.by_row:
+                    em.b.mx_drain(*em.regs(target(0, j), acc), m, nc)
+                    continue
+                for r in range(m):
+                    em.b.mx_drain(*em.regs(target(r, j), acc + r * nc * 4), 1, nc)
 
-        compute = [(Unit.vector, regroup)] if band_load else []
+        compute = [(Unit.vector, lambda em: self.regroup(em, at))] if regroup else []
         compute.append((Unit.matrix, matmul))
-        return Step(loads, compute, [(out_tile, dest)] if last else [])
+        if self.tail is not None and last and t.last_group:
+            tail_loads, tail_emit, tail_stores = self.tail_step(arena, at)
+            loads += tail_loads
+            compute.append((Unit.vector, tail_emit))
+            stores += tail_stores
+        return Step(loads, compute, stores)
 
-    def regroup(self, em: Emitter, t: _Tile, raw: int) -> None:
-        """The band's input rows [C, rows, ph, W] as [ph, C, rows, OW * pw] in the matrix dtype, one vector pass per
+    def regroup(self, em: Emitter, at: _Where) -> None:
+        """The channel's input rows [rows, ph, W] as [ph, rows, OW * pw] in the matrix dtype, one vector pass per
         input row (the int8 path's quantization of a float input is that pass)."""
-        p, in_es = self.p, 4 if self.quantize is not None else self.mm_dt.size
-        n, es = p.ow * p.pw, self.mm_dt.size
+        p, n, es = self.p, self.p.ow * self.p.pw, self.mm_dt.size
         inv = f32_bits(1.0 / self.quantize) if self.quantize is not None else 0
-        for c in range(p.c):
-            for r in range(t.rows):
-                for kh in range(p.ph):
-                    src = raw + ((c * t.rows + r) * p.ph + kh) * p.w * in_es
-                    dst = t.band + ((kh * p.c + c) * t.rows + r) * n * es
-                    if self.quantize is not None:
-                        em.b.v_qnt(*em.regs(dst, src, inv), n)
-                    else:
-                        em.b.v_copy(*em.regs(dst, src), n, self.mm_dt.name)
+        for r in range(at.rows):
+            for kh in range(p.ph):
+                src = at.raw + (r * p.ph + kh) * p.w * self.in_dt.size
+                dst = at.band + (kh * at.rows + r) * n * es
+                if self.quantize is not None:
+                    em.b.v_qnt(*em.regs(dst, src, inv), n)
+                else:
+                    em.b.v_copy(*em.regs(dst, src), n, self.mm_dt.name)
 
-    def drain(self, em: Emitter, t: _Tile, bias: int, table: int, out_tile: int) -> None:
-        """acc [patches, nc] through bias and requantization into the token-major out tile."""
-        flags = "_".join(name for name, on in (("bias", bias), ("pc", table)) if on) or "none"
-        mult, shift = (table, 0) if table else self.ep.requant
-        em.b.ep_cfg(*em.regs(bias, 0, mult), shift, Activation.none, flags, self.ep.drain_dtype)
-        em.b.mx_drain(*em.regs(out_tile, t.acc), t.rows * self.p.ow, t.nc)
+    def tail_step(self, arena: TileArena, at: _Where) -> tuple[list, object, list]:
+        """The image's Concat (constant rows loaded beside the tokens; int8: the requantized tokens dequantized as
+        the reference does) and the chain after it, on the whole [T, Cout] tile: loads, vector emitter, stores."""
+        tail, cx, cout = self.tail, self.cx, self.p.cout
+        n = tail.rows * cout
+        addr = {v: arena.tile(n * 4) for v in tail.tiles} | {v: arena.tile(cout * 4) for v in tail.rows_in}
+        out = arena.tile(n * 4) if tail.chain else at.tokens
+        kept = {v: (at.tokens if v == tail.value else arena.tile(n * 4)) for v, _ in tail.kept}
+        loads = [(view.index((at.img,)), at.tokens + row * cout * 4) for view, row in tail.consts]
+        loads += [(view.index((at.img,)), addr[v]) for v, view in tail.tiles.items()]
+        loads += [(view, addr[v]) for v, view in tail.rows_in.items()]
+        stores = [(out, tail.out.index((at.img,)))] + [(kept[v], view.index((at.img,))) for v, view in tail.kept]
+
+        def emit(em: Emitter) -> None:
+            if self.scale is not None:
+                tokens, count = at.tokens + tail.first * cout * 4, self.p.oh * self.p.ow * cout
+                em.b.v_cvt(*em.regs(tokens, at.drained), count, "i8", "f32")
+                em.b.v_mul_vs(*em.regs(tokens, tokens, f32_bits(self.scale)), count, "f32")
+            if tail.chain:
+                inside = {v: a for v, a in kept.items() if v != tail.value}
+                ins = {tail.value: at.tokens, **addr}
+                emit_chain(cx, em, tail.chain, tail.table, ins, out, n, cout, stored=inside)
+
+        return loads, emit, stores

@@ -1,13 +1,14 @@
 """The patch-embedding GEMM (`patch_embed`): a patchify Conv + its token Reshape + Transpose as one kernel over the
-input's own rows. Random patch sizes, channels, image sizes (odd patch counts, leftover rows and columns), batch,
-bias or none, race-checked, against the numpy reference (fp32 within 1e-5) and the quantized reference (int8
-bit-exact); its matrix work and DRAM traffic counted from the kernel."""
+input's own rows, optionally with the class-token Concat and the chain after it (position embedding Add,
+LayerNorm). Random patch sizes, channels, image sizes (odd patch counts, leftover rows and columns), batch, bias,
+class tokens and schedules, race-checked, against the numpy reference (fp32 within 1e-5) and the quantized
+reference (int8: integer outputs bit-exact, float outputs within 1e-5); matrix work and DRAM traffic counted."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import assert_reference, context, run_group
+from engine_helpers import context, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,17 +16,21 @@ from fusion.engine.candidates import enumerate_candidates
 from fusion.engine.codegen.patch_embed import find_patch_embeds, pack_patch_weights, patchify
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
+from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ir import Graph
 from fusion.graph.ops import OpType
 
 PATCH = "patch_embed"
+TAILS = ("none", "concat", "add", "layernorm")  # how much of a ViT's embedding follows the tokens
 
 
-def patch_graph(n, c, cout, size, patch, bias, seed=0, tail=True) -> Graph:
+def patch_graph(n, c, cout, size, patch, bias, seed=0, tail="none", classes=(1, 0)) -> Graph:
     """x[n, c, *size] -> Conv(kernel = stride = patch) -> Reshape(n, cout, patches) -> Transpose(0, 2, 1)
-    (`size`/`patch` of length 1: a 1-D conv, no Reshape) -> Relu, so the tokens are not the graph output."""
+    (`size`/`patch` of length 1: a 1-D conv, no Reshape) [-> Concat(class rows before, tokens, rows after)
+    -> Add(position embedding) -> LayerNorm], then a Relu of the last value (plus, after a LayerNorm, the sum it
+    normalised: a value read outside the kernel, as a pre-LN block's residual)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("patchify")
     x = b.input("x", (n, c, *size))
@@ -35,28 +40,57 @@ def patch_graph(n, c, cout, size, patch, bias, seed=0, tail=True) -> Graph:
         args.append(b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), "b"))
     zeros = (0,) * (2 * len(patch))
     h = b.op(OpType.Conv, *args, name="conv", strides=patch, pads=zeros, dilations=(1,) * len(patch), group=1)
+    out = [s // p for s, p in zip(size, patch, strict=True)]
     if len(patch) == 2:
-        out = [s // p for s, p in zip(size, patch, strict=True)]
         h = b.op(OpType.Reshape, h, name="flat", shape=(n, cout, out[0] * out[1]))
     h = b.op(OpType.Transpose, h, name="tokens", perm=(0, 2, 1))
-    b.output(b.op(OpType.Relu, h, name="relu") if tail else h)
+    if tail != "none":
+        rows = [
+            b.constant(rng.standard_normal((n, k, cout)).astype(np.float32), f"cls{i}")
+            for i, k in enumerate(classes)
+            if k
+        ]
+        before = rows[:1] if classes[0] else []
+        h = b.op(OpType.Concat, *before, h, *rows[len(before) :], name="cat", axis=1)
+    total = int(np.prod(out)) + sum(classes)
+    if tail in ("add", "layernorm"):
+        pos = b.constant(rng.standard_normal((1, total, cout)).astype(np.float32), "pos")
+        h = b.op(OpType.Add, h, pos, name="add")
+    if tail == "layernorm":
+        gamma = b.constant((1 + 0.1 * rng.standard_normal(cout)).astype(np.float32), "gamma")
+        beta = b.constant((0.1 * rng.standard_normal(cout)).astype(np.float32), "beta")
+        ln = b.op(OpType.LayerNorm, h, gamma, beta, name="ln", axis=2, epsilon=1e-6)
+        h = b.op(OpType.Add, b.op(OpType.Relu, ln, name="relu"), h, name="residual")
+    else:
+        h = b.op(OpType.Relu, h, name="relu")
+    b.output(h)
     return b.build()
 
 
-def _run(graph: Graph, dtype: str, seed: int = 1):
+def _group(graph: Graph, tail: str) -> tuple[str, ...]:
+    """The candidate ending at the requested tail (`find_patch_embeds` lists every prefix)."""
+    last = {"none": "tokens", "concat": "cat", "add": "add", "layernorm": "ln"}[tail]
+    (names,) = [m for m in find_patch_embeds(graph) if m[-1] == last]
+    return names
+
+
+def _run(graph: Graph, dtype: str, tail: str = "none", resident: bool = False, seed: int = 1):
     rng = np.random.default_rng(seed)
     inputs = {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
     mc = context(graph, inputs, dtype)
-    (names,) = find_patch_embeds(graph)
-    kernel, run, env = run_group(mc, Group(names, PATCH), inputs)  # race-checked
-    assert_reference(run.outputs, env, "tokens", dtype, 1e-5)
+    kernel, run, env = run_group(mc, Group(_group(graph, tail), PATCH, resident_a=resident), inputs)  # checked
+    assert run.outputs, "the kernel stored nothing"
+    for value, got in run.outputs.items():
+        if got.dtype == np.float32:
+            np.testing.assert_allclose(got, env[value], rtol=1e-5, atol=1e-5, err_msg=value)
+        else:
+            np.testing.assert_array_equal(got, env[value], err_msg=value)
     return mc, kernel, run
 
 
 @st.composite
 def patchify_shapes(draw):
-    two_d = draw(st.booleans())
-    dims = 2 if two_d else 1
+    dims = draw(st.sampled_from((1, 2)))
     patch = tuple(draw(st.integers(1, 16)) for _ in range(dims))
     out = tuple(draw(st.integers(1, 5)) for _ in range(dims))
     extra = tuple(draw(st.integers(0, p - 1)) for p in patch)  # rows/columns past the last patch
@@ -65,39 +99,68 @@ def patchify_shapes(draw):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=patchify_shapes(), bias=st.booleans())
-def test_every_patchify_conv_matches_the_reference(dtype: str, shape: tuple, bias: bool) -> None:
-    _run(patch_graph(*shape, bias), dtype)
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=patchify_shapes(),
+    bias=st.booleans(),
+    tail=st.sampled_from(TAILS),
+    classes=st.sampled_from(((1, 0), (2, 0), (1, 1), (0, 1))),
+    resident=st.booleans(),
+)
+def test_every_patchify_conv_and_embedding_tail_matches_the_reference(dtype, shape, bias, tail, classes, resident):
+    graph = patch_graph(*shape, bias, tail=tail, classes=classes)
+    try:
+        _run(graph, dtype, tail, resident)
+    except CodegenError as err:  # the resident schedule refuses what does not fit; nothing else may refuse
+        assert resident and "resident" in str(err)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_vit_patch_embedding_is_one_preload_per_channel_row_and_cout_tile(dtype: str) -> None:
+@pytest.mark.parametrize("resident", [False, True])
+def test_vit_patch_embedding_is_one_preload_and_matmul_per_channel_row_and_cout_tile(dtype, resident) -> None:
     """ViT at 32x32, patch 8, 3 -> 64 channels, 16 patches: 3 x 8 preloads per Cout tile of 16, each followed by
     one matmul of all 16 patches; the input read once, the weight once, only the tokens written."""
     graph = patch_graph(1, 3, 64, (32, 32), (8, 8), True)
-    mc, kernel, run = _run(graph, dtype)
+    mc, kernel, run = _run(graph, dtype, resident=resident)
     feats = kernel_features(mc, kernel, zero_tile_fraction=0.0)
-    assert feats.preloads == 4 * 3 * 8
-    assert feats.matmuls == 4 * 3 * 8 and feats.matmul_rows == 4 * 3 * 8 * 16
+    assert feats.preloads == feats.matmuls == 4 * 3 * 8 and feats.matmul_rows == 4 * 3 * 8 * 16
     es = 1 if dtype == "int8" else 4
     assert run.dram_write_bytes == 16 * 64 * es
     table = 64 * 8 if dtype == "int8" else 0  # int8: the per-channel requantizer
     assert run.dram_read_bytes == 3 * 32 * 32 * 4 + 64 * 3 * 64 * es + 64 * 4 + table
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_vit_embedding_stores_only_the_sum_and_its_layernorm(dtype) -> None:
+    """Conv .. Concat(class token) + position Add + LayerNorm as one kernel: it writes the two values read
+    outside (the sum, for the residual, and the LayerNorm), 17 x 64 float32 each, and no token tensor."""
+    graph = patch_graph(1, 3, 64, (32, 32), (8, 8), True, tail="layernorm")
+    _, _, run = _run(graph, dtype, "layernorm", resident=True)
+    assert set(run.outputs) == {"add", "ln"}
+    assert run.dram_write_bytes == 2 * 17 * 64 * 4
+
+
 def test_an_odd_token_count_and_leftover_pixels() -> None:
-    """197-token-like odd shapes: 7 x 3 patches of 5 x 6 from a 37 x 20 image (2 rows and 2 columns unused)."""
-    _run(patch_graph(1, 3, 20, (37, 20), (5, 6), True), "int8")
+    """Odd shapes: 7 x 3 patches of 5 x 6 from a 37 x 20 image (2 rows and 2 columns unused), two batches."""
+    _run(patch_graph(2, 3, 20, (37, 20), (5, 6), True, tail="layernorm", classes=(1, 1)), "int8", "layernorm")
 
 
-def test_pack_patch_weights_holds_a_steps_weights_contiguously() -> None:
+def test_a_large_image_runs_in_bands_with_weights_per_step() -> None:
+    """Patch 16 on a 112 x 112 image, 20 output channels, fp32: the image does not fit a slot beside its regrouped
+    copy, so it runs in bands of patch rows (rotating over the slots) with each step's weights loaded by it."""
+    graph = patch_graph(1, 3, 20, (112, 112), (16, 16), False)
+    mc = context(graph, {}, "fp32")
+    with pytest.raises(CodegenError, match="resident"):
+        build_kernel(mc, Group(_group(graph, "none"), PATCH, resident_a=True))
+    _run(graph, "fp32")
+
+
+def test_pack_patch_weights_holds_a_kernel_rows_weights_of_every_cout_tile_contiguously() -> None:
     w = np.arange(20 * 3 * 2 * 4, dtype=np.float32).reshape(20, 3, 2, 4)
-    flat = pack_patch_weights(w, 16)
-    assert flat.size == w.size
-    # second Cout tile (channels 16..19, width 4), input channel 2, kernel row 1: a [kw, width] tile
-    start = 16 * 3 * 2 * 4 + (2 * 2 + 1) * 4 * 4
-    np.testing.assert_array_equal(flat[start : start + 16].reshape(4, 4), w[16:20, 2, 1, :].T)
+    flat = pack_patch_weights(w, 16).reshape(3 * 2, 20 * 4)  # [C * ph, Cout * pw]
+    row = flat[2 * 2 + 1]  # input channel 2, kernel row 1
+    np.testing.assert_array_equal(row[: 16 * 4].reshape(4, 16), w[:16, 2, 1, :].T)  # Cout tile 0: [pw, 16]
+    np.testing.assert_array_equal(row[16 * 4 :].reshape(4, 4), w[16:, 2, 1, :].T)  # tile 1: [pw, 4]
 
 
 def _conv(strides=(4, 4), pads=(0, 0, 0, 0), group=1) -> Graph:
@@ -109,17 +172,18 @@ def _conv(strides=(4, 4), pads=(0, 0, 0, 0), group=1) -> Graph:
 
 
 def test_only_non_overlapping_unpadded_patches_are_taken() -> None:
-    graph = patch_graph(1, 3, 16, (8, 8), (4, 4), False)
-    assert find_patch_embeds(graph) == [("conv", "flat", "tokens")]
+    graph = patch_graph(1, 3, 16, (8, 8), (4, 4), False, tail="layernorm")
+    found = find_patch_embeds(graph)
+    assert ("conv", "flat", "tokens") in found and ("conv", "flat", "tokens", "cat", "add", "ln") in found
     assert any(c.family == PATCH for c in enumerate_candidates(graph))
     assert find_patch_embeds(_conv()) == []  # NCHW out: no token layout to absorb
-    for graph, reason in (
+    for bad, reason in (
         (_conv(strides=(2, 2)), "non-overlapping"),
         (_conv(pads=(1, 1, 1, 1)), "non-overlapping"),
         (_conv(group=3), "grouped"),
     ):
         with pytest.raises(CodegenError, match=reason):
-            patchify(graph, context(graph, {}, "fp32").config, graph.node("conv"))
+            patchify(bad, context(bad, {}, "fp32").config, bad.node("conv"))
 
 
 def test_a_patch_wider_than_the_array_is_refused_with_its_reason() -> None:
@@ -127,3 +191,13 @@ def test_a_patch_wider_than_the_array_is_refused_with_its_reason() -> None:
     mc = context(graph, {}, "fp32")
     with pytest.raises(CodegenError, match="patch width 20 exceeds the array's 16"):
         patchify(graph, mc.config, graph.node("conv"))
+
+
+def test_a_token_tail_wider_than_a_vector_register_is_refused() -> None:
+    """The tail holds an image's [T, Cout] in one register (4096 elements on base): 65 x 64 is refused, the
+    kernel without the tail still builds (the planner then runs the Concat and the chain apart)."""
+    graph = patch_graph(1, 3, 64, (64, 64), (8, 8), False, tail="add")
+    mc = context(graph, {}, "fp32")
+    with pytest.raises(CodegenError, match="exceed a vector register"):
+        build_kernel(mc, Group(_group(graph, "add"), PATCH))
+    build_kernel(mc, Group(_group(graph, "none"), PATCH))
