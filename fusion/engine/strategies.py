@@ -171,7 +171,7 @@ def _attention(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_c
 
 
 def _patch_embed(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
-    return [patch_embed_steps(cx, nodes)]
+    return [patch_embed_steps(cx, nodes, group.resident_a)]
 
 
 def _gated(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
@@ -351,6 +351,11 @@ def _siblings_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Grou
     return [Group(cand.nodes, s.name, panels=p) for p in (2, 0)] if cand.family == "siblings" else []
 
 
+def _patch_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """Weights streamed per step, or all resident in the spare bank (`codegen.patch_embed`)."""
+    return [Group(cand.nodes, s.name, resident_a=r) for r in (False, True)] if cand.family in s.families else []
+
+
 def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "epilogue") -> list[Group]:
     """Distinct GEMM schedules: batch flattening, row tiles, weight panels per step, A-stationary order."""
     graph, n_arr = mc.graph, mc.config.array_size
@@ -427,7 +432,9 @@ REGISTRY: Mapping[str, Strategy] = {
             dram_forms=_conv_chain_forms,
         ),
         # a patchify Conv (+ its token Reshape + Transpose) as one GEMM over the input's own rows (ViT patches)
-        Strategy("patch_embed", _patch_embed, "other", ("patch_embed",), dram_forms=_patch_forms),
+        Strategy(
+            "patch_embed", _patch_embed, "other", ("patch_embed",), schedules=_patch_space, dram_forms=_patch_forms
+        ),
         # spread: RMS error over the 15 attention kernels of bench/results/attention.md (it under-predicts all of
         # them: their steps run their segments in series, which the stage-overlap composition does not see)
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.64),
