@@ -26,7 +26,7 @@ as NCHW by transposing loads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -169,12 +169,17 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
     rows = largest_fitting(s.out[0], lambda r: fits(r, [widest]))
     if rows == 0:
         raise CodegenError(f"one output row of one K piece does not fit a buffer slot ({probe.spad.size} bytes)")
+    return Tiling(rows, tn, k_groups(every, lambda group: fits(rows, group)), False)
+
+
+def k_groups(every: Sequence[Piece], fits: Callable[[list[Piece]], bool]) -> tuple[tuple[Piece, ...], ...]:
+    """The pieces in order, cut into the longest runs (K groups) that `fits` accepts (a piece alone always)."""
     groups: list[list[Piece]] = [[]]
     for p in every:
-        if groups[-1] and not fits(rows, [*groups[-1], p]):
+        if groups[-1] and not fits([*groups[-1], p]):
             groups.append([])
         groups[-1].append(p)
-    return Tiling(rows, tn, tuple(tuple(g) for g in groups), False)
+    return tuple(tuple(g) for g in groups)
 
 
 def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:

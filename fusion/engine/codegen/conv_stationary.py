@@ -13,7 +13,13 @@ input is already the matrix dtype needs no channels-last copy: its A^T pieces ar
 NCHW input, a band any N pixels, and out^T goes straight to the output.
 
 Weights are packed at compile time piece-major ([group][piece][Cout/group][k], `pack_pieces`), so each step's
-weights are one contiguous DMA.
+weights are one contiguous DMA (one strided DMA for a chunk of the output channels).
+
+With one band's A^T resident, every band reads all the weights (resnet18 224 layer4.0.conv1: 4 bands, 4.7 of its
+5.2 MB). When it moves fewer bytes (`traffic`), the kernel instead passes over several bands of an image per read
+of the weights (`Tiling.bands`): each step loads its K group's A^T of every band of the pass beside the group's
+weights for a chunk of output channels and accumulates each band in its own accumulator rows, so the weights are
+read once per pass and A^T once per chunk (layer4.0.conv1: 444,415 -> 332,236 cycles, 5.21 -> 2.49 MB).
 """
 
 from __future__ import annotations
@@ -24,7 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.engine.codegen.conv import Epilogue, conv_epilogue, conv_shape, pack_taps
-from fusion.engine.codegen.conv_packed import Piece, channels_last_phases, channels_last_view, pieces, stream_rows
+from fusion.engine.codegen.conv_packed import (
+    Piece,
+    channels_last_phases,
+    channels_last_view,
+    k_groups,
+    pieces,
+    stream_rows,
+)
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
@@ -88,6 +101,20 @@ class Tiling:
     rows: int  # output rows per band
     nc: int  # output channels per step (rows streamed)
     groups: tuple[tuple[Piece, ...], ...]  # the K pieces of each step
+    # bands per pass over the weights: 1, each band's A^T stays resident while all the weights stream past it
+    # (the weights read once per band); more, each step loads its K group's A^T of that many bands beside the
+    # group's weights and accumulates every band's out^T (the weights read once per pass, A^T once per Cout chunk)
+    bands: int = 1
+
+
+def traffic(s: ConvGeometry, tiling: Tiling, m: int, es: int) -> int:
+    """DRAM bytes of a tiling's weight and A^T reads (the rest does not depend on it)."""
+    total = s.n * s.groups * -(-s.out[0] // tiling.rows)
+    weights = s.taps * s.cg * s.cout * es
+    patch = total * s.taps * s.cg * m * es
+    if tiling.bands == 1:
+        return weights * total + patch
+    return weights * -(-total // tiling.bands) + patch * -(-s.coutg // tiling.nc)
 
 
 def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, direct: bool = False) -> Tiling:
@@ -111,12 +138,36 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, direct: boo
     nc = largest_fitting(min(s.coutg, MAX_ROWS), lambda c: fits(c, every[:1], rows))
     if nc == 0:
         raise CodegenError(f"a band's A^T ({a_bytes} bytes) and one output channel do not fit a buffer slot")
-    groups: list[list[Piece]] = [[]]
-    for p in every:
-        if groups[-1] and not fits(nc, [*groups[-1], p], rows):
-            groups.append([])
-        groups[-1].append(p)
-    return Tiling(rows, nc, tuple(tuple(g) for g in groups))
+    resident = Tiling(rows, nc, k_groups(every, lambda group: fits(nc, group, rows)))
+    passes = (
+        []
+        if direct or s.groups > 1
+        else [t for b in range(2, _bands(s, rows) + 1) if (t := _pass(cfg, s, mm_dt, rows, b))]
+    )
+    return min([resident, *passes], key=lambda t: (traffic(s, t, m, mm_dt.size), -t.bands))
+
+
+def _bands(s: ConvGeometry, rows: int) -> int:
+    """Bands of one image."""
+    return -(-s.out[0] // rows)
+
+
+def _pass(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, rows: int, bands: int) -> Tiling | None:
+    """A tiling streaming each K group's A^T of `bands` bands beside its weights (`Tiling.bands`), or None when
+    its accumulators leave fewer than 2N output channels per step (each preload would no longer hide behind the
+    rows streamed through the previous one)."""
+    n, probe, m = cfg.array_size, TileArena(cfg, 0), stream_rows(s, rows)
+
+    def fits(nc: int, group: Sequence[Piece]) -> bool:
+        k = sum(p.k for p in group)
+        step = [k * m * mm_dt.size] * bands + [k * nc * mm_dt.size, nc * 4, nc * 8] + [nc * m * 4] * bands
+        return probe.fits(step, [bands * nc * m * 4])
+
+    every = pieces(s, n)
+    nc = largest_fitting(min(s.coutg, MAX_ROWS), lambda c: fits(c, every[:1]))
+    if nc < min(s.coutg, 2 * n):
+        return None
+    return Tiling(rows, nc, k_groups(every, lambda group: fits(nc, group)), bands)
 
 
 def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
@@ -150,7 +201,33 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
     a_sizes = [size * m * mm_dt.size for size in ([p.k for p in k.every] if direct else row_runs(s))]
     steps: list[Step] = []
     accs = 0
-    for b, (img, g, oh0, rows) in enumerate(bands):
+
+    def dest(b: int, c0: int, nc: int) -> View:
+        """Where band b's out^T rows [c0, c0 + nc) go."""
+        img, g, oh0, rows = bands[b]
+        if direct:
+            flat = out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
+            return flat.index((img,)).slice(0, g * s.coutg + c0, nc).slice(1, oh0, rows)
+        if tiling.rows == 1:
+            return _output_row(nchw, img, g * s.coutg + c0, nc, oh0)
+        return scratch.index((b,)).slice(0, c0, nc).slice(1, 0, stream_rows(s, rows))
+
+    if tiling.bands > 1:  # passes of `bands` bands of one image, each K group's A^T loaded with its weights
+        per_image = _bands(s, tiling.rows)
+        passes = [
+            list(range(i * per_image + j, i * per_image + min(j + tiling.bands, per_image)))
+            for i in range(s.n)
+            for j in range(0, per_image, tiling.bands)
+        ]
+        for members in passes:
+            for c0, nc in k_slices(s.coutg, tiling.nc):
+                acc = TileArena(cfg, accs, cx.rotation).acc_tile(len(members) * nc * m * 4)
+                accs += 1
+                for gi in range(len(tiling.groups)):
+                    arena = TileArena(cfg, len(steps), cx.rotation)
+                    tiles = [_Tile(*bands[b], c0, nc, gi, acc + i * nc * m * 4) for i, b in enumerate(members)]
+                    steps.append(k.pass_step(arena, tiles, [dest(b, c0, nc) for b in members]))
+    for b, (img, g, oh0, rows) in enumerate(bands if tiling.bands == 1 else []):
         band = TileArena(cfg, b, cx.rotation)
         a_tiles = [band.tile(size) for size in a_sizes]
         for c0, nc in k_slices(s.coutg, tiling.nc):
@@ -161,17 +238,7 @@ def stationary_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step
                 for size in a_sizes:  # every step keeps clear the bytes a band's A^T tiles use
                     arena.tile(size)
                 first = c0 == 0 and gi == 0
-                dest = (
-                    out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
-                    .index((img,))
-                    .slice(0, g * s.coutg + c0, nc)
-                    .slice(1, oh0, rows)
-                    if direct
-                    else _output_row(nchw, img, g * s.coutg + c0, nc, oh0)
-                    if tiling.rows == 1
-                    else scratch.index((b,)).slice(0, c0, nc).slice(1, 0, stream_rows(s, rows))
-                )
-                steps.append(k.step(arena, _Tile(img, g, oh0, rows, c0, nc, gi, acc), a_tiles, first, dest))
+                steps.append(k.step(arena, _Tile(img, g, oh0, rows, c0, nc, gi, acc), a_tiles, first, dest(b, c0, nc)))
     phases.append(steps)
     if tiling.rows > 1 and not direct:
         phases.append(_drop_positions(cx, s, tiling.rows, bands, scratch, nchw))
@@ -238,34 +305,18 @@ class _Kernel:
         return tiles[index] + (p.row - start) * m * self.mm_dt.size
 
     def step(self, arena: TileArena, t: _Tile, a_tiles: list[int], first: bool, dest: View) -> Step:
-        s, es, group = self.s, self.mm_dt.size, self.tiling.groups[t.kgroup]
-        m, kt = self.m(t), s.taps * s.cg
+        es, group = self.mm_dt.size, self.tiling.groups[t.kgroup]
+        m = self.m(t)
         w_tile = arena.tile(sum(p.k for p in group) * t.nc * es)
         last = t.kgroup == len(self.tiling.groups) - 1
-        col = t.g * s.coutg + t.c0
-        bias = arena.tile(t.nc * 4) if last and self.ep.bias is not None else 0
-        table = arena.tile(t.nc * 8) if last and self.ep.table is not None else 0
-        scales = arena.tile(t.nc * 4) if last and self.ep.scales is not None else 0
-        out_es = 4 if scales else 1  # a dequantizing conv's f32 out, else int8
-        out_tile = arena.tile(t.nc * m * out_es) if last and self.acc_dt is DType.i32 else t.acc
+        bias, table, scales = self._epilogue_tiles(arena, t) if last else (0, 0, 0)
+        out_tile = self._out_tile(arena, t, m, (bias, table, scales)) if last else t.acc
 
         def load(em: Emitter) -> None:
             if first:
                 self.a_loads(em, t, a_tiles)
-            # the group's pieces for channels [c0, c0 + nc): one contiguous run for all of them when nc is all
-            # of the group's channels, else one per piece
-            runs = [group] if t.nc == s.coutg else [[p] for p in group]
-            local = w_tile
-            for run in runs:
-                count = sum(p.k for p in run) * t.nc
-                em.dma_load(self.weights.slice(0, (t.g * kt + run[0].row) * s.coutg + t.c0 * run[0].k, count), local)
-                local += count * es
-            if bias:
-                em.dma_load(self.ep.bias.slice(0, col, t.nc), bias)
-            if table:
-                em.dma_load(self.ep.table.slice(0, col, t.nc), table)
-            if scales:
-                em.dma_load(self.ep.scales.slice(0, col, t.nc), scales)
+            self.weight_loads(em, t, w_tile)
+            self.epilogue_loads(em, t, (bias, table, scales))
 
         def matmul(em: Emitter) -> None:
             local = w_tile
@@ -275,24 +326,123 @@ class _Kernel:
                 local += t.nc * p.k * es
 
         def epilogue(em: Emitter) -> None:
-            n, dt = t.nc * m, self.acc_dt.name
-            if bias:
-                em.b.v_add_vc(*em.regs(t.acc, t.acc, bias), n, m, dt)
-            if self.ep.act is Activation.relu:
-                em.b.v_relu(*em.regs(t.acc, t.acc), n, dt)
-            if table:
-                em.b.v_rqnt_vc(*em.regs(out_tile, t.acc, table), n, m)
-            elif scales:  # f32(acc + bias) * the row's channel scale, as the quantized reference dequantizes
-                em.b.v_cvt(*em.regs(out_tile, t.acc), n, "i32", "f32")
-                em.b.v_mul_vc(*em.regs(out_tile, out_tile, scales), n, m, "f32")
-            elif self.acc_dt is DType.i32:
-                mult, shift = self.ep.requant
-                em.b.v_rqnt(*em.regs(out_tile, t.acc, mult), shift, n)
+            self.epilogue(em, t, m, (bias, table, scales), out_tile)
 
         compute = [(Unit.load, load), (Unit.matrix, matmul)]
         if last:
             compute.append((Unit.vector, epilogue))
         return Step([], compute, [(out_tile, dest)] if last else [])
+
+    def pass_step(self, arena: TileArena, tiles: list[_Tile], dests: list[View]) -> Step:
+        """One K group x Cout chunk of a pass (`Tiling.bands`): the group's A^T of every band of the pass (one
+        transposing DMA per band and run of the group's pieces in one kernel row) and its weights, each band's
+        pieces preloaded in turn and the weights streamed through them into the band's accumulator rows."""
+        s, es, t0 = self.s, self.mm_dt.size, tiles[0]
+        group = self.tiling.groups[t0.kgroup]
+        k = sum(p.k for p in group)
+        full = stream_rows(s, self.tiling.rows)
+        a_tiles = [arena.tile(k * full * es) for _ in tiles]
+        w_tile = arena.tile(k * t0.nc * es)
+        last = t0.kgroup == len(self.tiling.groups) - 1
+        epi = self._epilogue_tiles(arena, t0) if last else (0, 0, 0)
+        outs = [self._out_tile(arena, t, full, epi) if last else t.acc for t in tiles]
+
+        def load(em: Emitter) -> None:
+            for t, tile in zip(tiles, a_tiles, strict=True):
+                self.group_loads(em, t, group, tile)
+            self.weight_loads(em, t0, w_tile)
+            self.epilogue_loads(em, t0, epi)
+
+        def matmul(em: Emitter) -> None:
+            for t, tile in zip(tiles, a_tiles, strict=True):
+                m, local = self.m(t), w_tile
+                for i, p in enumerate(group):
+                    em.b.mx_preload(em.reg(tile + (p.row - group[0].row) * m * es), p.k, m, self.mm_dt.name)
+                    (em.b.mx_mma if t.kgroup or i else em.b.mx_mm)(*em.regs(t.acc, local), t.nc)
+                    local += t.nc * p.k * es
+
+        def epilogue(em: Emitter) -> None:
+            for t, out_tile in zip(tiles, outs, strict=True):
+                self.epilogue(em, t, self.m(t), epi, out_tile)
+
+        compute = [(Unit.load, load), (Unit.matrix, matmul)]
+        if last:
+            compute.append((Unit.vector, epilogue))
+        return Step([], compute, list(zip(outs, dests, strict=True)) if last else [])
+
+    def group_loads(self, em: Emitter, t: _Tile, group: Sequence[Piece], tile: int) -> None:
+        """A^T of a K group over band t into `tile` ([k, M] per piece, back to back): pieces adjacent in X (one
+        kernel row's consecutive runs) come in by one transposing DMA."""
+        s, es, m = self.s, self.mm_dt.size, self.m(t)
+        runs: list[list[Piece]] = []
+        for p in group:
+            if runs and runs[-1][-1].kh == p.kh and runs[-1][-1].offset + runs[-1][-1].k == p.offset:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        local = tile
+        for run in runs:
+            phase, down = s.row_phase(run[0].kh)
+            start = self.x.index((0, t.img, phase, t.oh0 + down)).address + (run[0].offset + t.g * s.cg) * es
+            count = sum(p.k for p in run)
+            for c0 in range(0, count, MAX_COLS):
+                cols = min(MAX_COLS, count - c0)
+                regs = em.regs(local + c0 * m * es, start + c0 * es, s.strides[1] * s.c * es)
+                em.b.dma_ldt(*regs, m, cols, self.mm_dt.name)
+            local += count * m * es
+
+    def weight_loads(self, em: Emitter, t: _Tile, w_tile: int) -> None:
+        """The K group's weights for channels [c0, c0 + nc): one contiguous run for all its pieces when nc is all
+        of the group's channels, else one per piece."""
+        s, es, group = self.s, self.mm_dt.size, self.tiling.groups[t.kgroup]
+        kt = s.taps * s.cg
+        if t.nc == s.coutg:  # the group's pieces are one contiguous run
+            runs = [group]
+        elif len({p.k for p in group}) == 1:  # one strided DMA: a [nc, k] block per piece, coutg * k apart
+            k = group[0].k
+            start = self.weights.slice(0, (t.g * kt + group[0].row) * s.coutg + t.c0 * k, 1).address
+            em.dma_load(View(start, (len(group), t.nc * k), (s.coutg * k * es, es), self.mm_dt), w_tile)
+            return
+        else:
+            runs = [[p] for p in group]
+        local = w_tile
+        for run in runs:
+            count = sum(p.k for p in run) * t.nc
+            em.dma_load(self.weights.slice(0, (t.g * kt + run[0].row) * s.coutg + t.c0 * run[0].k, count), local)
+            local += count * es
+
+    def _epilogue_tiles(self, arena: TileArena, t: _Tile) -> tuple[int, int, int]:
+        """Bias, requantizer table and dequantizing scales tiles of a last K group's step (0 = none)."""
+        bias = arena.tile(t.nc * 4) if self.ep.bias is not None else 0
+        table = arena.tile(t.nc * 8) if self.ep.table is not None else 0
+        scales = arena.tile(t.nc * 4) if self.ep.scales is not None else 0
+        return bias, table, scales
+
+    def _out_tile(self, arena: TileArena, t: _Tile, m: int, epi: tuple[int, int, int]) -> int:
+        """The epilogue's output tile (int8 or a dequantizing conv's f32), or the accumulator itself (fp32)."""
+        return arena.tile(t.nc * m * (4 if epi[2] else 1)) if self.acc_dt is DType.i32 else t.acc
+
+    def epilogue_loads(self, em: Emitter, t: _Tile, epi: tuple[int, int, int]) -> None:
+        col = t.g * self.s.coutg + t.c0
+        for tile, view in zip(epi, (self.ep.bias, self.ep.table, self.ep.scales), strict=True):
+            if tile:
+                em.dma_load(view.slice(0, col, t.nc), tile)
+
+    def epilogue(self, em: Emitter, t: _Tile, m: int, epi: tuple[int, int, int], out_tile: int) -> None:
+        """Bias per row, ReLU, then per-channel requantization (or dequantization) of out^T [nc, m]."""
+        (bias, table, scales), n, dt = epi, t.nc * m, self.acc_dt.name
+        if bias:
+            em.b.v_add_vc(*em.regs(t.acc, t.acc, bias), n, m, dt)
+        if self.ep.act is Activation.relu:
+            em.b.v_relu(*em.regs(t.acc, t.acc), n, dt)
+        if table:
+            em.b.v_rqnt_vc(*em.regs(out_tile, t.acc, table), n, m)
+        elif scales:  # f32(acc + bias) * the row's channel scale, as the quantized reference dequantizes
+            em.b.v_cvt(*em.regs(out_tile, t.acc), n, "i32", "f32")
+            em.b.v_mul_vc(*em.regs(out_tile, out_tile, scales), n, m, "f32")
+        elif self.acc_dt is DType.i32:
+            mult, shift = self.ep.requant
+            em.b.v_rqnt(*em.regs(out_tile, t.acc, mult), shift, n)
 
 
 def _drop_positions(

@@ -4,6 +4,8 @@ patch preloaded and the weights streamed. Every conv variant it takes, race-chec
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from engine_helpers import assert_reference, context, conv_graph, run_group
@@ -13,8 +15,9 @@ from test_codegen_conv import convs  # the band schedule's conv variants
 
 from fusion.engine.codegen.conv import conv_shape
 from fusion.engine.codegen.conv_packed import pieces
-from fusion.engine.codegen.conv_stationary import choose_tiling, pack_pieces
+from fusion.engine.codegen.conv_stationary import choose_tiling, pack_pieces, traffic
 from fusion.engine.errors import CodegenError
+from fusion.engine.execute import run_kernel
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
@@ -59,6 +62,26 @@ def test_resnet_layer4_shape_streams_every_output_channel_per_preload(dtype: str
     feats = kernel_features(mc, kernel, zero_tile_fraction=0.0)
     assert feats.preloads == len(pieces(s, 16)) == 36
     assert feats.matmul_rows == 36 * 96
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_passes_over_several_bands_read_the_weights_once_per_pass(dtype: str) -> None:
+    """9x9 pixels, K = 9 x 128, Cout = 160: one band's A^T resident would read all the weights once per band (9
+    times); the tiling instead passes over 5 bands (then the last 4) with each step loading its K group's A^T of
+    those bands beside the group's weights for 91 (then 69) output channels, every band accumulated in its own
+    rows: DRAM reads at most the input, the weights once per pass and A^T once per Cout chunk (`traffic`), and
+    the epilogue's tables; against the reference, race-checked."""
+    graph, names = conv_graph(1, 128, 160, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
+    mm = DType.i8 if dtype == "int8" else DType.f32
+    mc = context(graph, {}, "fp32")
+    s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
+    tiling = choose_tiling(mc.config, s, mm)
+    assert (tiling.bands, tiling.rows, tiling.nc) == (5, 1, 91) and len(tiling.groups) > 1
+    resident = replace(tiling, bands=1)
+    assert traffic(s, tiling, 9, mm.size) < traffic(s, resident, 9, mm.size)
+    mc, kernel = _run(graph, names, dtype)
+    run = run_kernel(mc, kernel, {"x": np.zeros((1, 128, 9, 9), np.float32)})
+    assert run.dram_read_bytes <= traffic(s, tiling, 9, mm.size) + 128 * 81 * 4 + 4 * 160 * 12
 
 
 def test_pack_pieces_holds_each_pieces_rows_of_every_channel_contiguously() -> None:
