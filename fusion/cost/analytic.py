@@ -3,16 +3,20 @@
 Every formula is a call into `simulator.timing` (never a copy): DMA transfers, preloads, matmuls, drains and
 vector passes are charged at their average size, each unit's total is its busy time (the matrix unit's preloads
 and matmuls overlap as the pipelined array runs them, `timing.matrix_segment_cycles`, one segment per drain or
-step). A kernel's steps run as a
-software pipeline of stages load -> matrix -> vector -> store (a step's store waits for its compute, which waits
-for its loads): the busiest stage (or the DRAM channel the DMAs share, or instruction issue) sets the pace, and
-the other stages' share of one step does not overlap it; every fenced phase drains the pipeline and fills it
-again, so that share is paid once per phase (a one-step kernel runs its stages in series). In a kernel whose
-steps hand work back and forth between the matrix and vector units (`SERIAL_COMPUTE`: attention's scores, softmax
-and product with V on one dependency chain per head) the two units form one stage: within a step each waits for
-the other, and the next step's work, emitted after this one's, cannot hide under it. A zero-skip kernel's
-matrix work shrinks by the fraction of all-zero tiles it will skip. Energy counts the same events with the
-machine's per-event table.
+step). A kernel's steps run as a software pipeline of stages load -> matrix -> vector -> store (a step's store
+waits for its compute, which waits for its loads): the busiest stage (or the DRAM channel the DMAs share, or
+instruction issue) sets the pace, and the other stages' share of one step does not overlap it; every fenced
+phase drains the pipeline and fills it again, so that share is paid once per phase (a one-step kernel runs its
+stages in series). The program says what does not pipeline (`KernelFeatures`, counted by
+`fusion.engine.features`): the loads issued before the load unit's first token (a GEMM's resident activation, a
+padded input image, the first weight panel: the head) are paid alone before any step, and stand for the load
+stage's share of the fill; a fenced phase that hands no step to the main unit (a LayerNorm pass after a swapped
+GEMM, a copy) runs its loads, vector work and stores in series after the pipeline. In a kernel whose steps hand
+work back and forth between the matrix and vector units (`SERIAL_COMPUTE`: attention's scores, softmax and
+product with V on one dependency chain per head) the two units form one stage: within a step each waits for the
+other, and the next step's work, emitted after this one's, cannot hide under it. A zero-skip kernel's matrix work
+shrinks by the fraction of all-zero tiles it will skip. Energy counts the same events with the machine's
+per-event table.
 """
 
 from __future__ import annotations
@@ -42,62 +46,104 @@ def _avg(total: int, count: int) -> int:
 
 @dataclass(frozen=True)
 class UnitTimes:
-    load: float
+    load: float  # each unit's busy time over the whole kernel
     store: float
     matrix: float
     vector: float
     issue: float
     fill: float  # one DRAM access per fenced phase (a feature for learned models; `cycles` counts `phases`)
     steps: int
-    transfer: float  # cycles the shared DRAM channel moves bursts (loads and stores together)
-    phases: int = 1  # fenced phases: the pipeline drains and fills again at each
+    transfer: float  # cycles the shared DRAM channel moves the pipelined steps' bursts (loads and stores together)
+    phases: int = 1  # pipelined fenced phases: the pipeline drains and fills again at each
     serial_compute: bool = False  # the matrix and vector units work in series within a step (one stage)
+    head: float = 0.0  # the loads no step can start before (part of `load`): the pipeline's fill, paid alone
+    serial_load: float = 0.0  # the fenced phases without steps (part of `load`, `vector`, `store`): in series
+    serial_vector: float = 0.0
+    serial_store: float = 0.0
+    load_transfer: float = 0.0  # the pipelined loads' share of `transfer`
 
     @property
     def cycles(self) -> float:
-        """The pace of the busiest stage (or channel, or issue), plus the other stages' share of one step once per
-        phase."""
-        compute = (self.matrix + self.vector,) if self.serial_compute else (self.matrix, self.vector)
-        stages = (self.load, *compute, self.store)
+        """The head, then the pace of the busiest stage (or channel, or issue), plus the other stages' share of
+        one step once per phase (the head is the load stage's share), then the unpipelined phases in series."""
+        load, store = self.load - self.head - self.serial_load, self.store - self.serial_store
+        vector = self.vector - self.serial_vector
+        compute = (self.matrix + vector,) if self.serial_compute else (self.matrix, vector)
+        stages = (load, *compute, store)
         top, steps = max(stages), max(self.steps, 1)
+        pace = max(top, self.transfer, self.issue)
         restarts = min(max(self.phases, 1), steps)
         # the channel's time beyond the busiest stage is other stages' DMA traffic, already paid on the channel
-        rest = sum(stages) - top - max(0.0, self.transfer - top)
-        return max(top, self.transfer, self.issue) + rest * restarts / steps
+        rest = sum(stages) - top - (load if self.head and load < top else 0.0) - max(0.0, self.transfer - top)
+        fill = max(rest, 0.0) * restarts / steps
+        if steps > 1:
+            # a store's data waits while the channel moves a load's (the load unit wins a tie, `simulator.engine`):
+            # the store stage stretches by the loads' transfer time in the measure the load stage keeps the
+            # channel busy over the pipeline's time
+            pace = max(pace, store + self.load_transfer * min(1.0, load / (pace + fill)))
+        serial = self.serial_load + self.serial_vector + self.serial_store
+        return self.head + pace + fill + serial
 
 
 def _matmul_time(f: KernelFeatures, cfg: MachineConfig) -> int:
     """Preloads and matmuls on the pipelined array: an instruction waiting for the results (a drain, a streamed
     matmul, a step's hand-over to the other units) ends a segment (`KernelFeatures.matrix_segments`, counted from
     the program; a row without the count: one per drain or step); within one the tiles overlap as
-    `timing.matrix_segment_cycles` says, at the kernel's average sizes."""
+    `timing.matrix_segment_cycles` says, at the kernel's average sizes, the tiles shared out as evenly as they go
+    (some segments one more than others: rounding every segment up counted tiles the kernel does not have)."""
     if not f.matmuls:
         return f.preloads * timing.preload_cycles(cfg)
     tiles = max(f.preloads, 1)
     segments = min(max(f.matrix_segments or max(f.drains, f.steps), 1), tiles)
-    rows = _avg(f.matmul_rows, f.matmuls)
-    return segments * timing.matrix_segment_cycles(cfg, _avg(tiles, segments), _avg(f.matmuls, tiles), rows)
+    rows, per_tile = _avg(f.matmul_rows, f.matmuls), _avg(f.matmuls, tiles)
+    fewer, longer = divmod(tiles, segments)
+    return (segments - longer) * timing.matrix_segment_cycles(cfg, fewer, per_tile, rows) + (
+        longer * timing.matrix_segment_cycles(cfg, fewer + 1, per_tile, rows)
+    )
+
+
+def _dma_time(cfg: MachineConfig, transfers: int, bursts: int) -> int:
+    """A DMA unit's busy time for `transfers` moving `bursts` in all: each pays the access latency, the channel
+    moves the bursts."""
+    nbytes = bursts * cfg.burst_bytes
+    return transfers * timing.dma_cycles(cfg, 1, 0, 0) + timing.dma_transfer_cycles(cfg, 1, nbytes, nbytes)
+
+
+def _vector_time(cfg: MachineConfig, passes: int, elems: int, chain_ops: int) -> int:
+    return passes * timing.vector_cycles(cfg, _avg(elems, passes), VECTOR_LATENCY) + chain_ops * (
+        timing.chain_op_cycles(cfg, VECTOR_LATENCY)
+    )
 
 
 def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
-    latency = timing.dma_cycles(cfg, 1, 0, 0)  # an empty transfer: the access latency alone
-    ld_bytes, st_bytes = f.load_bursts * cfg.burst_bytes, f.store_bursts * cfg.burst_bytes
-    load = f.dma_loads * latency + timing.dma_transfer_cycles(cfg, 1, ld_bytes, ld_bytes)
-    store = f.dma_stores * latency + timing.dma_transfer_cycles(cfg, 1, st_bytes, st_bytes)
     skips = f.strategy in REGISTRY and REGISTRY[f.strategy].skips_zero_tiles
     kept = 1.0 - f.zero_tile_fraction if skips else 1.0
     matrix = kept * _matmul_time(f, cfg) + f.drains * timing.drain_cycles(
         cfg, _avg(f.drain_rows, f.drains), DRAIN_LATENCY
     )
-    vector = f.vector_instrs * timing.vector_cycles(
-        cfg, _avg(f.vector_pass_elems, f.vector_instrs), VECTOR_LATENCY
-    ) + f.chain_ops * timing.chain_op_cycles(cfg, VECTOR_LATENCY)
     issue = f.instructions * timing.scalar_cycles(cfg)
     burst = cfg.burst_bytes
     per_phase = timing.dma_cycles(cfg, 1, burst, burst)
-    transfer = timing.dma_transfer_cycles(cfg, 1, ld_bytes + st_bytes, ld_bytes + st_bytes)
-    serial = f.strategy in SERIAL_COMPUTE
-    return UnitTimes(load, store, matrix, vector, issue, f.phases * per_phase, f.steps, transfer, f.phases, serial)
+    head = _dma_time(cfg, f.head_loads, f.head_load_bursts) if f.steps > 1 and f.head_loads else 0
+    loads = (f.load_bursts - f.serial_load_bursts - (f.head_load_bursts if head else 0)) * burst
+    piped_bytes = loads + (f.store_bursts - f.serial_store_bursts) * burst
+    return UnitTimes(
+        load=_dma_time(cfg, f.dma_loads, f.load_bursts),
+        store=_dma_time(cfg, f.dma_stores, f.store_bursts),
+        matrix=matrix,
+        vector=_vector_time(cfg, f.vector_instrs, f.vector_pass_elems, f.chain_ops),
+        issue=issue,
+        fill=f.phases * per_phase,
+        steps=f.steps,
+        transfer=timing.dma_transfer_cycles(cfg, 1, piped_bytes, piped_bytes),
+        phases=max(f.phases - f.serial_phases, 1),
+        serial_compute=f.strategy in SERIAL_COMPUTE,
+        head=head,
+        serial_load=_dma_time(cfg, f.serial_loads, f.serial_load_bursts) if f.serial_loads else 0,
+        serial_vector=_vector_time(cfg, f.serial_vector_instrs, f.serial_vector_elems, f.serial_chain_ops),
+        serial_store=_dma_time(cfg, f.serial_stores, f.serial_store_bursts) if f.serial_stores else 0,
+        load_transfer=timing.dma_transfer_cycles(cfg, 1, loads, loads),
+    )
 
 
 def energy_pj(f: KernelFeatures, cfg: MachineConfig) -> float:

@@ -47,6 +47,17 @@ class KernelFeatures:
     load_bursts: int = 0  # DRAM bursts of the loads (strided rows start their own bursts)
     store_bursts: int = 0
     matrix_segments: int = 0  # runs of matmuls whose results an instruction waits for (0: not counted, old rows)
+    # the pipeline's shape (features.py; 0 in old rows: the whole kernel one pipeline without a separate fill)
+    head_loads: int = 0  # loads the pipelined phases issue before the load unit's first token: the pipeline's fill
+    head_load_bursts: int = 0
+    serial_loads: int = 0  # in fenced phases that hand no step to the main unit: run in series, not pipelined
+    serial_load_bursts: int = 0
+    serial_stores: int = 0
+    serial_store_bursts: int = 0
+    serial_vector_instrs: int = 0
+    serial_vector_elems: int = 0
+    serial_chain_ops: int = 0
+    serial_phases: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -6,6 +6,8 @@ fused epilogue, chains) shows up in the features, for the analytic model and the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fusion.cost.interface import KernelFeatures
@@ -115,16 +117,18 @@ def _bursts(cfg: MachineConfig, rows: np.ndarray, row_bytes: np.ndarray, strides
     )
 
 
-def _chain_reduce_elems(kind: np.ndarray, n: np.ndarray) -> int:
-    """Elements the chain reductions (`vc.rsum`, ...: no n field) pass over: their register's length, taken as the
-    longest chain load (`vc.ld`, `vc.lds`) of their chain (since the last `vc.st`; a chain without one: the chain
-    before it). A broadcast operand's shorter load does not shorten it."""
-    reduces = np.flatnonzero(_CHAIN_REDUCE[kind])
-    if not reduces.size:
-        return 0
-    chain = np.cumsum(_CHAIN_STORE[kind])  # a chain ends at its store
-    key = np.where(_CHAIN_LOAD[kind], (chain << 32) | n, 0)  # the latest chain's loads rank first (n < 2^32)
-    return int((np.maximum.accumulate(key)[reduces] & 0xFFFFFFFF).sum())
+def _pass_elems(kind: np.ndarray, category: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Elements each vector pass goes over (0 for other instructions): its n field, or for a chain reduction
+    (`vc.rsum`, ...: no n field) its register's length, taken as the longest chain load (`vc.ld`, `vc.lds`) of its
+    chain (since the last `vc.st`; a chain without one: the chain before it). A broadcast operand's shorter load
+    does not shorten it."""
+    elems = np.where((category == PASS) & _HAS_N[kind], n, 0)
+    reduces = _CHAIN_REDUCE[kind]
+    if reduces.any():
+        chain = np.cumsum(_CHAIN_STORE[kind])  # a chain ends at its store
+        key = np.where(_CHAIN_LOAD[kind], (chain << 32) | n, 0)  # the latest chain's loads rank first (n < 2^32)
+        elems = np.where(reduces, np.maximum.accumulate(key) & 0xFFFFFFFF, elems)
+    return elems
 
 
 def _matrix_segments(kind: np.ndarray, category: np.ndarray, src: np.ndarray) -> int:
@@ -137,13 +141,22 @@ def _matrix_segments(kind: np.ndarray, category: np.ndarray, src: np.ndarray) ->
     return int(np.count_nonzero(waits[at[1:]] & matmul[at[:-1]]))
 
 
-def _steps(pops: np.ndarray, matmuls: int, vector_instrs: int, dma_stores: int) -> int:
-    """Pipeline steps of the kernel's main compute unit: how many times it receives a step's tiles (`pops`: the
-    `sync.pop` destinations)."""
+def _main_unit(matmuls: int, vector_instrs: int, dma_stores: int) -> int | None:
+    """The unit a kernel's pipeline steps hand their tiles to: the matrix unit, else the vector unit, else the
+    store unit (None: a kernel with none of them)."""
     for unit, busy in ((Unit.matrix, matmuls), (Unit.vector, vector_instrs), (Unit.store, dma_stores)):
         if busy:
-            return int(np.count_nonzero(pops == int(unit)))
-    return 0
+            return int(unit)
+    return None
+
+
+def _stepped(category: np.ndarray, dst: np.ndarray, main: int | None) -> np.ndarray:
+    """Per instruction: whether its fenced phase is pipelined, i.e. hands tiles to the main unit (a `sync.pop`
+    into it). The other phases (a LayerNorm pass after a GEMM, a copy) run their loads, vector work and stores in
+    series; a kernel without any step is all one pipeline."""
+    phase = np.cumsum(category == FENCE)
+    stepped = np.unique(phase[(category == POP) & (dst == main)]) if main is not None else phase[:0]
+    return np.isin(phase, stepped) if stepped.size else np.ones(category.shape, dtype=bool)
 
 
 def loop_order(group: Group, has_matmul: bool) -> str:
@@ -160,10 +173,9 @@ def loop_order(group: Group, has_matmul: bool) -> str:
     return "nm" if group.resident_a else "mn"
 
 
-def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float = 0.0) -> KernelFeatures:
-    """The kernel's features, counted from its instruction words with numpy (a large conv kernel has ~40k)."""
-    sub = mc.subgraph(kernel.group.nodes)
-    text = kernel.program.text if kernel.program is not None else []
+def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]:
+    """The `KernelFeatures` counted from a program's instruction words (every field but the group's own: ops,
+    strategy, dtype, shapes, work, loop order, sparsity), with numpy (a large conv kernel has ~40k words)."""
     words = np.asarray(text, dtype=np.uint64)
     kind = _spec_indices(words)
     category = _CATEGORY[kind]
@@ -175,33 +187,65 @@ def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float 
     strides = _strides(li, rd[li], imm[li], dma, rs2[dma], row_bytes)
     store = category[dma] == STORE
     nbytes = rows[dma] * row_bytes
-    dma_rows = rows[dma]
 
     def most(values: np.ndarray) -> int:
         return int(values.max()) if values.size else 0
 
-    preload, matmul, drain = category == PRELOAD, category == MATMUL, category == DRAIN
-    counts = {
+    def part(mask: np.ndarray) -> tuple[int, int]:
+        """DMA count and DRAM bursts of the transfers `mask` selects (over the DMA instructions)."""
+        return int(np.count_nonzero(mask)), _bursts(config, rows[dma][mask], row_bytes[mask], strides[mask])
+
+    preload, matmul, drain, passes = category == PRELOAD, category == MATMUL, category == DRAIN, category == PASS
+    elems = _pass_elems(kind, category, n)
+    main = _main_unit(int(np.count_nonzero(matmul)), int(np.count_nonzero(passes)), int(np.count_nonzero(store)))
+    stepped = _stepped(category, dst, main)
+    serial = ~stepped
+    # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in
+    tokens = np.flatnonzero(_PUSH[kind] & (src == int(Unit.load)) & stepped)
+    head = ~store & stepped[dma] & (dma < (tokens[0] if tokens.size else len(words)))
+    loads, stores = part(~store), part(store)
+    heads, serial_loads, serial_stores = part(head), part(~store & serial[dma]), part(store & serial[dma])
+    phase = np.cumsum(category == FENCE)
+    return {
+        "dram_read_bytes": int(nbytes[~store].sum()),
+        "dram_write_bytes": int(nbytes[store].sum()),
+        "tile_m": most(rows[matmul]),
+        "tile_n": most(cols[preload]),
+        "tile_k": most(rows[preload]),
         "instructions": len(words),
-        "dma_loads": int(np.count_nonzero(~store)),
-        "dma_stores": int(np.count_nonzero(store)),
-        "load_bytes": int(nbytes[~store].sum()),
-        "store_bytes": int(nbytes[store].sum()),
-        "load_bursts": _bursts(mc.config, dma_rows[~store], row_bytes[~store], strides[~store]),
-        "store_bursts": _bursts(mc.config, dma_rows[store], row_bytes[store], strides[store]),
+        "dma_loads": loads[0],
+        "dma_stores": stores[0],
         "preloads": int(np.count_nonzero(preload)),
         "matmuls": int(np.count_nonzero(matmul)),
         "matmul_rows": int(rows[matmul].sum()),
         "drains": int(np.count_nonzero(drain)),
         "drain_rows": int(rows[drain].sum()),
-        "vector_instrs": int(np.count_nonzero(category == PASS)),
-        "vector_pass_elems": int(n[(category == PASS) & _HAS_N[kind]].sum()) + _chain_reduce_elems(kind, n),
+        "vector_instrs": int(np.count_nonzero(passes)),
+        "vector_pass_elems": int(elems.sum()),
         "chain_ops": int(np.count_nonzero(category == CHAIN)),
         "phases": int(np.count_nonzero(category == FENCE)),
         "zero_tests": int(np.count_nonzero(category == ZERO_TEST)),
+        "steps": int(np.count_nonzero((category == POP) & (dst == main))) if main is not None else 0,
+        "load_bursts": loads[1],
+        "store_bursts": stores[1],
+        "matrix_segments": _matrix_segments(kind, category, src),
+        "head_loads": heads[0],
+        "head_load_bursts": heads[1],
+        "serial_loads": serial_loads[0],
+        "serial_load_bursts": serial_loads[1],
+        "serial_stores": serial_stores[0],
+        "serial_store_bursts": serial_stores[1],
+        "serial_vector_instrs": int(np.count_nonzero(passes & serial)),
+        "serial_vector_elems": int(elems[serial].sum()),
+        "serial_chain_ops": int(np.count_nonzero((category == CHAIN) & serial)),
+        "serial_phases": len(np.unique(phase[serial & np.isin(category, (LOAD, STORE, PASS, CHAIN))])),
     }
-    tile = {"m": most(rows[matmul]), "k": most(rows[preload]), "n": most(cols[preload])}
-    steps = _steps(dst[category == POP], counts["matmuls"], counts["vector_instrs"], counts["dma_stores"])
+
+
+def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float = 0.0) -> KernelFeatures:
+    """The kernel's features: its group's ops, shapes and work, and the counts of its program."""
+    sub = mc.subgraph(kernel.group.nodes)
+    counts = program_counts(kernel.program.text if kernel.program is not None else [], mc.config)
     return KernelFeatures(
         ops=tuple(n.op.value for n in sub.nodes),
         strategy=kernel.group.strategy,
@@ -209,28 +253,7 @@ def kernel_features(mc: ModelContext, kernel: Kernel, zero_tile_fraction: float 
         shapes=tuple(sub.types[v].shape for v in (*sub.inputs, *sub.outputs)),
         macs=sum(node_macs(sub, n) for n in sub.nodes),
         vector_elems=sum(vector_ops(sub, n) for n in sub.nodes),
-        dram_read_bytes=counts["load_bytes"],
-        dram_write_bytes=counts["store_bytes"],
-        tile_m=tile["m"],
-        tile_n=tile["n"],
-        tile_k=tile["k"],
         loop_order=loop_order(kernel.group, bool(counts["matmuls"])),
         zero_tile_fraction=zero_tile_fraction,
-        instructions=counts["instructions"],
-        dma_loads=counts["dma_loads"],
-        dma_stores=counts["dma_stores"],
-        preloads=counts["preloads"],
-        matmuls=counts["matmuls"],
-        matmul_rows=counts["matmul_rows"],
-        drains=counts["drains"],
-        drain_rows=counts["drain_rows"],
-        vector_instrs=counts["vector_instrs"],
-        vector_pass_elems=counts["vector_pass_elems"],
-        chain_ops=counts["chain_ops"],
-        phases=counts["phases"],
-        zero_tests=counts["zero_tests"],
-        steps=steps,
-        load_bursts=counts["load_bursts"],
-        store_bursts=counts["store_bursts"],
-        matrix_segments=_matrix_segments(kind, category, src),
+        **counts,
     )
