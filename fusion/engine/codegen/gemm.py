@@ -21,9 +21,12 @@ from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.gemm import Operand
 from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
+from isa import BY_MNEMONIC
 from isa.enums import Activation, DType, Unit
+from simulator import timing
 from simulator.config import MachineConfig
 
+COPY_LATENCY, QNT_LATENCY = BY_MNEMONIC["v.copy"].latency, BY_MNEMONIC["v.qnt"].latency
 ZERO_SKIP_MAX_PANELS = 12  # 1 + 2 * panels register values per k-slice stay within the emitter's 31 registers
 
 
@@ -112,10 +115,36 @@ class Schedule:
     panel_multiple: int = 1  # a step's panels are a multiple of this (a chain epilogue needing whole heads)
 
 
-def _spad_bytes(g: FusedGemm, tm: int, panels: int, tn: int, k: int, n_arr: int) -> tuple[list[int], list[int]]:
-    spad: list[int] = []
-    for _, kb in k_slices(k, n_arr):
-        spad += [tm * kb * g.a.view.dtype.size] + ([tm * kb] if g.a.quantize_scale is not None else [])
+def split_a(cfg: MachineConfig, g: FusedGemm, rows: int) -> bool:
+    """Whether a row block's A comes in as ONE contiguous DMA, cut into its k-slice tiles on the vector unit (one
+    copy, or the int8 quantization, per row and k-slice), instead of one strided DMA per k-slice: where the DMA
+    cycles saved exceed the vector cycles added, by the timing rules (ViT's 17 x 64 projections: 4 strided loads
+    of 17 rows, ~536 load cycles, become one of ~134-236)."""
+    k, es = g.a.view.shape[1], g.a.view.dtype.size
+    slices = k_slices(k, cfg.array_size)
+    if len(slices) < 2 or not is_dense(g.a.view):
+        return False
+    strided = sum(timing.dma_cycles(cfg, rows, kb * es, k * es) for _, kb in slices)
+    whole = timing.dma_cycles(cfg, 1, rows * k * es, rows * k * es)
+    quantize = g.a.quantize_scale is not None
+    cut = rows * sum(timing.vector_cycles(cfg, kb, QNT_LATENCY if quantize else COPY_LATENCY) for _, kb in slices)
+    before = sum(timing.vector_cycles(cfg, rows * kb, QNT_LATENCY) for _, kb in slices) if quantize else 0
+    return strided - whole > cut - before
+
+
+def _a_bytes(cfg: MachineConfig, g: FusedGemm, rows: int, cut: bool) -> list[int]:
+    """Scratchpad tiles of one row block's A: per k-slice (raw, and quantized), or the whole block and its cut."""
+    k, es, quantize = g.a.view.shape[1], g.a.view.dtype.size, g.a.quantize_scale is not None
+    slices = k_slices(k, cfg.array_size)
+    if cut:
+        return [rows * k * es] + [rows * kb * (1 if quantize else es) for _, kb in slices]
+    return [size for _, kb in slices for size in [rows * kb * es] + ([rows * kb] if quantize else [])]
+
+
+def _spad_bytes(
+    cfg: MachineConfig, g: FusedGemm, tm: int, panels: int, tn: int, k: int, cut: bool = False
+) -> tuple[list[int], list[int]]:
+    spad: list[int] = _a_bytes(cfg, g, tm, cut)
     for _ in range(panels):
         spad += [k * tn * g.b.view.dtype.size] + ([k * tn] if g.b.quantize_scale is not None else [])
         spad.append(tm * tn * (1 if g.int8 else 4))
@@ -128,10 +157,16 @@ def _spad_bytes(g: FusedGemm, tm: int, panels: int, tn: int, k: int, n_arr: int)
     return spad, [tm * tn * 4] * panels
 
 
-def _fits(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int) -> bool:
+def _fits(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int, cut: bool = False) -> bool:
     k = g.a.view.shape[1]
     tn = min(cfg.array_size, g.out.shape[1])
-    return TileArena(cfg, 0).fits(*_spad_bytes(g, tm, panels, tn, k, cfg.array_size))
+    return TileArena(cfg, 0).fits(*_spad_bytes(cfg, g, tm, panels, tn, k, cut))
+
+
+def cut_a(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int) -> bool:
+    """Whether the schedule's row blocks load A whole and cut it on chip (`split_a`), where the extra whole-block
+    tile fits beside the step's tiles (the tiling itself is chosen without it, so it stays monotone in rows)."""
+    return split_a(cfg, g, tm) and _fits(cfg, g, tm, panels, cut=True)
 
 
 def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[int, int]:
@@ -179,24 +214,26 @@ def fused_gemm_steps(
     m, _ = g.a.view.shape
     n_out = g.out.shape[1]
     tm, panels = plan_tiles(cfg, g, schedule)
+    cut = cut_a(cfg, g, tm, panels)
     if schedule.resident_a and tm < m:
         raise CodegenError(f"A-stationary order needs all {m} rows in one tile (at most {tm} fit)")
     width = panels * cfg.array_size
     steps = []
     resident = None  # A-stationary: A's k-slices in the spare banks, shared by every step (None: a copy per slot)
     if schedule.resident_a:
-        resident = _spare_a(cfg, g, m, alone)
-        steps.append(_resident_prologue(cfg, g, m, start, resident, rotation))
+        resident = _spare_a(cfg, g, m, alone, cut)
+        steps.append(_resident_prologue(cfg, g, m, start, resident, rotation, cut))
     for index, i0 in enumerate(range(0, m, tm)):
         rows = min(tm, m - i0)
         a_loads: list = []
         a_quants: list = []
         if not schedule.resident_a:
-            spare = TileArena.spare(cfg) if alone and rows == m and _a_fits(cfg, g, rows) else None
-            a_block = _a_tiles(cfg, spare or TileArena(cfg, block + index, rotation), g, i0, rows, a_loads, a_quants)
+            spare = TileArena.spare(cfg) if alone and rows == m and _a_fits(cfg, g, rows, cut) else None
+            arena = spare or TileArena(cfg, block + index, rotation)
+            a_block = _a_tiles(cfg, arena, g, i0, rows, a_loads, a_quants, cut)
         for j0 in range(0, n_out, width):
             arena = TileArena(cfg, start + len(steps), rotation)
-            a_here = _a_tiles(cfg, arena, g, 0, tm, [], [])  # this slot's A copy (A-stationary) or a full-block gap
+            a_here = _a_tiles(cfg, arena, g, 0, tm, [], [], cut)  # this slot's A copy (A-stationary) or a block gap
             a_slices = (resident or a_here) if schedule.resident_a else a_block
             cols = [(j, min(cfg.array_size, n_out - j)) for j in range(j0, min(n_out, j0 + width), cfg.array_size)]
             step = _tile_step(cfg, arena, g, (i0, rows), cols, schedule.zero_skip, a_slices, a_loads, a_quants)
@@ -213,8 +250,13 @@ def row_blocks(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> int:
     return -(-g.a.view.shape[0] // tm)
 
 
-def _a_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list) -> list:
-    """Allocate (and, into `loads`/`quants`, schedule) the k-slices of A's row tile: (k0, kb, address, dtype)."""
+def _a_tiles(
+    cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list, cut: bool
+) -> list:
+    """Allocate (and, into `loads`/`quants`, schedule) the k-slices of A's row tile: (k0, kb, address, dtype);
+    `cut`: loaded whole and cut on chip (`cut_a`)."""
+    if cut:
+        return _cut_tiles(cfg, arena, g, i0, rows, loads, quants)
     out = []
     for k0, kb in k_slices(g.a.view.shape[1], cfg.array_size):
         a_addr, dt = _load_operand(arena, g.a, g.a.view.slice(0, i0, rows).slice(1, k0, kb), loads, quants)
@@ -222,16 +264,27 @@ def _a_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: 
     return out
 
 
-def _a_fits(cfg: MachineConfig, g: FusedGemm, rows: int) -> bool:
+def _cut_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list):
+    """A's row block loaded whole, then each row's k-slice runs copied (or quantized) into the k-slice tiles."""
+    k, es = g.a.view.shape[1], g.a.view.dtype.size
+    raw = arena.tile(rows * k * es)
+    loads.append((g.a.view.slice(0, i0, rows), raw))
+    inv = None if g.a.quantize_scale is None else 1.0 / g.a.quantize_scale
+    dt = g.a.view.dtype if inv is None else DType.i8
+    out = []
+    for k0, kb in k_slices(k, cfg.array_size):
+        tile = arena.tile(rows * kb * dt.size)
+        quants += [(tile + r * kb * dt.size, raw + (r * k + k0) * es, kb, inv, dt) for r in range(rows)]
+        out.append((k0, kb, tile, dt))
+    return out
+
+
+def _a_fits(cfg: MachineConfig, g: FusedGemm, rows: int, cut: bool) -> bool:
     """Whether one row block's A (all k-slices, raw and quantized) fits the spare banks."""
     spare = TileArena.spare(cfg)
     if spare is None:
         return False
-    k = g.a.view.shape[1]
-    sizes = [rows * kb * g.a.view.dtype.size for _, kb in k_slices(k, cfg.array_size)]
-    if g.a.quantize_scale is not None:
-        sizes += [rows * kb for _, kb in k_slices(k, cfg.array_size)]
-    return spare.fits(sizes)
+    return spare.fits(_a_bytes(cfg, g, rows, cut))
 
 
 def coalesced(loads: list[tuple[View, int]]) -> list[tuple[View, int]]:
@@ -260,22 +313,24 @@ def _nothing(em: Emitter) -> None:
     return None
 
 
-def _spare_a(cfg: MachineConfig, g: FusedGemm, m: int, alone: bool) -> list | None:
+def _spare_a(cfg: MachineConfig, g: FusedGemm, m: int, alone: bool, cut: bool) -> list | None:
     """A's k-slices allocated in the spare banks, when the GEMM is its program's only one and A fits there."""
-    spare = TileArena.spare(cfg) if alone and _a_fits(cfg, g, m) else None
-    return None if spare is None else _a_tiles(cfg, spare, g, 0, m, [], [])
+    spare = TileArena.spare(cfg) if alone and _a_fits(cfg, g, m, cut) else None
+    return None if spare is None else _a_tiles(cfg, spare, g, 0, m, [], [], cut)
 
 
-def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int, spare: list | None, rotation: int) -> Step:
+def _resident_prologue(
+    cfg: MachineConfig, g: FusedGemm, m: int, start: int, spare: list | None, rotation: int, cut: bool
+) -> Step:
     """Load (and quantize) A once: into the spare banks (`spare`: its tiles there), or into this step's buffer
     slot and then copied locally into the other slots."""
     loads: list = []
     quants: list = []
     if spare is not None:
-        _a_tiles(cfg, TileArena.spare(cfg), g, 0, m, loads, quants)  # the same addresses as `spare`
+        _a_tiles(cfg, TileArena.spare(cfg), g, 0, m, loads, quants, cut)  # the same addresses as `spare`
         return Step(loads, [(Unit.vector, _quantizer(quants))], [])
-    here = _a_tiles(cfg, TileArena(cfg, start, rotation), g, 0, m, loads, quants)
-    others = [_a_tiles(cfg, TileArena(cfg, start + d, rotation), g, 0, m, [], []) for d in range(1, DEPTH)]
+    here = _a_tiles(cfg, TileArena(cfg, start, rotation), g, 0, m, loads, quants, cut)
+    others = [_a_tiles(cfg, TileArena(cfg, start + d, rotation), g, 0, m, [], [], cut) for d in range(1, DEPTH)]
 
     def copy(em: Emitter) -> None:
         _quantizer(quants)(em)
@@ -287,9 +342,14 @@ def _resident_prologue(cfg: MachineConfig, g: FusedGemm, m: int, start: int, spa
 
 
 def _quantizer(quants: list):
+    """(destination, source, count, 1 / scale) entries as `v.qnt`; (.., None, dtype) as a `v.copy` (a cut of A)."""
+
     def quantize(em: Emitter) -> None:
-        for q, raw, count, inv in quants:
-            em.b.v_qnt(*em.regs(q, raw, f32_bits(inv)), count)
+        for q, raw, count, inv, *dtype in quants:
+            if inv is None:
+                em.b.v_copy(*em.regs(q, raw), count, dtype[0].name)
+            else:
+                em.b.v_qnt(*em.regs(q, raw, f32_bits(inv)), count)
 
     return quantize
 

@@ -73,9 +73,8 @@ def test_row_blocks_load_a_once_and_match_the_reference(dtype: str, strategy: st
         np.testing.assert_array_equal(run.outputs["relu"], env["relu"])
     else:
         np.testing.assert_allclose(run.outputs["relu"], env["relu"], rtol=1e-5, atol=1e-5)
-    a_loads = [i for i in kernel.program.instructions() if i.mnemonic == "dma.ld" and i.by_name()["cols"] == 16]
-    assert len(a_loads) >= 2 * 16  # at least two row blocks of 16 k-slices
-    x_bytes = 64 * 256 * 4  # x is read once in all: one load per (row block, k-slice)
+    # x is read once in all: per row block one load per k-slice, or (a short block) one load cut on chip
+    x_bytes = 64 * 256 * 4
     w_bytes = 256 * 128 * (1 if dtype == "int8" else 4)
     blocks, rest = divmod(run.dram_read_bytes - x_bytes, w_bytes + 128 * 4)  # weight and bias once per block
     assert rest == 0 and 2 <= blocks <= 4
