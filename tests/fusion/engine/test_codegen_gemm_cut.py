@@ -60,7 +60,7 @@ def test_the_cut_is_taken_only_where_the_timing_rules_say_it_pays() -> None:
     m=st.integers(1, 40),
     k=st.integers(17, 100),
     n=st.integers(1, 40),
-    schedule=st.sampled_from(({}, {"panels": 0}, {"resident_a": True}, {"tile_m": 16}),
+    schedule=st.sampled_from(({}, {"panels": 0}, {"resident_a": True}, {"tile_m": 16})),
 )
 def test_every_schedule_with_or_without_the_cut_matches_the_reference(dtype, m, k, n, schedule) -> None:
     _run(m, k, n, dtype, schedule)
