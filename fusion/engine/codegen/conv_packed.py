@@ -275,19 +275,21 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
                 (channels.slice(1, (h - top) * width, width), tiles[0] + ((h - h0) * pitch + left) * c * es)
                 for h in inside
             ]
-            compute = []
-            if w.needs_pad:
-
-                def clear(em: Emitter, raw=tiles[0], n=rows * pitch * c) -> None:
-                    fill(em, raw, n, image.dtype, 0.0)
-
-                compute.append((Unit.vector, clear))
 
             def load(em: Emitter, parts=parts) -> None:
                 for part, local in parts:
                     load_transposed(em, part, local)
 
-            compute.append((Unit.load, load))
+            compute = [(Unit.load, load)]
+            if w.needs_pad:  # only the pad positions, disjoint from the loaded rows: the next block's loads need
+                # not wait for this block's vector work (clearing the whole tile first serialised every block)
+                runs = _pad_runs(range(h0, h0 + rows), range(top, top + height), left, width, pitch)
+
+                def clear(em: Emitter, raw=tiles[0], runs=runs) -> None:
+                    for first, count in runs:
+                        fill(em, raw + first * c * es, count * c, image.dtype, 0.0)
+
+                compute.append((Unit.vector, clear))
             if quantize is not None:
 
                 def to_int8(em: Emitter, raw=tiles[0], q=tiles[1], n=rows * pitch * c) -> None:
@@ -307,6 +309,23 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
                 ]
             steps.append(Step([], compute, stores))
     return [steps]
+
+
+def _pad_runs(rows: range, inside: range, left: int, width: int, pitch: int) -> list[tuple[int, int]]:
+    """(first position, positions) of a block of padded rows `pitch` wide that hold no input element: the rows
+    outside `inside`, each inside row's `left` positions before and those after its `width`, adjacent runs
+    merged."""
+    runs: list[tuple[int, int]] = []
+    for r, h in enumerate(rows):
+        parts = [(0, left), (left + width, pitch)] if h in inside else [(0, pitch)]
+        for a, b in parts:
+            if b <= a:
+                continue
+            if runs and sum(runs[-1]) == r * pitch + a:
+                runs[-1] = (runs[-1][0], runs[-1][1] + b - a)
+            else:
+                runs.append((r * pitch + a, b - a))
+    return runs
 
 
 @dataclass(frozen=True)

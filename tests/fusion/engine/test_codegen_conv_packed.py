@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_codegen_conv import convs  # the band schedule's conv variants
 
 from fusion.engine.codegen.conv import conv_shape
-from fusion.engine.codegen.conv_packed import block_width, choose_tiling, pieces, stream_rows
+from fusion.engine.codegen.conv_packed import _pad_runs, block_width, choose_tiling, pieces, stream_rows
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import build_kernel
@@ -176,3 +176,11 @@ def test_channels_in_whole_blocks_of_the_array_width_make_each_a_tile_contiguous
     bands = [min(tiling.rows, s.out[0] - oh0) for oh0 in range(0, s.out[0], tiling.rows)]
     row_bursts = sum(stream_rows(s, r) for r in bands) * len(pieces(s, 16, 16))
     assert kernel_features(mc, kernel, zero_tile_fraction=0.0).load_bursts < row_bursts / 2
+
+
+def test_only_the_pad_positions_of_a_channels_last_block_are_cleared() -> None:
+    """Rows 0-3 of a frame 5 positions wide whose input rows are 1-2 (1 left pad, 3 pixels, 1 right pad): the
+    top row, each row's side pads and the bottom row, adjacent runs merged; no input position is cleared (the
+    loads need not wait for the clear)."""
+    assert _pad_runs(range(0, 4), range(1, 3), 1, 3, 5) == [(0, 6), (9, 2), (14, 6)]
+    assert _pad_runs(range(1, 3), range(1, 3), 0, 5, 5) == []
