@@ -70,8 +70,8 @@ class ModelContext:
         """What a group of these nodes computes, up to names and data (memoised): each value by its operator,
         attributes, type, storage dtype (int8 or not) and inputs (Merkle style), graph inputs by position,
         constants by dtype and shape (and value when small, up to SMALL_CONSTANT elements), but not the int8
-        scales or the weights. Groups of a model's repeated layers share it: the planner's schedule search
-        for one tells it which schedules can win for the others (`planner.Evaluator.ranked`)."""
+        scales or the weights. Groups of a model's repeated layers share it: the planner prices and measures
+        their kernels by the first one built (`planner.Evaluator`)."""
         found = self._signatures.get(nodes)
         if found is not None:
             return found

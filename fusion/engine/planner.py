@@ -103,14 +103,6 @@ def _schedule(group: Group) -> tuple:
     return group.strategy, group.tile_m, group.flatten, group.panels, group.resident_a
 
 
-def _contenders(done: list[Evaluated], keep: int) -> frozenset[tuple]:
-    """The schedules of a ranking (best first) that can still win on nodes of the same structure: its `keep` best.
-    Such nodes differ only in data (int8 scales, weights), so their schedules' programs differ at most in
-    immediates: the same features, prices and ranking (fp32: the same programs). The measured choice among a
-    picked group's schedules (`settle`) still sees them all (`_choice` ranks them unnarrowed)."""
-    return frozenset(_schedule(e.group) for e in done[:keep])
-
-
 def expected_regret(chosen: float, chosen_sd: float, other: float, other_sd: float) -> float:
     """E[max(0, X - Y)] for independent normal X ~ (chosen, chosen_sd), Y ~ (other, other_sd): the cycles expected
     to be lost by taking the predicted `chosen` over `other` without measuring either."""
@@ -129,9 +121,11 @@ class Evaluator:
     questions (one per node, one per candidate) on threads that wait for them: each question still builds what
     a serial planner would (the same bounds prune the same schedules), so plans do not depend on the pool.
 
-    With `repeats` (and no pool: the narrowing follows the order searches finish in), a schedule search over
-    nodes whose structure an earlier search ranked (a model's repeated layers) builds only its winners
-    (`ranked`)."""
+    With `repeats` (and no pool, whose threads would decide which of two alike groups is built first), a group
+    of the same structure and schedule as one built before (for other nodes: a model's repeated layers,
+    `ModelContext.shape_signature`; or a no-op flattening of the same nodes) is priced from that kernel's
+    features and built only when its program is needed (`evaluate`, `Evaluated.kernel`), and shares its
+    measurements (`timing_key`)."""
 
     def __init__(
         self,
@@ -157,7 +151,6 @@ class Evaluator:
         self.stopped = 0  # simulations stopped past their budget (`simulated_within`)
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
-        self._repeats: dict[tuple, frozenset[tuple]] = {}  # ranking contenders by structure (see `ranked`)
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
 
@@ -266,19 +259,13 @@ class Evaluator:
         sizes = (math.prod(sub.types[v].shape) * np.dtype(d).itemsize for v, d in storage_dtypes(self.mc, sub, values))
         return cycles + self.dram_weight * sum(sizes) / self.mc.config.dram_bytes_per_cycle
 
-    def ranked(self, groups: list[Group], keep: int = 1, narrow: bool = True) -> tuple[list[Evaluated], str]:
+    def ranked(self, groups: list[Group], keep: int = 1) -> tuple[list[Evaluated], str]:
         """The `keep` best buildable schedules by score, best first, and the last refusal reason. Groups are built
         in the order of their lower bound (`bound`); once a bound reaches the `keep`-th best score, the rest are
-        dominated and never generated. With `narrow`, schedules of nodes that repeat an earlier ranking's
-        structure (a model's repeated layers: `ModelContext.shape_signature`) are narrowed to its contenders
-        (`_contenders`)."""
-        key = self._repeat_key(groups, keep) if narrow and self.repeats else None
-        with self._lock:
-            kept = self._repeats.get(key) if key is not None else None
-        candidates = groups if kept is None else [g for g in groups if _schedule(g) in kept]
+        dominated and never generated."""
         done: list[Evaluated] = []
         reason = ""
-        for bound, _, group in sorted((self.bound(g), i, g) for i, g in enumerate(candidates)):
+        for bound, _, group in sorted((self.bound(g), i, g) for i, g in enumerate(groups)):
             if len(done) >= keep and bound >= done[keep - 1].score:
                 break
             ev = self.evaluate(group)
@@ -287,20 +274,7 @@ class Evaluator:
             else:
                 done.append(ev)
                 done.sort(key=lambda e: e.score)
-        done = self.jointly(done)
-        if key is not None and kept is None and done:
-            with self._lock:
-                self._repeats.setdefault(key, _contenders(done, keep))
-        return done, reason
-
-    def _repeat_key(self, groups: list[Group], keep: int) -> tuple | None:
-        """What a ranking of `groups` is a function of, up to the model's data: the nodes' shape signature and
-        the schedules (with the zero-tile fraction a zero-skip one is priced at); None for one group or groups
-        of different nodes."""
-        if len(groups) < 2 or any(g.nodes != groups[0].nodes for g in groups):
-            return None
-        priced = tuple((_schedule(g), self.zero_fraction(g) if _skips(g) else 0.0) for g in groups)
-        return self.mc.shape_signature(groups[0].nodes), priced, keep
+        return self.jointly(done), reason
 
     def jointly(self, done: list[Evaluated]) -> list[Evaluated]:
         """Built schedules of one set of nodes re-priced together (`CostModel.predict_group`: the learned model
@@ -476,9 +450,7 @@ def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Gro
 def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason: str) -> GroupChoice:
     """A picked group as planned: its schedule once the uncertain ones are measured (`Evaluator.settle`) and its
     dispatch table."""
-    done, _ = ev.ranked(ev.with_twins(_narrowed(ev, cand)), narrow=False)
-    if done and done[0].group == best.group:  # `best` may come from a narrowed ranking: the full one's alternatives
-        best, alts = done[0], [(e.group.schedule, e.cycles) for e in done[1:]]
+    done, _ = ev.ranked(ev.with_twins(_narrowed(ev, cand)))
     chosen = ev.settle(done) if done and done[0] is best else best
     if chosen is not best:
         alts = [(e.group.schedule, e.cycles) for e in done if e is not chosen]

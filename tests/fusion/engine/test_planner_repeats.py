@@ -1,4 +1,5 @@
-"""Repeated structures (a model's layers) narrow the planner's schedule searches without changing its plans."""
+"""Repeated structures (a model's layers): the planner prices and measures their kernels by the first one built,
+without changing its plans."""
 
 from __future__ import annotations
 
@@ -56,11 +57,11 @@ def _built(ev: Evaluator) -> int:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_narrowed_repeats_plan_the_same_and_build_less(dtype: str) -> None:
-    """The plan (groups, schedules, predictions, reasons, alternatives, refusals) with repeated layers' searches
-    narrowed, priced from the first layer's kernels and measured by them is the plan without, and fewer kernels
-    are built and simulated for it; a planned group priced as a repeat builds its own kernel, with the features
-    it was priced by."""
+def test_repeats_plan_the_same_and_build_less(dtype: str) -> None:
+    """The plan (groups, schedules, predictions, reasons, alternatives, refusals) with repeated layers' kernels
+    priced from the first layer's and measured by them is the plan without, and fewer kernels are built and
+    simulated for it; a planned group priced as a repeat builds its own kernel, with the features it was priced
+    by."""
     graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
     mc = context(graph, inputs, dtype)
     plans, built, evaluators = [], [], []
@@ -69,12 +70,12 @@ def test_narrowed_repeats_plan_the_same_and_build_less(dtype: str) -> None:
         plans.append(plan_dynamic(ev))
         built.append(_built(ev))
         evaluators.append(ev)
-    full, narrowed = plans
-    assert (narrowed.choices, narrowed.rejected) == (full.choices, full.rejected)
-    assert narrowed.measured.kernels < full.measured.kernels
+    full, repeated = plans
+    assert (repeated.choices, repeated.rejected) == (full.choices, full.rejected)
+    assert repeated.measured.kernels < full.measured.kernels
     assert built[1] < built[0]
     ev = evaluators[1]
-    for choice in narrowed.choices:
+    for choice in repeated.choices:
         e = ev.evaluate(choice.group)
         assert e.kernel.group == choice.group
         if e.kernel.program is not None:
@@ -82,7 +83,7 @@ def test_narrowed_repeats_plan_the_same_and_build_less(dtype: str) -> None:
 
 
 def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -> None:
-    """What the narrowing and the shared measurements rest on, on every GEMM schedule of two int8 layers: their
+    """What pricing and measuring a repeat by the first rest on, on every GEMM schedule of two int8 layers: their
     programs differ (requantization immediates), their features and simulated cycles do not."""
     graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
     mc = context(graph, inputs, "int8")
