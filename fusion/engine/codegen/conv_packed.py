@@ -179,7 +179,11 @@ def k_groups(every: Sequence[Piece], fits: Callable[[list[Piece]], bool]) -> tup
         if groups[-1] and not fits([*groups[-1], p]):
             groups.append([])
         groups[-1].append(p)
-    return tuple(tuple(g) for g in groups)
+    # as many groups, of near-equal piece counts when they fit: a short last group gives the matrix too little
+    # work to cover the next step's loads (resnet18 224 layer3.0.conv1: 368 + 368 + 368 + 48 K rows)
+    count, size = len(groups), len(every)
+    even = [list(every[i * size // count : (i + 1) * size // count]) for i in range(count)]
+    return tuple(tuple(g) for g in (even if all(fits(g) for g in even) else groups))
 
 
 def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from test_codegen_conv import convs  # the band schedule's conv variants
 
 from fusion.engine.codegen.conv import conv_shape
-from fusion.engine.codegen.conv_packed import _pad_runs, block_width, choose_tiling, pieces, stream_rows
+from fusion.engine.codegen.conv_packed import (
+    Piece,
+    _pad_runs,
+    block_width,
+    choose_tiling,
+    k_groups,
+    pieces,
+    stream_rows,
+)
 from fusion.engine.errors import CodegenError
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import build_kernel
@@ -184,3 +192,14 @@ def test_only_the_pad_positions_of_a_channels_last_block_are_cleared() -> None:
     loads need not wait for the clear)."""
     assert _pad_runs(range(0, 4), range(1, 3), 1, 3, 5) == [(0, 6), (9, 2), (14, 6)]
     assert _pad_runs(range(1, 3), range(1, 3), 0, 5, 5) == []
+
+
+def test_k_groups_are_as_few_as_the_greedy_cut_and_near_equal() -> None:
+    """72 pieces of 16 K rows, at most 368 rows a group: the greedy cut needs 4 groups (23 + 23 + 23 + 3 pieces);
+    the groups are then 18 pieces each, so no step is left with too little matrix work to cover the next loads;
+    when near-equal groups do not fit (here: a long piece at the end), the greedy cut stays."""
+    every = [Piece(0, 16 * i, 16 * i, 16) for i in range(72)]
+    rows = lambda group: sum(p.k for p in group) <= 368  # noqa: E731
+    assert [len(g) for g in k_groups(every, rows)] == [18, 18, 18, 18]
+    uneven = [*every[:69], Piece(0, 16 * 69, 16 * 69, 300)]
+    assert [len(g) for g in k_groups(uneven, rows)] == [23, 23, 23, 1]
