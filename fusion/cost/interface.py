@@ -50,6 +50,8 @@ class KernelFeatures:
     # the pipeline's shape (features.py; 0 in old rows: the whole kernel one pipeline without a separate fill)
     head_loads: int = 0  # loads the pipelined phases issue before the load unit's first token: the pipeline's fill
     head_load_bursts: int = 0
+    head_vector_instrs: int = 0  # vector passes before the vector unit's first token into the main unit (a prologue)
+    head_vector_elems: int = 0
     serial_loads: int = 0  # in fenced phases that hand no step to the main unit: run in series, not pipelined
     serial_load_bursts: int = 0
     serial_stores: int = 0

@@ -203,6 +203,14 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
     # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in
     tokens = np.flatnonzero(_PUSH[kind] & (src == int(Unit.load)) & stepped)
     head = ~store & stepped[dma] & (dma < (tokens[0] if tokens.size else len(words)))
+    # and the vector work that prepares the main unit's first operands (an int8 GEMM's quantization of A, A cut
+    # into k-slice tiles): the vector unit's passes before its first token into the main unit, when that token
+    # comes before it first waits for the main unit (attention's softmax waits for the scores: not a head)
+    vector = int(Unit.vector)
+    into = np.flatnonzero(_PUSH[kind] & (src == vector) & (dst == main) & stepped) if main != vector else []
+    waits = np.flatnonzero((category == POP) & (dst == vector) & (src == main) & stepped)
+    prologue = len(into) > 0 and (not waits.size or into[0] < waits[0])
+    vector_head = passes & stepped & (np.arange(len(words)) < into[0]) if prologue else np.zeros_like(passes)
     loads, stores = part(~store), part(store)
     heads, serial_loads, serial_stores = part(head), part(~store & serial[dma]), part(store & serial[dma])
     phase = np.cumsum(category == FENCE)
@@ -231,6 +239,8 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
         "matrix_segments": _matrix_segments(kind, category, src),
         "head_loads": heads[0],
         "head_load_bursts": heads[1],
+        "head_vector_instrs": int(np.count_nonzero(vector_head)),
+        "head_vector_elems": int(elems[vector_head].sum()),
         "serial_loads": serial_loads[0],
         "serial_load_bursts": serial_loads[1],
         "serial_stores": serial_stores[0],
