@@ -203,3 +203,18 @@ def test_k_groups_are_as_few_as_the_greedy_cut_and_near_equal() -> None:
     assert [len(g) for g in k_groups(every, rows)] == [18, 18, 18, 18]
     uneven = [*every[:69], Piece(0, 16 * 69, 16 * 69, 300)]
     assert [len(g) for g in k_groups(uneven, rows)] == [23, 23, 23, 1]
+
+
+def test_a_weight_fitting_beside_the_bands_a_tiles_is_read_once_per_slot() -> None:
+    """int8, a 7x7/2 stem on 3 channels over 96x96 pixels runs in several bands; its weight (64 x 147) fits beside
+    a band's A tiles, so the first band of each buffer slot loads it and every band reads it there: DRAM reads are
+    the input, the bands' A tiles, the weight at most once per slot, the bias and requantizer table per band and the
+    scratch read back (before: the weight once per band). Race-checked, bit-exact."""
+    graph, names = conv_graph(1, 3, 64, (96, 96), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1, True)
+    mc, run, _ = _check(graph, names, "int8")
+    s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
+    tiling = choose_tiling(mc.config, s, DType.i8, DType.i8, False)
+    spans = [min(tiling.rows, s.out[0] - oh0) for oh0 in range(0, s.out[0], tiling.rows)]
+    assert tiling.resident and len(spans) > 3
+    a_tiles = sum(stream_rows(s, r) for r in spans) * 147
+    assert run.dram_read_bytes <= 3 * 96 * 96 * 4 + a_tiles + 3 * 64 * 147 + len(spans) * 64 * 12 + 64 * 48 * 48
