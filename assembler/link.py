@@ -155,7 +155,8 @@ def paused_gc() -> Iterator[None]:
 
 def link(items: list[Item], report: Reporter, texts: TextCache | None = None) -> ObjectFile:
     """Assemble items into an object file, or raise AssemblyError listing every problem. With `texts`, a text
-    encoded before (same `text_key`) is taken from it, and a newly encoded one kept there."""
+    encoded before (same `text_key`) is taken from it, and a newly encoded one kept there; so is the data section
+    (`TextCache.shared_data`)."""
     state = _Linker(report)
     placed, data_size, kernels = _layout(state, items)
     state.first_pass = False
@@ -172,9 +173,10 @@ def link(items: list[Item], report: Reporter, texts: TextCache | None = None) ->
         state.problems.append(report(None, 0, "data section extends past the 32-bit DRAM address space", ""))
     if state.problems:
         raise AssemblyError(state.problems)
+    blob = bytes(data)
     return ObjectFile(
         text=words,
-        data=bytes(data),
+        data=blob if texts is None else texts.shared_data(blob),
         data_base=state.data_base,
         symbols=_symbols(state),
         kernels=tuple(m for m in metas if m is not None),

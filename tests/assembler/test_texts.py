@@ -62,3 +62,21 @@ def test_bounded_by_texts_and_words_least_recently_used_first() -> None:
     assert len(texts) == 1 and texts.get(b"d") is not None
     with pytest.raises(ValueError, match="positive"):
         TextCache(max_texts=0)
+
+
+def test_equal_data_sections_are_one_object_and_bounded() -> None:
+    texts = TextCache(max_data=8)
+    first, second = _program(texts).build(), _program(texts, imm=3).build()  # other words, the same data
+    assert second.data is first.data and second.text != first.text
+    third = _program(texts, data=2).build()
+    assert third.data == _program(None, data=2).build().data and third.data is not first.data
+
+    def fresh(text: bytes) -> bytes:  # an equal bytes object that is not the literal
+        return bytes(bytearray(text))
+
+    big = fresh(b"x" * 9)
+    assert texts.shared_data(big) is big and texts.shared_data(fresh(big)) is not big  # over the bound: not kept
+    assert texts.shared_data(fresh(third.data)) is third.data  # and nothing was evicted for it
+    kept = fresh(b"ab")
+    assert texts.shared_data(kept) is kept and texts.shared_data(fresh(b"ab")) is kept
+    assert texts.shared_data(fresh(third.data)) is not third.data  # evicted for "ab": over 8 bytes together
