@@ -20,7 +20,7 @@ K per preload is p_w (at most N): a patch narrower than the array uses p_w / N o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -207,6 +207,10 @@ class _Tiling:
     # preloads never wait for a bank the matrix unit streams from), each channel's rows in its own step's slot (its
     # regrouping overlaps the previous channel's matmuls); else each step loads its weights, bands rotate
     resident: bool
+    # the tail as its own step after the image's last drain (an empty matrix segment: the matrix unit's token),
+    # unless resident with several images (its tokens sit in the last channel step's slot, which the next image's
+    # steps reuse)
+    tail_apart: bool
 
 
 def _tiling(
@@ -232,7 +236,7 @@ def _tiling(
         tiles = [*channel(p.oh), p.cout * 4, p.cout * 8, *tokens(p.oh), *outputs(p.oh, p.cout)]
         if spare is None or not spare.fits([weights]) or m > MAX_ROWS or not probe.fits(tiles, [m * p.cout * 4]):
             raise CodegenError(f"the weights ({weights} bytes) or one image's channel and tokens do not fit resident")
-        return _Tiling(p.oh, nc, p.cout, tail is not None or m <= cfg.array_size, True)
+        return _Tiling(p.oh, nc, p.cout, tail is not None or m <= cfg.array_size, True, p.n == 1)
 
     def fits(rows: int, group: int) -> bool:
         raw, band = channel(rows)
@@ -244,7 +248,7 @@ def _tiling(
     if rows == 0 or not fits(rows, nc):
         raise CodegenError(f"one patch row band of the input ({p.c} x {p.ph} x {p.w}) does not fit a buffer slot")
     tiles = largest_fitting(-(-p.cout // nc), lambda t: fits(rows, min(p.cout, t * nc)))
-    return _Tiling(rows, nc, min(p.cout, tiles * nc), tail is not None or rows * p.ow <= cfg.array_size, False)
+    return _Tiling(rows, nc, min(p.cout, tiles * nc), tail is not None or rows * p.ow <= cfg.array_size, False, True)
 
 
 def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = False) -> list[Step]:
@@ -311,6 +315,12 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                 where = _Where(img, rows, raw, band, w, pitch, *ends, *[0] * (2 - len(ends)))
                 t = _Tile(co0, width, c, acc, g == len(groups) - 1)
                 steps.append(k.step(step, where, t, loads, g == 0, tokens.index((img,)).slice(0, oh0 * p.ow, m)))
+        if tail is not None and tiling.tail_apart:  # its loads never hold back the last channel's regrouping
+            own = TileArena(cfg, len(steps), cx.rotation)
+            for nbytes in reserved:
+                own.tile(nbytes)
+            tail_loads, emit, stores = k.tail_step(own, where)
+            steps.append(Step(tail_loads, [(Unit.matrix, lambda em: None), (Unit.vector, emit)], stores))
     return steps
 
 
@@ -400,7 +410,7 @@ class _Kernel:
 
         compute = [(Unit.vector, lambda em: self.regroup(em, at))] if regroup else []
         compute.append((Unit.matrix, matmul))
-        if self.tail is not None and last and t.last_group:
+        if self.tail is not None and last and t.last_group and not self.tiling.tail_apart:
             tail_loads, tail_emit, tail_stores = self.tail_step(arena, at)
             loads += tail_loads
             compute.append((Unit.vector, tail_emit))
@@ -421,7 +431,7 @@ class _Kernel:
                 else:
                     em.b.v_copy(*em.regs(dst, src), n, self.mm_dt.name)
 
-    def tail_step(self, arena: TileArena, at: _Where) -> tuple[list, object, list]:
+    def tail_step(self, arena: TileArena, at: _Where) -> tuple[list, Callable[[Emitter], None], list]:
         """The image's Concat (constant rows loaded beside the tokens; int8: the requantized tokens dequantized as
         the reference does) and the chain after it, on the whole [T, Cout] tile: loads, vector emitter, stores."""
         tail, cx, cout = self.tail, self.cx, self.p.cout
