@@ -54,6 +54,7 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
     packed, packed_nodes = conv_graph(1, 8, 8, (6, 6), (3, 3), (2, 1), (1, 1), (1, 0, 1, 1), 1, True)
     stationary, stationary_nodes = conv_graph(1, 8, 12, (2, 2), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
     grouped, grouped_nodes = conv_graph(2, 8, 8, (3, 3), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 2, False)
+    band, band_nodes = conv_graph(1, 8, 8, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 1, True)
     dilated_1d, dilated_1d_nodes = conv_graph(1, 4, 8, (9,), (3,), (2,), (2,), (2, 1), 1, True)
     block, block_nodes = chain_graph(8, (6, 5), [(8, 3, 1, True), (8, 3, 1, False)], residual=True)
     bottleneck, bottleneck_nodes = chain_graph(8, (7, 6), [(4, 1, 1, True), (8, 3, 2, True), (12, 1, 1, False)])
@@ -66,7 +67,8 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
     attention, _ = attention_graph(AttentionShape(seq=5, heads=2, kv_heads=1, head_dim=8, causal=True, key_len=4))
     return {
         "implicit_packed": (packed, Group(packed_nodes, "implicit_packed")),
-        "implicit_stationary": (stationary, Group(stationary_nodes, "implicit_stationary")),
+        "implicit_stationary": (stationary, Group(stationary_nodes, "implicit_stationary")),  # 2 bands a pass
+        "implicit_gemm": (band, Group(band_nodes, "implicit_gemm")),  # a band staged: one DMA, rows moved by v.copy
         "implicit_packed_1d_dilated": (dilated_1d, Group(dilated_1d_nodes, "implicit_packed")),
         "implicit_stationary_grouped": (grouped, Group(grouped_nodes, "implicit_stationary")),  # 2 images, stride 2
         "conv_chain": (block, Group(block_nodes, "conv_chain", 2)),  # bands of 2 rows: a ragged last band
