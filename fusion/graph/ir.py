@@ -141,6 +141,10 @@ class DimAssumption:
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
+    """A read-only copy, or the array itself when it is one already (owns its data, not writeable: another
+    graph's constant), so subgraphs share their model's weights instead of copying them."""
+    if array.flags.owndata and not array.flags.writeable:
+        return array
     out = np.array(array, copy=True)
     out.setflags(write=False)
     return out

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from fusion.errors import GraphError
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.hashing import extract_subgraph
 from fusion.graph.ir import DataType, Graph, TensorType, make_node
 from fusion.graph.ops import OP_KIND, OpKind, OpType
 
@@ -72,3 +74,18 @@ def test_every_op_has_a_kind_in_tvm_order() -> None:
     assert OpType.Softmax.kind == OpKind.REDUCTION
     assert OpType.Conv.kind == OpKind.OUT_ELEMWISE_FUSABLE
     assert OpKind.ELEMWISE < OpKind.BROADCAST < OpKind.INJECTIVE < OpKind.REDUCTION < OpKind.OUT_ELEMWISE_FUSABLE
+
+
+def test_a_subgraph_shares_its_models_read_only_constants_and_copies_a_callers_array() -> None:
+    weight = np.ones((4, 4), np.float32)
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 4))
+    y = b.op(OpType.MatMul, x, b.constant(weight, "w"), name="mm")
+    b.output(b.op(OpType.Relu, y, name="relu"))
+    graph = b.build()
+    kept = graph.constants["w"]
+    assert kept is not weight and not kept.flags.writeable  # the caller's array is copied, read-only
+    weight[0, 0] = 5.0
+    assert kept[0, 0] == 1.0
+    sub = extract_subgraph(graph, ["mm"])
+    assert sub.constants["w"] is kept  # shared, not copied again
