@@ -2,7 +2,8 @@
 `implicit_stationary`, layer fusion (`conv_chain`: a basic block with its residual, a bottleneck, a MobileNetV2
 inverted residual with its ReLU6 Clips and depthwise middle), the dequantizing int8 conv epilogue (per-channel f32
 rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel, a vector chain through a row
-reduction (RMSNorm) and fused attention (grouped-query, causal and padding masks), plus the baseline's frame
+reduction (RMSNorm), fused attention (grouped-query, causal and padding masks) and a patch embedding (patchify
+Conv + class token + position Add + LayerNorm, `patch_embed`), plus the baseline's frame
 kernels in geometries the window-kernel regression (`test_cosim_lower.py`) does not take (strided depthwise, a
 stride-1 max pool with asymmetric padding: their integer masks).
 
@@ -38,6 +39,7 @@ from attention_graphs import AttentionShape, attention_graph  # noqa: E402
 from engine_helpers import context, conv_graph, gated_mlp_graph, reference_env, rotary_graph  # noqa: E402
 from test_codegen_conv_chain import chain_graph  # noqa: E402
 from test_codegen_conv_dequant import residual_graph  # noqa: E402
+from test_codegen_patch_embed import patch_graph  # noqa: E402
 from test_codegen_row_reductions import _rms_graph  # noqa: E402
 from test_cosim_lower import _conv, _pool  # noqa: E402
 
@@ -65,6 +67,8 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
     rms, rms_nodes = _rms_graph((6, 12), 1e-5, False, "div1", seed=2)
     # grouped-query attention with causal and key-padding masks, 5 tokens: rows ragged on the 4-wide array
     attention, _ = attention_graph(AttentionShape(seq=5, heads=2, kv_heads=1, head_dim=8, causal=True, key_len=4))
+    # a ViT patch embedding: 3 x 9 x 8 image, 3 x 4 patches (a leftover row), class token, position Add, LayerNorm
+    patches = patch_graph(1, 3, 6, (9, 8), (3, 4), True, tail="layernorm")
     return {
         "implicit_packed": (packed, Group(packed_nodes, "implicit_packed")),
         "implicit_stationary": (stationary, Group(stationary_nodes, "implicit_stationary")),  # 2 bands a pass
@@ -79,6 +83,7 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
         "segment_chain": (rotary, Group(_offered(rotary, "segment_chain"), "segment_chain")),
         "rms_norm_chain": (rms, Group(rms_nodes, "chain")),
         "attention": (attention, Group(_offered(attention, "attention"), "attention")),
+        "patch_embed": (patches, Group(_offered(patches, "patch_embed"), "patch_embed")),
     }
 
 
@@ -130,7 +135,8 @@ def test_new_kernel_families_match_the_rtl(dtype: str) -> None:
     if dtype == "int8":
         vector_only = {"segment_chain", "rms_norm_chain", *FRAME_CASES}
         assert all("matrix_unit" in _units(r) for name, r in reports.items() if name not in vector_only)
-        for name in ("implicit_packed", "conv_chain", "conv_chain_inverted", "gated", "attention"):  # requantizing
+        requantizing = ("implicit_packed", "conv_chain", "conv_chain_inverted", "gated", "attention", "patch_embed")
+        for name in requantizing:
             assert "epilogue" in _units(reports[name]), name
         # the dequantizing drain writes f32 (no RTL datapath): its matmuls are what the RTL checks
         assert any(m == "mx.drain" for m, _ in reports["dequantizing_conv"].skipped)
