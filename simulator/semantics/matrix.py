@@ -28,6 +28,8 @@ def matmul(a: np.ndarray, w: np.ndarray, dtype: DType) -> np.ndarray:
         return np.matmul(a.astype(np.int64), w.astype(np.int64)).astype(np.int32)
     if dtype is DType.f32:
         total = np.zeros((a.shape[0], w.shape[1]), dtype=_F32)
+        if not a.any() and np.isfinite(w).all():
+            return total  # every product is +-0 and +0 + +-0 is +0: the column sums are +0 (the planner's zero inputs)
         with np.errstate(all="ignore"):  # IEEE overflow to inf is the hardware's behaviour, not an error
             for k in range(a.shape[1]):  # K <= N steps down the column, each a whole-tile numpy op
                 total += a[:, k : k + 1] * w[k]

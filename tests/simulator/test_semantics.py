@@ -161,6 +161,29 @@ def test_fp32_matmul_sums_in_array_order() -> None:
     np.testing.assert_allclose(M.matmul(a, w, DType.f32), a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
 
 
+def _column_sums(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The array's order spelled out: from +0, each rounded product added in k order, one numpy step per k."""
+    total = np.zeros((a.shape[0], w.shape[1]), np.float32)
+    with np.errstate(all="ignore"):
+        for k in range(a.shape[1]):
+            total += a[:, k : k + 1] * w[k]
+    return total
+
+
+SPECIAL = st.sampled_from([0.0, -0.0, 1.5, -2.0, 3e38, -3e38, np.inf, -np.inf, np.nan])
+
+
+@settings(max_examples=60)
+@given(rows=st.integers(1, 8), k=st.integers(0, 8), cols=st.integers(1, 8), data=st.data())
+def test_fp32_matmul_of_zero_activations_is_bit_exact(rows: int, k: int, cols: int, data) -> None:
+    """Zero (+-0) activations, the planner's inputs, against the summation order spelled out: +0 sums where the
+    weights are finite, and whatever the order gives where they are not (0 x inf is NaN)."""
+    a = data.draw(arrays(np.float32, (rows, k), elements=st.sampled_from([0.0, -0.0])))
+    w = data.draw(arrays(np.float32, (k, cols), elements=st.one_of(st.floats(-1e3, 1e3, width=32), SPECIAL)))
+    got, want = M.matmul(a, w, DType.f32), _column_sums(a, w)
+    assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+
+
 def test_accumulate_wraps() -> None:
     acc = np.array([[2**31 - 1]], np.int32)
     assert M.accumulate(acc, np.array([[1]], np.int32)).tolist() == [[-(2**31)]]
