@@ -98,7 +98,8 @@ def test_budgeted_measurement_gives_the_same_plan(name: str, dtype: str, cost) -
     assert budgeted == exact
     assert never == 0 and stopped > 0
     assert (cut.regions, cut.fallbacks) == (full.regions, full.fallbacks)
-    assert (full.fallbacks > 0) == isinstance(cost, Liar)
+    if isinstance(cost, Liar):  # the liar's plan loses regions; the guard's fallbacks are decided the same, budgeted
+        assert full.fallbacks > 0
 
 
 @given(st.integers(1, 10**9))
