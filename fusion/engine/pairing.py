@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from fusion.cost.analytic import unit_times
 from fusion.cost.interface import KernelFeatures
 from fusion.engine.errors import CodegenError
 from fusion.engine.execute import timing_cycles
 from fusion.engine.pipelined import build_pipelined
-from fusion.engine.plan import GroupChoice, PipelinedPair, Plan
-from fusion.engine.planner import REGRET_FLOOR, Evaluator
+from fusion.engine.plan import Group, GroupChoice, PipelinedPair, Plan
+from fusion.engine.planner import REGRET_FLOOR, Evaluated, Evaluator
 from fusion.engine.strategies import strategy_of
 from fusion.lower.errors import LoweringError
 from simulator.config import MachineConfig
@@ -52,13 +53,14 @@ def plan_pipelines(ev: Evaluator, plan: Plan, region: Collection[str] | None = N
     stay."""
     choices = plan.choices
     inside = (lambda c: True) if region is None else (lambda c: set(c.group.nodes) <= set(region))
+    outcomes: dict[tuple, PipelinedPair | str | None] = {}  # by `Evaluator.pair_key`: a repeated layer's pairs
     considered = [
-        (i, _consider(ev, choices[i], choices[i + 1]))
+        (i, _consider(ev, choices[i], choices[i + 1], outcomes))
         for i in range(len(choices) - 1)
         if inside(choices[i]) and inside(choices[i + 1])
     ]
-    found = {i: pair for i, pair in considered if isinstance(pair, PipelinedPair)}
-    simulated = sum(1 for _, pair in considered if pair is not None)
+    found = {i: pair for i, (pair, _) in considered if isinstance(pair, PipelinedPair)}
+    simulated = sum(1 for _, (_, fresh) in considered if fresh)
     outside = tuple(p for p in kept if region is not None and region.isdisjoint((*p.producer.nodes, *p.consumer.nodes)))
     pairs = outside + best_pairs(found, len(choices))
     return Plan(plan.policy, plan.choices, plan.rejected, pairs, ev.measurement(pairs=simulated))
@@ -77,19 +79,38 @@ def best_pairs(found: dict[int, PipelinedPair], n: int) -> tuple[PipelinedPair, 
     return best[0][1]
 
 
-def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | str | None:
-    """The pair when it beats its two kernels; "slower" when it was simulated and does not; None when it was
-    not simulated (not complementary, or refused)."""
+def _consider(
+    ev: Evaluator, a: GroupChoice, b: GroupChoice, outcomes: dict[tuple, PipelinedPair | str | None]
+) -> tuple[PipelinedPair | str | None, bool]:
+    """The pair when it beats its two kernels, "slower" when it does not, None when it was not simulated (not
+    complementary, or refused); and whether it was simulated now. A pair of the structure of one considered
+    before (`Evaluator.pair_key`, in `outcomes`) has its outcome, and is neither built nor simulated."""
     if strategy_of(a.group).host_view or strategy_of(b.group).host_view or b.zero_skip is not None:
-        return None  # a consumer's dispatch table reads the producer's output: unknown before the pair runs
+        return None, False  # a consumer's dispatch table reads the producer's output: unknown before the pair runs
     ea, eb = ev.evaluate(a.group), ev.evaluate(b.group)
     if isinstance(ea, str) or isinstance(eb, str):
-        return None
+        return None, False
     kinds = (bound(ea.features, ev.mc.config), bound(eb.features, ev.mc.config))
     if kinds[0] == kinds[1] and not serial(ea.features):
-        return None
+        return None, False
+    key = ev.pair_key(a.group, b.group)
+    if key in outcomes:
+        known = outcomes[key]
+        if isinstance(known, PipelinedPair):
+            known = replace(known, producer=a.group, consumer=b.group)
+        return known, False
+    outcome = _measure(ev, a.group, b.group, ea, eb, kinds)
+    if key is not None:
+        outcomes[key] = outcome
+    return outcome, outcome is not None
+
+
+def _measure(
+    ev: Evaluator, a: Group, b: Group, ea: Evaluated, eb: Evaluated, kinds: tuple[str, str]
+) -> PipelinedPair | str | None:
+    """The complementary pair built and simulated: as `_consider`."""
     try:
-        kernel = build_pipelined(ev.mc, a.group, b.group)
+        kernel = build_pipelined(ev.mc, a, b)
     except (CodegenError, LoweringError):
         return None
     apart = ev.measured_cycles(ea) + ev.measured_cycles(eb)
@@ -103,7 +124,7 @@ def _consider(ev: Evaluator, a: GroupChoice, b: GroupChoice) -> PipelinedPair | 
         together = ev.timed(lambda: timing_cycles(ev.mc, kernel, checked=True))
     except SimulatorTrap:
         return None
-    return PipelinedPair(a.group, b.group, kinds, apart, together) if worth_pairing(apart, together) else "slower"
+    return PipelinedPair(a, b, kinds, apart, together) if worth_pairing(apart, together) else "slower"
 
 
 def pairing_budget(apart: int) -> int:

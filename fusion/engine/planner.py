@@ -122,10 +122,10 @@ class Evaluator:
     a serial planner would (the same bounds prune the same schedules), so plans do not depend on the pool.
 
     With `repeats` (and no pool, whose threads would decide which of two alike groups is built first), a group
-    of the same structure and schedule as one built before (for other nodes: a model's repeated layers,
-    `ModelContext.shape_signature`; or a no-op flattening of the same nodes) is priced from that kernel's
-    features and built only when its program is needed (`evaluate`, `Evaluated.kernel`), and shares its
-    measurements (`timing_key`)."""
+    of the same structure and schedule as one built before for other nodes (a model's repeated layers,
+    `ModelContext.shape_signature`) is priced from that kernel's features and built only when its program is
+    needed (`evaluate`, `Evaluated.kernel`), and shares its measurements (`timing_key`) and pipelined pairs
+    (`pair_key`)."""
 
     def __init__(
         self,
@@ -202,16 +202,8 @@ class Evaluator:
         return entry.result()
 
     def _like_key(self, group: Group, fraction: float) -> tuple:
-        """A group's structure, schedule and priced zero-tile fraction; flattening a batch of one GEMM (nothing
-        to flatten: the same program) is the unflattened schedule."""
-        if group.flatten and self._batch(group.nodes[0]) == 1:
-            group = replace(group, flatten=False)
+        """A group's structure, schedule and priced zero-tile fraction."""
         return self.mc.shape_signature(group.nodes), _schedule(group), fraction
-
-    def _batch(self, name: str) -> int:
-        """The batch a node's first input has beside its last two axes (1 for a matrix)."""
-        graph = self.mc.graph
-        return math.prod(graph.types[graph.node(name).inputs[0]].shape[:-2])
 
     def _like(self, group: Group, fraction: float) -> Evaluated | None:
         """With `repeats`, the built group of the same structure and schedule (`ModelContext.shape_signature`)
@@ -383,6 +375,17 @@ class Evaluator:
         key = _program_key(e.kernel)
         with self._lock:
             return self._alike.setdefault(alike, key)
+
+    def pair_key(self, producer: Group, consumer: Group) -> tuple | None:
+        """With `repeats`, what a pipelined pair's outcome is shared by (`pairing.plan_pipelines`): both groups'
+        structures and schedules and the structure of their nodes together (how the producer's values reach the
+        consumer). A repeated layer's pair program differs from the first's only in the immediates its data
+        sets, like its kernels (`timing_key`): the same timing, accesses and addresses. None without `repeats`."""
+        if not self.repeats:
+            return None
+        nodes = frozenset((*producer.nodes, *consumer.nodes))
+        joint = tuple(n.name for n in self.mc.graph.nodes if n.name in nodes)
+        return self._like_key(producer, 0.0), self._like_key(consumer, 0.0), self.mc.shape_signature(joint)
 
     def simulated_within(self, kernel: Kernel, budget: int, checked: bool = False) -> int | None:
         """The kernel's cycles on zero inputs (`timing_cycles`, timed), or None once its run is past `budget`

@@ -357,7 +357,9 @@ def _patch_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
 
 
 def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "epilogue") -> list[Group]:
-    """Distinct GEMM schedules: batch flattening, row tiles, weight panels per step, A-stationary order."""
+    """Distinct GEMM schedules: batch flattening, row tiles, weight panels per step, A-stationary order. Only a
+    batch of more than one GEMM is flattened: flattening a batch of one generates the same program
+    (tests/fusion/engine/test_planner_repeats.py)."""
     graph, n_arr = mc.graph, mc.config.array_size
     head = graph.node(nodes[0])
     a, b = (graph.types[v].shape for v in head.inputs[:2])
@@ -365,7 +367,7 @@ def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "ep
     total_panels = -(-out[-1] // n_arr)
     panels = sorted({p if p < total_panels else 0 for p in PANELS}, key=lambda p: p or total_panels)
     groups = []
-    for flatten in (False, True) if len(a) > 2 and len(b) == 2 else (False,):
+    for flatten in (False, True) if math.prod(a[:-2]) > 1 and len(b) == 2 else (False,):
         rows = math.prod(a[:-1]) if flatten else a[-2]
         for tile_m in (0, n_arr) if rows > 2 * n_arr else (0,):
             groups += [Group(nodes, strategy, tile_m, flatten, p) for p in panels]

@@ -11,12 +11,16 @@ from engine_helpers import context
 from transformer_graphs import BlockShape, transformer
 
 from fusion.cost import AnalyticCostModel
+from fusion.engine import pairing
 from fusion.engine.candidates import Candidate, schedules
 from fusion.engine.execute import timing_cycles
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import Kernel
+from fusion.engine.pairing import plan_pipelines
 from fusion.engine.planner import Evaluator, plan_dynamic
+from fusion.engine.strategies import strategy_of
 from fusion.graph.builder import GraphBuilder
+from fusion.graph.ir import Graph
 from fusion.graph.ops import OpType
 
 
@@ -103,17 +107,60 @@ def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -
     assert differ > 0
 
 
-def test_flattening_a_batch_of_one_is_the_same_program() -> None:
-    """What pricing a flattened batch-1 GEMM schedule as its unflattened twin rests on."""
-    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2))
-    mc = context(graph, inputs, "fp32")
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_repeated_layers_pipelined_pairs_share_the_first_layers_outcome(dtype: str, monkeypatch) -> None:
+    """With `repeats`, a pair of the structure of one considered before is neither built nor simulated, and the
+    pipelined pairs (and the rest of the plan) are those of the planner that builds and measures every pair."""
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
+    mc = context(graph, inputs, dtype)
+    built: list[tuple] = []
+    build = pairing.build_pipelined
+
+    def counted(mc, producer, consumer):
+        built.append((producer, consumer))
+        return build(mc, producer, consumer)
+
+    monkeypatch.setattr(pairing, "build_pipelined", counted)
+    plans, builds = [], []
+    for repeats in (False, True):
+        built.clear()
+        ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=repeats)
+        plan = plan_pipelines(ev, plan_dynamic(ev))
+        plans.append((plan.choices, plan.rejected, plan.pipelined))
+        builds.append(len(built))
+    assert plans[1] == plans[0]
+    assert 0 < builds[1] < builds[0]
+
+
+def _batch_of_one(dims: int) -> tuple[Graph, str]:
+    """x (1, ..., 1, 16, 32) @ w (32, 48) with `dims` axes in x."""
+    g = GraphBuilder("batch_one")
+    x = g.input("x", (*([1] * (dims - 2)), 16, 32))
+    w = g.constant(np.random.default_rng(0).standard_normal((32, 48)).astype(np.float32))
+    g.output(g.op(OpType.MatMul, x, w))
+    graph = g.build()
+    return graph, _layer_nodes(graph, OpType.MatMul)[0]
+
+
+@pytest.mark.parametrize("dims", [3, 4])
+def test_a_batch_of_one_is_not_flattened_since_flattening_it_is_the_same_program(dims: int) -> None:
+    """`gemm_schedules` offers flattening only for a batch of more than one GEMM; flattening a batch of ones
+    would generate the same program as each unflattened schedule (what leaving them out loses: nothing)."""
+    graph, head = _batch_of_one(dims)
+    mc = context(graph, {}, "fp32")
+    offered = schedules(mc, Candidate((head,), "single"))
+    assert [g for g in offered if strategy_of(g).tiled] and not [g for g in offered if g.flatten]
     ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=False)
-    head = next(n for n in graph.nodes if n.op == OpType.MatMul)
-    assert graph.types[head.inputs[0]].shape[0] == 1
-    flat = [g for g in schedules(mc, Candidate((head.name,), "single")) if g.flatten]
-    assert flat
-    for group in flat:
-        a, b = ev.evaluate(group), ev.evaluate(replace(group, flatten=False))
+    built = 0
+    for group in offered:
+        if not strategy_of(group).tiled:
+            continue
+        a, b = ev.evaluate(group), ev.evaluate(replace(group, flatten=True))
         assert isinstance(a, str) == isinstance(b, str)
         if not isinstance(a, str):
             assert a.kernel.program.text == b.kernel.program.text
+            built += 1
+    assert built > 0
+    batched, _ = transformer(BlockShape(batch=2, seq=16, dim=32, heads=2))
+    matmul = _layer_nodes(batched, OpType.MatMul)[0]
+    assert any(g.flatten for g in schedules(context(batched, {}, "fp32"), Candidate((matmul,), "single")))
