@@ -77,9 +77,16 @@ class UnitTimes:
         top, steps = max(stages), max(self.steps, 1)
         pace = max(top, self.transfer, self.issue)
         restarts = min(max(self.phases, 1), steps)
-        # the channel's time beyond the busiest stage is other stages' DMA traffic, already paid on the channel
-        rest = sum(stages) - top - (load if self.head and load < top else 0.0) - max(0.0, self.transfer - top)
-        fill = max(rest, 0.0) * restarts / steps
+        beyond = max(0.0, self.transfer - top)  # other stages' DMA traffic, already paid on the channel
+        if self.head:
+            # the head holds the first step's loads, so the load stage has one item fewer than the others: the
+            # span is the flow shop's, the largest of each stage's total plus the other stages' share of one step
+            # before (the head already paid the loads') and after it; continuous and monotone in every stage
+            later = stages[1:]
+            span = max(load + sum(later) * restarts / steps, *(t + (sum(later) - t) * restarts / steps for t in later))
+            fill = max(0.0, span - top - beyond * restarts / steps)
+        else:
+            fill = max(sum(stages) - top - beyond, 0.0) * restarts / steps
         after = max(compute + (store,))  # the stages the vector prologue holds back (the loads keep streaming)
         if steps > 1:
             # a store's data waits while the channel moves a load's (the load unit wins a tie, `simulator.engine`):
