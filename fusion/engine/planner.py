@@ -332,7 +332,7 @@ class Evaluator:
         with self._lock:
             found = self._measured.get(key)
         if found is None:
-            found = self.timed(lambda: timing_cycles(self.mc, e.kernel))
+            found = self.timed(lambda: timing_cycles(self.mc, self.timed_kernel(e)))
             with self._lock:
                 self._measured[key] = found
         return found
@@ -351,7 +351,7 @@ class Evaluator:
         if found is None and budget <= over:
             return None
         if found is None:
-            found = self.simulated_within(e.kernel, budget)
+            found = self.simulated_within(self.timed_kernel(e), budget)
             with self._lock:
                 if found is None:
                     self._over[key] = max(budget, self._over.get(key, 0))
@@ -364,7 +364,7 @@ class Evaluator:
         first program seen of the same structure and schedule (`ModelContext.shape_signature`: a repeated
         layer's kernel differs from the first's only in immediates its data sets, int8 requantization
         multipliers and shifts, which no timing rule reads: `simulator.timing`), so a repeated layer's kernel
-        priced before it was built is not built to be measured."""
+        priced before it was built is not built to be measured (`timed_kernel`)."""
         if not self.repeats:
             return _program_key(e.kernel)
         alike = self._like_key(e.group, 0.0)
@@ -372,9 +372,16 @@ class Evaluator:
             found = self._alike.get(alike)
         if found is not None:
             return found
-        key = _program_key(e.kernel)
+        key = _program_key(self.timed_kernel(e))
         with self._lock:
             return self._alike.setdefault(alike, key)
+
+    def timed_kernel(self, e: Evaluated) -> Kernel:
+        """The kernel simulated for `e`'s timing: with `repeats`, the first built kernel of its structure and
+        schedule (the same timing: `timing_key`), so a repeated layer's kernel measured before the first one
+        (the plan guard's regions, in plan order) is not built to be measured; else `e`'s own."""
+        first = self._like(e.group, 0.0)
+        return e.kernel if first is None else first.kernel
 
     def pair_key(self, producer: Group, consumer: Group) -> tuple | None:
         """With `repeats`, what a pipelined pair's outcome is shared by (`pairing.plan_pipelines`): both groups'

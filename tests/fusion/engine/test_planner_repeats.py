@@ -107,6 +107,25 @@ def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -
     assert differ > 0
 
 
+def test_a_repeat_is_measured_by_the_first_kernel_without_being_built() -> None:
+    """A second layer's kernel priced as a repeat and measured before the first layer's (the plan guard measures
+    regions in plan order) is timed on the first's program: not built, and the cycles of its own program."""
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
+    mc = context(graph, inputs, "int8")
+    ev = Evaluator(mc, AnalyticCostModel(), {})
+    matmuls = _layer_nodes(graph, OpType.MatMul)
+    first, second = matmuls[0], matmuls[len(matmuls) // 2]
+    for group in schedules(mc, Candidate((first,), "single")):
+        a = ev.evaluate(group)
+        if isinstance(a, str) or a.kernel.program is None:
+            continue
+        b = ev.evaluate(replace(group, nodes=(second,)))
+        assert not isinstance(b.source, Kernel)  # priced as a repeat
+        cycles = ev.measured_cycles(b)
+        assert not isinstance(b.source, Kernel)  # measured without being built
+        assert cycles == timing_cycles(mc, b.kernel) == ev.measured_cycles(a)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_a_repeated_layers_pipelined_pairs_share_the_first_layers_outcome(dtype: str, monkeypatch) -> None:
     """With `repeats`, a pair of the structure of one considered before is neither built nor simulated, and the
