@@ -18,6 +18,7 @@ DIR`), interleaved with this one so both see the same machine load, and reports 
     python bench/bench_planning.py                                  # -> bench/results/planning.md
     python bench/bench_planning.py --models bert:small:int8 --out /tmp/p.md
     python bench/bench_planning.py --baseline /tmp/base             # before / after
+    python bench/bench_planning.py --models bert:small:int8 --baseline /tmp/base --repeat 5   # medians of 5
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -51,6 +53,7 @@ MODELS = (
 DISPATCH = ("bundled:encoder_post_d64:int8", "zoo:bert:int8")
 WARM_CALLS = 41
 CHILD_TIMEOUT_S = 3600
+MAX_REPEAT = 20
 
 
 class _Planned(Exception):
@@ -170,13 +173,18 @@ def run_child(tree: Path, args: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _table(trees: list[tuple[str, Path]], head: list[str], rows: list, cells) -> list[str]:
-    """Markdown rows: each (model, dtype, child arguments) measured on every tree in turn (interleaved)."""
+def _table(trees: list[tuple[str, Path]], head: list[str], rows: list, cells, repeat: int = 1) -> list[str]:
+    """Markdown rows: each (model, dtype, child arguments) measured on every tree in turn (interleaved), `repeat`
+    rounds of them, each tree's row the median of its rounds (`_median`)."""
     several = len(trees) > 1
     lines = ["| " + " | ".join((["tree"] if several else []) + head) + " |", "|" + "---|" * (len(head) + several)]
     for model, dtype, child in rows:
-        for label, tree in trees:
-            r = run_child(tree, child)
+        runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+        for _ in range(repeat):
+            for label, tree in trees:
+                runs[label].append(run_child(tree, child))
+        for label, _ in trees:
+            r = _median(runs[label])
             row = [model, dtype, *([r["error"]] if "error" in r else cells(r))]
             row += [""] * (len(head) - len(row))
             lines.append("| " + " | ".join(([label] if several else []) + row) + " |")
@@ -184,10 +192,26 @@ def _table(trees: list[tuple[str, Path]], head: list[str], rows: list, cells) ->
     return lines
 
 
+def _median(runs: list[dict]) -> dict:
+    """One row from several runs of the same child: the median of each figure in seconds, microseconds or MB,
+    the rest from the first run; an error if any run failed, or if the runs' plans or cycles differ (planning must not
+    depend on the machine's load)."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    first = runs[0]
+    if any((r.get("plan"), r.get("cycles")) != (first.get("plan"), first.get("cycles")) for r in runs):
+        return {"error": "plans differ between runs: " + ", ".join(str(r.get("plan")) for r in runs)}
+    row = {k: statistics.median(r[k] for r in runs) for k in first if k.endswith(("_s", "_us", "_mb"))}
+    if first.get("measured"):
+        row["measured"] = [first["measured"][0], statistics.median(r["measured"][1] for r in runs)]
+    return {**first, **row}
+
+
 def _plan_cells(r: dict) -> list[str]:
     kernels, seconds = r["measured"] or (0, 0.0)
     return [
-        f"{r['plan_s']:.1f}",
+        f"{r['plan_s']:.2f}",
         f"{r['jit_s']:.2f}",
         f"{r['wall_s']:.1f}",
         f"{kernels} / {seconds:.1f}",
@@ -209,6 +233,7 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another source tree, measured side by side")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-run", action="store_true", help="plan and JIT only: no simulated first run (no cycles)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds per tree, interleaved; rows are their medians")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -223,10 +248,14 @@ def main() -> None:
     head += ["cycles", "plan"]
     plans = [(name, size, dtype) for name, size, dtype in (m.split(":") for m in filter(None, args.models.split(",")))]
     mode = "plan" if args.no_run else "run"
-    lines = _table(trees, head, [(f"{n} ({s})", d, ["plan", n, s, d, mode]) for n, s, d in plans], _plan_cells)
+    if not 1 <= args.repeat <= MAX_REPEAT:
+        ap.error(f"--repeat must be 1..{MAX_REPEAT}")
+    rows = [(f"{n} ({s})", d, ["plan", n, s, d, mode]) for n, s, d in plans]
+    lines = _table(trees, head, rows, _plan_cells, args.repeat)
     dhead = ["model", "dtype", "kernels", "dispatch us/kernel wall", "dispatch us/kernel CPU"]
     items = [m.split(":") for m in filter(None, args.dispatch.split(","))]
-    dlines = _table(trees, dhead, [(f"{n} ({k})", d, ["dispatch", k, n, d]) for k, n, d in items], _dispatch_cells)
+    drows = [(f"{n} ({k})", d, ["dispatch", k, n, d]) for k, n, d in items]
+    dlines = _table(trees, dhead, drows, _dispatch_cells, args.repeat)
     machine = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average "
         f"{os.getloadavg()[0]:.1f} at the end (wall times on a shared machine)"
