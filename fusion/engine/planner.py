@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -142,6 +142,7 @@ class Evaluator:
         self.repeats = repeats and pool is None
         # a plan run as one program: the separate kernels' predicted boundary overlap (`overlap.BoundaryOverlap`)
         self.overlap = overlap or (lambda parts: 0.0)
+        self._overlaps: dict[tuple, float] = {}  # with `repeats`, by the parts' structures (`parts_overlap`)
         self._memo: dict[tuple[Group, float], Future[Evaluated | str]] = {}
         self._measured: dict[tuple, int] = {}  # simulated cycles by program (see `measured_cycles`)
         self._over: dict[tuple, int] = {}  # by program: a budget its simulation exceeded (`measured_within`)
@@ -390,9 +391,32 @@ class Evaluator:
         sets, like its kernels (`timing_key`): the same timing, accesses and addresses. None without `repeats`."""
         if not self.repeats:
             return None
-        nodes = frozenset((*producer.nodes, *consumer.nodes))
-        joint = tuple(n.name for n in self.mc.graph.nodes if n.name in nodes)
-        return self._like_key(producer, 0.0), self._like_key(consumer, 0.0), self.mc.shape_signature(joint)
+        return self._like_key(producer, 0.0), self._like_key(consumer, 0.0), self._joint_signature((producer, consumer))
+
+    def parts_overlap(self, parts: list[Evaluated]) -> float:
+        """`overlap(parts)`: the predicted overlap at the boundaries of separate kernels run in a row in one
+        program. With `repeats`, memoised by the parts' structures, schedules and predicted cycles and their
+        nodes' joint structure: a repeated layer's boundaries join programs that differ from the first layer's
+        only in immediates (`overlap.early_loads` generates and joins the two kernels' steps for each)."""
+        if not self.repeats:
+            return self.overlap(parts)
+        key = (
+            tuple((self._like_key(p.group, 0.0), p.cycles) for p in parts),
+            self._joint_signature([p.group for p in parts]),
+        )
+        with self._lock:
+            found = self._overlaps.get(key)
+        if found is None:
+            found = self.overlap(parts)
+            with self._lock:
+                found = self._overlaps.setdefault(key, found)
+        return found
+
+    def _joint_signature(self, groups: Sequence[Group]) -> str:
+        """The structure of the groups' nodes together (`ModelContext.shape_signature`): how values flow between
+        them, which neither group's own signature says."""
+        nodes = frozenset(n for g in groups for n in g.nodes)
+        return self.mc.shape_signature(tuple(n.name for n in self.mc.graph.nodes if n.name in nodes))
 
     def simulated_within(self, kernel: Kernel, budget: int, checked: bool = False) -> int | None:
         """The kernel's cycles on zero inputs (`timing_cycles`, timed), or None once its run is past `budget`
@@ -613,7 +637,7 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
     inputs) when the expected regret of the decision the prediction makes (fuse when the
     gain exceeds `threshold` of the separate score) is at least REGRET_FLOOR of that score. Zero-skip kernels,
     whose timing depends on the data, are never measured."""
-    base, base_sd = sum(p.score for p in parts) - ev.overlap(parts), sum(p.sd for p in parts)
+    base, base_sd = sum(p.score for p in parts) - ev.parts_overlap(parts), sum(p.sd for p in parts)
     gain = base - fused.score
     if gain > threshold * base:
         regret = expected_regret(fused.score, fused.sd, base, base_sd)
@@ -621,7 +645,7 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
         regret = expected_regret(base, base_sd, fused.score, fused.sd)
     if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
         return gain
-    return sum(map(ev.measured_score, parts)) - ev.overlap(parts) - ev.measured_score(fused)
+    return sum(map(ev.measured_score, parts)) - ev.parts_overlap(parts) - ev.measured_score(fused)
 
 
 def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> list:

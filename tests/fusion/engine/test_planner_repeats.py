@@ -16,6 +16,7 @@ from fusion.engine.candidates import Candidate, schedules
 from fusion.engine.execute import timing_cycles
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import Kernel
+from fusion.engine.overlap import BoundaryOverlap
 from fusion.engine.pairing import plan_pipelines
 from fusion.engine.planner import Evaluator, plan_dynamic
 from fusion.engine.strategies import strategy_of
@@ -105,6 +106,29 @@ def test_repeated_int8_layers_differ_in_immediates_not_in_features_or_cycles() -
             assert first.features == second.features
             assert timing_cycles(mc, first.kernel) == timing_cycles(mc, second.kernel)
     assert differ > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_repeated_layers_boundaries_are_priced_by_the_first_layers(dtype: str) -> None:
+    """In program mode the planner prices the overlap at the boundaries of a fusion's separate kernels
+    (`overlap.BoundaryOverlap`, generated for each pair of groups); with `repeats`, a repeated layer's are the
+    first layer's, asked once, and the plan is the plan of the planner asking for every one."""
+    graph, inputs = transformer(BlockShape(seq=16, dim=32, heads=2, layers=2))
+    mc = context(graph, inputs, dtype)
+    plans, asked = [], []
+    for repeats in (False, True):
+        boundaries, found = BoundaryOverlap(mc), []
+
+        def overlap(parts, boundaries=boundaries, found=found) -> float:
+            found.append(boundaries.chain(parts))
+            return found[-1]
+
+        ev = Evaluator(mc, AnalyticCostModel(), {}, overlap=overlap, repeats=repeats)
+        plan = plan_dynamic(ev)
+        plans.append((plan.choices, plan.rejected))
+        asked.append(found)
+    assert plans[1] == plans[0]
+    assert any(asked[0]) and 0 < len(asked[1]) < len(asked[0])
 
 
 def test_a_repeat_is_measured_by_the_first_kernel_without_being_built() -> None:
