@@ -8,6 +8,7 @@ refusing with a reason, which `generator_accepts` turns into a decision as well.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from fusion.engine.context import ModelContext
 from fusion.engine.decision import FusionDecision
@@ -29,10 +30,44 @@ def internal_values_private(graph: Graph, nodes: Sequence[Node]) -> FusionDecisi
     return FusionDecision.yes()
 
 
-# families whose kernels store every value read outside them (a vector chain's intermediates, side-by-side GEMMs):
-# legal wherever the group's kernel can run before those readers, which `no_cycle_through_outside` checks (plans
-# run their groups in a topological order, `planner.in_execution_order`)
-STORES_INTERMEDIATES = frozenset({"chain", "siblings", "patch_embed"})
+@dataclass(frozen=True)
+class FamilyRules:
+    """What a candidate family's kernels guarantee, which the legality predicates rely on (one row per family
+    `candidates.enumerate_candidates` makes; a family without a row is refused by `rules_of`)."""
+
+    dag: bool = False  # its nodes form a DAG (Q, K and V paths meet; two GEMMs read one activation), not a chain
+    # its kernels store every value read outside the group (a vector chain's intermediates, side-by-side GEMMs):
+    # legal wherever the kernel can run before those readers, which `no_cycle_through_outside` checks (plans run
+    # their groups in a topological order, `planner.in_execution_order`)
+    stores_intermediates: bool = False
+    # int8: its kernels requantize every matrix op as its drain would and run the rest as the unfused recipes
+    # (see `numerics_preserved`), so fusing changes no rounding
+    keeps_int8_numerics: bool = False
+
+
+FAMILIES: Mapping[str, FamilyRules] = {
+    "single": FamilyRules(),
+    "epilogue": FamilyRules(),
+    "conv": FamilyRules(),
+    "layout_chain": FamilyRules(),
+    "layout_load": FamilyRules(),
+    "chain": FamilyRules(stores_intermediates=True),
+    "stream": FamilyRules(keeps_int8_numerics=True),
+    "swapped": FamilyRules(keeps_int8_numerics=True),
+    "conv_chain": FamilyRules(keeps_int8_numerics=True),
+    "attention": FamilyRules(dag=True, keeps_int8_numerics=True),
+    "gated": FamilyRules(dag=True, keeps_int8_numerics=True),
+    "segment_chain": FamilyRules(dag=True),  # rotary: x read by a Mul and two Slices
+    "siblings": FamilyRules(dag=True, stores_intermediates=True, keeps_int8_numerics=True),
+    "patch_embed": FamilyRules(stores_intermediates=True, keeps_int8_numerics=True),
+}
+
+
+def rules_of(family: str) -> FamilyRules:
+    rules = FAMILIES.get(family)
+    if rules is None:
+        raise ValueError(f"candidate family {family!r} has no legality rules (fusion.engine.legality.FAMILIES)")
+    return rules
 
 
 def dependencies_respected(graph: Graph, nodes: Sequence[Node]) -> FusionDecision:
@@ -82,11 +117,7 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
     chain requantizes every Conv in its drain and runs a residual Add on the dequantized output, as unfused; a
     patch embedding requantizes its Conv in the drain and runs the class-token Concat and the chain after it on the
     dequantized tokens, as unfused."""
-    if (
-        not mc.int8
-        or nodes[0].op not in MATRIX_OPS
-        or family in ("stream", "swapped", "attention", "gated", "siblings", "conv_chain", "patch_embed")
-    ):
+    if not mc.int8 or nodes[0].op not in MATRIX_OPS or rules_of(family).keeps_int8_numerics:
         return FusionDecision.yes()
     if family == "conv" and mc.qplan.matrix[nodes[0].name].dequantize:
         # a dequantizing Conv (read only by Adds) outputs float32: its Add and Relu run in float32 after the
@@ -104,15 +135,13 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
 
 
 def structurally_legal(mc: ModelContext, nodes: Sequence[Node], family: str = "epilogue") -> FusionDecision:
-    graph = mc.graph
-    # an attention is a DAG (Q, K and V paths meet), so is a gated pair of GEMMs (both read one activation) and a
-    # segment chain (rotary: x read by a Mul and two Slices): its one output is the last node's, which
-    # internal_values_private checks; every other family is a producer/consumer chain
-    dag = family in ("attention", "gated", "segment_chain", "siblings")
-    chain = FusionDecision.yes() if dag else dependencies_respected(graph, nodes)
+    graph, rules = mc.graph, rules_of(family)
+    # a DAG family's one output is the last node's, which internal_values_private checks; every other family is a
+    # producer/consumer chain
+    chain = FusionDecision.yes() if rules.dag else dependencies_respected(graph, nodes)
     return (
         chain
-        & (FusionDecision.yes() if family in STORES_INTERMEDIATES else internal_values_private(graph, nodes))
+        & (FusionDecision.yes() if rules.stores_intermediates else internal_values_private(graph, nodes))
         & no_cycle_through_outside(graph, nodes)
         & numerics_preserved(mc, nodes, family)
     )
