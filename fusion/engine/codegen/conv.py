@@ -35,7 +35,7 @@ from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize, fill
-from fusion.lower.kernels.windows import window_of
+from fusion.lower.kernels.windows import Window, window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
@@ -44,16 +44,23 @@ from simulator.config import MachineConfig
 TAPS = "taps"  # constant-form key of a Conv weight as the band schedule's step tiles (see pack_band_taps)
 
 
-def conv_shape(graph: Graph, cfg: MachineConfig, node: Node, packed: bool = False) -> ConvGeometry:
-    """The geometry; CodegenError for convolutions this generator does not run (`packed`: the taps of a kernel
-    row share a preload's K, `codegen.conv_packed`)."""
+def matrix_conv_window(graph: Graph, node: Node, kernel: str) -> Window:
+    """The window of a Conv a matrix-unit kernel runs: 1-D or 2-D, with a constant weight (packed at compile
+    time); CodegenError naming the node and `kernel` otherwise."""
     if node.op != OpType.Conv:
         raise CodegenError(f"node {node.name!r} ({node.op.value}) is not a Conv")
     w = window_of(graph, node)
     if w.s not in (1, 2):
-        raise CodegenError(f"node {node.name!r}: the implicit GEMM covers 1-D and 2-D Conv, not {w.s}-D")
+        raise CodegenError(f"node {node.name!r}: {kernel} covers 1-D and 2-D Conv, not {w.s}-D")
     if not graph.is_constant(node.inputs[1]):
-        raise CodegenError(f"node {node.name!r}: the implicit GEMM needs a constant weight")
+        raise CodegenError(f"node {node.name!r}: {kernel} needs a constant weight")
+    return w
+
+
+def conv_shape(graph: Graph, cfg: MachineConfig, node: Node, packed: bool = False) -> ConvGeometry:
+    """The geometry; CodegenError for convolutions this generator does not run (`packed`: the taps of a kernel
+    row share a preload's K, `codegen.conv_packed`)."""
+    w = matrix_conv_window(graph, node, "the implicit GEMM")
     cout, cg = graph.types[node.inputs[1]].shape[:2]
     groups = node.attr("group")
     k = cg * (w.kernel[-1] if packed else 1)  # K rows one preload can carry

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.engine.codegen.chain import CHAIN_OPS, emit_chain, operand_views, operands
-from fusion.engine.codegen.conv import Epilogue, conv_epilogue
+from fusion.engine.codegen.conv import Epilogue, conv_epilogue, matrix_conv_window
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
@@ -63,13 +63,7 @@ class Patchify:
 
 def patchify(graph: Graph, cfg: MachineConfig, conv: Node) -> Patchify:
     """The shape of a Conv this kernel runs; CodegenError naming the node and the reason otherwise."""
-    if conv.op != OpType.Conv:
-        raise CodegenError(f"node {conv.name!r} ({conv.op.value}) is not a Conv")
-    win = window_of(graph, conv)
-    if win.s not in (1, 2):
-        raise CodegenError(f"node {conv.name!r}: a patch embedding is a 1-D or 2-D Conv, not {win.s}-D")
-    if not graph.is_constant(conv.inputs[1]):
-        raise CodegenError(f"node {conv.name!r}: the patch GEMM packs a constant weight")
+    win = matrix_conv_window(graph, conv, "the patch GEMM")
     if conv.attr("group") != 1:
         raise CodegenError(f"node {conv.name!r}: a grouped Conv is not a patch embedding")
     if win.needs_pad or any(d != 1 for d in win.dilations) or tuple(win.kernel) != tuple(win.strides):
