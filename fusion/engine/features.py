@@ -150,11 +150,10 @@ def _main_unit(matmuls: int, vector_instrs: int, dma_stores: int) -> int | None:
     return None
 
 
-def _stepped(category: np.ndarray, dst: np.ndarray, main: int | None) -> np.ndarray:
-    """Per instruction: whether its fenced phase is pipelined, i.e. hands tiles to the main unit (a `sync.pop`
-    into it). The other phases (a LayerNorm pass after a GEMM, a copy) run their loads, vector work and stores in
-    series; a kernel without any step is all one pipeline."""
-    phase = np.cumsum(category == FENCE)
+def _stepped(category: np.ndarray, phase: np.ndarray, dst: np.ndarray, main: int | None) -> np.ndarray:
+    """Per instruction: whether its fenced phase (`phase`: the fence count before it) is pipelined, i.e. hands
+    tiles to the main unit (a `sync.pop` into it). The other phases (a LayerNorm pass after a GEMM, a copy) run
+    their loads, vector work and stores in series; a kernel without any step is all one pipeline."""
     stepped = np.unique(phase[(category == POP) & (dst == main)]) if main is not None else phase[:0]
     return np.isin(phase, stepped) if stepped.size else np.ones(category.shape, dtype=bool)
 
@@ -198,7 +197,8 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
     preload, matmul, drain, passes = category == PRELOAD, category == MATMUL, category == DRAIN, category == PASS
     elems = _pass_elems(kind, category, n)
     main = _main_unit(int(np.count_nonzero(matmul)), int(np.count_nonzero(passes)), int(np.count_nonzero(store)))
-    stepped = _stepped(category, dst, main)
+    phase = np.cumsum(category == FENCE)
+    stepped = _stepped(category, phase, dst, main)
     serial = ~stepped
     # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in
     tokens = np.flatnonzero(_PUSH[kind] & (src == int(Unit.load)) & stepped)
@@ -213,7 +213,6 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
     vector_head = passes & stepped & (np.arange(len(words)) < into[0]) if prologue else np.zeros_like(passes)
     loads, stores = part(~store), part(store)
     heads, serial_loads, serial_stores = part(head), part(~store & serial[dma]), part(store & serial[dma])
-    phase = np.cumsum(category == FENCE)
     return {
         "dram_read_bytes": int(nbytes[~store].sum()),
         "dram_write_bytes": int(nbytes[store].sum()),
