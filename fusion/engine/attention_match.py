@@ -17,8 +17,9 @@ run as the other kernels do).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,9 +64,12 @@ class AttentionMatch:
     out_layout: tuple[str, ...]
     q_scale: str | None = None  # a Mul by a scalar on Q before the scores (ViT, PyTorch's MultiheadAttention)
     k_scale: str | None = None  # the same on K^T
+    # the MatMuls computing the tensors Q, K and V are read from, taken into the kernel (`with_projections`): one
+    # packed in_proj, or one per operand; () when Q, K and V are read from DRAM
+    projections: tuple[str, ...] = ()
 
     def names(self) -> frozenset[str]:
-        parts = (*self.q_layout, *self.k_layout, *self.v_layout, *self.out_layout)
+        parts = (*self.q_layout, *self.k_layout, *self.v_layout, *self.out_layout, *self.projections)
         single = (self.scale, self.mask, self.q_scale, self.k_scale)
         return frozenset({*parts, self.scores, self.softmax, self.context} | {n for n in single if n})
 
@@ -240,6 +244,57 @@ def match_attention(graph: Graph, softmax: Node) -> AttentionMatch | None:
     )
 
 
+def operand_values(graph: Graph, match: AttentionMatch) -> tuple[str, str, str]:
+    """The values Q, K^T and V are (past a pre-scale Mul): what their layout nodes produce."""
+    scores, context = graph.node(match.scores), graph.node(match.context)
+
+    def past(value: str, scale: str | None) -> str:
+        return value if scale is None else next(v for v in graph.node(scale).inputs if not graph.is_constant(v))
+
+    return past(scores.inputs[0], match.q_scale), past(scores.inputs[1], match.k_scale), context.inputs[1]
+
+
+def operand_sources(graph: Graph, match: AttentionMatch) -> tuple[str, str, str]:
+    """The tensors Q, K^T and V are read from (their layout's first input, else themselves)."""
+    layouts = (match.q_layout, match.k_layout, match.v_layout)
+    values = operand_values(graph, match)
+    return tuple(graph.node(lay[0]).inputs[0] if lay else v for lay, v in zip(layouts, values, strict=True))
+
+
+def projection_of(graph: Graph, value: str) -> Node | None:
+    """The MatMul producing `value` from an activation and a constant 2-D weight (a projection), or None."""
+    node = graph.producers.get(value)
+    if node is None or node.op != OpType.MatMul or len(node.inputs) != 2:
+        return None
+    x, w = node.inputs
+    if graph.is_constant(x) or not graph.is_constant(w) or len(graph.types[w].shape) != 2:
+        return None
+    return node
+
+
+def with_projections(graph: Graph, match: AttentionMatch) -> AttentionMatch | None:
+    """The attention with the projections producing the tensors Q, K and V are read from taken in, when each of
+    them is a projection (`projection_of`) read by nothing outside the attention; None otherwise."""
+    names: list[str] = []
+    for source in operand_sources(graph, match):
+        node = projection_of(graph, source)
+        if node is None:
+            return None
+        if node.name not in names:
+            names.append(node.name)
+    inside = match.names() | set(names)
+    for name in names:
+        out = graph.node(name).outputs[0]
+        if out in graph.outputs or any(u.name not in inside for u in graph.consumers.get(out, ())):
+            return None
+    return replace(match, projections=tuple(names))
+
+
+def find_projected_attention(graph: Graph) -> list[AttentionMatch]:
+    """Every attention of the graph (`find_attention`) whose Q, K and V projections it can take in."""
+    return [p for m in find_attention(graph) if (p := with_projections(graph, m)) is not None]
+
+
 def _operand_scale(graph: Graph, value: str, consumer: Node) -> tuple[str | None, str, Node]:
     """A Mul of the operand by a scalar constant that only the scores read: (its name, its input, itself), else
     (None, the operand, the scores MatMul)."""
@@ -339,6 +394,20 @@ def output_map(graph: Graph, layout: Sequence[Node], shape: tuple[int, ...]) -> 
     where[idx.reshape(-1)] = np.arange(size, dtype=np.int64)
     where = where.reshape(shape)
     return where if affine_heads(where) is not None else None
+
+
+def head_maps(graph: Graph, value: str, layout: Sequence[str], lead: tuple[int, ...]) -> HeadMaps | None:
+    """Per leading index, where `value` (read through the layout nodes, or itself without any) starts in the
+    layout's source and its two trailing strides; None when it is not one strided 2-D view per leading index."""
+    nodes = [graph.node(n) for n in layout]
+    if nodes:
+        idx = index_map(graph, nodes, value)
+    else:
+        shape = graph.types[value].shape
+        idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    if idx is None:
+        return None
+    return affine_heads(np.broadcast_to(idx, (*lead, *idx.shape[-2:])))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fusion.engine.attention_match import find_attention
+from fusion.engine.attention_match import find_attention, find_projected_attention
 from fusion.engine.codegen.absorbed_layout import loads_in_place
 from fusion.engine.codegen.chain import CHAIN_OPS
 from fusion.engine.codegen.gated import find_gated
@@ -109,6 +109,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op == OpType.Transpose:
             out += _layout_chains(graph, node)
     out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
+    out += [Candidate(m.nodes(graph), "attention") for m in find_projected_attention(graph)]  # + Q/K/V projections
     out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
     out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]

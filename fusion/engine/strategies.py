@@ -22,7 +22,8 @@ import numpy as np
 
 from fusion.engine.bounds import gemm_bound, swapped_bound
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
-from fusion.engine.codegen.attention import attention_forms, attention_steps
+from fusion.engine.codegen.attention import attention_forms, attention_steps, group_match
+from fusion.engine.codegen.attention_proj import pack_projection_weights
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
 from fusion.engine.codegen.conv import QUANTIZED, TAPS, conv_phases, conv_shape, pack_band_taps, quantized_bytes
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
@@ -297,8 +298,11 @@ def _patch_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) 
 
 
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
-    """The positions a generated mask is computed from (`codegen.attention`)."""
-    return attention_forms(sub), {}
+    """The positions a generated mask is computed from (`codegen.attention`); with the Q/K/V projections taken in,
+    their weights packed per head (`codegen.attention_proj`)."""
+    match = group_match(sub, sub.nodes)
+    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size) if match.projections else {}
+    return {**attention_forms(sub), **packed}, {}
 
 
 # --- candidate rules and schedule spaces -------------------------------------------------------------------

@@ -42,12 +42,15 @@ from fusion.engine.attention_match import (
     HeadMaps,
     PositionMask,
     affine_heads,
-    index_map,
+    head_maps,
     mask_of,
     match_attention,
     output_map,
     scalar_constant,
+    with_projections,
 )
+from fusion.engine.codegen import attention_proj
+from fusion.engine.codegen.attention_proj import Projection, projection
 from fusion.engine.codegen.chain import Registers, emit_node, operands
 from fusion.engine.codegen.gemm import _quantizer
 from fusion.engine.errors import CodegenError
@@ -68,7 +71,10 @@ def group_match(graph: Graph, nodes: Sequence[Node]) -> AttentionMatch:
     """The attention the group's nodes are, exactly; CodegenError otherwise."""
     softmax = [n for n in nodes if n.op == OpType.Softmax]
     match = match_attention(graph, softmax[0]) if len(softmax) == 1 else None
-    if match is None or set(match.names()) != {n.name for n in nodes}:
+    names = {n.name for n in nodes}
+    if match is not None and set(match.names()) != names:
+        match = with_projections(graph, match)
+    if match is None or set(match.names()) != names:
         raise CodegenError("the group is not one attention (MatMul, scale, mask, Softmax, MatMul and their layout)")
     return match
 
@@ -116,6 +122,7 @@ def _operand(
     lead: tuple[int, ...],
     scale: float | None,
     prescale: str | None = None,
+    projected: bool = False,
 ) -> HeadOperand:
     """`value` read through the layout nodes; `prescale`: a Mul node by a scalar between them and the MatMul."""
     factor = None
@@ -125,26 +132,21 @@ def _operand(
             raise CodegenError(f"node {prescale!r}: an int8 value inside the attention's float chain")
         factor = next(c for v in node.inputs if (c := scalar_constant(cx.graph, v)) is not None)
         value = next(v for v in node.inputs if not cx.graph.is_constant(v))
-    nodes = [cx.graph.node(n) for n in layout]
-    if nodes:
-        source, idx = nodes[0].inputs[0], index_map(cx.graph, nodes, value)
-    else:
-        source = value
-        shape = cx.graph.types[value].shape
-        idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
-    if idx is None:
-        raise CodegenError(f"value {value!r}: its layout is not one strided view per head")
-    full = np.broadcast_to(idx, (*lead, *idx.shape[-2:]))
-    maps = affine_heads(full)
+    maps = head_maps(cx.graph, value, layout, lead)
     if maps is None:
         raise CodegenError(f"value {value!r}: its layout is not one strided view per head")
-    view = cx.view(source)
-    if view.strides != dense(view.address, view.shape, view.dtype).strides:
-        raise CodegenError(f"value {source!r} is not a dense tensor")
+    source = cx.graph.node(layout[0]).inputs[0] if layout else value
+    shape = cx.graph.types[value].shape[-2:]
+    if projected:  # computed in the kernel (`codegen.attention_proj`): no DRAM tensor
+        view = dense(0, cx.graph.types[source].shape, cx.dtype(source))
+    else:
+        view = cx.view(source)
+        if view.strides != dense(view.address, view.shape, view.dtype).strides:
+            raise CodegenError(f"value {source!r} is not a dense tensor")
     source_scale = cx.scale(source)
     quantize = scale if cx.int8 and (source_scale is None or factor is not None) else None
     staged = source_scale if factor is not None else None
-    return HeadOperand(maps, idx.shape[-2:], view.address, view.dtype, quantize, factor, staged)
+    return HeadOperand(maps, shape, view.address, view.dtype, quantize, factor, staged)
 
 
 def _output(cx: LowerContext, match: AttentionMatch, lead: tuple[int, ...]) -> HeadOperand:
@@ -189,6 +191,7 @@ class Plan:
     prob_scale: float | None  # quantization of P, int8
     mask: PositionMask | None
     positions: View | None
+    proj: Projection | None = None  # Q, K^T and V computed in the kernel from their projections
 
 
 def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
@@ -198,9 +201,10 @@ def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
     lead = tuple(lead)
     q1 = cx.matrix(scores) if cx.int8 else None
     q2 = cx.matrix(context) if cx.int8 else None
-    q = _operand(cx, scores.inputs[0], match.q_layout, lead, q1.input_scale if q1 else None, match.q_scale)
-    k = _operand(cx, scores.inputs[1], match.k_layout, lead, q1.weight_scale if q1 else None, match.k_scale)
-    v = _operand(cx, context.inputs[1], match.v_layout, lead, q2.weight_scale if q2 else None)
+    inside = bool(match.projections)
+    q = _operand(cx, scores.inputs[0], match.q_layout, lead, q1.input_scale if q1 else None, match.q_scale, inside)
+    k = _operand(cx, scores.inputs[1], match.k_layout, lead, q1.weight_scale if q1 else None, match.k_scale, inside)
+    v = _operand(cx, context.inputs[1], match.v_layout, lead, q2.weight_scale if q2 else None, None, inside)
     out = _output(cx, match, lead)
     for name in (match.scale, match.mask, match.softmax):
         if name is not None and cx.dtype(g.node(name).outputs[0]) is not DType.f32:
@@ -230,6 +234,7 @@ def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
         q2.input_scale if q2 else None,
         mask,
         positions,
+        projection(cx, match) if inside else None,
     )
 
 
@@ -273,6 +278,10 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
             spad.extend(rows * kc * _op_dt(op).size for _, kc in chunks(cols, n))
 
     operand(p.q, m, p.d)
+    acc_extra = []
+    if p.proj is not None:
+        spad += attention_proj.activation_tiles(p.proj, m, p.sk, n)
+        acc_extra.append(attention_proj.acc_bytes(m, p.sk, p.d, p.dv, n))
     ktiles = chunks(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
         spad += _loaded(p.k, p.d * bk)
@@ -293,7 +302,7 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     spad += [m * p.sk * p.score_dt.size, m * p.sk * p.prob_dt.size] if split else []
     spad += [m * ec * p.out_dt.size for _, ec in echunks]
     streamed = t.block_keys < -(-p.sk // n) * n
-    return spad, [m * n * (len(echunks) if streamed else 1) * 4]
+    return spad, [*acc_extra, m * n * (len(echunks) if streamed else 1) * 4]
 
 
 def _v_by_chunk(cfg: MachineConfig, p: Plan) -> bool:
@@ -311,18 +320,26 @@ def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
     rows = min(p.sq, cfg.vreg_elems // p.sk, 4095)  # rows of scores a vector register holds
     cap = min(p.sq, 4095)  # rows the matrix unit takes per step (the softmax runs in register-sized passes)
     probe = TileArena(cfg, 0)
+    if p.proj is not None:
+        attention_proj.check_heads(p.proj, p.d, p.dv)
 
     def fits(t: Tiling) -> bool:
         return probe.fits(*_tile_bytes(p, n, t))
 
     whole = -(-p.sk // n) * n
-    by_chunk = _v_by_chunk(cfg, p)
+    by_chunk = _v_by_chunk(cfg, p) or p.proj is not None  # a projection drains V by value chunk
+    splits = (False,) if p.proj is not None else (True, False)  # ... and Q by chunk: no whole-row tile to split
     if rows:
-        for local_split in (True, False):
+        for local_split in splits:
             m = largest_fitting(cap, lambda r, s=local_split: fits(Tiling(r, whole, s, False, by_chunk, min(r, rows))))
             if m >= min(rows, n):
                 m = -(-p.sq // -(-p.sq // m))
                 return Tiling(m, whole, local_split, False, by_chunk, min(m, rows))
+        if p.proj is not None:
+            raise CodegenError(
+                f"node {softmax!r}: a head's K and V ({p.sk} keys) and its projections do not fit one buffer slot "
+                "(K and V computed in the kernel are not streamed in key blocks)"
+            )
         for local_split in (True, False):
             m = min(rows, n)
             while m and not fits(Tiling(m, n, local_split, False, by_chunk)):
@@ -332,6 +349,8 @@ def tiling(cfg: MachineConfig, p: Plan, softmax: str) -> Tiling:
                     whole // n, lambda b, m=m, s=local_split: fits(Tiling(m, b * n, s, False, by_chunk))
                 )
                 return Tiling(-(-p.sq // -(-p.sq // m)), keys, local_split, False, by_chunk)
+    if p.proj is not None:
+        raise CodegenError(f"node {softmax!r}: rows of {p.sk} scores beyond a vector register with the projections")
     if p.requant is not None:
         raise CodegenError(
             f"node {softmax!r}: int8 rows of {p.sk} scores beyond a vector register would need the online softmax, "
@@ -464,7 +483,14 @@ def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) ->
 
 
 def _work() -> dict[str, list]:
-    return {"loads": [], "scales": [], "quants": [], "copies": []}
+    return {"loads": [], "xquants": [], "project": [], "scales": [], "quants": [], "copies": []}
+
+
+def _projection_segments(work: dict[str, list]) -> list:
+    """A step's projections (`codegen.attention_proj`) after its loads: the activation quantized (a float one on
+    the int8 path), then Q, K^T and V computed into the tiles the attention reads."""
+    out = [(Unit.vector, _quantizer(work["xquants"]))] if work["xquants"] else []
+    return out + ([(Unit.matrix, _run(work["project"]))] if work["project"] else [])
 
 
 def _block_loads(work: dict[str, list]) -> list:
@@ -516,6 +542,8 @@ def _step_operands(arena: TileArena, p: Plan, block: tuple[int, int, int], t: Ti
     h, i0, m = block
     head = _work()
     q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
+    if p.proj is not None:
+        return _projected_operands(arena, p, block, t, n, head, q_buf)
     _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
     pos = 0
     if p.positions is not None:
@@ -533,6 +561,34 @@ def _step_operands(arena: TileArena, p: Plan, block: tuple[int, int, int], t: Ti
             _fill_kt(kb, p.k, kview.slice(1, j0, bk), k_work[b])
         _fill_v(v_bufs, p.v, vview, keys, n, t, v_work[b])
     return StepOperands(head, q_buf, pos, ktiles, kblocks, k_bufs, v_bufs, k_work, v_work)
+
+
+def _projected_operands(
+    arena: TileArena, p: Plan, block: tuple[int, int, int], t: Tiling, n: int, head: dict, q_buf: Buffer
+) -> StepOperands:
+    """`_step_operands` when Q, K^T and V are computed (`codegen.attention_proj`): the same buffers, filled by the
+    projections (one key block: a whole head's K and V) and then transformed as loaded ones are."""
+    pos = 0
+    if p.positions is not None:
+        pos = arena.tile(p.positions.size * 4)
+        head["loads"].append(lambda em: em.dma_load(p.positions, pos))
+    ktiles = chunks(p.sk, n)
+    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
+    v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
+    loads, quants, emit = attention_proj.step_projection(arena, p.proj, block, p.sk, n)
+    acc = arena.acc_tile(attention_proj.acc_bytes(block[2], p.sk, p.d, p.dv, n))
+    head["loads"] += loads
+    head["xquants"] += quants
+    tiles = ([b for b in q_buf.raw], [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
+    head["project"].append(lambda em: emit(em, acc, *tiles))
+    for i, (_, ec) in enumerate(chunks(p.d, n)):
+        _transform(q_buf, p.q, i, block[2] * ec, head)
+    for kb, (_, bk) in zip(k_bufs, ktiles, strict=True):
+        _transform(kb, p.k, 0, p.d * bk, head)
+    for i, (_, ec) in enumerate(chunks(p.dv, n)):
+        _transform(v_bufs[0], p.v, i, p.sk * ec, head)
+    empty = [_work()]
+    return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, empty, [_work()])
 
 
 def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):
@@ -652,6 +708,7 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     # under the previous step (their hand-over tokens would then pair with this step's later loads)
     compute: list = [(Unit.scalar, _run([]))] if streamed else []
     compute.append((Unit.load, _run(head["loads"])))
+    compute += _projection_segments(head)
     if _busy(head):
         compute.append((Unit.vector, _prepare(head)))
     for b in range(len(kblocks)):

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusion.engine.attention_match import find_attention
-from fusion.engine.codegen.attention import attention_forms, attention_steps
+from fusion.engine.codegen.attention import attention_forms, attention_steps, group_match
+from fusion.engine.codegen.attention_proj import pack_projection_weights
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import Guard, link_program, storage_dtypes
 from fusion.graph.builder import GraphBuilder
@@ -21,10 +22,13 @@ from simulator.run import simulate
 
 
 def build(mc, names):
-    """The attention group's program over its own DRAM image (constants + the generated mask's positions)."""
+    """The attention group's program over its own DRAM image (constants, the generated mask's positions, the
+    packed weights of projections taken in)."""
     sub = mc.subgraph(names)
     forms = constant_forms(sub, mc.qplan)
     forms.update(attention_forms(sub))
+    if (match := group_match(sub, sub.nodes)).projections:
+        forms.update(pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size))
     data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch={})
     shapes = tuple((v, sub.types[v].shape) for v in sub.inputs)
     guard = Guard(shapes, storage_dtypes(mc, sub, sub.inputs), "any", mc.config_hash)
@@ -54,30 +58,35 @@ def assert_matches(got, want, dtype):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.builds(
+def shapes(longest: int, dims: list[int]):
+    """Random attention shapes of at most `longest` queries and keys, head dims from `dims`, consistent (KV heads
+    dividing the heads, a padding length within the keys)."""
+
+    def consistent(s: AttentionShape) -> AttentionShape:
+        kv = s.kv_heads if s.kv_heads and s.heads % s.kv_heads == 0 else 0
+        key_len = s.key_len if s.key_len <= (s.keys or s.seq) else 0
+        return AttentionShape(**{**s.__dict__, "kv_heads": kv, "key_len": key_len})
+
+    return st.builds(
         AttentionShape,
         batch=st.integers(1, 2),
-        seq=st.integers(1, 40),
-        keys=st.one_of(st.just(0), st.integers(1, 40)),
+        seq=st.integers(1, longest),
+        keys=st.one_of(st.just(0), st.integers(1, longest)),
         heads=st.sampled_from([1, 2, 4]),
         kv_heads=st.sampled_from([0, 1, 2]),
-        head_dim=st.sampled_from([4, 8, 16, 24, 40]),
+        head_dim=st.sampled_from(dims),
         scale=st.sampled_from(["mul", "div", "none"]),
         causal=st.booleans(),
-        key_len=st.integers(0, 40),
+        key_len=st.integers(0, longest),
         k_transposed_in_graph=st.booleans(),
         fused_qkv=st.booleans(),
         prescale=st.booleans(),
-    ),
-    st.sampled_from(["fp32", "int8"]),
-)
+    ).map(consistent)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes(40, [4, 8, 16, 24, 40]), st.sampled_from(["fp32", "int8"]))
 def test_attention_kernel_equals_the_reference(shape, dtype):
-    keys = shape.keys or shape.seq
-    kv = shape.kv_heads if shape.kv_heads and shape.heads % shape.kv_heads == 0 else 0
-    key_len = shape.key_len if shape.key_len <= keys else 0
-    shape = AttentionShape(**{**shape.__dict__, "kv_heads": kv, "key_len": key_len})
     _, got, want = run(shape, dtype)
     assert_matches(got, want, dtype)
 

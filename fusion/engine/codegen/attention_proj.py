@@ -1,0 +1,310 @@
+"""The Q, K and V projections of an attention computed inside its kernel (`codegen.attention`), so they never
+round-trip DRAM.
+
+The group is an attention whose Q, K and V are read (through their layout nodes) from projections X @ W
+(`attention_match.with_projections`): one packed in_proj sliced into Q, K and V (torchvision's ViT, PyTorch's
+MultiheadAttention, GPT-2's c_attn as a MatMul), or one MatMul per operand (BERT, LLaMA; cross-attention reads K
+and V from another activation). Each leading index (batch, head) of the attention reads its operands from a block
+of rows and a run of columns of the projection outputs; per step the kernel computes exactly those, into the
+tiles the loads would have filled:
+
+- Q_h (rows x d) = X[rows] @ W_q[:, cols]: per value chunk of at most N columns, the activation's row chunks
+  streamed through the K-chunks of the weight, drained (int8: requantized with the projection's own multiplier,
+  as the unfused MatMul drains) as the dense m x chunk tile the attention reads;
+- K_h^T (d x keys) = W_k[:, cols]^T @ X^T: the transposed orientation (W_k^T's rows streamed, X^T's key tiles
+  preloaded, one transposing `dma.ldt` per key tile), so K^T is drained as the dense d x key-tile tile the scores
+  preload: the same int32 sums as X @ W_k, hence the same requantized values;
+- V_h (keys x dv) as Q, over every key row.
+
+The weights are packed at compile time (`pack_projection_weights`): per distinct (Q, K, V) column block, the
+stationary tiles of W_q and W_v and the streamed rows of W_k^T back to back, read by one DMA per step. The
+activation is read once per step: its row chunks (one DMA per chunk of N columns, Q's rows shared with V's when
+they are the same rows of the same tensor) and its key tiles transposed.
+
+Refused (CodegenError, the planner then runs the projections as their own kernels): an activation that is not
+rows x features in DRAM, an operand not one run of columns of its projection per head, a per-channel int8
+projection, and a head whose K and V do not fit one buffer slot beside the rest (streamed key blocks and the
+online softmax read K and V block by block: not expressed here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.engine.attention_match import AttentionMatch, head_maps, operand_sources, operand_values
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph
+from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key
+from fusion.lower.emitter import Emitter, f32_bits
+from fusion.lower.kernels.matrix import requant
+from fusion.lower.views import View, dense
+from isa.enums import Activation, DType
+
+PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
+PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
+
+
+@dataclass(frozen=True)
+class Side:
+    """Where one of Q, K^T, V comes from: its projection node, the activation, and per leading index the first
+    activation row and the first output column it reads."""
+
+    node: str
+    x: str
+    rows: np.ndarray
+    cols: np.ndarray
+    width: int  # columns per head (d, or dv)
+
+
+def _side(graph: Graph, match: AttentionMatch, which: int, layout: tuple[str, ...], lead: tuple[int, ...]) -> Side:
+    """Q (0) and V (2) are rows x width of their projection's output, K^T (1) width x keys."""
+    source = operand_sources(graph, match)[which]
+    value = operand_values(graph, match)[which]
+    node = graph.producers[source]
+    maps = head_maps(graph, value, layout, lead)
+    if maps is None:
+        raise CodegenError(f"node {node.name!r}: an attention operand is not one strided view per head")
+    shape = graph.types[source].shape
+    cols = shape[-1]
+    op_shape = graph.types[value].shape[-2:]
+    width = op_shape[0] if which == 1 else op_shape[1]
+    along, across = (maps.col_stride, maps.row_stride) if which == 1 else (maps.row_stride, maps.col_stride)
+    count = op_shape[1] if which == 1 else op_shape[0]
+    if (across != 1 and width > 1) or (along != cols and count > 1):
+        raise CodegenError(f"node {node.name!r}: an attention operand is not one run of its output columns per head")
+    return Side(node.name, node.inputs[0], maps.bases // cols, maps.bases % cols, width)
+
+
+def sides(graph: Graph, match: AttentionMatch) -> tuple[Side, Side, Side]:
+    scores = graph.node(match.scores)
+    lead = tuple(graph.types[scores.outputs[0]].shape[:-2])
+    layouts = (match.q_layout, match.k_layout, match.v_layout)
+    return tuple(_side(graph, match, i, layouts[i], lead) for i in range(3))
+
+
+def _blocks(q: Side, k: Side, v: Side) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (Q, K, V) column blocks, and per leading index which of them it reads."""
+    keys = np.stack([q.cols, k.cols, v.cols], axis=1)
+    distinct, which = np.unique(keys, axis=0, return_inverse=True)
+    return distinct, which.reshape(-1)
+
+
+@dataclass(frozen=True)
+class TileLayout:
+    """Offsets (elements) of one head's packed weight tiles: W_q's (value chunk e, K chunk c) tiles (kc x ec),
+    W_k^T's K chunks (d x kc), W_v's tiles as W_q's."""
+
+    q: dict[tuple[int, int], int]
+    kt: dict[int, int]
+    v: dict[tuple[int, int], int]
+    size: int
+
+
+def tile_layout(kd: int, d: int, dv: int, n: int) -> TileLayout:
+    at = 0
+    q, kt, v = {}, {}, {}
+    for e0, ec in _chunks(d, n):
+        for c0, kc in _chunks(kd, n):
+            q[(e0, c0)], at = at, at + kc * ec
+    for c0, kc in _chunks(kd, n):
+        kt[c0], at = at, at + d * kc
+    for e0, ec in _chunks(dv, n):
+        for c0, kc in _chunks(kd, n):
+            v[(e0, c0)], at = at, at + kc * ec
+    return TileLayout(q, kt, v, at)
+
+
+def _chunks(total: int, size: int) -> list[tuple[int, int]]:
+    return [(s, min(size, total - s)) for s in range(0, total, size)]
+
+
+def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int):
+    """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32)."""
+    q, k, v = sides(graph, match)
+    form = CONST_I8 if int8 else CONST_F32
+    w = [np.asarray(forms[const_key(graph.node(s.node).inputs[1], form)]) for s in (q, k, v)]
+    kd = w[0].shape[0]
+    lay = tile_layout(kd, q.width, v.width, n)
+    distinct, _ = _blocks(q, k, v)
+    out = np.zeros((len(distinct), lay.size), dtype=w[0].dtype)
+    for b, (qc, kc0, vc) in enumerate(distinct):
+        for (e0, c0), at in lay.q.items():
+            tile = w[0][c0 : c0 + n, qc + e0 : qc + min(e0 + n, q.width)]
+            out[b, at : at + tile.size] = tile.reshape(-1)
+        for c0, at in lay.kt.items():
+            tile = w[1][c0 : c0 + n, kc0 : kc0 + k.width].T
+            out[b, at : at + tile.size] = tile.reshape(-1)
+        for (e0, c0), at in lay.v.items():
+            tile = w[2][c0 : c0 + n, vc + e0 : vc + min(e0 + n, v.width)]
+            out[b, at : at + tile.size] = tile.reshape(-1)
+    return {weights_key(graph, match): out}
+
+
+def weights_key(graph: Graph, match: AttentionMatch) -> str:
+    return const_key(graph.node(match.projections[0]).inputs[1], PROJECTIONS)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """What a step needs to compute its head's Q, K^T and V: the activations as 2-D DRAM views (rows x kd), their
+    int8 quantization (a float activation on the int8 path), each side's drain (mult, shift), the packed weights."""
+
+    q: Side
+    k: Side
+    v: Side
+    xs: tuple[View, View, View]
+    quantize: tuple[float | None, float | None, float | None]
+    requants: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+    out_dt: tuple[DType, DType, DType]
+    weights: View  # (blocks, layout size)
+    block_of: np.ndarray  # per leading index: its row of `weights`
+    layout: TileLayout
+    kd: int
+    mm_dt: DType
+
+    def shares_rows(self) -> bool:
+        """Q's rows are V's rows of the same activation (self-attention): one load of them."""
+        return self.q.x == self.v.x and np.array_equal(self.q.rows, self.v.rows)
+
+
+def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
+    g = cx.graph
+    q, k, v = sides(g, match)
+    xs, quants, reqs, outs = [], [], [], []
+    for side in (q, k, v):
+        node = g.node(side.node)
+        shape = g.types[side.x].shape
+        rows = math.prod(shape[:-1])
+        flat = cx.view(side.x).reshaped((rows, shape[-1]))
+        if flat is None or flat.strides[1] != flat.dtype.size:
+            raise CodegenError(f"node {node.name!r}: its activation is not rows x features in DRAM")
+        xs.append(flat)
+        quants.append(cx.matrix(node).input_scale if cx.int8 and cx.scale(side.x) is None else None)
+        reqs.append(requant(cx, node) or (f32_bits(1.0), 0))
+        outs.append(cx.dtype(node.outputs[0]))
+        if cx.int8 and outs[-1] is not DType.i8:
+            raise CodegenError(f"node {node.name!r}: an int8 projection stored as float32 (dequantized) is not fused")
+    kd = xs[0].shape[1]
+    if any(x.shape[1] != kd for x in xs):
+        raise CodegenError(f"node {match.softmax!r}: the projections' activations differ in width")
+    n = cx.config.array_size
+    lay = tile_layout(kd, q.width, v.width, n)
+    distinct, which = _blocks(q, k, v)
+    mm_dt = DType.i8 if cx.int8 else DType.f32
+    key = weights_key(g, match)
+    if key not in cx.addresses:
+        raise CodegenError(f"node {match.softmax!r}: the kernel's DRAM image has no packed projection weights")
+    weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
+    return Projection(q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt)
+
+
+def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
+    """Scratchpad bytes of one step's projection tiles (`step_projection` allocates them in this order)."""
+    out = []
+
+    def rows_tiles(x: View, rows: int, quantize: float | None) -> None:
+        for _, kc in _chunks(p.kd, n):
+            out.append(rows * kc * x.dtype.size)
+            out.extend([rows * kc] if quantize is not None else [])
+
+    rows_tiles(p.xs[2], sk, p.quantize[2])
+    if not p.shares_rows():
+        rows_tiles(p.xs[0], sq_rows, p.quantize[0])
+    for _, bk in _chunks(sk, n):
+        out.append(p.kd * bk * p.xs[1].dtype.size)
+        out.extend([p.kd * bk] if p.quantize[1] is not None else [])
+    out.append(p.layout.size * p.mm_dt.size)
+    return out
+
+
+def acc_bytes(sq_rows: int, sk: int, d: int, dv: int, n: int) -> int:
+    return min(max(sq_rows, sk, d, dv), PIECE_ROWS) * n * 4
+
+
+def step_projection(
+    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int
+) -> tuple[list, list, Callable[[Emitter, int, list[int], list[int], list[int]], None]]:
+    """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
+    (loads, quants, emit) where emit(em, acc, q_tiles, kt_tiles, v_tiles) computes Q (m x chunk tiles), K^T
+    (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers."""
+    h, i0, m = block
+    loads: list = []
+    quants: list = []
+
+    def rows_tiles(x: View, row0: int, rows: int, quantize: float | None) -> list[int]:
+        read = []
+        for c0, kc in _chunks(p.kd, n):
+            raw = arena.tile(rows * kc * x.dtype.size)
+            part = x.slice(0, row0, rows).slice(1, c0, kc)
+            loads.append(lambda em, v=part, a=raw: em.dma_load(v, a))
+            if quantize is not None:
+                qt = arena.tile(rows * kc)
+                quants.append((qt, raw, rows * kc, 1.0 / quantize))
+                raw = qt
+            read.append(raw)
+        return read
+
+    xv = rows_tiles(p.xs[2], int(p.v.rows[h]), sk, p.quantize[2])
+    if p.shares_rows():
+        x_es = (DType.i8 if p.quantize[2] is not None else p.xs[2].dtype).size
+        xq = [a + i0 * kc * x_es for a, (_, kc) in zip(xv, _chunks(p.kd, n), strict=True)]
+    else:
+        xq = rows_tiles(p.xs[0], int(p.q.rows[h]) + i0, m, p.quantize[0])
+    xk = []
+    xk_view = p.xs[1]
+    xdt = xk_view.dtype.name
+    for j0, bk in _chunks(sk, n):
+        raw = arena.tile(p.kd * bk * xk_view.dtype.size)
+        addr = xk_view.address + (int(p.k.rows[h]) + j0) * xk_view.strides[0]
+        loads.append(lambda em, a=raw, s=addr, b=bk: em.b.dma_ldt(*em.regs(a, s, xk_view.strides[0]), b, p.kd, xdt))
+        if p.quantize[1] is not None:
+            qt = arena.tile(p.kd * bk)
+            quants.append((qt, raw, p.kd * bk, 1.0 / p.quantize[1]))
+            raw = qt
+        xk.append(raw)
+    w = arena.tile(p.layout.size * p.mm_dt.size)
+    wrow = p.weights.slice(0, int(p.block_of[h]), 1)
+    loads.append(lambda em: em.dma_load(wrow, w))
+    wes = p.mm_dt.size
+    lay, kchunks = p.layout, _chunks(p.kd, n)
+
+    def emit(em: Emitter, acc: int, q_tiles: list[int], kt_tiles: list[int], v_tiles: list[int]) -> None:
+        def drain_cfg(i: int) -> None:
+            mult, shift = p.requants[i]
+            em.b.ep_cfg(*em.regs(0, 0, mult), shift, Activation.none, "none", p.out_dt[i].name)
+
+        def product(out: int, a_tiles: list[int], b_tiles: list[int], rows: int, cols: int, i: int) -> None:
+            """out (rows x cols, dense) = sum over K chunks of A_c (rows x kc, dense) @ B_c (kc x cols)."""
+            for r0, pr in _chunks(rows, PIECE_ROWS):
+                for ci, ((_, kc), a, b) in enumerate(zip(kchunks, a_tiles, b_tiles, strict=True)):
+                    em.b.mx_preload(em.reg(b), kc, cols, p.mm_dt.name)
+                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a + r0 * kc * p.mm_dt.size), pr)
+                em.b.mx_drain(*em.regs(out + r0 * cols * p.out_dt[i].size, acc), pr, cols)
+
+        drain_cfg(0)
+        for (e0, ec), out in zip(_chunks(p.q.width, n), q_tiles, strict=True):
+            product(out, xq, [w + lay.q[(e0, c0)] * wes for c0, _ in kchunks], m, ec, 0)
+        drain_cfg(1)
+        for (_, bk), out, xt in zip(_chunks(sk, n), kt_tiles, xk, strict=True):
+            d = p.k.width
+            for r0, pr in _chunks(d, PIECE_ROWS):  # K^T rows = W_k^T rows streamed; X^T's key tile stationary
+                for ci, (c0, kc) in enumerate(kchunks):
+                    em.b.mx_preload(em.reg(xt + c0 * bk * p.mm_dt.size), kc, bk, p.mm_dt.name)
+                    a = w + (lay.kt[c0] + r0 * kc) * wes
+                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a), pr)
+                em.b.mx_drain(*em.regs(out + r0 * bk * p.out_dt[1].size, acc), pr, bk)
+        drain_cfg(2)
+        for (e0, ec), out in zip(_chunks(p.v.width, n), v_tiles, strict=True):
+            product(out, xv, [w + lay.v[(e0, c0)] * wes for c0, _ in kchunks], sk, ec, 2)
+
+    return loads, quants, emit
+
+
+def check_heads(p: Projection, d: int, dv: int) -> None:
+    """The projection's head widths are the attention's operand widths (a layout the sides misread otherwise)."""
+    if (p.q.width, p.k.width, p.v.width) != (d, d, dv):
+        raise CodegenError("the projections' head widths are not the attention's head dims")
