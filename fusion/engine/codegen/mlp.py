@@ -1,0 +1,494 @@
+"""A whole transformer MLP as ONE kernel: [prologue chain] -> GEMM1 (+ own bias) -> activation chain -> GEMM2 (+ own
+bias) -> [epilogue chain], the hidden activation (rows x hidden) never leaving the chip.
+
+Per block of `tile` rows the steps are:
+- P (prologue): the block's activations (each rows x D, one DMA each) and, in the first block, every row parameter
+  (biases, LayerNorm gamma/beta) packed in one constant (`pack_params`: one DMA) are loaded; the prologue chain
+  (e.g. residual Add + LayerNorm, or RMSNorm) runs on whole rows (`chain.emit_chain`, the unfused recipes) and its
+  result is cut into GEMM1's k-slices (int8: quantized at GEMM1's input scale, as the unfused MatMul does) in the
+  spare scratchpad bank, where every later step of the block reads it. Values the epilogue reads (the pre-norm
+  residual sum) are kept there too.
+- H_g (hidden groups of `panels` array-wide panels of the hidden dimension): one DMA loads the group's slice of
+  both weights (packed at compile time, `pack_weights`: per hidden panel, W1's K x N column panel then W2's N x D
+  row slice as array tiles), GEMM1 computes the group's hidden panels and drains them (int8: requantized as
+  GEMM1's drain does), the activation chain runs on each drained panel and (int8) quantizes it at GEMM2's input
+  scale, exactly as the unfused kernels do, and GEMM2 accumulates the panel as its K slice into an accumulator
+  that persists in the accumulator's spare bank. The next group's weights load while this group computes.
+- E (epilogue): GEMM2's accumulator is drained (requantized), its panels are reassembled into whole rows and the
+  epilogue chain (bias, residual Add, a following LayerNorm) runs on them; its result (and every value read outside
+  the group, e.g. the residual sum a following LayerNorm also feeds) is stored.
+
+DRAM traffic is the compulsory: the activations in, the weights once per row block, the outputs out. Refused with
+a reason: weights that are not constant 2-D, a Gemm with transposes or scaling, an activation chain needing
+whole rows (a row reduction of the hidden activation), a chain reading other tensors than listed above, int8
+per-channel requantization (`requant` says so), tiles that do not fit the buffer slots or the spare banks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.engine.codegen.chain import CHAIN_OPS, ROWS, emit_chain, operands
+from fusion.engine.codegen.gemm import _nothing, _quantizer, k_slices
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, own_bias, packable_weight
+from fusion.engine.codegen.stream import GEMM_DEFAULTS
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, bias_form, const_key
+from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.errors import MemoryPlanError
+from fusion.lower.kernels.matrix import matrix_operand, requant
+from fusion.lower.local_alloc import DEPTH, Slot, TileArena, largest_fitting, slot
+from fusion.lower.views import MAX_ROWS, View, dense
+from isa.enums import Activation, DType, Unit
+from isa.memory_map import LOCAL_ACC_BASE
+
+MLP_WEIGHTS = "mlp_weights"  # constant-form key (on GEMM1's weight) of both weights packed per hidden panel
+MLP_PARAMS = "mlp_params"  # constant-form key (on GEMM1's weight) of every row parameter, one block
+
+
+@dataclass(frozen=True)
+class MlpParts:
+    """A group's nodes by role, each chain in graph order."""
+
+    pre: tuple[Node, ...]  # whole-row chain producing GEMM1's input (may be empty)
+    first: Node
+    mid: tuple[Node, ...]  # elementwise chain from GEMM1's output to GEMM2's input (may be empty)
+    second: Node
+    post: tuple[Node, ...]  # whole-row chain after GEMM2 (may be empty)
+
+
+def mlp_parts(graph: Graph, nodes: Sequence[Node]) -> MlpParts:
+    """Split a group into its roles; CodegenError naming what does not fit the pattern."""
+    heads = [i for i, n in enumerate(nodes) if n.op in EPILOGUE_HEADS]
+    if len(heads) != 2:
+        raise CodegenError(f"an MLP kernel has two matrix nodes, this group {len(heads)}")
+    i, j = heads
+    parts = MlpParts(tuple(nodes[:i]), nodes[i], tuple(nodes[i + 1 : j]), nodes[j], tuple(nodes[j + 1 :]))
+    for head in (parts.first, parts.second):
+        if packable_weight(graph, head) is None:
+            raise CodegenError(f"node {head.name!r}: an MLP kernel needs constant 2-D weights")
+        if head.op == OpType.Gemm and any(head.attr(a, d) != d for a, d in GEMM_DEFAULTS.items()):
+            raise CodegenError(f"node {head.name!r}: a Gemm with transposes or scaling is not an MLP layer")
+    for node in (*parts.pre, *parts.mid, *parts.post):
+        if node.op not in CHAIN_OPS:
+            raise CodegenError(f"node {node.name!r} ({node.op.value}) has no vector-chain form")
+    if any(n.op in ROWS for n in parts.mid):
+        raise CodegenError("an MLP's activation chain runs on hidden panels: it cannot reduce whole hidden rows")
+    feeds = parts.mid[-1].outputs[0] if parts.mid else parts.first.outputs[0]
+    if parts.second.inputs[0] != feeds:
+        raise CodegenError(f"node {parts.second.name!r} does not read the activation chain's output")
+    if parts.pre and parts.first.inputs[0] != parts.pre[-1].outputs[0]:
+        raise CodegenError(f"node {parts.first.name!r} does not read the prologue chain's output")
+    if parts.post and parts.second.outputs[0] not in parts.post[0].inputs:
+        raise CodegenError(f"node {parts.post[0].name!r} does not read {parts.second.name!r}")
+    d, h = graph.types[parts.first.inputs[1]].shape
+    if graph.types[parts.second.inputs[1]].shape != (h, d):
+        raise CodegenError(f"weights {d} x {h} and {graph.types[parts.second.inputs[1]].shape} are not an MLP's")
+    inner = {
+        parts.first.outputs[0],
+        *(n.outputs[0] for n in parts.mid),
+        *([parts.second.outputs[0]] * bool(parts.post)),
+    }
+    if inner & set(graph.outputs):
+        raise CodegenError(
+            f"{sorted(inner & set(graph.outputs))[0]!r} is read outside the group: the hidden "
+            "activation never leaves the kernel"
+        )
+    return parts
+
+
+# --- constant forms -------------------------------------------------------------------------------------------
+
+
+def _pad(n: int, n_arr: int) -> int:
+    return -(-n // n_arr) * n_arr
+
+
+def pack_weights(w1: np.ndarray, w2: np.ndarray, n_arr: int) -> np.ndarray:
+    """W1 (D x H) and W2 (H x D) as one block per hidden panel j: W1[:, j-th panel] (D x n_arr), then W2's rows of
+    that panel as D / n_arr array tiles (n_arr x n_arr each, output-panel order). Hidden and output columns are
+    zero-padded to the array size, so any run of consecutive panels is one contiguous DMA."""
+    d, h = w1.shape
+    hp, dp = _pad(h, n_arr), _pad(d, n_arr)
+    a = np.zeros((d, hp), w1.dtype)
+    a[:, :h] = w1
+    b = np.zeros((hp, dp), w2.dtype)
+    b[:h, :d] = w2
+    first = a.reshape(d, hp // n_arr, n_arr).transpose(1, 0, 2).reshape(hp // n_arr, -1)
+    second = b.reshape(hp // n_arr, n_arr, dp // n_arr, n_arr).transpose(0, 2, 1, 3).reshape(hp // n_arr, -1)
+    return np.ascontiguousarray(np.concatenate([first, second], axis=1).reshape(-1))
+
+
+def _tables(cx: LowerContext, p: MlpParts) -> tuple[dict, dict, dict]:
+    return tuple(operands(cx, chain) if chain else {} for chain in (p.pre, p.mid, p.post))  # type: ignore[return-value]
+
+
+def param_layout(cx: LowerContext, p: MlpParts) -> dict[str, tuple[int, int]]:
+    """Byte offset and element count (padded to the array size) in the packed parameters of every row operand of
+    the three chains (by value) and each matrix node's own bias (by `bias_form` key)."""
+    n_arr = cx.config.array_size
+    d, h = cx.graph.types[p.first.inputs[1]].shape
+    layout: dict[str, tuple[int, int]] = {}
+    at = 0
+    for chain, table in zip((p.pre, p.mid, p.post), _tables(cx, p), strict=True):
+        width = h if chain is p.mid else d
+        for o in table.values():
+            if o.kind == "row" and o.value not in layout:
+                if not cx.graph.is_constant(o.value):
+                    raise CodegenError(f"{o.value!r}: an MLP kernel's row operands must be constants")
+                layout[o.value] = (at, _pad(width, n_arr))
+                at += 4 * _pad(width, n_arr)
+    for head, width in ((p.first, h), (p.second, d)):
+        if own_bias(head) is not None:
+            layout[bias_form(head.name)] = (at, _pad(width, n_arr))
+            at += 4 * _pad(width, n_arr)
+    return layout
+
+
+def pack_params(cx: LowerContext, p: MlpParts, forms: dict) -> np.ndarray:
+    """The parameters of `param_layout` as one byte block: rows as float32, own biases as the drain adds them
+    (int8: int32 accumulator units)."""
+    layout = param_layout(cx, p)
+    out = np.zeros(max((at + 4 * n for at, n in layout.values()), default=4), np.uint8)
+    for key, (at, n) in layout.items():
+        if key.startswith("bias@"):
+            head = p.first if key == bias_form(p.first.name) else p.second
+            value = own_bias(head)
+            data = forms[const_key(value, key)] if cx.int8 else np.asarray(cx.graph.constants[value], np.float32)
+        else:
+            data = np.asarray(cx.graph.constants[key], np.float32)
+        flat = np.asarray(data).reshape(-1)
+        if flat.size > n:
+            raise CodegenError(f"{key!r}: {flat.size} values where a row holds {n}")
+        row = np.zeros(n, flat.dtype)
+        row[: flat.size] = flat
+        out[at : at + 4 * n] = row.view(np.uint8)
+    return out
+
+
+def mlp_forms(cx: LowerContext, forms: dict) -> dict[str, np.ndarray]:
+    """The kernel's two constant blocks: both weights packed per hidden panel, and the row parameters."""
+    p = mlp_parts(cx.graph, cx.graph.nodes)
+    form = CONST_I8 if cx.int8 else CONST_F32
+    w1, w2 = (np.asarray(forms[const_key(h.inputs[1], form)]) for h in (p.first, p.second))
+    key = p.first.inputs[1]
+    return {
+        const_key(key, MLP_WEIGHTS): pack_weights(w1, w2, cx.config.array_size),
+        const_key(key, MLP_PARAMS): pack_params(cx, p, forms),
+    }
+
+
+# --- the program ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shape:
+    rows: int  # all rows (tokens, batches flattened)
+    d: int
+    h: int
+    es_a: int  # bytes per element of an array operand (1 int8, 4 fp32)
+    es_in: int  # GEMM1's input as it sits in DRAM (no prologue)
+
+
+def _spare(cx: LowerContext) -> TileArena:
+    """The scratchpad and accumulator banks outside the buffer slots (what every step of a block shares)."""
+    cfg = cx.config
+    arena = TileArena.spare(cfg)
+    acc_used = DEPTH * slot(cfg.acc_bytes, cfg.acc_banks, 0).size
+    if arena is None or acc_used >= cfg.acc_bytes:
+        raise CodegenError("an MLP kernel needs a scratchpad and an accumulator bank outside the buffer slots")
+    arena.acc = Slot(LOCAL_ACC_BASE + acc_used, cfg.acc_bytes - acc_used)
+    return arena
+
+
+class _Kernel:
+    """The parts, views and decisions of one MLP program (built once per group, then asked for steps)."""
+
+    def __init__(self, cx: LowerContext, nodes: Sequence[Node], panels: int, tile_rows: int) -> None:
+        self.cx, cfg = cx, cx.config
+        self.p = p = mlp_parts(cx.graph, nodes)
+        self.pre_t, self.mid_t, self.post_t = _tables(cx, p)
+        self.n = cfg.array_size
+        d, h = cx.graph.types[p.first.inputs[1]].shape
+        q1, q2 = (cx.matrix(x) if cx.int8 else None for x in (p.first, p.second))
+        self.a1 = matrix_operand(cx, p.first, p.first.inputs[0], q1.input_scale if q1 else None)
+        self.a2 = matrix_operand(cx, p.second, p.second.inputs[0], q2.input_scale if q2 else None)
+        rows = math.prod(self.a1.view.shape[:-1])
+        es = 1 if cx.int8 else 4
+        self.s = _Shape(rows, d, h, es, self.a1.view.dtype.size)
+        self.chunk = d * self.n + self.n * _pad(d, self.n)  # elements of one hidden panel's packed weights
+        self.rq = (requant(cx, p.first), requant(cx, p.second))
+        self.layout = param_layout(cx, p)
+        self.params_bytes = max((at + 4 * c for at, c in self.layout.values()), default=4)
+        key = p.first.inputs[1]
+        w_dt = DType.i8 if cx.int8 else DType.f32
+        self.weights = dense(cx.addresses[const_key(key, MLP_WEIGHTS)], (self.chunk * _pad(h, self.n) // self.n,), w_dt)
+        self.params = dense(cx.addresses[const_key(key, MLP_PARAMS)], (self.params_bytes,), DType.i8)
+        self.flat = {v: self._rows_view(v) for v in self._external_tiles()}
+        self.kept = [v for n in (*p.pre[:-1], *p.post[:-1]) for v in n.outputs if v in cx.graph.outputs]
+        last = p.post[-1].outputs[0] if p.post else p.second.outputs[0]
+        self.out_value = last
+        self.needed = self._residuals()
+        all_panels = _pad(h, self.n) // self.n
+        limit = min(rows, MAX_ROWS, cfg.vreg_elems // d if p.pre or p.post else MAX_ROWS)
+        if tile_rows:
+            limit = min(limit, tile_rows)
+        want = min(panels or all_panels, all_panels)
+        self.tile = largest_fitting(limit, lambda t: self._fits(t, 1))
+        if self.tile == 0:
+            raise CodegenError(f"an MLP of D={d}, hidden {h} does not fit the buffer slots and spare banks")
+        self.panels = largest_fitting(want, lambda g: self._fits(self.tile, g))
+
+    # - views and operands
+
+    def _rows_view(self, value: str) -> View:
+        view = self.cx.view(value).reshaped((self.s.rows, self.cx.graph.types[value].shape[-1]))
+        if view is None:
+            raise CodegenError(f"{value!r} must flatten to rows x features")
+        return view
+
+    def _external_tiles(self) -> list[str]:
+        """DRAM tensors the chains read (GEMM1's input when there is no prologue), first use first."""
+        p, produced = self.p, {v for n in self.cx.graph.nodes for v in n.outputs}
+        values = [] if p.pre else [p.first.inputs[0]]
+        for table in (self.pre_t, self.post_t):
+            values += [o.value for o in table.values() if o.kind == "tile" and o.value not in produced]
+        for o in self.mid_t.values():
+            if o.kind == "tile" and o.value != p.first.outputs[0]:
+                raise CodegenError(f"the MLP's activation chain reads {o.value!r}: only GEMM1's output")
+        for table, width in ((self.pre_t, self.s.d), (self.post_t, self.s.d)):
+            for o in table.values():
+                if o.kind == "tile" and self.cx.graph.types[o.value].shape[-1] != width:
+                    raise CodegenError(f"{o.value!r} is not a rows x {width} tensor")
+        return list(dict.fromkeys(values))
+
+    def _residuals(self) -> list[str]:
+        """Values of the prologue (its inputs, GEMM1's input) the epilogue reads: kept in the spare bank."""
+        p = self.p
+        early = {*(n.outputs[0] for n in p.pre), *(v for v in self.flat if self._in_pre(v))}
+        return list(dict.fromkeys(o.value for o in self.post_t.values() if o.kind == "tile" and o.value in early))
+
+    # - memory
+
+    def _allocate(self, tile: int, panels: int) -> dict:
+        """Every tile of every step kind, as addresses (raises MemoryPlanError when something does not fit)."""
+        s, n, cx = self.s, self.n, self.cx
+        spare = _spare(cx)
+        out: dict = {"params": spare.tile(self.params_bytes)}
+        out["a1"] = [(k0, kb, spare.tile(tile * kb * s.es_a)) for k0, kb in k_slices(s.d, n)]
+        out["keep"] = {v: spare.tile(tile * s.d * 4) for v in self.needed}
+        out["acc2"] = [spare.acc_tile(tile * n * 4) for _ in range(_pad(s.d, n) // n)]
+        pre = TileArena(cx.config, 0)
+        pre_tiles = {v: pre.tile(tile * s.d * self.flat[v].dtype.size) for v in self.flat if self._in_pre(v)}
+        pre_out = pre.tile(tile * s.d * 4) if self.p.pre else None
+        pre_kept = {v: pre.tile(tile * s.d * 4) for v in self.kept if v in {n.outputs[0] for n in self.p.pre}}
+        out["pre"] = (pre_tiles, pre_out, pre_kept)
+        hid = TileArena(cx.config, 0)
+        w = hid.tile(panels * self.chunk * s.es_a)
+        panel_tiles = [
+            (hid.tile(tile * n * s.es_a), hid.tile(tile * n * 4) if self.p.mid else None, hid.tile(tile * n * s.es_a))
+            for _ in range(panels)
+        ]
+        out["hid"] = (w, panel_tiles, [hid.acc_tile(tile * n * 4) for _ in range(panels)])
+        post = hid  # the epilogue runs in the last hidden step, after its tiles
+        drained = [post.tile(tile * n * s.es_a) for _ in out["acc2"]]
+        whole = post.tile(tile * s.d * s.es_a) if s.d != n else drained[0]
+        post_tiles = {v: post.tile(tile * s.d * self.flat[v].dtype.size) for v in self.flat if not self._in_pre(v)}
+        post_out = post.tile(tile * s.d * 4) if self.p.post else None
+        post_kept = {v: post.tile(tile * s.d * 4) for v in self.kept if v not in pre_kept}
+        out["post"] = (drained, whole, post_tiles, post_out, post_kept)
+        return out
+
+    def _in_pre(self, value: str) -> bool:
+        return not self.p.pre and value == self.p.first.inputs[0] or any(o.value == value for o in self.pre_t.values())
+
+    def _fits(self, tile: int, panels: int) -> bool:
+        try:
+            self._allocate(tile, panels)
+        except MemoryPlanError:
+            return False
+        return True
+
+    # - steps
+
+    def steps(self) -> list[Step]:
+        out: list[Step] = []
+        groups = range(0, _pad(self.s.h, self.n) // self.n, self.panels)
+        for b, i0 in enumerate(range(0, self.s.rows, self.tile)):
+            rows = min(self.tile, self.s.rows - i0)
+            out.append(self._prologue(len(out), i0, rows, b == 0))
+            for j in groups:
+                out.append(self._hidden(len(out), i0, rows, j, j == groups[-1]))
+        return out
+
+    def _local(self, index: int) -> dict:
+        """The allocation with this step's slot: every slot address shifted by its base."""
+        base = TileArena(self.cx.config, index, self.cx.rotation)
+        zero = TileArena(self.cx.config, 0)
+        ds, da = base.spad.base - zero.spad.base, base.acc.base - zero.acc.base
+        return {"ds": ds, "da": da, **self._allocate(self.tile, self.panels)}
+
+    def _prologue(self, index: int, i0: int, rows: int, first_block: bool) -> Step:
+        cx, s, p, a = self.cx, self.s, self.p, self._local(index)
+        ds = a["ds"]
+        tiles, pre_out, kept = a["pre"]
+        tiles = {v: t + ds for v, t in tiles.items()}
+        kept = {v: t + ds for v, t in kept.items()}
+        pre_out = None if pre_out is None else pre_out + ds
+        loads = [(self.params, a["params"])] if first_block else []
+        loads += [(self.flat[v].slice(0, i0, rows), t) for v, t in tiles.items()]
+        src = pre_out if pre_out is not None else tiles[p.first.inputs[0]]
+        src_dt = DType.f32 if p.pre else self.flat[p.first.inputs[0]].dtype
+        inv = None if self.a1.quantize_scale is None else 1.0 / self.a1.quantize_scale
+        cuts = []
+        for k0, kb, dst in a["a1"]:
+            if kb == s.d:
+                cuts.append((dst, src, rows * kb, inv, src_dt))
+            else:
+                rows_at = range(rows)
+                cuts += [(dst + r * kb * s.es_a, src + (r * s.d + k0) * src_dt.size, kb, inv, src_dt) for r in rows_at]
+        # a prologue intermediate the epilogue reads goes straight to the spare bank, unless it is stored too
+        stored = kept | {v: a["keep"][v] for v in self.needed if v not in kept and v in self._inner_pre()}
+        local = tiles | kept | ({p.pre[-1].outputs[0]: pre_out} if p.pre else {})
+        copies = [(a["keep"][v], local[v]) for v in self.needed if stored.get(v) != a["keep"][v]]
+        for v in self.needed:
+            if v in tiles and self.flat[v].dtype is not DType.f32:
+                raise CodegenError(f"{v!r}: the epilogue reads an int8 tensor as its residual (kept as float32 only)")
+        rows_at = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.pre_t)}
+
+        def vector(em: Emitter) -> None:
+            if p.pre:
+                addr = {v: t for v, t in tiles.items() if any(o.value == v for o in self.pre_t.values())} | rows_at
+                emit_chain(cx, em, p.pre, self.pre_t, addr, pre_out, rows * s.d, s.d, stored=stored)
+            _quantizer(cuts)(em)
+            for dst, at in copies:
+                em.b.v_copy(*em.regs(dst, at), rows * s.d, "f32")
+
+        stores = [(t, self._rows_view(v).slice(0, i0, rows)) for v, t in kept.items()]
+        if p.pre and p.pre[-1].outputs[0] in cx.graph.outputs:
+            stores.append((pre_out, self._rows_view(p.pre[-1].outputs[0]).slice(0, i0, rows)))
+        return Step(loads, [(Unit.vector, vector)], stores)
+
+    def _inner_pre(self) -> set[str]:
+        return {n.outputs[0] for n in self.p.pre[:-1]}
+
+    def _row_values(self, table: dict) -> list[str]:
+        return list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
+
+    def _hidden(self, index: int, i0: int, rows: int, j: int, last: bool) -> Step:
+        """Hidden panels j.. of the block: GEMM1, the activation chain, GEMM2's K slice; the last hidden step also
+        runs the epilogue (every step then starts with its loads: the pipeline's credits never share a token pair
+        with its hand-overs)."""
+        cx, s, p, n, a = self.cx, self.s, self.p, self.n, self._local(index)
+        ds, da = a["ds"], a["da"]
+        w, panel_tiles, accs = a["hid"]
+        w += ds
+        count = min(self.panels, _pad(s.h, n) // n - j)
+        chunk = self.chunk
+        loads = [(self.weights.slice(0, j * chunk, count * chunk), w)]
+        dt = DType.i8 if cx.int8 else DType.f32
+        tiles = [(d + ds, None if f is None else f + ds, q + ds) for d, f, q in panel_tiles[:count]]
+        accs = [acc + da for acc in accs[:count]]
+        mid_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.mid_t)}
+        bias1 = self.layout.get(bias_form(p.first.name))
+        inv = None if self.a2.quantize_scale is None else 1.0 / self.a2.quantize_scale
+        first_out = p.first.outputs[0]
+
+        def gemm1(em: Emitter) -> None:
+            for index_k, (k0, kb, a_addr) in enumerate(a["a1"]):
+                for c, acc in enumerate(accs):
+                    em.b.mx_preload(em.reg(w + (c * chunk + k0 * n) * s.es_a), kb, n, dt.name)
+                    (em.b.mx_mm if index_k == 0 else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
+            for c, (acc, (drained, _, _)) in enumerate(zip(accs, tiles, strict=True)):
+                bias = 0 if bias1 is None else a["params"] + bias1[0] + (j + c) * n * 4
+                self._drain(em, drained, acc, rows, n, bias, self.rq[0])
+
+        def activation(em: Emitter) -> None:
+            entries = []
+            for c, (drained, f, q) in enumerate(tiles):
+                if p.mid:
+                    addr = {first_out: drained} | {v: at + (j + c) * n * 4 for v, at in mid_rows.items()}
+                    out = f if inv is not None else q
+                    emit_chain(cx, em, p.mid, self.mid_t, addr, out, rows * n, n)
+                    if inv is not None:
+                        entries.append((q, f, rows * n, inv))
+            _quantizer(entries)(em)
+
+        def gemm2(em: Emitter) -> None:
+            for o, acc in enumerate(a["acc2"]):
+                for c, (drained, _, q) in enumerate(tiles):
+                    a_addr = q if p.mid else drained
+                    em.b.mx_preload(em.reg(w + (c * chunk + s.d * n + o * n * n) * s.es_a), n, n, dt.name)
+                    (em.b.mx_mm if j == 0 and c == 0 else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
+
+        compute = [(Unit.vector, _nothing), (Unit.matrix, gemm1)]
+        if p.mid:
+            compute.append((Unit.vector, activation))
+        compute.append((Unit.matrix, gemm2))
+        if not last:
+            return Step(loads, compute, [])
+        more, drain, vector, stores = self._epilogue(a, i0, rows)
+        return Step(loads + more, [*compute, (Unit.matrix, drain), (Unit.vector, vector)], stores)
+
+    def _drain(self, em: Emitter, out: int, acc: int, rows: int, cols: int, bias: int, rq) -> None:
+        flags = "bias" if bias else "none"
+        mult, shift = rq if rq is not None else (f32_bits(1.0), 0)
+        em.b.ep_cfg(*em.regs(bias, 0, mult), shift, Activation.none, flags, "i8" if rq is not None else "f32")
+        em.b.mx_drain(*em.regs(out, acc), rows, cols)
+
+    def _epilogue(self, a: dict, i0: int, rows: int) -> tuple[list, Callable, Callable, list]:
+        """GEMM2's drain, the reassembly of whole rows and the epilogue chain: (loads, the matrix unit's and the
+        vector unit's emitters, stores). The vector part always exists: the next block's prologue (vector) then
+        writes the spare bank after this block's last matrix read of it."""
+        cx, s, p, n = self.cx, self.s, self.p, self.n
+        ds = a["ds"]
+        drained, whole, tiles, post_out, kept = a["post"]
+        drained = [t + ds for t in drained]
+        whole += ds
+        tiles = {v: t + ds for v, t in tiles.items()}
+        kept = {v: t + ds for v, t in kept.items()}
+        loads = [(self.flat[v].slice(0, i0, rows), t) for v, t in tiles.items()]
+        bias2 = self.layout.get(bias_form(p.second.name))
+        out_dt = DType.i8 if cx.int8 else DType.f32
+
+        def drain(em: Emitter) -> None:
+            for o, (acc, t) in enumerate(zip(a["acc2"], drained, strict=True)):
+                bias = 0 if bias2 is None else a["params"] + bias2[0] + o * n * 4
+                self._drain(em, t, acc, rows, n, bias, self.rq[1])
+
+        post_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.post_t)}
+
+        def vector(em: Emitter) -> None:
+            if s.d != n:  # the drained panels (rows x n each) as whole rows
+                for r in range(rows):
+                    for o, t in enumerate(drained):
+                        cols = min(n, s.d - o * n)
+                        dst, src = whole + (r * s.d + o * n) * out_dt.size, t + r * n * out_dt.size
+                        em.b.v_copy(*em.regs(dst, src), cols, out_dt.name)
+            if p.post:
+                addr = {p.second.outputs[0]: whole} | a["keep"] | tiles | post_rows
+                addr = {v: at for v, at in addr.items() if any(o.value == v for o in self.post_t.values())}
+                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, rows * s.d, s.d, stored=kept)
+
+        final = post_out + ds if p.post else whole
+        stores = [(final, self._rows_view(self.out_value).slice(0, i0, rows))]
+        stores += [(t, self._rows_view(v).slice(0, i0, rows)) for v, t in kept.items()]
+        return loads, drain, vector, stores
+
+
+def mlp_steps(cx: LowerContext, nodes: Sequence[Node], panels: int = 0, tile_rows: int = 0) -> list[Step]:
+    """The group's program (see the module docstring): `panels` hidden panels per step (0: as many as fit),
+    `tile_rows` rows per block (0: as many as fit)."""
+    return _Kernel(cx, nodes, panels, tile_rows).steps()
+
+
+def mlp_shape(cx: LowerContext, nodes: Sequence[Node], panels: int = 0) -> tuple[int, int]:
+    """(rows per block, hidden panels per step) the kernel runs."""
+    k = _Kernel(cx, nodes, panels, 0)
+    return k.tile, k.panels

@@ -1,0 +1,97 @@
+"""Where a whole transformer MLP runs as one kernel (`codegen.mlp`): two GEMMs with constant 2-D weights joined by
+an elementwise chain, GEMM2 reading the chain's (or GEMM1's) output alone, with the whole-row chains around them.
+
+Each match offers every prologue of up to two chain nodes (the LayerNorm before GEMM1, and the residual Add
+before it) and every prefix of the chain after GEMM2 (bias, residual Add, the following LayerNorm: its first
+chain-op reader each time, so a residual sum also read further on is stored, as `codegen.chain` does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusion.engine.codegen.chain import CHAIN_OPS, ROWS
+from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, packable_weight
+from fusion.graph.ir import Graph, Node
+
+MAX_MID = 8  # activation chain nodes (SiLU: Sigmoid, Mul; tanh-GELU as exported: 8)
+MAX_POST = 4  # bias, residual Add, LayerNorm (one node when fused)
+MAX_PRE = 2  # residual Add, LayerNorm
+
+
+@dataclass(frozen=True)
+class MlpMatch:
+    first: Node
+    mid: tuple[Node, ...]
+    second: Node
+    pre: tuple[Node, ...]  # the longest prologue offered (its suffixes are offered too)
+    post: tuple[Node, ...]  # the longest epilogue offered (its prefixes are offered too)
+
+    def variants(self, graph: Graph) -> list[tuple[str, ...]]:
+        """Node tuples (graph order) of every prologue suffix x epilogue prefix."""
+        out = []
+        for i in range(len(self.pre) + 1):
+            for k in range(len(self.post) + 1):
+                names = {n.name for n in (*self.pre[i:], self.first, *self.mid, self.second, *self.post[:k])}
+                out.append(tuple(n.name for n in graph.nodes if n.name in names))
+        return out
+
+
+def _readers(graph: Graph, value: str) -> tuple[Node, ...]:
+    return () if value in graph.outputs else tuple(graph.consumers.get(value, ()))
+
+
+def _mid_chain(graph: Graph, first: Node) -> tuple[tuple[Node, ...], Node] | None:
+    """The elementwise nodes (graph order) from GEMM1's output to the one value GEMM2 reads, and GEMM2."""
+    inside, mid = {first.outputs[0]}, []
+    start = graph.nodes.index(first) + 1
+    for node in graph.nodes[start:]:
+        reads = [v for v in node.inputs if not graph.is_constant(v)]
+        if not reads or not set(reads) & inside:
+            continue
+        if node.op in EPILOGUE_HEADS and node.inputs[0] in inside and packable_weight(graph, node) is not None:
+            value = node.inputs[0]
+            private = all(c.name in {m.name for m in mid} for v in inside - {value} for c in _readers(graph, v))
+            alone = _readers(graph, value) == (node,)
+            return (tuple(mid), node) if private and alone and set(reads) <= inside else None
+        if node.op not in CHAIN_OPS or node.op in ROWS or not set(reads) <= inside or len(mid) >= MAX_MID:
+            return None
+        mid.append(node)
+        inside.add(node.outputs[0])
+    return None
+
+
+def _pre(graph: Graph, first: Node) -> tuple[Node, ...]:
+    run: list[Node] = []
+    value = first.inputs[0]
+    while len(run) < MAX_PRE and (node := graph.producers.get(value)) is not None and node.op in CHAIN_OPS:
+        run.insert(0, node)
+        value = node.inputs[0]
+    return tuple(run)
+
+
+def _post(graph: Graph, second: Node) -> tuple[Node, ...]:
+    run: list[Node] = []
+    value = second.outputs[0]
+    while len(run) < MAX_POST:
+        readers = [r for r in _readers(graph, value) if r.op in CHAIN_OPS and len(r.outputs) == 1]
+        if not readers or (not run and len(_readers(graph, value)) != 1):
+            break
+        run.append(readers[0])
+        value = readers[0].outputs[0]
+    return tuple(run)
+
+
+def find_mlps(graph: Graph) -> list[MlpMatch]:
+    """Every GEMM -> elementwise chain -> GEMM pair (each GEMM in at most one), with its prologue and epilogue."""
+    out: list[MlpMatch] = []
+    taken: set[str] = set()
+    for first in graph.nodes:
+        if first.op not in EPILOGUE_HEADS or first.name in taken or packable_weight(graph, first) is None:
+            continue
+        found = _mid_chain(graph, first)
+        if found is None or found[1].name in taken:
+            continue
+        mid, second = found
+        out.append(MlpMatch(first, mid, second, _pre(graph, first), _post(graph, second)))
+        taken |= {first.name, second.name}
+    return out

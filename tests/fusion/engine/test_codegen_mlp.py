@@ -1,0 +1,104 @@
+"""A whole transformer MLP as one kernel (`codegen.mlp`): [residual Add + LayerNorm] -> GEMM1 + bias -> activation
+-> GEMM2 + bias [+ residual Add [+ the following LayerNorm]], the hidden activation kept on chip. Random token
+counts (not multiples of the array size), widths, hidden sizes, activations and prologue/epilogue variants
+(hypothesis), simulated in checked (race-detecting) mode: int8 bit-exact against the quantized reference, fp32
+within 1e-5; DRAM traffic is the compulsory (activations in once, weights once per row block, outputs out)."""
+
+from __future__ import annotations
+
+import numpy as np
+from engine_helpers import assert_reference, context, run_group
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from fusion.engine.candidates import enumerate_candidates
+from fusion.engine.codegen.mlp import _Kernel
+from fusion.engine.kernel import dram_forms, group_subgraph, try_build
+from fusion.engine.mlp_match import find_mlps
+from fusion.engine.plan import Group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ir import Graph
+from fusion.graph.ops import OpType
+from fusion.lower.compiler import plan_dram
+from fusion.lower.context import LowerContext
+
+
+def mlp_graph(m: int, d: int, h: int, act: str, post_ln: bool, seed: int = 0) -> Graph:
+    """s = x + r; LN(s) @ W1 + b1 -> act -> @ W2 + b2 + s [-> LN, whose input is also read after it]."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("mlp")
+
+    def const(*shape: int, scale: float = 1.0) -> str:
+        return b.constant((rng.standard_normal(shape) * scale).astype(np.float32))
+
+    s = b.op(OpType.Add, b.input("x", (1, m, d)), b.input("r", (1, m, d)), name="res1")
+    ln = b.op(OpType.LayerNorm, s, const(d), const(d), name="ln1", axis=2, epsilon=1e-5)
+    hid = b.op(OpType.Add, b.op(OpType.MatMul, ln, const(d, h, scale=d**-0.5), name="fc1"), const(h), name="b1")
+    if act == "gelu":
+        hid = b.op(OpType.Gelu, hid, name="gelu", approximate="none")
+    elif act == "silu":
+        hid = b.op(OpType.Mul, hid, b.op(OpType.Sigmoid, hid, name="sig"), name="silu")
+    else:
+        hid = b.op(OpType.Relu, hid, name="relu")
+    out = b.op(OpType.MatMul, hid, const(h, d, scale=h**-0.5), name="fc2")
+    out = b.op(OpType.Add, s, b.op(OpType.Add, out, const(d, scale=0.1), name="b2"), name="res2")
+    if post_ln:
+        normed = b.op(OpType.LayerNorm, out, const(d), const(d), name="ln2", axis=2, epsilon=1e-5)
+        out = b.op(OpType.Add, out, normed, name="after")
+    b.output(out)
+    return b.build()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 40),
+    d=st.sampled_from([8, 16, 24, 64]),
+    h=st.sampled_from([16, 40, 64, 128]),
+    act=st.sampled_from(["gelu", "silu", "relu"]),
+    post_ln=st.booleans(),
+    pre=st.integers(0, 2),
+    post=st.integers(0, 4),
+    panels=st.sampled_from([1, 2, 0]),
+    dtype=st.sampled_from(["fp32", "int8"]),
+)
+@example(m=17, d=64, h=128, act="gelu", post_ln=True, pre=2, post=3, panels=0, dtype="int8")  # ViT's MLP + LN
+def test_an_mlp_kernel_matches_the_reference_and_moves_only_compulsory_bytes(
+    m, d, h, act, post_ln, pre, post, panels, dtype
+) -> None:
+    graph = mlp_graph(m, d, h, act, post_ln, seed=m * d + h)
+    (match,) = find_mlps(graph)
+    variants = match.variants(graph)
+    assert len(variants) == 3 * (1 + len(match.post))
+    nodes = variants[(2 - pre) * (1 + len(match.post)) + min(post, len(match.post))]
+    assert any(c.family == "mlp" and c.nodes == nodes for c in enumerate_candidates(graph))
+    rng = np.random.default_rng(m + d)
+    inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
+    mc = context(graph, inputs, dtype)
+    group = Group(nodes, "mlp", panels=panels)
+    kernel, run, env = run_group(mc, group, inputs)
+    for value in kernel.outputs:
+        assert_reference(run.outputs, env, value, dtype, 1e-5)
+    sub = group_subgraph(graph, group)
+    forms, scratch = dram_forms(mc, sub, group)
+    _, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
+    k = _Kernel(LowerContext(sub, mc.config, mc.qplan, mc.params, addresses), sub.nodes, panels, 0)
+    blocks = -(-m // k.tile)
+    stored = sum(run.outputs[v].nbytes for v in kernel.outputs)
+    assert run.dram_write_bytes == stored
+    activations = sum(env[v].nbytes for v in kernel.inputs)
+    assert run.dram_read_bytes == activations + k.weights.size * k.weights.dtype.size * blocks + k.params_bytes
+
+
+def test_what_is_not_an_mlp_is_refused_with_a_reason() -> None:
+    graph = mlp_graph(8, 16, 32, "gelu", False)
+    mc = context(graph, {v: np.ones((1, 8, 16), np.float32) for v in ("x", "r")}, "fp32")
+    assert "two matrix nodes" in try_build(mc, Group(("fc1", "b1", "gelu"), "mlp"))
+    b = GraphBuilder("ln_inside")  # a row reduction of the hidden activation cannot run on hidden panels
+    x = b.input("x", (4, 16))
+    hid = b.op(OpType.MatMul, x, b.constant(np.ones((16, 32), np.float32)), name="fc1")
+    hid = b.op(OpType.Softmax, hid, name="soft", axis=1)
+    b.output(b.op(OpType.MatMul, hid, b.constant(np.ones((32, 16), np.float32)), name="fc2"))
+    graph = b.build()
+    assert find_mlps(graph) == []
+    mc = context(graph, {"x": np.ones((4, 16), np.float32)}, "fp32")
+    assert "cannot reduce whole hidden rows" in try_build(mc, Group(("fc1", "soft", "fc2"), "mlp"))
