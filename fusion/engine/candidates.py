@@ -23,6 +23,7 @@ from fusion.engine.codegen.rotary import find_segment_chains
 from fusion.engine.codegen.siblings import find_siblings
 from fusion.engine.context import ModelContext
 from fusion.engine.conv_chain_match import find_conv_chains
+from fusion.engine.mlp_match import find_mlps
 from fusion.engine.plan import Group
 from fusion.engine.strategies import REGISTRY, strategy_of
 from fusion.graph.ir import Graph, Node
@@ -115,6 +116,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
     out += [Candidate(m.nodes(graph), "siblings") for m in find_siblings(graph)]
     out += [Candidate(nodes, "patch_embed") for nodes in find_patch_embeds(graph)]
+    out += [Candidate(nodes, "mlp") for m in find_mlps(graph) for nodes in m.variants(graph)]
     return out
 
 

@@ -60,6 +60,9 @@ FAMILIES: Mapping[str, FamilyRules] = {
     "segment_chain": FamilyRules(dag=True),  # rotary: x read by a Mul and two Slices
     "siblings": FamilyRules(dag=True, stores_intermediates=True, keeps_int8_numerics=True),
     "patch_embed": FamilyRules(stores_intermediates=True, keeps_int8_numerics=True),
+    # a whole MLP: a residual sum read by the epilogue (and a following LayerNorm's input) is a DAG, stored when read
+    # outside; both GEMMs requantize as their drains would, every chain as the unfused recipes
+    "mlp": FamilyRules(dag=True, stores_intermediates=True, keeps_int8_numerics=True),
 }
 
 

@@ -46,6 +46,7 @@ from fusion.engine.codegen.conv_stationary import scratch_sizes as stationary_sc
 from fusion.engine.codegen.gated import GATED, gated_heads, gated_steps, pack_gated
 from fusion.engine.codegen.gemm import Schedule, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, PACKED, matrix_group_steps, packable_weight
+from fusion.engine.codegen.mlp import mlp_forms, mlp_steps
 from fusion.engine.codegen.patch_embed import PATCHES, pack_patch_weights, patch_embed_steps
 from fusion.engine.codegen.rotary import segment_chain_steps, segment_forms
 from fusion.engine.codegen.siblings import SIBLINGS, pack_siblings, sibling_steps, sibling_weights
@@ -179,6 +180,10 @@ def _gated(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_chang
     return [gated_steps(cx, nodes)]
 
 
+def _mlp(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
+    return [mlp_steps(cx, nodes, group.panels, group.tile_m)]
+
+
 def _segment_chain(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
     return [segment_chain_steps(cx, nodes)]
 
@@ -266,6 +271,11 @@ def _gated_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) 
     (first, second), _ = gated_heads(sub.nodes)
     data = [np.asarray(forms[const_key(n.inputs[1], _weight_form(mc))]) for n in (first, second)]
     return {const_key(first.inputs[1], GATED): pack_gated(*data, mc.config.array_size)}, {}
+
+
+def _mlp_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """Both MLP weights packed per hidden panel and its row parameters in one block (`codegen.mlp`)."""
+    return mlp_forms(LowerContext(sub, mc.config, mc.qplan, mc.params, {}), dict(forms)), {}
 
 
 def _conv_stationary_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
@@ -360,6 +370,11 @@ def _patch_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
     return [Group(cand.nodes, s.name, resident_a=r) for r in (False, True)] if cand.family in s.families else []
 
 
+def _mlp_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
+    """Two hidden panels per step (weights streamed in more, smaller DMAs), or as many as fit."""
+    return [Group(cand.nodes, s.name, panels=p) for p in (2, 0)] if cand.family in s.families else []
+
+
 def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "epilogue") -> list[Group]:
     """Distinct GEMM schedules: batch flattening, row tiles, weight panels per step, A-stationary order. Only a
     batch of more than one GEMM is flattened: flattening a batch of one generates the same program
@@ -445,6 +460,8 @@ REGISTRY: Mapping[str, Strategy] = {
         Strategy(
             "patch_embed", _patch_embed, "other", ("patch_embed",), schedules=_patch_space, dram_forms=_patch_forms
         ),
+        # a whole MLP (prologue chain, GEMM1, activation, GEMM2, epilogue chain): the hidden activation on chip
+        Strategy("mlp", _mlp, "other", ("mlp",), schedules=_mlp_space, dram_forms=_mlp_forms),
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.07),
         Strategy(
             "epilogue",
