@@ -129,6 +129,9 @@ class Machine:
         self._entered: dict[int, list[int]] = {}  # pc -> the kernels starting there, in order
         for k, kernel in enumerate(obj.kernels):
             self._entered.setdefault(kernel.start, []).append(k)
+        # the pcs whose step `_step` wraps (a loop end, a kernel entry, a watchdog checkpoint): most are not, and
+        # straight-line code builds a step per instruction run, so the others skip those tests
+        self._wrapped = self._loop_ends | self._entered.keys() | set(range(WATCHDOG_EVERY, n, WATCHDOG_EVERY))
 
     # --- helpers for instruction builders -----------------------------------------------------------
     def describe(self, pc: int) -> str:
@@ -219,18 +222,19 @@ class Machine:
         of the text: see the constant) and, in checked mode, the race checker."""
         n = len(self.instructions)
         ins = self.instructions[pc] if pc < n else None
-        if pc == n:
-            step = self._fell_off(n)
-        elif ins is None:
-            step = self._illegal(pc)
-        else:
+        if ins is not None:
             step = BUILDERS[ins.spec.mnemonic](self, pc, ins)
-        if pc in self._loop_ends:
-            step = self._loop_end(pc, step)
-        for k in self._entered.get(pc, ()):
-            step = self._kernel_entry(k, step)
-        if pc < n and pc and not pc % WATCHDOG_EVERY:
-            step = self._watched(step)
+        elif pc == n:
+            step = self._fell_off(n)
+        else:
+            step = self._illegal(pc)
+        if pc in self._wrapped:
+            if pc in self._loop_ends:
+                step = self._loop_end(pc, step)
+            for k in self._entered.get(pc, ()):
+                step = self._kernel_entry(k, step)
+            if pc < n and pc and not pc % WATCHDOG_EVERY:
+                step = self._watched(step)
         if self.races is not None:
             step = self._checked(self.races, self.units[pc], pc, step)
         self.steps[pc] = step

@@ -43,14 +43,16 @@ class Emitter:
         value &= 0xFFFFFFFF
         if value == 0:
             return 0
-        if value in self._regs:
-            self._regs.move_to_end(value)
-            return self._regs[value]
-        if len(self._regs) < len(SCRATCH_REGS):
-            r = SCRATCH_REGS[len(self._regs)]
+        held = self._regs
+        r = held.get(value)
+        if r is not None:
+            held.move_to_end(value)
+            return r
+        if len(held) < len(SCRATCH_REGS):
+            r = SCRATCH_REGS[len(held)]
         else:
-            _, r = self._regs.popitem(last=False)
-        self._regs[value] = r
+            _, r = held.popitem(last=False)
+        held[value] = r
         self.b.li(r, value)
         return r
 
@@ -63,7 +65,7 @@ class Emitter:
     def regs(self, *values: int) -> tuple[int, ...]:
         """Registers for a few values at once (least-recently-used eviction over 31 registers never evicts a
         value of the same call)."""
-        return tuple(self.reg(v) for v in values)
+        return tuple(map(self.reg, values))
 
     def dma_load(self, view: View, local: int) -> None:
         for t in transfers(view):

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from functools import cache
+from dataclasses import dataclass
+from functools import cache, lru_cache
 from itertools import product
 
 from isa.enums import DType
 
 MAX_ROWS = 4095  # `rows` field of dma.ld / dma.st
 MAX_COLS = 4095  # `cols` field
+SPLITS_KEPT = 4096  # distinct view layouts whose DMA split `transfers` keeps
 
 
 @dataclass(frozen=True)
@@ -33,27 +34,31 @@ class View:
         return math.prod(self.shape)
 
     def permute(self, perm: Sequence[int]) -> View:
-        return replace(self, shape=tuple(self.shape[p] for p in perm), strides=tuple(self.strides[p] for p in perm))
+        shape, strides = self.shape, self.strides
+        return View(self.address, tuple(shape[p] for p in perm), tuple(strides[p] for p in perm), self.dtype)
 
     def broadcast_to(self, shape: tuple[int, ...]) -> View:
         """Numpy broadcasting: missing leading dims and size-1 dims get stride 0."""
         pad = len(shape) - len(self.shape)
         dims, strides = (1,) * pad + self.shape, (0,) * pad + self.strides
-        return replace(self, shape=shape, strides=tuple(0 if d == 1 else s for d, s in zip(dims, strides, strict=True)))
+        return View(
+            self.address, shape, tuple(0 if d == 1 else s for d, s in zip(dims, strides, strict=True)), self.dtype
+        )
 
     def slice(self, axis: int, start: int, count: int, step: int = 1) -> View:
-        return replace(
-            self,
-            address=self.address + start * self.strides[axis],
-            shape=self.shape[:axis] + (count,) + self.shape[axis + 1 :],
-            strides=self.strides[:axis] + (self.strides[axis] * step,) + self.strides[axis + 1 :],
+        shape, strides = self.shape, self.strides
+        return View(
+            self.address + start * strides[axis],
+            (*shape[:axis], count, *shape[axis + 1 :]),
+            (*strides[:axis], strides[axis] * step, *strides[axis + 1 :]),
+            self.dtype,
         )
 
     def index(self, prefix: Sequence[int]) -> View:
         """Fix the leading len(prefix) indices."""
         offset = sum(i * s for i, s in zip(prefix, self.strides, strict=False))
         k = len(prefix)
-        return replace(self, address=self.address + offset, shape=self.shape[k:], strides=self.strides[k:])
+        return View(self.address + offset, self.shape[k:], self.strides[k:], self.dtype)
 
     def reshape_dense(self, shape: tuple[int, ...]) -> View:
         """A new shape over a dense view (only valid for dense views)."""
@@ -89,7 +94,7 @@ class View:
             strides.extend(reversed(group))
             i, j = i_end, j_end
         found = iter(strides)
-        return replace(self, shape=shape, strides=tuple(0 if d == 1 else next(found) for d in shape))
+        return View(self.address, shape, tuple(0 if d == 1 else next(found) for d in shape), self.dtype)
 
 
 def dense(address: int, shape: Sequence[int], dtype: DType) -> View:
@@ -115,7 +120,7 @@ def merge_dims(views: Sequence[View]) -> tuple[View, ...]:
                 st[i : i + 2] = [st[i + 1]]
         i -= 1
     return tuple(
-        replace(v, shape=tuple(sh), strides=tuple(st)) for v, sh, st in zip(views, shapes, strides, strict=True)
+        View(v.address, tuple(sh), tuple(st), v.dtype) for v, sh, st in zip(views, shapes, strides, strict=True)
     )
 
 
@@ -132,11 +137,22 @@ class Transfer:
 
 def transfers(view: View) -> list[Transfer]:
     """Split a view into DMA transfers filling (or draining) a dense tile in row-major order."""
-    (v,) = merge_dims((view,))
+    at = view.address
+    return [
+        Transfer(at + t.dram, t.rows, t.cols, t.stride, t.local)
+        for t in _split(tuple(view.shape), tuple(view.strides), view.dtype)
+    ]
+
+
+@lru_cache(maxsize=SPLITS_KEPT)
+def _split(shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType) -> tuple[Transfer, ...]:
+    """`transfers` of the view of this shape, strides and dtype at address 0 (a view's transfers are these moved
+    by its address; memoised: a generator splits views of a few shapes at many addresses)."""
+    (v,) = merge_dims((View(0, shape, strides, dtype),))
     es = v.dtype.size
     shape, strides = list(v.shape), list(v.strides)
     if not shape:
-        return [Transfer(v.address, 1, 1, es, 0)]
+        return (Transfer(v.address, 1, 1, es, 0),)
     if strides[-1] == es:
         cols, col_stride = shape.pop(), strides.pop()
         if cols > MAX_COLS:  # a long contiguous run becomes rows of a divisor of its length
@@ -157,7 +173,7 @@ def transfers(view: View) -> list[Transfer]:
             n = min(MAX_ROWS, rows - r0)
             out.append(Transfer(base + r0 * row_stride, n, cols, row_stride, local))
             local += n * cols
-    return out
+    return tuple(out)
 
 
 @cache
@@ -179,7 +195,7 @@ class Block:
 
     def of(self, view: View) -> View:
         """The part of `view` (whose shape is the blocked shape S) this block covers."""
-        lifted = replace(view, shape=(1, *view.shape), strides=(0, *view.strides))
+        lifted = View(view.address, (1, *view.shape), (0, *view.strides), view.dtype)
         return lifted.index(self.prefix).slice(0, self.start, self.count)
 
 

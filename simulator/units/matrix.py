@@ -32,15 +32,16 @@ def _pipelined(kind: int, operand: int) -> int:
 
 def preload(m: Machine, pc: int, ins: Instruction) -> Step:
     rs1, rows, cols, dtype = ins.values
-    n, dt = m.cfg.array_size, DType(dtype)
+    n, dt = m.cfg.array_size, DType(dtype).numpy
     x, nxt, row, dur = m.x, pc + 1, m.row(pc), preload_cycles(m.cfg)
 
     def step() -> int:
         if rows > n or cols > n:
             raise Fault(f"weight tile {rows} x {cols} exceeds the {n} x {n} array")
-        w = m.read_local(x[rs1], rows * cols, dt.numpy, row).reshape(rows, cols).copy()
+        addr = x[rs1]
+        w = m.read_local(addr, rows * cols, dt, row).reshape(rows, cols).copy()
         m.weights = w
-        op = m.unit_op(MATRIX, pc, dur, row, _pipelined(PRELOAD, x[rs1]))
+        op = m.unit_op(MATRIX, pc, dur, row, _pipelined(PRELOAD, addr))
         if m.transactions is not None:
             m.record(op, pc, {"w": w}, w)
         m.submit(op)
@@ -55,12 +56,16 @@ def _weights(m: Machine) -> np.ndarray:
     return m.weights
 
 
+_I8 = np.dtype(np.int8)
+
+
 def _product(m: Machine, a_addr: int, rows: int, row: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     w = _weights(m)
-    dt = DType.i8 if w.dtype == np.int8 else DType.f32
-    a = m.read_local(a_addr, rows * w.shape[0], w.dtype, row).reshape(rows, w.shape[0])
-    row[S_MACS_I8 if dt is DType.i8 else S_MACS_F32] += rows * w.shape[0] * w.shape[1]
-    return a, w, sem.matmul(a, w, dt)
+    k, cols = w.shape
+    i8 = w.dtype == _I8
+    a = m.read_local(a_addr, rows * k, w.dtype, row).reshape(rows, k)
+    row[S_MACS_I8 if i8 else S_MACS_F32] += rows * k * cols
+    return a, w, sem.matmul(a, w, DType.i8 if i8 else DType.f32)
 
 
 def _acc_address(addr: int) -> int:
@@ -75,7 +80,8 @@ def matmul(accumulate: bool) -> Builder:
         x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
 
         def step() -> int:
-            a, w, product = _product(m, x[rs1], rows, row)
+            src = x[rs1]
+            a, w, product = _product(m, src, rows, row)
             dest = _acc_address(x[rd])
             recording = m.transactions is not None
             operands = {"a": a.copy(), "w": w} if recording else {}
@@ -85,7 +91,7 @@ def matmul(accumulate: bool) -> Builder:
                     operands["acc"] = old.copy()
                 product = sem.accumulate(old, product)
             m.write_local(dest, product, row)
-            op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, x[rs1]))
+            op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, src))
             op.n = rows
             if recording:
                 m.record(op, pc, operands, product)
