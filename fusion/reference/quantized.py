@@ -6,6 +6,10 @@ Which values are int8 (and at which scale) comes from `fusion.quant.plan`; the a
   A Conv with a constant weight is per output channel: weight, bias and (mult, shift) each channel's own. A
   dequantizing node (`MatrixQuant.dequantize`: a Conv only Adds read) is not requantized: float32
   f32(acc) * f32(s_in * s_w[c]).
+- An int8 Add (the plan's `int8_add`: a dequantized Conv's float32 output and an int8 value or another such
+  output) adds its operands' float32 values (an int8 one as f32(q) * f32(scale)) in float32 and quantizes the
+  sum at its output scale, sat8(round_half_even(sum * f32(1 / scale))); a Relu reading it (int8-preserving)
+  then clamps at 0.
 - A float32 operand of a matrix op is quantized as `v.qnt` does: sat8(round_half_even(x * f32(1 / scale))).
 - int8-preserving ops move or compare the int8 data; everything else (softmax, layernorm, gelu, sigmoid, tanh,
   erf, exp, arithmetic, averaging) runs in float32 on dequantized inputs, f32(q) * f32(scale), as the
@@ -84,6 +88,9 @@ def _node(graph: Graph, node: Node, args: list[QValue], plan: QuantPlan) -> tupl
     if node.op in MATRIX_OPS:
         return (_matrix(graph, node, args, plan.matrix[node.name]),)
     scale = plan.scales[node.outputs[0]]
+    if scale is not None and node.op == OpType.Add:  # an int8 Add: the float32 sum of its operands, quantized
+        total = np.add(*(a.real() for a in args), dtype=np.float32)
+        return (QValue(quantize_tensor(total, scale), scale),)
     if scale is not None:  # int8 in, int8 out: exact on float32 copies of the int8 data
         raw = tuple(a.data.astype(np.float32) if a.scale is not None else a.data for a in args)
         return tuple(QValue(np.asarray(o).astype(np.int8), scale) for o in evaluate_node(node, raw, shapes))

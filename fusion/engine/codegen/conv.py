@@ -258,7 +258,7 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     x = cx.view(node.inputs[0])
     mm_dt = DType.i8 if cx.int8 else DType.f32
     quantize = cx.matrix(node).input_scale if cx.int8 and x.dtype is DType.f32 else None
-    z = _Sizes(s, cfg.array_size, x.dtype, mm_dt, ep.out_dt, quantize is not None, ep.residual is not None, tail)
+    z = _Sizes(s, cfg.array_size, x.dtype, mm_dt, ep.work_dt, quantize is not None, ep.residual is not None, tail)
     phases: list[list[Step]] = []
     tiling = _tiling_or_none(cfg, z, node.name, raises=quantize is None)
     if quantize is not None:
@@ -353,11 +353,20 @@ class Epilogue:
     # the unfused Add and Relu do
     scales: View | None = None
     residual_scale: float | None = None
+    # a dequantizing conv's absorbed int8 Add (`fusion.quant.plan.int8_add`): the float32 sum, after the
+    # activation, quantized at this scale (`v.qnt`) into the int8 out tile
+    quantize: float | None = None
 
     @property
     def late(self) -> bool:
         """Residual and activation on the vector unit after the rescale (a dequantizing conv), not in the drain."""
         return self.scales is not None
+
+    @property
+    def work_dt(self) -> DType:
+        """The out tile's dtype while the epilogue works on it: a dequantizing conv's float32 (narrowed to int8 in
+        place by `rescale` when it quantizes), else what it stores."""
+        return DType.f32 if self.late else self.out_dt
 
     def tiles(self, arena: TileArena, rows: int, tn: int) -> tuple[int, int, int]:
         """Local bias, residual and requantizer (or dequantizing scales) tiles of one step's last K chunk (0 =
@@ -396,13 +405,14 @@ class Epilogue:
             if r == 0 or res_tile:
                 row_res = res_tile + r * self.out_w * band.tn * 4 if res_tile else 0
                 em.b.ep_cfg(*em.regs(bias_tile, row_res, mult), shift, act, flags, self.drain_dtype)
-            dst = out_tile + r * band.cols * band.tn * self.out_dt.size
+            dst = out_tile + r * band.cols * band.tn * self.work_dt.size
             em.b.mx_drain(*em.regs(dst, band.acc + r * band.pitch * band.tn * 4), band.valid, band.tn)
 
     def rescale(self, em: Emitter, rows: int, tn: int, tiles: tuple[int, int, int], out_tile: int) -> None:
         """A dequantizing conv's drained f32(acc + bias) tile [rows, tn] times its columns' channel scales (the
-        quantized reference's f32(acc) * f32(s_in * s_w[c])), plus the residual, then the activation; nothing
-        otherwise."""
+        quantized reference's f32(acc) * f32(s_in * s_w[c])), plus the residual, then the activation, then (an
+        int8 Add) quantized in place: element i's int8 lands at byte i, read from byte 4i, so in order it never
+        overwrites a float not yet read; nothing otherwise."""
         if self.scales is None:
             return
         n, (_, res, scales) = rows * tn, tiles
@@ -413,6 +423,8 @@ class Epilogue:
             em.b.v_add(*em.regs(out_tile, out_tile, res), n, "f32")
         if self.act is Activation.relu:
             em.b.v_relu(*em.regs(out_tile, out_tile), n, "f32")
+        if self.quantize is not None:
+            em.b.v_qnt(*em.regs(out_tile, out_tile, f32_bits(1.0 / self.quantize)), n)
 
 
 @dataclass(frozen=True)
@@ -439,6 +451,9 @@ def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out:
         raise CodegenError("int8: a residual Add after the requantization cannot move into the drain")
     table = None if scales is not None else requant_table(cx, node)
     dequant = None if clip is None else cx.scale(drained[-1].outputs[0])
+    if scales is not None and clip is not None:
+        raise CodegenError(f"node {node.name!r}: a dequantizing conv's epilogue takes no Clip")
+    quantize = cx.scale(nodes[-1].outputs[0]) if scales is not None else None  # an absorbed int8 Add
     return Epilogue(
         bias_view(cx, node),
         None if ops.residual is None else cx.view(ops.residual).reshape_dense((s.n, s.cout, s.out[0] * s.out[1])),
@@ -451,6 +466,7 @@ def conv_epilogue(cx: LowerContext, nodes: Sequence[Node], s: ConvGeometry, out:
         dequant,
         scales,
         None if ops.residual is None else cx.scale(ops.residual),
+        quantize,
     )
 
 

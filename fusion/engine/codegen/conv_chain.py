@@ -34,11 +34,12 @@ requantization clamp already is the Clip, quantized at the next Conv's input sca
 float32 Clip between two Convs); the matrix unit waits for the stage's last before the next stage reads them.
 
 int8: each stage requantizes its accumulator per output channel (bias, folded ReLU) in the drain, exactly as the
-unfused conv kernel does; a residual Add (+ ReLU) of the chain input is float32 in the quantized plan, so it runs
-after the transposing loads: on the dequantized output (f32(q) x f32(scale)), or, for a last Conv the plan
-dequantizes (read only by the Add), on its int32 accumulator + bias scaled per channel (f32(acc + bias) x
-f32(s_in x s_w[c])), as the quantized reference does. fp32 runs the same path (the sum rounded once, then the
-ReLU).
+unfused conv kernel does; a residual Add (+ ReLU) of the chain input runs after the transposing loads, in float32:
+on the dequantized output (f32(q) x f32(scale)), or, for a last Conv the plan dequantizes (read only by the Add),
+on its int32 accumulator + bias scaled per channel (f32(acc + bias) x f32(s_in x s_w[c])), as the quantized
+reference does; an int8 Add (`fusion.quant.plan.int8_add`, a residual block's) then quantizes the sum (after the
+ReLU) at its scale, so the block's output is stored as int8. fp32 runs the same path (the sum rounded once, then
+the ReLU).
 """
 
 from __future__ import annotations
@@ -415,7 +416,8 @@ def chain_phases(
             raise CodegenError(f"node {last.conv.name!r}: a residual Add or dequantization after a horizontal stride")
         residual = None if chain.residual is None else cx.view(chain.input).reshape_dense(out.shape)
         x_scale = cx.scale(chain.input) if residual is not None and residual.dtype is DType.i8 else None
-        phases.append(_residual_phase(cx, scratch, residual, out, dequant, chain.relu is not None, x_scale))
+        quantize = cx.scale(nodes[-1].outputs[0]) if out.dtype is DType.i8 else None  # an int8 Add
+        phases.append(_residual_phase(cx, scratch, residual, out, dequant, chain.relu is not None, x_scale, quantize))
     return phases
 
 
@@ -718,6 +720,7 @@ def _residual_phase(
     dequant: float | View | None,
     relu: bool,
     x_scale: float | None = None,
+    quantize: float | None = None,
 ) -> list[Step]:
     """scratch [n, pixels, Cout] -> out [n, Cout, pixels] = (dequantized) scratch^T + residual (then ReLU): runs of
     pixels by transposing loads, the residual's [Cout, run] block (if any) beside them. `dequant`: an int8 scratch's
@@ -725,7 +728,9 @@ def _residual_phase(
     f32(s_in x s_w[c]), the quantized reference's dequantizing Conv). `x_scale`: the residual is int8 (the block
     input a requantized Conv's output, MobileNetV2's), dequantized f32(q) x f32(scale) before the Add (loaded into
     the last quarter of its float32 tile, which the in-order dequantization to the tile's start overwrites only
-    after reading)."""
+    after reading). `quantize`: the output is int8 (an int8 Add, `fusion.quant.plan.int8_add`): the float32 result
+    quantized at that scale in place (element i's int8 at byte i, read from byte 4i: in order, never overwriting a
+    float not yet read)."""
     n, cout, pixels = out.shape
     es = scratch.dtype.size
     per_channel = isinstance(dequant, View)
@@ -772,6 +777,8 @@ def _residual_phase(
                     em.b.v_add(*em.regs(total, total, res), size, "f32")
                 if relu:
                     em.b.v_relu(*em.regs(total, total), size, "f32")
+                if quantize is not None:
+                    em.b.v_qnt(*em.regs(total, total, f32_bits(1.0 / quantize)), size)
 
             steps.append(
                 Step([], [(Unit.load, load), (Unit.vector, add)], [(total, out.index((img,)).slice(1, p0, count))])

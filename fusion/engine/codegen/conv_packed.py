@@ -194,7 +194,7 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     out = cx.view(nodes[-1].outputs[0])
     ep = conv_epilogue(cx, nodes, s, out)
     mm_dt = DType.i8 if cx.int8 else DType.f32
-    tiling = choose_tiling(cfg, s, mm_dt, ep.out_dt, ep.residual is not None)
+    tiling = choose_tiling(cfg, s, mm_dt, ep.work_dt, ep.residual is not None)
     block = block_width(cfg.array_size, s)
     x = channels_last_view(cx.temp(node, CHANNELS_LAST), s, block, mm_dt)
     phases = channels_last_phases(cx, node, s, x)
@@ -401,7 +401,7 @@ class _Kernel:
         w_tile = resident[-1] + panel * es if self.held else arena.tile(krows * t.tn * es)
         last = t.kgroup == len(self.tiling.groups) - 1
         tiles = self.ep.tiles(arena, t.rows, t.tn) if last else (0, 0, 0)
-        out_tile = arena.tile(t.rows * s.out[1] * t.tn * self.ep.out_dt.size) if last else 0
+        out_tile = arena.tile(t.rows * s.out[1] * t.tn * self.ep.work_dt.size) if last else 0
         stream = stream_rows(s, t.rows)
 
         def load(em: Emitter) -> None:

@@ -3,7 +3,8 @@
 Broadcasting happens in the DMA: each input is read through a view broadcast to the output shape (stride 0 on
 broadcast dims), so the vector unit always sees dense, equally long tiles. A one-element constant second
 operand becomes a scalar register operand (`.vs`) instead. On the int8 path Relu of int8 data stays int8;
-everything else dequantizes its int8 inputs and computes in float32, as the quantized reference does.
+everything else dequantizes its int8 inputs and computes in float32, as the quantized reference does, and an
+int8 output (an int8 Add, `fusion.quant.plan.int8_add`) is that float32 result quantized at its scale (`v.qnt`).
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
     in_views = [v.broadcast_to(shape) for v in in_views]
     deq = [cx.dtype(v) is DType.i8 and not int8_relu for v in tiles_in]
     out_dt = out_view.dtype
+    quantize = cx.scale(out_value) if out_dt is DType.i8 and not int8_relu else None
     temps = max(1, recipe.temps)
-    # bytes per output element: raw inputs, their float copies, the output, the scratch tiles
-    per_elem = sum(v.dtype.size for v in in_views) + 4 * sum(deq) + out_dt.size + 4 * temps
+    # bytes per output element: raw inputs, their float copies, the output (and its float32 value before
+    # quantization), the scratch tiles
+    per_elem = sum(v.dtype.size for v in in_views) + 4 * sum(deq) + out_dt.size + 4 * (temps + (quantize is not None))
     probe = TileArena(cx.config, 0)
     budget = largest_fitting(1 << 15, lambda e: probe.fits([e * per_elem + 64 * 8]))
     steps = []
@@ -74,9 +77,12 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
         f32_tiles = [arena.tile(n * 4) if d else r for r, d in zip(raw, deq, strict=True)]
         out = arena.tile(n * out_dt.size)
         tmps = [arena.tile(n * 4) for _ in range(temps)]
+        total = arena.tile(n * 4) if quantize is not None else out
         scales = [cx.scale(v) for v in tiles_in]
 
-        def compute(em: Emitter, raw=raw, f32_tiles=f32_tiles, out=out, tmps=tmps, n=n, scales=scales) -> None:
+        def compute(
+            em: Emitter, raw=raw, f32_tiles=f32_tiles, out=out, total=total, tmps=tmps, n=n, scales=scales
+        ) -> None:
             if int8_relu:
                 em.b.v_relu(*em.regs(out, raw[0]), n, "i8")
                 return
@@ -85,7 +91,9 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
                     dequantize(em, f, r, n, s)
             tiles = iter(f32_tiles)
             ins = [v if isinstance(v, Scalar) else next(tiles) for v in reads]
-            recipe.emit(MemoryForm(em, n, list(tmps)), node, out, ins)
+            recipe.emit(MemoryForm(em, n, list(tmps)), node, total, ins)
+            if quantize is not None:
+                em.b.v_qnt(*em.regs(out, total, f32_bits(1.0 / quantize)), n)
 
         loads = list(zip(parts, raw, strict=True))
         steps.append(Step(loads, [(Unit.vector, compute)], [(out, block.of(out_view))]))
