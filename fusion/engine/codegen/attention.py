@@ -280,8 +280,8 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     operand(p.q, m, p.d)
     acc_extra = []
     if p.proj is not None:
-        spad += attention_proj.activation_tiles(p.proj, m, p.sk, n)
-        acc_extra.append(attention_proj.acc_bytes(m, p.sk, p.d, p.dv, n))
+        spad += [*attention_proj.activation_tiles(p.proj, m, p.sk, n), attention_proj.weight_tile(p.proj)]
+        acc_extra += attention_proj.acc_bytes(p.proj, m, p.sk, n)
     ktiles = chunks(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
         spad += _loaded(p.k, p.d * bk)
@@ -576,11 +576,10 @@ def _projected_operands(
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
     loads, quants, emit = attention_proj.step_projection(arena, p.proj, block, p.sk, n)
-    acc = arena.acc_tile(attention_proj.acc_bytes(block[2], p.sk, p.d, p.dv, n))
     head["loads"] += loads
     head["xquants"] += quants
-    tiles = ([b for b in q_buf.raw], [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
-    head["project"].append(lambda em: emit(em, acc, *tiles))
+    tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
+    head["project"].append(lambda em: emit(em, tiles))
     for i, (_, ec) in enumerate(chunks(p.d, n)):
         _transform(q_buf, p.q, i, block[2] * ec, head)
     for kb, (_, bk) in zip(k_bufs, ktiles, strict=True):

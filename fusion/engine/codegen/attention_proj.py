@@ -41,6 +41,7 @@ from fusion.graph.ir import Graph
 from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key
 from fusion.lower.emitter import Emitter, f32_bits
 from fusion.lower.kernels.matrix import requant
+from fusion.lower.local_alloc import TileArena
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType
 
@@ -165,6 +166,7 @@ class Projection:
     layout: TileLayout
     kd: int
     mm_dt: DType
+    acc_slot: int  # bytes of one accumulator buffer slot
 
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
@@ -199,11 +201,19 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
     if key not in cx.addresses:
         raise CodegenError(f"node {match.softmax!r}: the kernel's DRAM image has no packed projection weights")
     weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
-    return Projection(q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt)
+    acc_slot = TileArena(cx.config, 0).acc.size
+    return Projection(
+        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot
+    )
+
+
+def weight_tile(p: Projection) -> int:
+    """Scratchpad bytes of one head's packed weights."""
+    return p.layout.size * p.mm_dt.size
 
 
 def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
-    """Scratchpad bytes of one step's projection tiles (`step_projection` allocates them in this order)."""
+    """Scratchpad bytes of one step's activation tiles (`step_projection` allocates them, once per step)."""
     out = []
 
     def rows_tiles(x: View, rows: int, quantize: float | None) -> None:
@@ -217,23 +227,29 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
     for _, bk in _chunks(sk, n):
         out.append(p.kd * bk * p.xs[1].dtype.size)
         out.extend([p.kd * bk] if p.quantize[1] is not None else [])
-    out.append(p.layout.size * p.mm_dt.size)
     return out
 
 
-def acc_bytes(sq_rows: int, sk: int, d: int, dv: int, n: int) -> int:
-    return min(max(sq_rows, sk, d, dv), PIECE_ROWS) * n * 4
+def _products(p: Projection, m: int, sk: int, n: int) -> list[tuple[int, int, int, int]]:
+    """The step's output tiles in order: (side 0/1/2, index among the side's tiles, rows, cols)."""
+    q = [(0, i, m, ec) for i, (_, ec) in enumerate(_chunks(p.q.width, n))]
+    k = [(1, j, p.k.width, bk) for j, (_, bk) in enumerate(_chunks(sk, n))]
+    return q + k + [(2, i, sk, ec) for i, (_, ec) in enumerate(_chunks(p.v.width, n))]
 
 
-def step_projection(
-    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int
-) -> tuple[list, list, Callable[[Emitter, int, list[int], list[int], list[int]], None]]:
-    """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
-    (loads, quants, emit) where emit(em, acc, q_tiles, kt_tiles, v_tiles) computes Q (m x chunk tiles), K^T
-    (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers."""
+def acc_bytes(p: Projection, m: int, sk: int, n: int) -> list[int]:
+    """The projection's accumulator tiles: one region per output tile when they take at most 3/4 of a slot (every
+    matmul issued back to back, the drains after the last: one pipeline latency, not one per tile), else one
+    region of at most PIECE_ROWS rows drained after each tile's piece."""
+    regions = [rows * n * 4 for _, _, rows, _ in _products(p, m, sk, n)]
+    if max(rows for _, _, rows, _ in _products(p, m, sk, n)) <= PIECE_ROWS and sum(regions) <= p.acc_slot * 3 // 4:
+        return regions
+    return [min(max(m, sk, p.q.width, p.v.width), PIECE_ROWS) * n * 4]
+
+
+def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, loads: list, quants: list):
+    """The activation's tiles as the projections read them: (Q's row chunks, X^T's key tiles, V's row chunks)."""
     h, i0, m = block
-    loads: list = []
-    quants: list = []
 
     def rows_tiles(x: View, row0: int, rows: int, quantize: float | None) -> list[int]:
         read = []
@@ -266,40 +282,61 @@ def step_projection(
             quants.append((qt, raw, p.kd * bk, 1.0 / p.quantize[1]))
             raw = qt
         xk.append(raw)
-    w = arena.tile(p.layout.size * p.mm_dt.size)
+    return xq, xk, xv
+
+
+def step_projection(
+    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int
+) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None]]:
+    """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
+    (loads, quants, emit) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q (m x chunk tiles), K^T
+    (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers."""
+    h, i0, m = block
+    loads: list = []
+    quants: list = []
+    xq, xk, xv = _activation(arena, p, block, sk, n, loads, quants)
+    accs = [arena.acc_tile(b) for b in acc_bytes(p, m, sk, n)]
+    w = arena.tile(weight_tile(p))
     wrow = p.weights.slice(0, int(p.block_of[h]), 1)
     loads.append(lambda em: em.dma_load(wrow, w))
-    wes = p.mm_dt.size
+
+    wes, es = p.mm_dt.size, p.mm_dt.size
     lay, kchunks = p.layout, _chunks(p.kd, n)
+    qcols, vcols = [e0 for e0, _ in _chunks(p.q.width, n)], [e0 for e0, _ in _chunks(p.v.width, n)]
 
-    def emit(em: Emitter, acc: int, q_tiles: list[int], kt_tiles: list[int], v_tiles: list[int]) -> None:
-        def drain_cfg(i: int) -> None:
-            mult, shift = p.requants[i]
-            em.b.ep_cfg(*em.regs(0, 0, mult), shift, Activation.none, "none", p.out_dt[i].name)
+    def operands(side: int, i: int, r0: int) -> list[tuple[int, int, int]]:
+        """(A rows address, preloaded tile address, kc) per K chunk of output tile i of a side, from row r0."""
+        if side == 1:  # K^T: W_k^T's rows streamed over X^T's key tile
+            return [(w + (lay.kt[c0] + r0 * kc) * wes, xk[i] + c0 * len_keys[i] * es, kc) for c0, kc in kchunks]
+        x, at, e0 = (xq, lay.q, qcols[i]) if side == 0 else (xv, lay.v, vcols[i])
+        return [(a + r0 * kc * es, w + at[(e0, c0)] * wes, kc) for a, (c0, kc) in zip(x, kchunks, strict=True)]
 
-        def product(out: int, a_tiles: list[int], b_tiles: list[int], rows: int, cols: int, i: int) -> None:
-            """out (rows x cols, dense) = sum over K chunks of A_c (rows x kc, dense) @ B_c (kc x cols)."""
+    len_keys = [bk for _, bk in _chunks(sk, n)]
+
+    def emit(em: Emitter, outs: tuple[list[int], list[int], list[int]]) -> None:
+        def drain_cfg(side: int) -> None:
+            mult, shift = p.requants[side]
+            em.b.ep_cfg(*em.regs(0, 0, mult), shift, Activation.none, "none", p.out_dt[side].name)
+
+        def products(acc: int, side: int, i: int, r0: int, rows: int, cols: int) -> None:
+            for ci, (a, b, kc) in enumerate(operands(side, i, r0)):
+                em.b.mx_preload(em.reg(b), kc, cols, p.mm_dt.name)
+                (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a), rows)
+
+        tiles = _products(p, m, sk, n)
+        if len(accs) == len(tiles):  # a region per tile: every product, then every drain
+            for acc, (side, i, rows, cols) in zip(accs, tiles, strict=True):
+                products(acc, side, i, 0, rows, cols)
+        for t, (side, i, rows, cols) in enumerate(tiles):
+            if t == 0 or tiles[t - 1][0] != side:
+                drain_cfg(side)
+            out = outs[side][i]
+            if len(accs) == len(tiles):
+                em.b.mx_drain(*em.regs(out, accs[t]), rows, cols)
+                continue
             for r0, pr in _chunks(rows, PIECE_ROWS):
-                for ci, ((_, kc), a, b) in enumerate(zip(kchunks, a_tiles, b_tiles, strict=True)):
-                    em.b.mx_preload(em.reg(b), kc, cols, p.mm_dt.name)
-                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a + r0 * kc * p.mm_dt.size), pr)
-                em.b.mx_drain(*em.regs(out + r0 * cols * p.out_dt[i].size, acc), pr, cols)
-
-        drain_cfg(0)
-        for (e0, ec), out in zip(_chunks(p.q.width, n), q_tiles, strict=True):
-            product(out, xq, [w + lay.q[(e0, c0)] * wes for c0, _ in kchunks], m, ec, 0)
-        drain_cfg(1)
-        for (_, bk), out, xt in zip(_chunks(sk, n), kt_tiles, xk, strict=True):
-            d = p.k.width
-            for r0, pr in _chunks(d, PIECE_ROWS):  # K^T rows = W_k^T rows streamed; X^T's key tile stationary
-                for ci, (c0, kc) in enumerate(kchunks):
-                    em.b.mx_preload(em.reg(xt + c0 * bk * p.mm_dt.size), kc, bk, p.mm_dt.name)
-                    a = w + (lay.kt[c0] + r0 * kc) * wes
-                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a), pr)
-                em.b.mx_drain(*em.regs(out + r0 * bk * p.out_dt[1].size, acc), pr, bk)
-        drain_cfg(2)
-        for (e0, ec), out in zip(_chunks(p.v.width, n), v_tiles, strict=True):
-            product(out, xv, [w + lay.v[(e0, c0)] * wes for c0, _ in kchunks], sk, ec, 2)
+                products(accs[0], side, i, r0, pr, cols)
+                em.b.mx_drain(*em.regs(out + r0 * cols * p.out_dt[side].size, accs[0]), pr, cols)
 
     return loads, quants, emit
 
