@@ -144,7 +144,11 @@ class MatrixPipe:
 
     def ready(self, op: Op) -> float:
         """Earliest start of `op` as far as the matrix unit is concerned (tokens and banks aside)."""
-        t = max(op.issue, self.last, self.hold)
+        t = op.issue  # the latest of issue, the previous start and the unit's hold (max() without the call)
+        if self.last > t:
+            t = self.last
+        if self.hold > t:
+            t = self.hold
         kind = op.kind
         if kind == MATMUL:
             return matmul_start(t, self.input, self.weights)
@@ -167,12 +171,14 @@ class MatrixPipe:
             self.open = finish == INF
         elif kind == PLAIN:
             self.hold = int(finish)
-        if finish != INF:
-            self.done = max(self.done, int(finish))
+        if finish != INF and finish > self.done:
+            self.done = int(finish)
         end = t + op.dur
-        busy = max(0, end - max(t, self.busy_until))
-        self.busy_until = max(self.busy_until, end)
-        return busy
+        counted = self.busy_until
+        if end <= counted:
+            return 0
+        self.busy_until = end
+        return end - (t if t > counted else counted)
 
     def resolved(self, finish: int) -> None:
         """The open mx.mms is done at `finish`."""
