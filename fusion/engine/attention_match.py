@@ -67,10 +67,12 @@ class AttentionMatch:
     # the MatMuls computing the tensors Q, K and V are read from, taken into the kernel (`with_projections`): one
     # packed in_proj, or one per operand; () when Q, K and V are read from DRAM
     projections: tuple[str, ...] = ()
+    # the MatMul projecting the merged heads (constant 2-D weight), taken in too (`with_out_projection`)
+    out_projection: str | None = None
 
     def names(self) -> frozenset[str]:
         parts = (*self.q_layout, *self.k_layout, *self.v_layout, *self.out_layout, *self.projections)
-        single = (self.scale, self.mask, self.q_scale, self.k_scale)
+        single = (self.scale, self.mask, self.q_scale, self.k_scale, self.out_projection)
         return frozenset({*parts, self.scores, self.softmax, self.context} | {n for n in single if n})
 
     def nodes(self, graph: Graph) -> tuple[str, ...]:
@@ -262,9 +264,10 @@ def operand_sources(graph: Graph, match: AttentionMatch) -> tuple[str, str, str]
 
 
 def projection_of(graph: Graph, value: str) -> Node | None:
-    """The MatMul producing `value` from an activation and a constant 2-D weight (a projection), or None."""
+    """The MatMul (or bias-free Gemm) producing `value` from an activation and a constant 2-D weight (a
+    projection), or None."""
     node = graph.producers.get(value)
-    if node is None or node.op != OpType.MatMul or len(node.inputs) != 2:
+    if node is None or node.op not in (OpType.MatMul, OpType.Gemm) or len(node.inputs) != 2:  # Gemm: no bias
         return None
     x, w = node.inputs
     if graph.is_constant(x) or not graph.is_constant(w) or len(graph.types[w].shape) != 2:
@@ -290,9 +293,29 @@ def with_projections(graph: Graph, match: AttentionMatch) -> AttentionMatch | No
     return replace(match, projections=tuple(names))
 
 
+def attention_output(graph: Graph, match: AttentionMatch) -> str:
+    """The value the attention writes: the merged heads (its out layout's last output, else the context's)."""
+    return graph.node(match.out_layout[-1] if match.out_layout else match.context).outputs[0]
+
+
+def with_out_projection(graph: Graph, match: AttentionMatch) -> AttentionMatch | None:
+    """The attention with the projection of its merged heads taken in, when that output is read only by a MatMul
+    with a constant 2-D weight (`projection_of`); None otherwise."""
+    value = attention_output(graph, match)
+    user = _only_consumer(graph, value)
+    if user is None or projection_of(graph, user.outputs[0]) is None or user.inputs[0] != value:
+        return None
+    return replace(match, out_projection=user.name)
+
+
 def find_projected_attention(graph: Graph) -> list[AttentionMatch]:
-    """Every attention of the graph (`find_attention`) whose Q, K and V projections it can take in."""
-    return [p for m in find_attention(graph) if (p := with_projections(graph, m)) is not None]
+    """Every attention of the graph (`find_attention`) whose Q, K and V projections it can take in, alone and
+    with its output projection where it has one."""
+    out = []
+    for m in find_attention(graph):
+        if (p := with_projections(graph, m)) is not None:
+            out += [p] + ([o] if (o := with_out_projection(graph, p)) is not None else [])
+    return out
 
 
 def _operand_scale(graph: Graph, value: str, consumer: Node) -> tuple[str | None, str, Node]:

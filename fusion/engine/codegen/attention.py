@@ -47,6 +47,7 @@ from fusion.engine.attention_match import (
     match_attention,
     output_map,
     scalar_constant,
+    with_out_projection,
     with_projections,
 )
 from fusion.engine.codegen import attention_proj
@@ -74,6 +75,8 @@ def group_match(graph: Graph, nodes: Sequence[Node]) -> AttentionMatch:
     names = {n.name for n in nodes}
     if match is not None and set(match.names()) != names:
         match = with_projections(graph, match)
+        if match is not None and set(match.names()) != names:
+            match = with_out_projection(graph, match)
     if match is None or set(match.names()) != names:
         raise CodegenError("the group is not one attention (MatMul, scale, mask, Softmax, MatMul and their layout)")
     return match
@@ -161,7 +164,10 @@ def _output(cx: LowerContext, match: AttentionMatch, lead: tuple[int, ...]) -> H
     maps = affine_heads(np.broadcast_to(where, (*lead, *shape[-2:]))) if where is not None else None
     if maps is None:
         raise CodegenError(f"node {context.name!r}: the output's layout is not one strided view per head")
-    view = cx.view(final)
+    if match.out_projection is not None:  # read in the kernel by the output projection: no DRAM tensor
+        view = dense(0, cx.graph.types[final].shape, cx.dtype(final))
+    else:
+        view = cx.view(final)
     if cx.dtype(final) is not cx.dtype(context.outputs[0]):
         raise CodegenError(f"value {final!r}: the head merge changes the storage dtype")
     return HeadOperand(maps, shape[-2:], view.address, view.dtype, None)
@@ -281,6 +287,7 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     acc_extra = []
     if p.proj is not None:
         spad += [*attention_proj.activation_tiles(p.proj, m, p.sk, n), attention_proj.weight_tile(p.proj)]
+        spad += attention_proj.out_tiles(p.proj, m, n)
         acc_extra += attention_proj.acc_bytes(p.proj, m, p.sk, n)
     ktiles = chunks(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
@@ -483,7 +490,7 @@ def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) ->
 
 
 def _work() -> dict[str, list]:
-    return {"loads": [], "xquants": [], "project": [], "scales": [], "quants": [], "copies": []}
+    return {"loads": [], "xquants": [], "project": [], "weights": [], "scales": [], "quants": [], "copies": []}
 
 
 def _projection_segments(work: dict[str, list]) -> list:
@@ -575,7 +582,8 @@ def _projected_operands(
     ktiles = chunks(p.sk, n)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
-    loads, quants, emit = attention_proj.step_projection(arena, p.proj, block, p.sk, n)
+    loads, quants, emit, weights = attention_proj.step_projection(arena, p.proj, block, p.sk, n)
+    head["weights"].append(weights)
     head["loads"] += loads
     head["xquants"] += quants
     tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
@@ -717,6 +725,11 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     for b in range(len(kblocks)):
         compute += _block_loads(v_work[b]) if streamed else []
         compute.append((Unit.matrix, context(b)))
+    if p.proj is not None and p.proj.out is not None:  # O @ W_o accumulated over the heads, Y stored by the last
+        y_tiles = [arena.tile(b) for b in attention_proj.out_tiles(p.proj, m, n)]
+        emit, stores = attention_proj.out_projection_emit(p.proj, block, head["weights"][0], o_tiles, y_tiles, n)
+        compute.append((Unit.matrix, emit))
+        return Step([], compute, stores)
     out = p.out.view(h).slice(0, i0, m)
     return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
 

@@ -35,15 +35,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion.engine.attention_match import AttentionMatch, head_maps, operand_sources, operand_values
+from fusion.engine.attention_match import (
+    AttentionMatch,
+    affine_heads,
+    head_maps,
+    operand_sources,
+    operand_values,
+    output_map,
+)
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph
 from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key
 from fusion.lower.emitter import Emitter, f32_bits
 from fusion.lower.kernels.matrix import requant
-from fusion.lower.local_alloc import TileArena
+from fusion.lower.local_alloc import DEPTH, TileArena, slot
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType
+from isa.memory_map import LOCAL_ACC_BASE
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
@@ -87,9 +95,32 @@ def sides(graph: Graph, match: AttentionMatch) -> tuple[Side, Side, Side]:
     return tuple(_side(graph, match, i, layouts[i], lead) for i in range(3))
 
 
-def _blocks(q: Side, k: Side, v: Side) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (Q, K, V) column blocks, and per leading index which of them it reads."""
-    keys = np.stack([q.cols, k.cols, v.cols], axis=1)
+def out_side(graph: Graph, match: AttentionMatch) -> Side | None:
+    """The output projection's side (`match.out_projection`): per leading index the first row and column of the
+    merged heads its output block lands at (the rows of W_o it multiplies); `width`: W_o's output columns."""
+    if match.out_projection is None:
+        return None
+    node = graph.node(match.out_projection)
+    context = graph.node(match.context)
+    shape = graph.types[context.outputs[0]].shape
+    lead = tuple(shape[:-2])
+    layout = [graph.node(n) for n in match.out_layout]
+    where = output_map(graph, layout, shape) if layout else np.arange(math.prod(shape)).reshape(shape)
+    maps = affine_heads(np.broadcast_to(where, (*lead, *shape[-2:]))) if where is not None else None
+    cols = graph.types[node.inputs[0]].shape[-1]
+    sq, dv = shape[-2:]
+    if maps is None or (maps.col_stride != 1 and dv > 1) or (maps.row_stride != cols and sq > 1):
+        raise CodegenError(f"node {node.name!r}: the merged heads are not one run of its input columns per head")
+    rows = maps.bases // cols
+    runs = np.flatnonzero(np.diff(rows)) + 1  # each row block's heads must be consecutive (accumulated in turn)
+    if len(np.unique(rows)) != len(runs) + 1:
+        raise CodegenError(f"node {node.name!r}: the heads of one block of rows are not consecutive")
+    return Side(node.name, node.inputs[0], rows, maps.bases % cols, graph.types[node.outputs[0]].shape[-1])
+
+
+def _blocks(q: Side, k: Side, v: Side, o: Side | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (Q, K, V[, O]) column blocks, and per leading index which of them it reads."""
+    keys = np.stack([q.cols, k.cols, v.cols] + ([o.cols] if o is not None else []), axis=1)
     distinct, which = np.unique(keys, axis=0, return_inverse=True)
     return distinct, which.reshape(-1)
 
@@ -103,11 +134,12 @@ class TileLayout:
     kt: dict[int, int]
     v: dict[tuple[int, int], int]
     size: int
+    o: dict[tuple[int, int], int]  # W_o's rows of the head: (output chunk, value chunk) tiles (kc x ec)
 
 
-def tile_layout(kd: int, d: int, dv: int, n: int) -> TileLayout:
+def tile_layout(kd: int, d: int, dv: int, n: int, dout: int = 0) -> TileLayout:
     at = 0
-    q, kt, v = {}, {}, {}
+    q, kt, v, o = {}, {}, {}, {}
     for e0, ec in _chunks(d, n):
         for c0, kc in _chunks(kd, n):
             q[(e0, c0)], at = at, at + kc * ec
@@ -116,7 +148,10 @@ def tile_layout(kd: int, d: int, dv: int, n: int) -> TileLayout:
     for e0, ec in _chunks(dv, n):
         for c0, kc in _chunks(kd, n):
             v[(e0, c0)], at = at, at + kc * ec
-    return TileLayout(q, kt, v, at)
+    for e0, ec in _chunks(dout, n):
+        for c0, kc in _chunks(dv, n):
+            o[(e0, c0)], at = at, at + kc * ec
+    return TileLayout(q, kt, v, at, o)
 
 
 def _chunks(total: int, size: int) -> list[tuple[int, int]]:
@@ -126,13 +161,18 @@ def _chunks(total: int, size: int) -> list[tuple[int, int]]:
 def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int):
     """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32)."""
     q, k, v = sides(graph, match)
+    o = out_side(graph, match)
     form = CONST_I8 if int8 else CONST_F32
     w = [np.asarray(forms[const_key(graph.node(s.node).inputs[1], form)]) for s in (q, k, v)]
+    wo = np.asarray(forms[const_key(graph.node(o.node).inputs[1], form)]) if o is not None else None
     kd = w[0].shape[0]
-    lay = tile_layout(kd, q.width, v.width, n)
-    distinct, _ = _blocks(q, k, v)
+    lay = tile_layout(kd, q.width, v.width, n, o.width if o is not None else 0)
+    distinct, _ = _blocks(q, k, v, o)
     out = np.zeros((len(distinct), lay.size), dtype=w[0].dtype)
-    for b, (qc, kc0, vc) in enumerate(distinct):
+    for b, (qc, kc0, vc, *oc) in enumerate(distinct):
+        for (e0, c0), at in lay.o.items():
+            tile = wo[oc[0] + c0 : oc[0] + min(c0 + n, v.width), e0 : e0 + n]
+            out[b, at : at + tile.size] = tile.reshape(-1)
         for (e0, c0), at in lay.q.items():
             tile = w[0][c0 : c0 + n, qc + e0 : qc + min(e0 + n, q.width)]
             out[b, at : at + tile.size] = tile.reshape(-1)
@@ -147,6 +187,42 @@ def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[
 
 def weights_key(graph: Graph, match: AttentionMatch) -> str:
     return const_key(graph.node(match.projections[0]).inputs[1], PROJECTIONS)
+
+
+@dataclass(frozen=True)
+class OutProjection:
+    """The projection of the merged heads, accumulated head by head: Y[rows] = sum over heads of O_h @ W_o[the
+    head's rows] in an accumulator region outside the buffer slots (the bank no slot uses), so it lives across
+    the steps; the first head of a block of rows starts it (`mx.mm`), the last drains it (requantized as the
+    projection drains) and stores Y."""
+
+    side: Side
+    y: View  # the output, rows x width in DRAM
+    requant: tuple[int, int]
+    out_dt: DType
+    acc: int  # its accumulator region: per output chunk of N columns, rows x N float32/int32
+    rows: int  # the attention's query rows (the region's rows per output chunk)
+    first: np.ndarray  # per leading index: the first head of its rows
+    last: np.ndarray
+
+
+def _out_projection(cx: LowerContext, o: Side, sq: int) -> OutProjection:
+    node = cx.graph.node(o.node)
+    shape = cx.graph.types[node.outputs[0]].shape
+    y = cx.view(node.outputs[0]).reshaped((math.prod(shape[:-1]), shape[-1]))
+    if y is None:
+        raise CodegenError(f"node {node.name!r}: its output is not rows x features in DRAM")
+    if cx.int8 and (cx.dtype(node.inputs[0]) is not DType.i8 or cx.dtype(node.outputs[0]) is not DType.i8):
+        raise CodegenError(f"node {node.name!r}: an int8 output projection with a float32 input or output")
+    cfg, n = cx.config, cx.config.array_size
+    used = DEPTH * slot(cfg.acc_bytes, cfg.acc_banks, 0).size
+    need = sq * n * 4 * -(-o.width // n)
+    if cfg.acc_bytes - used < need:
+        raise CodegenError(f"node {node.name!r}: its {sq} rows x {o.width} accumulators do not fit the spare bank")
+    edge = np.append(np.diff(o.rows) != 0, True)
+    first = np.insert(edge[:-1], 0, True)
+    reqs = requant(cx, node) or (f32_bits(1.0), 0)
+    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), LOCAL_ACC_BASE + used, sq, first, edge)
 
 
 @dataclass(frozen=True)
@@ -167,6 +243,7 @@ class Projection:
     kd: int
     mm_dt: DType
     acc_slot: int  # bytes of one accumulator buffer slot
+    out: OutProjection | None = None
 
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
@@ -194,17 +271,55 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
     if any(x.shape[1] != kd for x in xs):
         raise CodegenError(f"node {match.softmax!r}: the projections' activations differ in width")
     n = cx.config.array_size
-    lay = tile_layout(kd, q.width, v.width, n)
-    distinct, which = _blocks(q, k, v)
+    o = out_side(g, match)
+    lay = tile_layout(kd, q.width, v.width, n, o.width if o is not None else 0)
+    distinct, which = _blocks(q, k, v, o)
     mm_dt = DType.i8 if cx.int8 else DType.f32
     key = weights_key(g, match)
     if key not in cx.addresses:
         raise CodegenError(f"node {match.softmax!r}: the kernel's DRAM image has no packed projection weights")
     weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
     acc_slot = TileArena(cx.config, 0).acc.size
+    sq = g.types[g.node(match.scores).outputs[0]].shape[-2]
+    out = _out_projection(cx, o, sq) if o is not None else None
     return Projection(
-        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot
+        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot, out
     )
+
+
+def out_tiles(p: Projection, m: int, n: int) -> list[int]:
+    """Scratchpad bytes of a step's output projection tiles: Y's rows, per output chunk."""
+    if p.out is None:
+        return []
+    return [m * ec * p.out.out_dt.size for _, ec in _chunks(p.out.side.width, n)]
+
+
+def out_projection_emit(
+    p: Projection, block: tuple[int, int, int], w: int, o_tiles: list[int], y_tiles: list[int], n: int
+):
+    """The matrix work adding head block (h, i0, m)'s O (its value chunks' tiles) @ W_o[the head's rows] to the
+    output's accumulators (and, the last head of its rows, draining Y); the stores of Y (none before the last)."""
+    h, i0, m = block
+    op = p.out
+    wes = p.mm_dt.size
+    ochunks, vchunks = _chunks(op.side.width, n), _chunks(p.v.width, n)
+    region = [op.acc + (e * op.rows + i0) * n * 4 for e in range(len(ochunks))]
+
+    def emit(em: Emitter) -> None:
+        for e, (e0, ec) in enumerate(ochunks):
+            for ci, ((c0, kc), a) in enumerate(zip(vchunks, o_tiles, strict=True)):
+                em.b.mx_preload(em.reg(w + p.layout.o[(e0, c0)] * wes), kc, ec, p.mm_dt.name)
+                start = op.first[h] and ci == 0
+                (em.b.mx_mm if start else em.b.mx_mma)(*em.regs(region[e], a), m)
+        if op.last[h]:
+            mult, shift = op.requant
+            em.b.ep_cfg(*em.regs(0, 0, mult), shift, Activation.none, "none", op.out_dt.name)
+            for (_, ec), y, acc in zip(ochunks, y_tiles, region, strict=True):
+                em.b.mx_drain(*em.regs(y, acc), m, ec)
+
+    rows = op.y.slice(0, int(op.side.rows[h]) + i0, m)
+    stores = [(y, rows.slice(1, e0, ec)) for y, (e0, ec) in zip(y_tiles, ochunks, strict=True)] if op.last[h] else []
+    return emit, stores
 
 
 def weight_tile(p: Projection) -> int:
@@ -287,10 +402,10 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
 
 def step_projection(
     arena, p: Projection, block: tuple[int, int, int], sk: int, n: int
-) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None]]:
+) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None], int]:
     """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
-    (loads, quants, emit) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q (m x chunk tiles), K^T
-    (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers."""
+    (loads, quants, emit, the weights' tile) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q (m x chunk
+    tiles), K^T (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers."""
     h, i0, m = block
     loads: list = []
     quants: list = []
@@ -338,7 +453,7 @@ def step_projection(
                 products(accs[0], side, i, r0, pr, cols)
                 em.b.mx_drain(*em.regs(out + r0 * cols * p.out_dt[side].size, accs[0]), pr, cols)
 
-    return loads, quants, emit
+    return loads, quants, emit, w
 
 
 def check_heads(p: Projection, d: int, dv: int) -> None:
