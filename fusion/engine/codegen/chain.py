@@ -229,9 +229,11 @@ def emit_chain(
     period: int,
     regs: Registers | None = None,
     stored: Mapping[str, int] | None = None,
+    quantize: float | None = None,
 ) -> None:
     """Load the external operands at `addr`, apply the nodes register to register, store the last one (and each
-    value in `stored` at its local address, as soon as it is computed)."""
+    value in `stored` at its local address, as soon as it is computed). `quantize`: the last one is stored as int8,
+    `vc.qnt` by this multiplier (what a `v.qnt` pass over the float32 result would give, without the pass)."""
     regs = regs or Registers()
     last_use = {o.value: node.name for node in nodes for (name, _), o in table.items() if name == node.name}
     for value in addr:  # load external operands once
@@ -246,7 +248,10 @@ def emit_chain(
         regs.of[node.outputs[0]] = out
         if stored and node.outputs[0] in stored:
             em.b.vc_st(em.reg(stored[node.outputs[0]]), out)
-    em.b.vc_st(em.reg(out_addr), regs.of[nodes[-1].outputs[0]])
+    last = regs.of[nodes[-1].outputs[0]]
+    if quantize is not None:
+        em.b.vc_qnt(last, last, em.reg(f32_bits(quantize)))
+    em.b.vc_st(em.reg(out_addr), last)
 
 
 def load_register(cx: LowerContext, em: Emitter, reg: int, value: str, local: int, n: int) -> None:
