@@ -291,10 +291,7 @@ class _Kernel:
         out["pre"] = (pre_tiles, pre_out, pre_kept)
         hid = TileArena(cx.config, 0)
         w = hid.tile(panels * self.chunk * s.es_a)
-        panel_tiles = [
-            (hid.tile(tile * n * s.es_a), hid.tile(tile * n * 4) if self.p.mid else None, hid.tile(tile * n * s.es_a))
-            for _ in range(panels)
-        ]
+        panel_tiles = [(hid.tile(tile * n * s.es_a), hid.tile(tile * n * s.es_a)) for _ in range(panels)]
         out["hid"] = (w, panel_tiles, [hid.acc_tile(tile * n * 4) for _ in range(panels)])
         post = hid  # the epilogue runs in the last hidden step, after its tiles
         drained = [post.tile(tile * n * s.es_a) for _ in out["acc2"]]
@@ -393,7 +390,7 @@ class _Kernel:
         chunk = self.chunk
         loads = [(self.weights.slice(0, j * chunk, count * chunk), w)]
         dt = DType.i8 if cx.int8 else DType.f32
-        tiles = [(d + ds, None if f is None else f + ds, q + ds) for d, f, q in panel_tiles[:count]]
+        tiles = [(d + ds, q + ds) for d, q in panel_tiles[:count]]
         accs = [acc + da for acc in accs[:count]]
         mid_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.mid_t)}
         bias1 = self.layout.get(bias_form(p.first.name))
@@ -405,24 +402,18 @@ class _Kernel:
                 for c, acc in enumerate(accs):
                     em.b.mx_preload(em.reg(w + (c * chunk + k0 * n) * s.es_a), kb, n, dt.name)
                     (em.b.mx_mm if index_k == 0 else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
-            for c, (acc, (drained, _, _)) in enumerate(zip(accs, tiles, strict=True)):
+            for c, (acc, (drained, _)) in enumerate(zip(accs, tiles, strict=True)):
                 bias = 0 if bias1 is None else a["params"] + bias1[0] + (j + c) * n * 4
                 self._drain(em, drained, acc, rows, n, bias, self.rq[0])
 
         def activation(em: Emitter) -> None:
-            entries = []
-            for c, (drained, f, q) in enumerate(tiles):
-                if p.mid:
-                    addr = {first_out: drained} | {v: at + (j + c) * n * 4 for v, at in mid_rows.items()}
-                    out = f if inv is not None else q
-                    emit_chain(cx, em, p.mid, self.mid_t, addr, out, rows * n, n)
-                    if inv is not None:
-                        entries.append((q, f, rows * n, inv))
-            _quantizer(entries)(em)
+            for c, (drained, q) in enumerate(tiles):  # int8: quantized at GEMM2's input scale in the chain
+                addr = {first_out: drained} | {v: at + (j + c) * n * 4 for v, at in mid_rows.items()}
+                emit_chain(cx, em, p.mid, self.mid_t, addr, q, rows * n, n, quantize=inv)
 
         def gemm2(em: Emitter) -> None:
             for o, acc in enumerate(a["acc2"]):
-                for c, (drained, _, q) in enumerate(tiles):
+                for c, (drained, q) in enumerate(tiles):
                     a_addr = q if p.mid else drained
                     em.b.mx_preload(em.reg(w + (c * chunk + s.d * n + o * n * n) * s.es_a), n, n, dt.name)
                     (em.b.mx_mm if j == 0 and c == 0 else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
