@@ -15,6 +15,7 @@ import keyword
 import linecache
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -30,9 +31,12 @@ from isa.errors import IsaTableError
 TensorSpec = tuple[str, DType | str, Sequence[int], Any]  # name, dtype, shape, address (int or data label)
 
 
-def _caller(depth: int = 2) -> tuple[str, int]:
+def _caller(depth: int = 2) -> tuple[CodeType, int]:
+    """Where the caller `depth` frames up is, as (code, bytecode offset): `frame.f_lineno` scans the code's line
+    table (microseconds deep in a long generator function), and the line is only needed for a diagnostic
+    (`_report` looks it up)."""
     frame = sys._getframe(depth)
-    return frame.f_code.co_filename, frame.f_lineno
+    return frame.f_code, frame.f_lasti
 
 
 def _user_frame() -> tuple[str, int]:
@@ -48,10 +52,20 @@ def _call_error(message: str, hint: str = "") -> AssemblyError:
     return AssemblyError([_report(_user_frame(), 0, message, hint)])
 
 
+def _line_at(code: CodeType, offset: int) -> int:
+    """The source line of bytecode `offset` in `code` (what `frame.f_lineno` says at that instruction)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return line
+    return code.co_firstlineno
+
+
 def _report(loc: Any, col: int, message: str, hint: str) -> Diagnostic:
     if loc is None:
         return Diagnostic("<builder>", 0, 0, message, hint)
     filename, lineno = loc
+    if isinstance(filename, CodeType):  # (code, offset) from `_caller`: the line looked up now
+        filename, lineno = filename.co_filename, _line_at(filename, lineno)
     source = linecache.getline(filename, lineno).rstrip("\n")
     indent = len(source) - len(source.lstrip())
     return Diagnostic(filename, lineno, indent + 1, message, hint, source)
@@ -223,11 +237,11 @@ def _generated(spec: InstructionSpec) -> Any:
     def emit(self: ProgramBuilder, *args: Any, **kwargs: Any) -> ProgramBuilder:
         if kwargs or len(args) != arity:
             args = _bind(spec, args, kwargs)
-        frame = sys._getframe(1)
+        frame = sys._getframe(1)  # where it was emitted, as `_caller` keeps it (inlined: one call per instruction)
         run = self._open or self._run()
         run.rows.append(row)
         run.args.append(args)
-        run.locs.append((frame.f_code.co_filename, frame.f_lineno))
+        run.locs.append((frame.f_code, frame.f_lasti))
         return self
 
     emit.__name__ = emit.__qualname__ = builder_method_name(spec)

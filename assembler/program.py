@@ -31,7 +31,8 @@ class Instr:
 class InstrRun:
     """Consecutive instructions from `ProgramBuilder`, held as columns so the linker encodes them per ISA row
     with numpy instead of one Python call per word: `rows` indexes `isa.INSTRUCTIONS`, `args` and `locs` are as
-    in `Instr` (one operand tuple and one emitting (file, line) per instruction). The builder appends to the
+    in `Instr` (one operand tuple and one emitting location per instruction: the builder keeps (code, bytecode
+    offset), resolved to (file, line) only for a diagnostic). The builder appends to the
     open run until another item follows it."""
 
     rows: list[int]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from itertools import product
+from operator import mul
 
 from isa.enums import DType
 
@@ -56,7 +57,7 @@ class View:
 
     def index(self, prefix: Sequence[int]) -> View:
         """Fix the leading len(prefix) indices."""
-        offset = sum(i * s for i, s in zip(prefix, self.strides, strict=False))
+        offset = sum(map(mul, prefix, self.strides))  # (map stops at the shorter: the prefix)
         k = len(prefix)
         return View(self.address + offset, self.shape[k:], self.strides[k:], self.dtype)
 

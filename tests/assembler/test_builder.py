@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keyword
+import sys
 
 import numpy as np
 import pytest
@@ -196,3 +197,22 @@ def test_data_base_and_kernel_metadata_errors_point_at_the_with_line() -> None:
     ok.data().label("buf")
     ok.i32(7)
     assert to_bytes(ok.build()) == to_bytes(assemble(".data_base 0x100\n.data\nbuf: .i32 7"))
+
+
+def test_an_instruction_emitted_in_a_loop_is_reported_at_the_line_of_its_call() -> None:
+    """The builder keeps (code, bytecode offset) per instruction and finds the line only for a diagnostic: the
+    line found is the one `frame.f_lineno` gives at the call, for each of several calls on different lines."""
+    b = ProgramBuilder()
+    lines = []
+    for i in range(3):
+        b.addi(1, 1, 1)
+        if i == 1:
+            lines.append(sys._getframe().f_lineno + 1)
+            b.addi(1, 40, 1)
+        b.nop()
+    lines.append(sys._getframe().f_lineno + 1)
+    b.add(1, 2, 40)
+    with pytest.raises(AssemblyError) as info:
+        b.build()
+    assert [d.line for d in info.value.diagnostics] == lines
+    assert all(d.file == __file__ for d in info.value.diagnostics)
