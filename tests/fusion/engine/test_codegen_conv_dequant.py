@@ -129,3 +129,18 @@ def test_the_dynamic_plan_runs_the_block_bit_exact() -> None:
     out = graph.outputs[0]
     np.testing.assert_array_equal(result.outputs[out], run_quantized(graph, inputs, engine.mc.params)[out])
     assert any(set(c.group.nodes) >= {"conv", "add"} for c in engine.plan.choices)
+
+
+def test_an_int8_block_output_moves_one_byte_an_element() -> None:
+    """DRAM bytes of the band kernel of Conv + int8 Add + Relu: it writes its output twice (the int8 DRAM scratch,
+    then NCHW), one byte an element each (a float32 block output wrote 8), and an int8 shortcut reads 3 bytes an
+    element fewer than a float32 one."""
+    runs = {}
+    for int8_shortcut in (False, True):
+        graph = residual_graph(c=16, cout=32, size=8, kernel=3, stride=1, pad=1, int8_shortcut=int8_shortcut)
+        inputs = {"x": np.random.default_rng(1).standard_normal((1, 16, 8, 8)).astype(np.float32)}
+        mc = context(graph, inputs, "int8")
+        _, runs[int8_shortcut], _ = run_group(mc, Group(("conv", "add", "relu"), "implicit_gemm"), inputs)
+    elements = 32 * 8 * 8
+    assert runs[False].dram_write_bytes == runs[True].dram_write_bytes == 2 * elements
+    assert runs[False].dram_read_bytes - runs[True].dram_read_bytes == 3 * elements
