@@ -144,3 +144,21 @@ def test_an_int8_block_output_moves_one_byte_an_element() -> None:
     elements = 32 * 8 * 8
     assert runs[False].dram_write_bytes == runs[True].dram_write_bytes == 2 * elements
     assert runs[False].dram_read_bytes - runs[True].dram_read_bytes == 3 * elements
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    c=st.sampled_from([3, 16, 24]),
+    cout=st.sampled_from([16, 24, 40]),
+    size=st.integers(5, 12),
+    kernel=st.sampled_from([1, 3]),
+    strategy=st.sampled_from(["implicit_gemm", "implicit_packed"]),
+    int8_shortcut=st.booleans(),
+)
+def test_int8_residual_add_variants(
+    c: int, cout: int, size: int, kernel: int, strategy: str, int8_shortcut: bool
+) -> None:
+    """Conv + int8 Add + Relu in one kernel over conv shapes, the shortcut float32 or int8: bit-exact (int8 out)
+    wherever the generator takes the shape."""
+    graph = residual_graph(c, cout, size, kernel, 1, kernel // 2, int8_shortcut=int8_shortcut)
+    _check(graph, strategy, "conv", "add", "relu")
