@@ -309,12 +309,14 @@ def with_out_projection(graph: Graph, match: AttentionMatch) -> AttentionMatch |
 
 
 def find_projected_attention(graph: Graph) -> list[AttentionMatch]:
-    """Every attention of the graph (`find_attention`) whose Q, K and V projections it can take in, alone and
-    with its output projection where it has one."""
+    """Every attention of the graph (`find_attention`) with the projections it can take in: its Q, K and V
+    projections, its output projection, both."""
     out = []
     for m in find_attention(graph):
-        if (p := with_projections(graph, m)) is not None:
-            out += [p] + ([o] if (o := with_out_projection(graph, p)) is not None else [])
+        p = with_projections(graph, m)
+        for base in (m, p) if p is not None else (m,):
+            o = with_out_projection(graph, base)
+            out += ([p] if base is p else []) + ([o] if o is not None else [])
     return out
 
 

@@ -311,7 +311,8 @@ def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarra
     """The positions a generated mask is computed from (`codegen.attention`); with the Q/K/V projections taken in,
     their weights packed per head (`codegen.attention_proj`)."""
     match = group_match(sub, sub.nodes)
-    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size) if match.projections else {}
+    taken = match.projections or match.out_projection
+    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size) if taken else {}
     return {**attention_forms(sub), **packed}, {}
 
 

@@ -159,10 +159,20 @@ def _chunks(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int):
-    """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32)."""
-    q, k, v = sides(graph, match)
+    """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32);
+    without Q/K/V projections, the output projection's rows of W_o alone."""
     o = out_side(graph, match)
     form = CONST_I8 if int8 else CONST_F32
+    if not match.projections:
+        wo = np.asarray(forms[const_key(graph.node(o.node).inputs[1], form)])
+        dv = graph.types[graph.node(match.context).outputs[0]].shape[-1]
+        lay = tile_layout(0, 0, dv, n, o.width)
+        distinct, _ = np.unique(o.cols, return_inverse=True)
+        out = np.zeros((len(distinct), lay.size), dtype=wo.dtype)
+        for b, oc in enumerate(distinct):
+            _pack_out(out[b], wo, int(oc), lay, dv, n)
+        return {weights_key(graph, match): out}
+    q, k, v = sides(graph, match)
     w = [np.asarray(forms[const_key(graph.node(s.node).inputs[1], form)]) for s in (q, k, v)]
     wo = np.asarray(forms[const_key(graph.node(o.node).inputs[1], form)]) if o is not None else None
     kd = w[0].shape[0]
@@ -170,9 +180,8 @@ def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[
     distinct, _ = _blocks(q, k, v, o)
     out = np.zeros((len(distinct), lay.size), dtype=w[0].dtype)
     for b, (qc, kc0, vc, *oc) in enumerate(distinct):
-        for (e0, c0), at in lay.o.items():
-            tile = wo[oc[0] + c0 : oc[0] + min(c0 + n, v.width), e0 : e0 + n]
-            out[b, at : at + tile.size] = tile.reshape(-1)
+        if oc:
+            _pack_out(out[b], wo, int(oc[0]), lay, v.width, n)
         for (e0, c0), at in lay.q.items():
             tile = w[0][c0 : c0 + n, qc + e0 : qc + min(e0 + n, q.width)]
             out[b, at : at + tile.size] = tile.reshape(-1)
@@ -185,8 +194,16 @@ def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[
     return {weights_key(graph, match): out}
 
 
+def _pack_out(row: np.ndarray, wo: np.ndarray, first: int, lay: TileLayout, dv: int, n: int) -> None:
+    """A head's rows [first, first + dv) of W_o as its (output chunk, value chunk) tiles."""
+    for (e0, c0), at in lay.o.items():
+        tile = wo[first + c0 : first + min(c0 + n, dv), e0 : e0 + n]
+        row[at : at + tile.size] = tile.reshape(-1)
+
+
 def weights_key(graph: Graph, match: AttentionMatch) -> str:
-    return const_key(graph.node(match.projections[0]).inputs[1], PROJECTIONS)
+    first = match.projections[0] if match.projections else match.out_projection
+    return const_key(graph.node(first).inputs[1], PROJECTIONS)
 
 
 @dataclass(frozen=True)
@@ -204,9 +221,36 @@ class OutProjection:
     rows: int  # the attention's query rows (the region's rows per output chunk)
     first: np.ndarray  # per leading index: the first head of its rows
     last: np.ndarray
+    layout: TileLayout  # where its W_o tiles are in a head's packed weights (`layout.o`)
+    mm_dt: DType
+    dv: int
+    weights: View | None  # its own packed weights (blocks, size), else in the Q/K/V projections' (`Projection`)
+    block_of: np.ndarray  # per leading index: its row of `weights`
 
 
-def _out_projection(cx: LowerContext, o: Side, sq: int) -> OutProjection:
+def out_projection(cx: LowerContext, match: AttentionMatch) -> OutProjection:
+    """The output projection of the match (`match.out_projection`), its W_o packed with the Q/K/V projections'
+    weights when it has those, else alone."""
+    g = cx.graph
+    o = out_side(g, match)
+    sq, dv = g.types[g.node(match.context).outputs[0]].shape[-2:]
+    n = cx.config.array_size
+    mm_dt = DType.i8 if cx.int8 else DType.f32
+    if match.projections:
+        q, k, v = sides(g, match)
+        kd = g.types[q.x].shape[-1]
+        lay, weights, (_, which) = tile_layout(kd, q.width, v.width, n, o.width), None, _blocks(q, k, v, o)
+    else:
+        lay = tile_layout(0, 0, dv, n, o.width)
+        distinct, which = np.unique(o.cols, return_inverse=True)
+        key = weights_key(g, match)
+        if key not in cx.addresses:
+            raise CodegenError(f"node {o.node!r}: the kernel's DRAM image has no packed output projection weights")
+        weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
+    return _out_projection(cx, o, sq, (lay, mm_dt, dv, weights, which.reshape(-1)))
+
+
+def _out_projection(cx: LowerContext, o: Side, sq: int, packing: tuple) -> OutProjection:
     node = cx.graph.node(o.node)
     shape = cx.graph.types[node.outputs[0]].shape
     y = cx.view(node.outputs[0]).reshaped((math.prod(shape[:-1]), shape[-1]))
@@ -222,7 +266,7 @@ def _out_projection(cx: LowerContext, o: Side, sq: int) -> OutProjection:
     edge = np.append(np.diff(o.rows) != 0, True)
     first = np.insert(edge[:-1], 0, True)
     reqs = requant(cx, node) or (f32_bits(1.0), 0)
-    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), LOCAL_ACC_BASE + used, sq, first, edge)
+    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), LOCAL_ACC_BASE + used, sq, first, edge, *packing)
 
 
 @dataclass(frozen=True)
@@ -243,7 +287,6 @@ class Projection:
     kd: int
     mm_dt: DType
     acc_slot: int  # bytes of one accumulator buffer slot
-    out: OutProjection | None = None
 
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
@@ -280,35 +323,33 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
         raise CodegenError(f"node {match.softmax!r}: the kernel's DRAM image has no packed projection weights")
     weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
     acc_slot = TileArena(cx.config, 0).acc.size
-    sq = g.types[g.node(match.scores).outputs[0]].shape[-2]
-    out = _out_projection(cx, o, sq) if o is not None else None
     return Projection(
-        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot, out
+        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot
     )
 
 
-def out_tiles(p: Projection, m: int, n: int) -> list[int]:
-    """Scratchpad bytes of a step's output projection tiles: Y's rows, per output chunk."""
-    if p.out is None:
-        return []
-    return [m * ec * p.out.out_dt.size for _, ec in _chunks(p.out.side.width, n)]
+def out_tiles(op: OutProjection, m: int, n: int) -> list[int]:
+    """Scratchpad bytes of a step's output projection tiles: Y's rows per output chunk, and W_o's rows of the
+    head when they are not in the projections' weights."""
+    own = [op.layout.size * op.mm_dt.size] if op.weights is not None else []
+    return [m * ec * op.out_dt.size for _, ec in _chunks(op.side.width, n)] + own
 
 
 def out_projection_emit(
-    p: Projection, block: tuple[int, int, int], w: int, o_tiles: list[int], y_tiles: list[int], n: int
+    op: OutProjection, block: tuple[int, int, int], w: int, o_tiles: list[int], y_tiles: list[int], n: int
 ):
-    """The matrix work adding head block (h, i0, m)'s O (its value chunks' tiles) @ W_o[the head's rows] to the
-    output's accumulators (and, the last head of its rows, draining Y); the stores of Y (none before the last)."""
+    """The matrix work adding head block (h, i0, m)'s O (its value chunks' tiles) @ W_o[the head's rows] (at `w`,
+    the head's packed weights) to the output's accumulators (and, the last head of its rows, draining Y); the
+    stores of Y (none before the last)."""
     h, i0, m = block
-    op = p.out
-    wes = p.mm_dt.size
-    ochunks, vchunks = _chunks(op.side.width, n), _chunks(p.v.width, n)
+    wes = op.mm_dt.size
+    ochunks, vchunks = _chunks(op.side.width, n), _chunks(op.dv, n)
     region = [op.acc + (e * op.rows + i0) * n * 4 for e in range(len(ochunks))]
 
     def emit(em: Emitter) -> None:
         for e, (e0, ec) in enumerate(ochunks):
             for ci, ((c0, kc), a) in enumerate(zip(vchunks, o_tiles, strict=True)):
-                em.b.mx_preload(em.reg(w + p.layout.o[(e0, c0)] * wes), kc, ec, p.mm_dt.name)
+                em.b.mx_preload(em.reg(w + op.layout.o[(e0, c0)] * wes), kc, ec, op.mm_dt.name)
                 start = op.first[h] and ci == 0
                 (em.b.mx_mm if start else em.b.mx_mma)(*em.regs(region[e], a), m)
         if op.last[h]:

@@ -27,7 +27,7 @@ def build(mc, names):
     sub = mc.subgraph(names)
     forms = constant_forms(sub, mc.qplan)
     forms.update(attention_forms(sub))
-    if (match := group_match(sub, sub.nodes)).projections:
+    if (match := group_match(sub, sub.nodes)).projections or match.out_projection:
         forms.update(pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size))
     data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch={})
     shapes = tuple((v, sub.types[v].shape) for v in sub.inputs)
