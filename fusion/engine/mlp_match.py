@@ -3,7 +3,9 @@ an elementwise chain, GEMM2 reading the chain's (or GEMM1's) output alone, with 
 
 Each match offers every prologue of up to two chain nodes (the LayerNorm before GEMM1, and the residual Add
 before it) and every prefix of the chain after GEMM2 (bias, residual Add, the following LayerNorm: its first
-chain-op reader each time, so a residual sum also read further on is stored, as `codegen.chain` does)."""
+chain-op reader each time, so a residual sum also read further on is stored, as `codegen.chain` does). Reshapes
+keeping the last axis anywhere among them are views (GPT-2's Gemm -> Reshape -> Gelu -> Reshape -> Gemm): they
+join the group and count toward no limit; no variant starts or ends with one."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from fusion.engine.codegen.chain import CHAIN_OPS, ROWS
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, packable_weight
 from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
 
 MAX_MID = 8  # activation chain nodes (SiLU: Sigmoid, Mul; tanh-GELU as exported: 8)
 MAX_POST = 4  # bias, residual Add, LayerNorm (one node when fused)
@@ -27,13 +30,24 @@ class MlpMatch:
     post: tuple[Node, ...]  # the longest epilogue offered (its prefixes are offered too)
 
     def variants(self, graph: Graph) -> list[tuple[str, ...]]:
-        """Node tuples (graph order) of every prologue suffix x epilogue prefix."""
+        """Node tuples (graph order) of every prologue suffix x epilogue prefix (cut at chain nodes: a view at
+        either end of a group would be a view of a value the group does not hold)."""
         out = []
-        for i in range(len(self.pre) + 1):
-            for k in range(len(self.post) + 1):
+        starts = [i for i, n in enumerate(self.pre) if not is_view(graph, n)] + [len(self.pre)]
+        ends = [0] + [k + 1 for k, n in enumerate(self.post) if not is_view(graph, n)]
+        for i in starts:
+            for k in ends:
                 names = {n.name for n in (*self.pre[i:], self.first, *self.mid, self.second, *self.post[:k])}
                 out.append(tuple(n.name for n in graph.nodes if n.name in names))
         return out
+
+
+def is_view(graph: Graph, node: Node) -> bool:
+    """A Reshape keeping the last axis: the same rows x features in memory, a new name."""
+    if node.op != OpType.Reshape:
+        return False
+    shapes = [graph.types[v].shape for v in (node.inputs[0], node.outputs[0])]
+    return shapes[0][-1:] == shapes[1][-1:]
 
 
 def _readers(graph: Graph, value: str) -> tuple[Node, ...]:
@@ -53,7 +67,12 @@ def _mid_chain(graph: Graph, first: Node) -> tuple[tuple[Node, ...], Node] | Non
             private = all(c.name in {m.name for m in mid} for v in inside - {value} for c in _readers(graph, v))
             alone = _readers(graph, value) == (node,)
             return (tuple(mid), node) if private and alone and set(reads) <= inside else None
-        if node.op not in CHAIN_OPS or node.op in ROWS or not set(reads) <= inside or len(mid) >= MAX_MID:
+        view = is_view(graph, node)
+        if not view and (
+            node.op not in CHAIN_OPS or node.op in ROWS or sum(not is_view(graph, m) for m in mid) >= MAX_MID
+        ):
+            return None
+        if not set(reads) <= inside:
             return None
         mid.append(node)
         inside.add(node.outputs[0])
@@ -63,18 +82,23 @@ def _mid_chain(graph: Graph, first: Node) -> tuple[tuple[Node, ...], Node] | Non
 def _pre(graph: Graph, first: Node) -> tuple[Node, ...]:
     run: list[Node] = []
     value = first.inputs[0]
-    while len(run) < MAX_PRE and (node := graph.producers.get(value)) is not None and node.op in CHAIN_OPS:
+    while (node := graph.producers.get(value)) is not None and (node.op in CHAIN_OPS or is_view(graph, node)):
+        if not is_view(graph, node) and sum(not is_view(graph, n) for n in run) >= MAX_PRE:
+            break
         run.insert(0, node)
         value = node.inputs[0]
+    while run and is_view(graph, run[0]):  # a view of a value from before the prologue starts no variant
+        run.pop(0)
     return tuple(run)
 
 
 def _post(graph: Graph, second: Node) -> tuple[Node, ...]:
     run: list[Node] = []
     value = second.outputs[0]
-    while len(run) < MAX_POST:
-        readers = [r for r in _readers(graph, value) if r.op in CHAIN_OPS and len(r.outputs) == 1]
-        if not readers or (not run and len(_readers(graph, value)) != 1):
+    while sum(not is_view(graph, n) for n in run) < MAX_POST:
+        all_readers = _readers(graph, value)
+        readers = [r for r in all_readers if (r.op in CHAIN_OPS or is_view(graph, r)) and len(r.outputs) == 1]
+        if not readers or ((not run or is_view(graph, run[-1])) and len(all_readers) != 1):
             break
         run.append(readers[0])
         value = readers[0].outputs[0]

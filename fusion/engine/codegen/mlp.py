@@ -37,6 +37,7 @@ from fusion.engine.codegen.gemm import _nothing, _quantizer, k_slices
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, own_bias, packable_weight
 from fusion.engine.codegen.stream import GEMM_DEFAULTS
 from fusion.engine.errors import CodegenError
+from fusion.engine.mlp_match import is_view
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, bias_form, const_key
@@ -61,6 +62,20 @@ class MlpParts:
     mid: tuple[Node, ...]  # elementwise chain from GEMM1's output to GEMM2's input (may be empty)
     second: Node
     post: tuple[Node, ...]  # whole-row chain after GEMM2 (may be empty)
+    views: dict[str, str]  # the output of a Reshape keeping the last axis (no node of a chain) -> the value it shows
+
+    def value(self, name: str) -> str:
+        """The value a name stands for (a view's: the one it shows)."""
+        return self.views.get(name, name)
+
+
+def _without_views(graph: Graph, chain: Sequence[Node], views: dict[str, str]) -> tuple[Node, ...]:
+    """The chain's nodes but its views (Reshapes keeping the last axis: the same rows in memory), which `views`
+    records."""
+    for node in chain:
+        if is_view(graph, node):
+            views[node.outputs[0]] = views.get(node.inputs[0], node.inputs[0])
+    return tuple(node for node in chain if not is_view(graph, node))
 
 
 def mlp_parts(graph: Graph, nodes: Sequence[Node]) -> MlpParts:
@@ -69,7 +84,9 @@ def mlp_parts(graph: Graph, nodes: Sequence[Node]) -> MlpParts:
     if len(heads) != 2:
         raise CodegenError(f"an MLP kernel has two matrix nodes, this group {len(heads)}")
     i, j = heads
-    parts = MlpParts(tuple(nodes[:i]), nodes[i], tuple(nodes[i + 1 : j]), nodes[j], tuple(nodes[j + 1 :]))
+    views: dict[str, str] = {}
+    pre, mid, post = (_without_views(graph, c, views) for c in (nodes[:i], nodes[i + 1 : j], nodes[j + 1 :]))
+    parts = MlpParts(pre, nodes[i], mid, nodes[j], post, views)
     for head in (parts.first, parts.second):
         if packable_weight(graph, head) is None:
             raise CodegenError(f"node {head.name!r}: an MLP kernel needs constant 2-D weights")
@@ -81,11 +98,11 @@ def mlp_parts(graph: Graph, nodes: Sequence[Node]) -> MlpParts:
     if any(n.op in ROWS for n in parts.mid):
         raise CodegenError("an MLP's activation chain runs on hidden panels: it cannot reduce whole hidden rows")
     feeds = parts.mid[-1].outputs[0] if parts.mid else parts.first.outputs[0]
-    if parts.second.inputs[0] != feeds:
+    if parts.value(parts.second.inputs[0]) != feeds:
         raise CodegenError(f"node {parts.second.name!r} does not read the activation chain's output")
-    if parts.pre and parts.first.inputs[0] != parts.pre[-1].outputs[0]:
+    if parts.pre and parts.value(parts.first.inputs[0]) != parts.pre[-1].outputs[0]:
         raise CodegenError(f"node {parts.first.name!r} does not read the prologue chain's output")
-    if parts.post and parts.second.outputs[0] not in parts.post[0].inputs:
+    if parts.post and parts.second.outputs[0] not in map(parts.value, parts.post[0].inputs):
         raise CodegenError(f"node {parts.post[0].name!r} does not read {parts.second.name!r}")
     d, h = graph.types[parts.first.inputs[1]].shape
     if graph.types[parts.second.inputs[1]].shape != (h, d):
@@ -95,6 +112,7 @@ def mlp_parts(graph: Graph, nodes: Sequence[Node]) -> MlpParts:
         *(n.outputs[0] for n in parts.mid),
         *([parts.second.outputs[0]] * bool(parts.post)),
     }
+    inner |= {v for v, shown in views.items() if shown in inner}
     if inner & set(graph.outputs):
         raise CodegenError(
             f"{sorted(inner & set(graph.outputs))[0]!r} is read outside the group: the hidden "
@@ -260,7 +278,7 @@ class _Kernel:
         for table in (self.pre_t, self.post_t):
             values += [o.value for o in table.values() if o.kind == "tile" and o.value not in produced]
         for o in self.mid_t.values():
-            if o.kind == "tile" and o.value != p.first.outputs[0]:
+            if o.kind == "tile" and p.value(o.value) != p.first.outputs[0]:
                 raise CodegenError(f"the MLP's activation chain reads {o.value!r}: only GEMM1's output")
         for table, width in ((self.pre_t, self.s.d), (self.post_t, self.s.d)):
             for o in table.values():
@@ -272,7 +290,13 @@ class _Kernel:
         """Values of the prologue (its inputs, GEMM1's input) the epilogue reads: kept in the spare bank."""
         p = self.p
         early = {*(n.outputs[0] for n in p.pre), *(v for v in self.flat if self._in_pre(v))}
-        return list(dict.fromkeys(o.value for o in self.post_t.values() if o.kind == "tile" and o.value in early))
+        tiles = [p.value(o.value) for o in self.post_t.values() if o.kind == "tile"]
+        return list(dict.fromkeys(v for v in tiles if v in early))
+
+    def _named(self, table: dict, located: dict[str, int]) -> dict[str, int]:
+        """The local address of every value a chain reads, under the name it reads it by (a view: the address of
+        the value it shows)."""
+        return {o.value: located[self.p.value(o.value)] for o in table.values() if self.p.value(o.value) in located}
 
     # - memory
 
@@ -408,7 +432,8 @@ class _Kernel:
 
         def activation(em: Emitter) -> None:
             for c, (drained, q) in enumerate(tiles):  # int8: quantized at GEMM2's input scale in the chain
-                addr = {first_out: drained} | {v: at + (j + c) * n * 4 for v, at in mid_rows.items()}
+                located = {first_out: drained} | {v: at + (j + c) * n * 4 for v, at in mid_rows.items()}
+                addr = self._named(self.mid_t, located)
                 emit_chain(cx, em, p.mid, self.mid_t, addr, q, rows * n, n, quantize=inv)
 
         def gemm2(em: Emitter) -> None:
@@ -463,8 +488,7 @@ class _Kernel:
                         dst, src = whole + (r * s.d + o * n) * out_dt.size, t + r * n * out_dt.size
                         em.b.v_copy(*em.regs(dst, src), cols, out_dt.name)
             if p.post:
-                addr = {p.second.outputs[0]: whole} | a["keep"] | tiles | post_rows
-                addr = {v: at for v, at in addr.items() if any(o.value == v for o in self.post_t.values())}
+                addr = self._named(self.post_t, {p.second.outputs[0]: whole} | a["keep"] | tiles | post_rows)
                 emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, rows * s.d, s.d, stored=kept)
 
         final = post_out + ds if p.post else whole
