@@ -39,9 +39,14 @@ class View:
         return View(self.address, tuple(shape[p] for p in perm), tuple(strides[p] for p in perm), self.dtype)
 
     def broadcast_to(self, shape: tuple[int, ...]) -> View:
-        """Numpy broadcasting: missing leading dims and size-1 dims get stride 0."""
+        """Numpy broadcasting: missing leading dims and size-1 dims get stride 0; leading size-1 dims beyond
+        `shape`'s rank are dropped (a (1, d) tensor read as a length-d row)."""
         pad = len(shape) - len(self.shape)
         dims, strides = (1,) * pad + self.shape, (0,) * pad + self.strides
+        if pad < 0:
+            if any(d != 1 for d in self.shape[:-pad]):
+                raise ValueError(f"a view of shape {self.shape} does not broadcast to {shape}")
+            dims, strides = self.shape[-pad:], self.strides[-pad:]
         return View(
             self.address, shape, tuple(0 if d == 1 else s for d, s in zip(dims, strides, strict=True)), self.dtype
         )

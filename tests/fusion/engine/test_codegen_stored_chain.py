@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from engine_helpers import assert_reference, context, run_group
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fusion.engine.candidates import enumerate_candidates
@@ -40,6 +40,7 @@ def residual_graph(lead: tuple[int, ...], m: int, d: int, seed: int = 0) -> Grap
     d=st.integers(1, 200),
     dtype=st.sampled_from(["fp32", "int8"]),
 )
+@example(lead=[], m=1, d=2, dtype="fp32")  # one row: the second operand (1, d) was read as a stride-0 row
 def test_a_chain_stores_the_residual_sum_it_normalises(lead, m, d, dtype) -> None:
     graph = residual_graph(tuple(lead), m, d, seed=m * d)
     assert any(c.family == "chain" and c.nodes == ("sum", "ln") for c in enumerate_candidates(graph))

@@ -54,6 +54,25 @@ def test_transfers_fill_a_dense_tile_in_view_order(case) -> None:
     np.testing.assert_array_equal(tile, expected.reshape(-1))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.just(1), min_size=1, max_size=3), st.lists(st.integers(1, 5), min_size=1, max_size=2))
+def test_leading_unit_dims_are_dropped_when_broadcasting_to_a_lower_rank(ones: list[int], tail: list[int]) -> None:
+    """A (1, ..., 1, *tail) tensor broadcast to `tail` (a chain reading a (1, d) tensor as a length-d row) keeps
+    its elements (it read a stride of 0 once: every element was the first); any other rank reduction is refused."""
+    shape = (*ones, *tail)
+    view = dense(64, shape, DType.i32).broadcast_to(tuple(tail))
+    dram = np.arange(16 + int(np.prod(shape)), dtype=np.int32) - 16
+    tile = np.concatenate(
+        [
+            np.concatenate([dram[(t.dram + r * t.stride) // 4 :][: t.cols] for r in range(t.rows)])
+            for t in transfers(view)
+        ]
+    )
+    np.testing.assert_array_equal(tile, np.arange(int(np.prod(tail))))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        dense(64, (2, *tail), DType.i32).broadcast_to(tuple(tail))
+
+
 def _element_addresses(view: View) -> np.ndarray:
     """Every element's byte address, in the view's row-major order (an oracle independent of `transfers`)."""
     grids = np.indices(view.shape).reshape(len(view.shape), -1)
