@@ -14,6 +14,7 @@ from functools import cache, lru_cache
 from itertools import product
 from operator import mul
 
+from fusion.lower.errors import LoweringError
 from isa.enums import DType
 
 MAX_ROWS = 4095  # `rows` field of dma.ld / dma.st
@@ -45,7 +46,7 @@ class View:
         dims, strides = (1,) * pad + self.shape, (0,) * pad + self.strides
         if pad < 0:
             if any(d != 1 for d in self.shape[:-pad]):
-                raise ValueError(f"a view of shape {self.shape} does not broadcast to {shape}")
+                raise LoweringError(f"a view of shape {self.shape} does not broadcast to {shape}")
             dims, strides = self.shape[-pad:], self.strides[-pad:]
         return View(
             self.address, shape, tuple(0 if d == 1 else s for d, s in zip(dims, strides, strict=True)), self.dtype
