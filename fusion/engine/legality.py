@@ -56,6 +56,7 @@ FAMILIES: Mapping[str, FamilyRules] = {
     "swapped": FamilyRules(keeps_int8_numerics=True),
     "conv_chain": FamilyRules(keeps_int8_numerics=True),
     "attention": FamilyRules(dag=True, keeps_int8_numerics=True),
+    "attention_proj": FamilyRules(dag=True, keeps_int8_numerics=True),  # + its projections: requantized as theirs
     "gated": FamilyRules(dag=True, keeps_int8_numerics=True),
     "segment_chain": FamilyRules(dag=True),  # rotary: x read by a Mul and two Slices
     "siblings": FamilyRules(dag=True, stores_intermediates=True, keeps_int8_numerics=True),

@@ -465,6 +465,9 @@ REGISTRY: Mapping[str, Strategy] = {
         # spread: rms relative error over 100 MLP kernels (5 shapes, prologue/epilogue variants, both dtypes, H1)
         Strategy("mlp", _mlp, "other", ("mlp",), schedules=_mlp_space, dram_forms=_mlp_forms, spread=0.12),
         Strategy("attention", _attention, "other", ("attention",), dram_forms=_attention_forms, spread=0.07),
+        # the attention with its Q/K/V and/or output projections computed in it (`codegen.attention_proj`); no
+        # spread stated yet (5 zoo kernels: -5% to -21%), so the planner measures it where the choice is close
+        Strategy("attention_proj", _attention, "other", ("attention_proj",), dram_forms=_attention_forms),
         Strategy(
             "epilogue",
             _gemm,

@@ -67,6 +67,7 @@ class Side:
     rows: np.ndarray
     cols: np.ndarray
     width: int  # columns per head (d, or dv)
+    step: int = 1  # rows between consecutive positions (2: a [seq, batch, features] activation of 2 batches)
 
 
 def _side(graph: Graph, match: AttentionMatch, which: int, layout: tuple[str, ...], lead: tuple[int, ...]) -> Side:
@@ -83,9 +84,10 @@ def _side(graph: Graph, match: AttentionMatch, which: int, layout: tuple[str, ..
     width = op_shape[0] if which == 1 else op_shape[1]
     along, across = (maps.col_stride, maps.row_stride) if which == 1 else (maps.row_stride, maps.col_stride)
     count = op_shape[1] if which == 1 else op_shape[0]
-    if (across != 1 and width > 1) or (along != cols and count > 1):
+    if (across != 1 and width > 1) or (count > 1 and (along <= 0 or along % cols)):
         raise CodegenError(f"node {node.name!r}: an attention operand is not one run of its output columns per head")
-    return Side(node.name, node.inputs[0], maps.bases // cols, maps.bases % cols, width)
+    step = along // cols if count > 1 else 1
+    return Side(node.name, node.inputs[0], maps.bases // cols, maps.bases % cols, width, step)
 
 
 def sides(graph: Graph, match: AttentionMatch) -> tuple[Side, Side, Side]:
@@ -109,13 +111,18 @@ def out_side(graph: Graph, match: AttentionMatch) -> Side | None:
     maps = affine_heads(np.broadcast_to(where, (*lead, *shape[-2:]))) if where is not None else None
     cols = graph.types[node.inputs[0]].shape[-1]
     sq, dv = shape[-2:]
-    if maps is None or (maps.col_stride != 1 and dv > 1) or (maps.row_stride != cols and sq > 1):
+    if (
+        maps is None
+        or (maps.col_stride != 1 and dv > 1)
+        or (sq > 1 and (maps.row_stride <= 0 or maps.row_stride % cols))
+    ):
         raise CodegenError(f"node {node.name!r}: the merged heads are not one run of its input columns per head")
     rows = maps.bases // cols
     runs = np.flatnonzero(np.diff(rows)) + 1  # each row block's heads must be consecutive (accumulated in turn)
     if len(np.unique(rows)) != len(runs) + 1:
         raise CodegenError(f"node {node.name!r}: the heads of one block of rows are not consecutive")
-    return Side(node.name, node.inputs[0], rows, maps.bases % cols, graph.types[node.outputs[0]].shape[-1])
+    step = maps.row_stride // cols if sq > 1 else 1
+    return Side(node.name, node.inputs[0], rows, maps.bases % cols, graph.types[node.outputs[0]].shape[-1], step)
 
 
 def _blocks(q: Side, k: Side, v: Side, o: Side | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -290,7 +297,8 @@ class Projection:
 
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
-        return self.q.x == self.v.x and np.array_equal(self.q.rows, self.v.rows)
+        same = self.q.x == self.v.x and self.q.step == self.v.step
+        return same and np.array_equal(self.q.rows, self.v.rows)
 
 
 def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
@@ -358,7 +366,7 @@ def out_projection_emit(
             for (_, ec), y, acc in zip(ochunks, y_tiles, region, strict=True):
                 em.b.mx_drain(*em.regs(y, acc), m, ec)
 
-    rows = op.y.slice(0, int(op.side.rows[h]) + i0, m)
+    rows = op.y.slice(0, int(op.side.rows[h]) + i0 * op.side.step, m, op.side.step)
     stores = [(y, rows.slice(1, e0, ec)) for y, (e0, ec) in zip(y_tiles, ochunks, strict=True)] if op.last[h] else []
     return emit, stores
 
@@ -407,11 +415,11 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
     """The activation's tiles as the projections read them: (Q's row chunks, X^T's key tiles, V's row chunks)."""
     h, i0, m = block
 
-    def rows_tiles(x: View, row0: int, rows: int, quantize: float | None) -> list[int]:
+    def rows_tiles(x: View, row0: int, rows: int, quantize: float | None, step: int) -> list[int]:
         read = []
         for c0, kc in _chunks(p.kd, n):
             raw = arena.tile(rows * kc * x.dtype.size)
-            part = x.slice(0, row0, rows).slice(1, c0, kc)
+            part = x.slice(0, row0, rows, step).slice(1, c0, kc)
             loads.append(lambda em, v=part, a=raw: em.dma_load(v, a))
             if quantize is not None:
                 qt = arena.tile(rows * kc)
@@ -420,19 +428,20 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
             read.append(raw)
         return read
 
-    xv = rows_tiles(p.xs[2], int(p.v.rows[h]), sk, p.quantize[2])
+    xv = rows_tiles(p.xs[2], int(p.v.rows[h]), sk, p.quantize[2], p.v.step)
     if p.shares_rows():
         x_es = (DType.i8 if p.quantize[2] is not None else p.xs[2].dtype).size
         xq = [a + i0 * kc * x_es for a, (_, kc) in zip(xv, _chunks(p.kd, n), strict=True)]
     else:
-        xq = rows_tiles(p.xs[0], int(p.q.rows[h]) + i0, m, p.quantize[0])
+        xq = rows_tiles(p.xs[0], int(p.q.rows[h]) + i0 * p.q.step, m, p.quantize[0], p.q.step)
     xk = []
     xk_view = p.xs[1]
     xdt = xk_view.dtype.name
+    stride = xk_view.strides[0] * p.k.step  # DRAM bytes between consecutive keys' rows
     for j0, bk in _chunks(sk, n):
         raw = arena.tile(p.kd * bk * xk_view.dtype.size)
-        addr = xk_view.address + (int(p.k.rows[h]) + j0) * xk_view.strides[0]
-        loads.append(lambda em, a=raw, s=addr, b=bk: em.b.dma_ldt(*em.regs(a, s, xk_view.strides[0]), b, p.kd, xdt))
+        addr = xk_view.address + (int(p.k.rows[h]) + j0 * p.k.step) * xk_view.strides[0]
+        loads.append(lambda em, a=raw, s=addr, b=bk: em.b.dma_ldt(*em.regs(a, s, stride), b, p.kd, xdt))
         if p.quantize[1] is not None:
             qt = arena.tile(p.kd * bk)
             quants.append((qt, raw, p.kd * bk, 1.0 / p.quantize[1]))

@@ -48,7 +48,7 @@ def test_dynamic_takes_the_attention_kernel_and_never_loses(shape, dtype):
         cycles[policy], outputs[policy] = result.cycles, result.outputs
         if policy == "dynamic":
             strategies = {c.group.strategy for c in engine.plan.choices}
-            assert "attention" in strategies, engine.plan.choices
+            assert strategies & {"attention", "attention_proj"}, engine.plan.choices  # with its projections or not
         engine.close()
     assert cycles["dynamic"] <= min(cycles["none"], cycles["static"]), cycles
     for value, got in outputs["dynamic"].items():

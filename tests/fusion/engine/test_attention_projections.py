@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import pytest
 from attention_graphs import AttentionShape, attention_graph
-from engine_helpers import context, reference_env
+from engine_helpers import context, model, reference_env
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_attention_kernel import assert_matches, build, shapes
 
 from fusion.engine.attention_match import find_attention, find_projected_attention
 from fusion.engine.errors import CodegenError
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import try_build
+from fusion.engine.plan import Group
 from simulator.run import simulate
 
 
@@ -78,3 +81,19 @@ def test_the_dram_traffic_is_the_activation_the_packed_weights_and_the_output(ou
 def test_a_head_beyond_one_buffer_slot_is_refused_clearly():
     with pytest.raises(CodegenError, match="do not fit one buffer slot"):
         run(AttentionShape(seq=16, heads=4, kv_heads=2, head_dim=32, causal=True), "fp32")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_sequence_first_activation_of_two_batches_is_read_row_strided(dtype):
+    """The bundled encoder's activation is [seq, batch, features]: a head's positions are every other row of the
+    projections' input and of the output projection's output; all three variants run exact and race-free."""
+    graph, x = model("encoder_post_d64")
+    mc = context(graph, x, dtype)
+    env = reference_env(mc, x)
+    found = find_projected_attention(graph)
+    assert {(bool(m.projections), m.out_projection is not None) for m in found} == {(1, 0), (1, 1), (0, 1)}
+    for match in found:
+        kernel = try_build(mc, Group(match.nodes(graph), "attention_proj"), "any")
+        assert not isinstance(kernel, str), kernel
+        for value, got in run_kernel(mc, kernel, env, checked=True).outputs.items():
+            assert_matches(got, env[value], dtype)
