@@ -121,7 +121,7 @@ class Machine:
         self.count = [0] * (n + 1)
         self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
         self.units.append(Unit.scalar)
-        self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe) if checked else None
+        self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe, cfg.max_cycles) if checked else None
         # each step is built when first reached (`_step`): a run stopped by its cycle budget builds no more than
         # it ran, and straight-line code builds each step once, as before
         self.steps: list[Step | None] = [None] * (n + 1)

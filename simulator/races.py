@@ -21,15 +21,23 @@ NUNITS = len(Unit)
 Index = slice | np.ndarray
 
 
+def epoch_dtype(max_cycles: int) -> np.dtype:
+    """The narrowest type holding every epoch of a run (a unit's instruction count: each instruction issues in a
+    cycle of its own, and the watchdog stops a run soon after `max_cycles`): int32 halves a checked run's shadow
+    memory (NUNITS read epochs per DRAM byte)."""
+    return np.dtype(np.int32 if max_cycles < 1 << 30 else np.int64)
+
+
 class Shadow:
     """Per-byte access history of one memory; `growable` spaces (DRAM) grow to the highest byte touched."""
 
-    def __init__(self, name: str, size: int, growable: bool) -> None:
+    def __init__(self, name: str, size: int, growable: bool, epochs: np.dtype) -> None:
         self.name = name
         self.growable = growable
+        self.epochs = epochs
         self.writer = np.full(size, -1, dtype=np.int8)
-        self.wepoch = np.zeros(size, dtype=np.int64)
-        self.reads = np.zeros((NUNITS, size), dtype=np.int64)
+        self.wepoch = np.zeros(size, dtype=epochs)
+        self.reads = np.zeros((NUNITS, size), dtype=epochs)
 
     def ensure(self, end: int) -> None:
         size = self.writer.size
@@ -37,8 +45,8 @@ class Shadow:
             return
         new = max(end, 2 * size, 4096)
         self.writer = np.concatenate([self.writer, np.full(new - size, -1, dtype=np.int8)])
-        self.wepoch = np.concatenate([self.wepoch, np.zeros(new - size, dtype=np.int64)])
-        self.reads = np.concatenate([self.reads, np.zeros((NUNITS, new - size), dtype=np.int64)], axis=1)
+        self.wepoch = np.concatenate([self.wepoch, np.zeros(new - size, dtype=self.epochs)])
+        self.reads = np.concatenate([self.reads, np.zeros((NUNITS, new - size), dtype=self.epochs)], axis=1)
 
     def conflict(self, idx: Index, unit: int, clock: np.ndarray, write: bool) -> tuple[int, int, str, int] | None:
         """The first unordered earlier access (unit, epoch, 'writes'/'reads', byte offset), recording this one."""
@@ -66,11 +74,12 @@ class Shadow:
 
 
 class RaceChecker:
-    def __init__(self, local_bytes: int, describe: Callable[[int], str]) -> None:
+    def __init__(self, local_bytes: int, describe: Callable[[int], str], max_cycles: int) -> None:
         self.vc = np.zeros((NUNITS, NUNITS), dtype=np.int64)
         self.pcs: list[list[int]] = [[-1] for _ in range(NUNITS)]
-        self.local = Shadow("local memory", local_bytes, growable=False)
-        self.dram = Shadow("DRAM", 0, growable=True)
+        epochs = epoch_dtype(max_cycles)
+        self.local = Shadow("local memory", local_bytes, growable=False, epochs=epochs)
+        self.dram = Shadow("DRAM", 0, growable=True, epochs=epochs)
         self.describe = describe
         self.unit = 0
         self.pc = -1

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 from sim_helpers import machine
 
 from simulator import SimulatorTrap
+from simulator.config import load_config
+from simulator.races import epoch_dtype
 
 LOAD = "li x1, 0\nli x2, 0\nli x3, 16\ndma.ld x1, x2, x3, 4, 16, i8\n"
 
@@ -69,3 +74,15 @@ def test_dram_round_trip_needs_a_token() -> None:
 
 def test_unchecked_mode_does_not_look() -> None:
     machine(LOAD + "mx.preload x1, 4, 4, i8\nhalt\n")
+
+
+@pytest.mark.parametrize("max_cycles", [10_000, (1 << 30) - 1, 1 << 30, 1 << 40])
+def test_epochs_narrow_only_where_a_run_cannot_outgrow_them(max_cycles: int) -> None:
+    """Epochs are int32 (half the shadow memory) only while a run's instruction counts fit; the verdicts are the
+    same either way."""
+    cfg = replace(load_config("tiny"), max_cycles=max_cycles)
+    assert epoch_dtype(max_cycles) == (np.int32 if max_cycles < 1 << 30 else np.int64)
+    with pytest.raises(SimulatorTrap, match="data race"):
+        machine(LOAD + "mx.preload x1, 4, 4, i8\nhalt\n", cfg, checked=True)
+    m = machine(LOAD + "fence\nmx.preload x1, 4, 4, i8\nhalt\n", cfg, checked=True)
+    assert m.races.dram.reads.dtype == epoch_dtype(max_cycles)
