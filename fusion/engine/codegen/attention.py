@@ -74,10 +74,9 @@ def group_match(graph: Graph, nodes: Sequence[Node]) -> AttentionMatch:
     match = match_attention(graph, softmax[0]) if len(softmax) == 1 else None
     names = {n.name for n in nodes}
     if match is not None and set(match.names()) != names:
-        plain, match = match, with_projections(graph, match)
-        for base in (match, plain):  # + the output projection, with or without Q/K/V's
-            if base is not None and (match is None or set(match.names()) != names):
-                match = with_out_projection(graph, base)
+        match = with_projections(graph, match)
+        if match is not None and set(match.names()) != names:
+            match = with_out_projection(graph, match)
     if match is None or set(match.names()) != names:
         raise CodegenError("the group is not one attention (MatMul, scale, mask, Softmax, MatMul and their layout)")
     return match
@@ -243,7 +242,7 @@ def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
         mask,
         positions,
         projection(cx, match) if inside else None,
-        attention_proj.out_projection(cx, match) if match.out_projection is not None else None,
+        attention_proj.out_projection(cx, match) if inside and match.out_projection is not None else None,
     )
 
 
@@ -731,11 +730,7 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
         compute.append((Unit.matrix, context(b)))
     if p.outp is not None:  # O @ W_o accumulated over the heads, Y stored by the last
         y_tiles = [arena.tile(b) for b in attention_proj.out_tiles(p.outp, m, n)]
-        w = head["weights"][0] if p.proj is not None else y_tiles.pop()
-        if p.proj is None:  # W_o's rows of the head: one more load with the step's first ones
-            rows = p.outp.weights.slice(0, int(p.outp.block_of[h]), 1)
-            head["loads"].append(lambda em: em.dma_load(rows, w))
-        emit, stores = attention_proj.out_projection_emit(p.outp, block, w, o_tiles, y_tiles, n)
+        emit, stores = attention_proj.out_projection_emit(p.outp, block, head["weights"][0], o_tiles, y_tiles, n)
         compute.append((Unit.matrix, emit))
         return Step([], compute, stores)
     out = p.out.view(h).slice(0, i0, m)

@@ -166,19 +166,10 @@ def _chunks(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int):
-    """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32);
-    without Q/K/V projections, the output projection's rows of W_o alone."""
+    """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32),
+    with the head's rows of W_o when the output projection is taken in too."""
     o = out_side(graph, match)
     form = CONST_I8 if int8 else CONST_F32
-    if not match.projections:
-        wo = np.asarray(forms[const_key(graph.node(o.node).inputs[1], form)])
-        dv = graph.types[graph.node(match.context).outputs[0]].shape[-1]
-        lay = tile_layout(0, 0, dv, n, o.width)
-        distinct, _ = np.unique(o.cols, return_inverse=True)
-        out = np.zeros((len(distinct), lay.size), dtype=wo.dtype)
-        for b, oc in enumerate(distinct):
-            _pack_out(out[b], wo, int(oc), lay, dv, n)
-        return {weights_key(graph, match): out}
     q, k, v = sides(graph, match)
     w = [np.asarray(forms[const_key(graph.node(s.node).inputs[1], form)]) for s in (q, k, v)]
     wo = np.asarray(forms[const_key(graph.node(o.node).inputs[1], form)]) if o is not None else None
@@ -187,8 +178,9 @@ def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[
     distinct, _ = _blocks(q, k, v, o)
     out = np.zeros((len(distinct), lay.size), dtype=w[0].dtype)
     for b, (qc, kc0, vc, *oc) in enumerate(distinct):
-        if oc:
-            _pack_out(out[b], wo, int(oc[0]), lay, v.width, n)
+        for (e0, c0), at in lay.o.items():  # the head's rows [oc, oc + dv) of W_o
+            tile = wo[oc[0] + c0 : oc[0] + min(c0 + n, v.width), e0 : e0 + n]
+            out[b, at : at + tile.size] = tile.reshape(-1)
         for (e0, c0), at in lay.q.items():
             tile = w[0][c0 : c0 + n, qc + e0 : qc + min(e0 + n, q.width)]
             out[b, at : at + tile.size] = tile.reshape(-1)
@@ -201,16 +193,8 @@ def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[
     return {weights_key(graph, match): out}
 
 
-def _pack_out(row: np.ndarray, wo: np.ndarray, first: int, lay: TileLayout, dv: int, n: int) -> None:
-    """A head's rows [first, first + dv) of W_o as its (output chunk, value chunk) tiles."""
-    for (e0, c0), at in lay.o.items():
-        tile = wo[first + c0 : first + min(c0 + n, dv), e0 : e0 + n]
-        row[at : at + tile.size] = tile.reshape(-1)
-
-
 def weights_key(graph: Graph, match: AttentionMatch) -> str:
-    first = match.projections[0] if match.projections else match.out_projection
-    return const_key(graph.node(first).inputs[1], PROJECTIONS)
+    return const_key(graph.node(match.projections[0]).inputs[1], PROJECTIONS)
 
 
 @dataclass(frozen=True)
@@ -231,30 +215,18 @@ class OutProjection:
     layout: TileLayout  # where its W_o tiles are in a head's packed weights (`layout.o`)
     mm_dt: DType
     dv: int
-    weights: View | None  # its own packed weights (blocks, size), else in the Q/K/V projections' (`Projection`)
-    block_of: np.ndarray  # per leading index: its row of `weights`
 
 
 def out_projection(cx: LowerContext, match: AttentionMatch) -> OutProjection:
-    """The output projection of the match (`match.out_projection`), its W_o packed with the Q/K/V projections'
-    weights when it has those, else alone."""
+    """The output projection of the match (`match.out_projection`), its W_o's rows of each head packed with the
+    head's Q/K/V projection weights."""
     g = cx.graph
     o = out_side(g, match)
+    q, _, v = sides(g, match)
     sq, dv = g.types[g.node(match.context).outputs[0]].shape[-2:]
     n = cx.config.array_size
-    mm_dt = DType.i8 if cx.int8 else DType.f32
-    if match.projections:
-        q, k, v = sides(g, match)
-        kd = g.types[q.x].shape[-1]
-        lay, weights, (_, which) = tile_layout(kd, q.width, v.width, n, o.width), None, _blocks(q, k, v, o)
-    else:
-        lay = tile_layout(0, 0, dv, n, o.width)
-        distinct, which = np.unique(o.cols, return_inverse=True)
-        key = weights_key(g, match)
-        if key not in cx.addresses:
-            raise CodegenError(f"node {o.node!r}: the kernel's DRAM image has no packed output projection weights")
-        weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
-    return _out_projection(cx, o, sq, (lay, mm_dt, dv, weights, which.reshape(-1)))
+    lay = tile_layout(g.types[q.x].shape[-1], q.width, v.width, n, o.width)
+    return _out_projection(cx, o, sq, (lay, DType.i8 if cx.int8 else DType.f32, dv))
 
 
 def _out_projection(cx: LowerContext, o: Side, sq: int, packing: tuple) -> OutProjection:
@@ -337,10 +309,8 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
 
 
 def out_tiles(op: OutProjection, m: int, n: int) -> list[int]:
-    """Scratchpad bytes of a step's output projection tiles: Y's rows per output chunk, and W_o's rows of the
-    head when they are not in the projections' weights."""
-    own = [op.layout.size * op.mm_dt.size] if op.weights is not None else []
-    return [m * ec * op.out_dt.size for _, ec in _chunks(op.side.width, n)] + own
+    """Scratchpad bytes of a step's output projection tiles: Y's rows per output chunk."""
+    return [m * ec * op.out_dt.size for _, ec in _chunks(op.side.width, n)]
 
 
 def out_projection_emit(
