@@ -9,10 +9,12 @@ aggregation gives whole-run and per-kernel counters.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, make_dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from isa import Instruction
 from isa.enums import Counter, Extension, Unit
 from simulator import engine as E
 
@@ -97,17 +99,28 @@ class Snapshot:
 
 
 def snapshot(m: Machine) -> Snapshot:
-    fusion = [ins is not None and ins.spec.extension is Extension.fusion for ins in m.instructions] + [False]
-    stats = np.zeros((len(m.stats), E.STAT_FIELDS), dtype=np.int64)
-    used = [pc for pc, row in enumerate(m.stats) if row is not None]
-    if used:
-        stats[used] = [m.stats[pc] for pc in used]
+    """The run's per-pc lists as arrays (`np.fromiter`: no per-element type discovery; a planning run converts
+    tens of thousands of pcs)."""
+    n = len(m.stats)
+    fusion = np.zeros(n, dtype=bool)
+    fusion[: len(m.instructions)] = np.fromiter(map(_is_fusion, m.instructions), dtype=bool, count=len(m.instructions))
+    stats = np.zeros((n, E.STAT_FIELDS), dtype=np.int64)
+    rows = [row for row in m.stats if row is not None]
+    if rows:
+        used = np.fromiter((row is not None for row in m.stats), dtype=bool, count=n)
+        stats[used] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * E.STAT_FIELDS).reshape(
+            len(rows), E.STAT_FIELDS
+        )
     return Snapshot(
         stats,
-        np.array(m.count, dtype=np.int64),
-        np.array(m.units, dtype=np.int64),
-        np.array(fusion, dtype=bool),
+        np.fromiter(m.count, dtype=np.int64, count=len(m.count)),
+        np.fromiter(m.units, dtype=np.int64, count=len(m.units)),
+        fusion,
     )
+
+
+def _is_fusion(ins: Instruction | None) -> bool:
+    return ins is not None and ins.spec.extension is Extension.fusion
 
 
 def aggregate(m: Machine, snap: Snapshot, lo: int, hi: int, cycles: int) -> Any:
