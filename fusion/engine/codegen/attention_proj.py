@@ -16,15 +16,23 @@ tiles the loads would have filled:
   preload: the same int32 sums as X @ W_k, hence the same requantized values;
 - V_h (keys x dv) as Q, over every key row.
 
-The weights are packed at compile time (`pack_projection_weights`): per distinct (Q, K, V) column block, the
-stationary tiles of W_q and W_v and the streamed rows of W_k^T back to back, read by one DMA per step. The
-activation is read once per step: its row chunks (one DMA per chunk of N columns, Q's rows shared with V's when
-they are the same rows of the same tensor) and its key tiles transposed.
+Each output tile accumulates in its own accumulator region when they fit (every matmul issued back to back, the
+drains after the last). With the output projection taken in too (`with_out_projection`: a bias-free MatMul/Gemm
+of the merged heads), each head's O_h @ W_o[the head's rows] is added to Y's accumulators in the accumulator
+bank no buffer slot uses (they live across the steps); the first head of a block of rows starts them, the last
+drains Y (requantized as that node drains) and stores it: the merged heads never reach DRAM.
+
+The weights are packed at compile time (`pack_projection_weights`): per distinct (Q, K, V[, O]) column block, the
+stationary tiles of W_q and W_v, the streamed rows of W_k^T and the head's rows of W_o back to back, read by one
+DMA per step. The activation is read once per step: its row chunks (one DMA per chunk of N columns, Q's rows
+shared with V's when they are the same rows of the same tensor; a [seq, batch, features] activation row-strided)
+and its key tiles transposed.
 
 Refused (CodegenError, the planner then runs the projections as their own kernels): an activation that is not
 rows x features in DRAM, an operand not one run of columns of its projection per head, a per-channel int8
-projection, and a head whose K and V do not fit one buffer slot beside the rest (streamed key blocks and the
-online softmax read K and V block by block: not expressed here).
+projection, a projection with a bias Add or a rotary embedding between it and the attention (not matched), a head
+whose K and V do not fit one buffer slot beside its weights (fp32 heads of large models; streamed key blocks and
+the online softmax read K and V block by block: not expressed here), Y's accumulators beyond the spare bank.
 """
 
 from __future__ import annotations
