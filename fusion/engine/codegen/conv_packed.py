@@ -42,6 +42,7 @@ from fusion.engine.codegen.conv import (
     step_region,
     to_nchw,
 )
+from fusion.engine.codegen.conv_pool import PoolGeometry, pool_steps, pooled_bytes, split_pool
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
@@ -56,7 +57,8 @@ from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import DType, Unit
 from simulator.config import MachineConfig
 
-SCRATCH, CHANNELS_LAST = 2, 3  # the Conv's DRAM temps: the output before NCHW, the channels-last input
+SCRATCH, CHANNELS_LAST, POOLED = 2, 3, 4  # the Conv's DRAM temps: the output before NCHW, the channels-last input,
+# the pooled output before NCHW (`codegen.conv_pool`)
 CONV_PANELS = "conv_panels"  # constant-form key of a Conv weight as Cout-tile panels (see pack_panels)
 
 
@@ -122,11 +124,16 @@ def stream_rows(s: ConvGeometry, rows: int) -> int:
     return (rows - 1) * s.positions + s.out[1]
 
 
-def scratch_sizes(graph: Graph, cfg: MachineConfig, node: Node, out_dt: DType, mm_dt: DType) -> dict[int, int]:
-    """Bytes of the DRAM temps: the output before its layout change, the channels-last input."""
-    s = conv_shape(graph, cfg, node, packed=True)
+def scratch_sizes(
+    graph: Graph, cfg: MachineConfig, nodes: Sequence[Node], out_dt: DType, mm_dt: DType
+) -> dict[int, int]:
+    """Bytes of the DRAM temps: the output before its layout change, the channels-last input (and with a
+    trailing MaxPool, the pooled output before its layout change)."""
+    s = conv_shape(graph, cfg, nodes[0], packed=True)
     channels_last = s.n * s.strides[0] * s.phase_rows * s.phase_width * s.c * mm_dt.size
-    return {SCRATCH: s.n * s.out[0] * s.out[1] * s.cout * out_dt.size, CHANNELS_LAST: channels_last}
+    sizes = {SCRATCH: s.n * s.out[0] * s.out[1] * s.cout * out_dt.size, CHANNELS_LAST: channels_last}
+    _, pool = split_pool(nodes)
+    return sizes | ({} if pool is None else {POOLED: pooled_bytes(graph, pool, out_dt)})
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,10 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     graph, cfg, node = cx.graph, cx.config, nodes[0]
     s = conv_shape(graph, cfg, node, packed=True)
     out = cx.view(nodes[-1].outputs[0])
-    ep = conv_epilogue(cx, nodes, s, out)
+    drained, pool = split_pool(nodes)
+    ep = conv_epilogue(cx, drained, s, out)
+    if pool is not None and ep.dequant is not None:
+        raise CodegenError(f"node {pool.name!r}: a MaxPool after a dequantizing Clip is not pooled in the kernel")
     mm_dt = DType.i8 if cx.int8 else DType.f32
     tiling = choose_tiling(cfg, s, mm_dt, ep.work_dt, ep.residual is not None)
     block = block_width(cfg.array_size, s)
@@ -239,7 +249,14 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                 steps.append(k.step(arena, t, resident, loads))
             tiles += 1
     phases.append(steps)
-    nchw = out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
+    if pool is not None:  # pooled from the channels-last scratch, then only the pooled pixels go to NCHW
+        g = PoolGeometry.of(graph, pool)
+        pixels = g.w.out_spatial[0] * g.w.out_spatial[1]
+        pooled = dense(cx.temp(node, POOLED), (s.n, pixels, s.cout), ep.out_dt)
+        phases.append(pool_steps(cfg, g, scratch, pooled, cx.rotation))
+        scratch, nchw = pooled, out.reshape_dense((s.n, s.cout, pixels))
+    else:
+        nchw = out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
     phases.append(to_nchw(cfg, 1, scratch, nchw, cx.rotation, ep.dequant))
     return phases
 

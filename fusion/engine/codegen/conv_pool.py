@@ -1,0 +1,177 @@
+"""A MaxPool taken into the Conv kernel before it (ResNet's stem: Conv + ReLU + MaxPool), read from the Conv's
+channels-last output scratch instead of from an NCHW tensor in DRAM.
+
+The Conv schedules drain [pixels, Cout] tiles to a DRAM scratch and then bring it back as NCHW; the unfused MaxPool
+reads that NCHW tensor again, pads it, stores every computed position and picks the output pixels by a copy (the
+stem at 224 in int8: 0.8 MB written as NCHW, then 1.0 MB for the pool). Here the pool reads the scratch directly.
+For horizontal stride s, the input columns a tap reads for consecutive output columns are s apart: a strided DMA
+(row stride s x C) brings one column phase of an input row as a dense [positions, C] tile, channels last, so each
+kernel tap (kh, kw) is ONE `v.max` of a whole phase tile shifted by whole rows of C elements (no channel mixes
+with another, no position is computed and dropped). Columns outside the image are filled with the dtype's lowest
+value (as the reference pads) and rows outside it are skipped. One step per output row stores the [OW', C] result
+to a pooled channels-last scratch, which the Conv's transposing loads then bring to NCHW (`conv.to_nchw`): 1/s^2
+of the bytes they moved before. A max commutes with the int8 requantization (monotone): bit-exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fusion.engine.codegen.gemm import k_slices
+from fusion.engine.errors import CodegenError
+from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
+from fusion.lower.emitter import Emitter, Step
+from fusion.lower.kernels.vector_ops import fill
+from fusion.lower.kernels.windows import Window, window_of
+from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.views import View
+from isa.enums import DType, Unit
+from simulator.config import MachineConfig
+
+
+def split_pool(nodes: Sequence[Node]) -> tuple[Sequence[Node], Node | None]:
+    """The Conv's drained nodes and the trailing MaxPool the kernel pools its output with (None: no pool)."""
+    if nodes[-1].op != OpType.MaxPool:
+        return nodes, None
+    return nodes[:-1], nodes[-1]
+
+
+def pooled_bytes(graph: Graph, pool: Node, dtype: DType) -> int:
+    """The pooled channels-last scratch: every image's output pixels x channels."""
+    return int(np.prod(graph.types[pool.outputs[0]].shape)) * dtype.size
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """One column phase of the kernel's taps: input column s * (q + a) + phase for output column q and tap
+    offset a (tile row q + a - first); `taps`: the (a - first) of the kw taps in this phase."""
+
+    phase: int
+    taps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    w: Window
+    first: int  # the smallest tap offset a (in strides; negative with left padding)
+    span: int  # rows of a phase tile: OW' + the taps' offset range
+    phases: tuple[_Columns, ...]
+
+    @staticmethod
+    def of(graph: Graph, pool: Node) -> PoolGeometry:
+        w = window_of(graph, pool)
+        if w.s != 2 or len(pool.outputs) != 1:
+            raise CodegenError(f"node {pool.name!r}: the Conv kernel pools 2-D MaxPools with one output only")
+        (_, kw), (_, sw), (_, dw), left = w.kernel, w.strides, w.dilations, w.pads[1]
+        offsets = [divmod(t * dw - left, sw) for t in range(kw)]
+        first = min(a for a, _ in offsets)
+        phases = tuple(
+            _Columns(p, tuple(a - first for a, q in offsets if q == p)) for p in sorted({q for _, q in offsets})
+        )
+        g = PoolGeometry(w, first, w.out_spatial[1] + max(a for a, _ in offsets) - first, phases)
+        g.check()
+        return g
+
+    def check(self) -> None:
+        """Every output pixel reads at least one row and one column inside the image (else the reference's max is
+        over padding only)."""
+        w = self.w
+        for axis in (0, 1):
+            at = np.arange(w.out_spatial[axis])[:, None] * w.strides[axis]
+            at = at + np.arange(w.kernel[axis]) * w.dilations[axis] - w.pads[axis]
+            if not ((at >= 0) & (at < w.in_shape[2 + axis])).any(axis=1).all():
+                raise CodegenError("a MaxPool window reading only padding is not pooled in the Conv kernel")
+
+    def rows(self, r: int) -> list[int]:
+        """The input rows inside the image that output row r reads."""
+        (kh, _), (sh, _), (dh, _) = self.w.kernel, self.w.strides, self.w.dilations
+        return [h for t in range(kh) if 0 <= (h := r * sh + t * dh - self.w.pads[0]) < self.w.in_shape[2]]
+
+    def band_rows(self, r0: int, count: int) -> list[int]:
+        """The input rows inside the image that output rows [r0, r0 + count) read, in order."""
+        return sorted({h for r in range(r0, r0 + count) for h in self.rows(r)})
+
+    def inside(self, phase: int) -> tuple[int, int]:
+        """The tile rows [lo, hi) of a phase whose input columns are inside the image."""
+        sw, width = self.w.strides[1], self.w.in_shape[3]
+        lo = max(0, -self.first)
+        hi = min(self.span, (width - 1 - phase) // sw - self.first + 1)
+        return lo, max(lo, hi)
+
+
+def pool_steps(cfg: MachineConfig, g: PoolGeometry, src: View, dst: View, rotation: int) -> list[Step]:
+    """src [n, H * W, C] -> dst [n, OH' * OW', C], both channels-last: one step per band of output rows, each
+    input row the band reads loaded once (one DMA per column phase) and max-reduced over its column taps once
+    (separable: then each output row is the max of its rows' reductions)."""
+    n, _, c = src.shape
+    dt, (oh, ow), es = src.dtype, g.w.out_spatial, src.dtype.size
+    probe = TileArena(cfg, 0)
+
+    def sizes(rows: int) -> list[int]:
+        inputs = max(len(g.band_rows(r0, min(rows, oh - r0))) for r0 in range(0, oh, rows))
+        return [g.span * c * es] * (inputs * len(g.phases)) + [ow * c * es] * (inputs + rows)
+
+    rows = largest_fitting(oh, lambda r: probe.fits(sizes(r)))  # fewer input rows read twice
+    if rows == 0:
+        raise CodegenError(f"one pooled row's phase tiles of {c} channels do not fit a buffer slot")
+    steps = []
+    for img in range(n):
+        image = src.index((img,))
+        for r0, count in k_slices(oh, rows):
+            arena = TileArena(cfg, len(steps), rotation)
+            inputs = g.band_rows(r0, count)
+            tiles = {h: [arena.tile(g.span * c * es) for _ in g.phases] for h in inputs}
+            reduced = {h: arena.tile(ow * c * es) for h in inputs}
+            result = arena.tile(count * ow * c * es)
+            loads, pads = [], []
+            for h in inputs:
+                for col, tile in zip(g.phases, tiles[h], strict=True):
+                    lo, hi = g.inside(col.phase)
+                    start = h * g.w.in_shape[3] + g.w.strides[1] * (lo + g.first) + col.phase
+                    if hi > lo:
+                        loads.append((image.slice(0, start, hi - lo, g.w.strides[1]), tile + lo * c * es))
+                    pads += [(tile, lo * c), (tile + hi * c * es, (g.span - hi) * c)]
+            maxes = [
+                (
+                    reduced[h],
+                    tuple(tile + a * c * es for col, tile in zip(g.phases, tiles[h], strict=True) for a in col.taps),
+                )
+                for h in inputs
+            ]
+            maxes += [
+                (result + i * ow * c * es, tuple(reduced[h] for h in g.rows(r)))
+                for i, r in enumerate(range(r0, r0 + count))
+            ]
+            body = _MaxBand(dt, ow * c, tuple((t, k) for t, k in pads if k), tuple(maxes))
+            steps.append(
+                Step(loads, [(Unit.vector, body)], [(result, dst.index((img,)).slice(0, r0 * ow, count * ow))])
+            )
+    return steps
+
+
+@dataclass(frozen=True)
+class _MaxBand:
+    """Fill the padding columns with the lowest value, then each (destination, sources): the max of the sources
+    (n elements each), in order (the input rows' reductions before the output rows that read them)."""
+
+    dtype: DType
+    n: int
+    pads: tuple[tuple[int, int], ...]
+    maxes: tuple[tuple[int, tuple[int, ...]], ...]
+
+    def __call__(self, em: Emitter) -> None:
+        lowest = -128.0 if self.dtype is DType.i8 else -np.inf
+        for tile, count in self.pads:
+            fill(em, tile, count, self.dtype, lowest)
+        name = self.dtype.name
+        for dst, (first, *rest) in self.maxes:
+            if not rest:
+                em.b.v_copy(*em.regs(dst, first), self.n, name)
+                continue
+            em.b.v_max(*em.regs(dst, first, rest[0]), self.n, name)
+            for src in rest[1:]:
+                em.b.v_max(*em.regs(dst, dst, src), self.n, name)
