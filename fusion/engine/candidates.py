@@ -85,6 +85,17 @@ def _row_move_tails(graph: Graph, head: Node) -> list[tuple[str, ...]]:
     return found
 
 
+def _pooled(graph: Graph, run: list[Node]) -> list[Candidate]:
+    """A Conv and its absorbed consumers, each prefix of them followed by the MaxPool that alone reads it: the
+    kernel pools its own output (`codegen.conv_pool`; ResNet's stem)."""
+    out = []
+    for k in range(1, len(run) + 1):
+        pool = sole_consumer(graph, run[k - 1])
+        if pool is not None and pool.op == OpType.MaxPool:
+            out.append(Candidate((*(n.name for n in run[:k]), pool.name), "conv"))
+    return out
+
+
 def enumerate_candidates(graph: Graph) -> list[Candidate]:
     out: list[Candidate] = [Candidate((n.name,), "single") for n in graph.nodes]
     for node in graph.nodes:
@@ -103,6 +114,7 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
         if node.op == OpType.Conv:
             run = _follow(graph, node, CONV_ABSORBABLE, MAX_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "conv") for k in range(2, len(run) + 1)]
+            out += _pooled(graph, run)
         if node.op in CHAIN_OPS:
             run = _follow(graph, node, CHAIN_OPS, MAX_VECTOR_CHAIN)
             out += [Candidate(tuple(n.name for n in run[:k]), "chain") for k in range(2, len(run) + 1)]

@@ -128,8 +128,9 @@ def numerics_preserved(mc: ModelContext, nodes: Sequence[Node], family: str = "e
         # dequantization, as unfused (`codegen.conv.Epilogue.rescale`); nothing is rounded
         return FusionDecision.yes()
     # a Conv's trailing Clip: its generator takes it only where it is the requantization clamp, exactly
-    # (`codegen.conv.clip_tail`), and refuses the rest
-    exact = {OpType.Clip} if family == "conv" else set()
+    # (`codegen.conv.clip_tail`), and refuses the rest; a trailing MaxPool keeps the int8 values' scale and a max
+    # commutes with the (monotone) requantization (`codegen.conv_pool`)
+    exact = {OpType.Clip, OpType.MaxPool} if family == "conv" else set()
     changes = [n.name for n in nodes[1:] if n.op not in VALUE_PRESERVING | exact]
     if changes and mc.allow_rounding_change:
         return FusionDecision.yes(f"int8: fusing {changes[0]!r} changes rounding (allowed by option)")

@@ -247,7 +247,7 @@ def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndar
     weights = np.asarray(forms[const_key(conv.inputs[1], _weight_form(mc))])
     taps = {const_key(conv.inputs[1], CONV_PANELS): pack_conv_panels(weights, s, panel_width(mc.config, s))}
     mm_dt = DType.i8 if mc.int8 else DType.f32
-    sizes = packed_scratch_sizes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last), mm_dt)
+    sizes = packed_scratch_sizes(sub, mc.config, sub.nodes, storage_dtype(sub, mc.qplan, last), mm_dt)
     return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
 
 
