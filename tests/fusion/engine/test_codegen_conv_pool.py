@@ -1,0 +1,116 @@
+"""A MaxPool taken into the channels-last Conv kernel before it (`codegen.conv_pool`, ResNet's stem): pooled from
+the Conv's DRAM scratch by column-phase DMAs, against the numpy reference (fp32 within 1e-4) and the quantized
+reference (int8 bit-exact) in the simulator's race-checked mode, over pool and conv variants; the DRAM bytes it
+saves, exactly; the candidate and its legality."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from engine_helpers import assert_reference, context, reference_env, run_group
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fusion.engine.candidates import enumerate_candidates
+from fusion.engine.errors import CodegenError
+from fusion.engine.execute import run_kernel
+from fusion.engine.kernel import build_kernel
+from fusion.engine.legality import numerics_preserved
+from fusion.engine.plan import Group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
+
+PACKED = "implicit_packed"
+POOLED = ("conv", "relu", "pool")
+
+
+def _graph(c, cout, spatial, k, s, p, relu, pool):
+    """Conv (+ bias, ReLU) -> MaxPool(kernel, strides, dilations, pads, ceil_mode), seeded weights."""
+    kernel, strides, dilations, pads, ceil = pool
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("conv_pool")
+    x = b.input("x", (1, c, *spatial))
+    w = b.constant((rng.standard_normal((cout, c, k, k)) / math.sqrt(c * k * k)).astype(np.float32), "w")
+    bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), "b")
+    h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=(1, 1), group=1, pads=(p,) * 4, strides=(s, s))
+    if relu:
+        h = b.op(OpType.Relu, h, name="relu")
+    h = b.op(
+        OpType.MaxPool, h, name="pool", kernel=kernel, strides=strides, dilations=dilations, pads=pads, ceil_mode=ceil
+    )
+    b.output(h)
+    return b.build(), (("conv", "relu", "pool") if relu else ("conv", "pool"))
+
+
+def _run(graph, names, dtype, strategy=PACKED):
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(names, strategy), inputs)  # race-checked
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-4)
+    return mc, run
+
+
+def _bytes(run) -> int:
+    return run.counters.dram_read_bytes + run.counters.dram_write_bytes
+
+
+@st.composite
+def pools(draw):
+    kernel = tuple(draw(st.sampled_from([1, 2, 3])) for _ in range(2))
+    strides = tuple(draw(st.sampled_from([1, 2, 3])) for _ in range(2))
+    dilations = tuple(draw(st.sampled_from([1, 1, 2])) for _ in range(2))
+    # ONNX: a pad smaller than the kernel's extent, so every window reads a pixel
+    pads = tuple(draw(st.integers(0, (kernel[i % 2] - 1) * dilations[i % 2] // 2)) for i in range(4))
+    return kernel, strides, dilations, pads, draw(st.sampled_from([0, 1]))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    c=st.sampled_from([3, 8]),
+    cout=st.sampled_from([8, 24]),
+    size=st.integers(5, 13),
+    conv=st.sampled_from([(1, 1, 0), (3, 1, 1), (3, 2, 1), (5, 2, 2)]),
+    relu=st.booleans(),
+    pool=pools(),
+)
+def test_the_pooled_conv_matches_the_reference(dtype, c, cout, size, conv, relu, pool) -> None:
+    k, s, p = conv
+    graph, names = _graph(c, cout, (size, size + 2), k, s, p, relu, pool)
+    _run(graph, names, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_stem_shape_moves_the_conv_output_once_instead_of_the_nchw_round_trip_and_the_pool(dtype) -> None:
+    """ResNet's stem scaled (7x7/2 conv, 3x3/2 pool, pad 1): one band holds every input row, so the pool reads
+    each conv output byte once, and writes the pooled scratch, which the transposing loads read and write as
+    NCHW; against the conv kernel (which writes its output B as NCHW) and the unfused MaxPool: exactly B fewer
+    + the pooled bytes P three times, and fewer bytes than the two kernels."""
+    graph, names = _graph(3, 16, (24, 24), 7, 2, 3, True, ((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0))
+    mc, fused = _run(graph, names, dtype)
+    ref = reference_env(mc, {"x": np.zeros((1, 3, 24, 24), np.float32)})
+    separate = run_kernel(mc, build_kernel(mc, Group(("conv", "relu"), PACKED), "any"), ref, checked=False)
+    pool = run_kernel(mc, build_kernel(mc, Group(("pool",), "unfused"), "any"), ref, checked=False)
+    es = 1 if dtype == "int8" else 4
+    out, pooled = 16 * 12 * 12 * es, 16 * 6 * 6 * es
+    assert _bytes(fused) == _bytes(separate) - out + 3 * pooled
+    assert _bytes(fused) < _bytes(separate) + _bytes(pool) - out
+
+
+def test_the_other_conv_schedules_refuse_a_pool_by_name() -> None:
+    graph, names = _graph(8, 16, (8, 8), 3, 1, 1, True, ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 0))
+    mc = context(graph, {}, "fp32")
+    for strategy in ("implicit_gemm", "implicit_stationary"):
+        with pytest.raises(CodegenError, match="pool"):
+            build_kernel(mc, Group(names, strategy), "any")
+
+
+def test_a_conv_run_followed_by_a_max_pool_is_a_conv_candidate_keeping_int8_numerics() -> None:
+    graph, names = _graph(8, 16, (8, 8), 3, 1, 1, True, ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 0))
+    found = {c.nodes for c in enumerate_candidates(graph) if c.family == "conv"}
+    assert {("conv", "relu"), POOLED} <= found
+    mc = context(graph, {"x": np.ones((1, 8, 8, 8), np.float32)}, "int8")
+    assert numerics_preserved(mc, [graph.node(n) for n in POOLED], "conv").ok
