@@ -39,7 +39,7 @@ SPREAD = {name: s.spread for name, s in REGISTRY.items() if s.spread is not None
 # unit clips a stage's rows in the next stage's tile and the matrix unit waits for them, MobileNetV2 and ResNet-50
 # blocks measured a median 19% above their prediction, in series 9%; mlp: GEMM1, the activation chain and GEMM2 of a
 # hidden panel group in turn, 100 MLP kernels measured a median 24% above as overlapping stages, 7% in series)
-SERIAL_COMPUTE = frozenset({"attention", "conv_chain", "mlp"})
+SERIAL_COMPUTE = frozenset({"attention", "attention_proj", "conv_chain", "mlp"})
 VECTOR_LATENCY = 2  # typical pipeline depth of a vector row in the ISA table (add 1, mul 2, exp 4)
 DRAIN_LATENCY = 3
 
