@@ -367,13 +367,20 @@ class _Kernel:
         src = pre_out if pre_out is not None else tiles[p.first.inputs[0]]
         src_dt = DType.f32 if p.pre else self.flat[p.first.inputs[0]].dtype
         inv = None if self.a1.quantize_scale is None else 1.0 / self.a1.quantize_scale
+        last_pre = p.pre[-1].outputs[0] if p.pre else None
+        # int8 after a prologue read by nothing else: the chain quantizes its result (into its own tile, or A's
+        # only k-slice), and the cut is int8 copies
+        in_chain = inv is not None and last_pre not in (None, *cx.graph.outputs, *self.needed)
+        if in_chain:
+            src, src_dt = (a["a1"][0][2], DType.i8) if len(a["a1"]) == 1 else (pre_out, DType.i8)
         cuts = []
-        for k0, kb, dst in a["a1"]:
+        for k0, kb, dst in [] if in_chain and len(a["a1"]) == 1 else a["a1"]:
+            inv_k = None if in_chain else inv
             if kb == s.d:
-                cuts.append((dst, src, rows * kb, inv, src_dt))
+                cuts.append((dst, src, rows * kb, inv_k, src_dt))
             else:
-                rows_at = range(rows)
-                cuts += [(dst + r * kb * s.es_a, src + (r * s.d + k0) * src_dt.size, kb, inv, src_dt) for r in rows_at]
+                at = range(rows)
+                cuts += [(dst + r * kb * s.es_a, src + (r * s.d + k0) * src_dt.size, kb, inv_k, src_dt) for r in at]
         # a prologue intermediate the epilogue reads goes straight to the spare bank, unless it is stored too
         stored = kept | {v: a["keep"][v] for v in self.needed if v not in kept and v in self._inner_pre()}
         local = tiles | kept | ({p.pre[-1].outputs[0]: pre_out} if p.pre else {})
@@ -386,7 +393,8 @@ class _Kernel:
         def vector(em: Emitter) -> None:
             if p.pre:
                 addr = {v: t for v, t in tiles.items() if any(o.value == v for o in self.pre_t.values())} | rows_at
-                emit_chain(cx, em, p.pre, self.pre_t, addr, pre_out, rows * s.d, s.d, stored=stored)
+                out, q = (src, inv) if in_chain else (pre_out, None)
+                emit_chain(cx, em, p.pre, self.pre_t, addr, out, rows * s.d, s.d, stored=stored, quantize=q)
             _quantizer(cuts)(em)
             for dst, at in copies:
                 em.b.v_copy(*em.regs(dst, at), rows * s.d, "f32")

