@@ -4,7 +4,7 @@ computed with numpy: the transfers cover exactly the view's elements, in row-maj
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, transfers
@@ -39,11 +39,12 @@ layouts = st.integers(1, 4).flatmap(
 )
 
 
+@settings(deadline=None)  # a view of thousands of transfers: the oracle's per-transfer numpy adds up
 @given(layouts, st.lists(st.integers(0, 1 << 20), min_size=2, max_size=3), st.booleans())
 def test_transfers_cover_the_view_in_row_major_order(layout, addresses, dense_last) -> None:
     shape, strides, dtype = layout
-    if np.prod(shape) > 20_000:
-        shape = [min(d, 16) for d in shape]
+    if np.prod(shape) > 5_000:  # a long last dim kept (the row and column limits), few transfers
+        shape = [*(min(d, 4) for d in shape[:-1]), shape[-1]]
     es = dtype.size
     strides = [s * es for s in strides]
     if dense_last:
