@@ -1,8 +1,9 @@
 """Where a whole transformer MLP runs as one kernel (`codegen.mlp`): two GEMMs with constant 2-D weights joined by
 an elementwise chain, GEMM2 reading the chain's (or GEMM1's) output alone, with the whole-row chains around them.
 
-Each match offers every prologue of up to two chain nodes (the LayerNorm before GEMM1, and the residual Add
-before it) and every prefix of the chain after GEMM2 (bias, residual Add, the following LayerNorm: its first
+Each match offers its prologue of up to two chain nodes (the LayerNorm before GEMM1, and the residual Add
+before it) whole or not at all (the LayerNorm alone won no zoo plan and cost BERT's planning a fifth of its time)
+and every prefix of the chain after GEMM2 (bias, residual Add, the following LayerNorm: its first
 chain-op reader each time, so a residual sum also read further on is stored, as `codegen.chain` does). Reshapes
 keeping the last axis anywhere among them are views (GPT-2's Gemm -> Reshape -> Gelu -> Reshape -> Gemm): they
 join the group and count toward no limit; no variant starts or ends with one."""
@@ -26,14 +27,14 @@ class MlpMatch:
     first: Node
     mid: tuple[Node, ...]
     second: Node
-    pre: tuple[Node, ...]  # the longest prologue offered (its suffixes are offered too)
+    pre: tuple[Node, ...]  # the prologue offered (whole, or none)
     post: tuple[Node, ...]  # the longest epilogue offered (its prefixes are offered too)
 
     def variants(self, graph: Graph) -> list[tuple[str, ...]]:
-        """Node tuples (graph order) of every prologue suffix x epilogue prefix (cut at chain nodes: a view at
-        either end of a group would be a view of a value the group does not hold)."""
+        """Node tuples (graph order) of the whole prologue or none x every epilogue prefix (cut at chain nodes: a
+        view at the end of a group would be a view of a value the group does not hold)."""
         out = []
-        starts = [i for i, n in enumerate(self.pre) if not is_view(graph, n)] + [len(self.pre)]
+        starts = [0, len(self.pre)] if self.pre else [0]
         ends = [0] + [k + 1 for k, n in enumerate(self.post) if not is_view(graph, n)]
         for i in starts:
             for k in ends:
