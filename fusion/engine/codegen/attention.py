@@ -52,14 +52,13 @@ from fusion.engine.attention_match import (
 )
 from fusion.engine.codegen import attention_proj
 from fusion.engine.codegen.attention_proj import Projection, projection
-from fusion.engine.codegen.chain import Registers, emit_node, operands
+from fusion.engine.codegen.chain import VREGS, Registers, emit_node, operands
 from fusion.engine.codegen.gemm import _quantizer
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.kernels.vector_ops import dequantize
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType, Unit
@@ -106,11 +105,7 @@ class HeadOperand:
     quantize: float | None  # int8 path: quantized at this scale on the way in (a float source, or a pre-scale)
     prescale: float | None = None  # a scalar Mul on the operand (in float32, as the reference's Mul node)
     source_scale: float | None = None  # int8 source under a pre-scale: dequantized first
-
-    @property
-    def staged(self) -> bool:
-        """An int8 source dequantized into a float32 tile to be scaled and requantized."""
-        return self.prescale is not None and self.source_scale is not None
+    vreg_elems: int = 0  # a vector register's elements: a pre-scaled int8-path tile is transformed in such pieces
 
     def view(self, head: int) -> View:
         es = self.dtype.size
@@ -149,7 +144,7 @@ def _operand(
     source_scale = cx.scale(source)
     quantize = scale if cx.int8 and (source_scale is None or factor is not None) else None
     staged = source_scale if factor is not None else None
-    return HeadOperand(maps, shape, view.address, view.dtype, quantize, factor, staged)
+    return HeadOperand(maps, shape, view.address, view.dtype, quantize, factor, staged, cx.config.vreg_elems)
 
 
 def _output(cx: LowerContext, match: AttentionMatch, lead: tuple[int, ...]) -> HeadOperand:
@@ -270,7 +265,7 @@ class Tiling:
 
 def _loaded(op: HeadOperand, elems: int) -> list[int]:
     """The tiles one loaded operand tile takes: as loaded, float32 staging (pre-scaled int8), int8 copy."""
-    return [elems * op.dtype.size] + ([elems * 4] if op.staged else []) + ([elems] if op.quantize is not None else [])
+    return [elems * op.dtype.size] + ([elems] if op.quantize is not None else [])
 
 
 def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
@@ -398,18 +393,16 @@ class Buffer:
     raw: tuple[int, ...]
     quant: tuple[int, ...] | None
     chunks: tuple[int, ...]
-    staged: tuple[int, ...] | None = None  # float32 copies of an int8 source under a pre-scale
 
 
 def _alloc_region(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int, local_split: bool) -> Buffer:
     widths = [cols] if local_split else [kc for _, kc in chunks(cols, n)]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
-    staged = tuple(arena.tile(rows * w * 4) for w in widths) if op.staged else None
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     read = quant or raw
     if local_split and cols > n:
         read = tuple(arena.tile(rows * kc * _op_dt(op).size) for _, kc in chunks(cols, n))
-    return Buffer(raw, quant, read, staged)
+    return Buffer(raw, quant, read)
 
 
 def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[str, list]) -> None:
@@ -428,27 +421,41 @@ def _alloc_kt(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int = 
     """Dense rows x cols tiles, one per column chunk of at most n (n = 0: one tile), loaded as they are read."""
     widths = [c for _, c in chunks(cols, n)] if n else [cols]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
-    staged = tuple(arena.tile(rows * w * 4) for w in widths) if op.staged else None
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
-    return Buffer(raw, quant, quant or raw, staged)
+    return Buffer(raw, quant, quant or raw)
 
 
 def _transform(buf: Buffer, op: HeadOperand, i: int, count: int, work: dict[str, list]) -> None:
     """The i-th loaded tile as the matrix unit reads it: the pre-scale in float32 (an int8 source dequantized
-    first, as the reference's Mul reads it), then quantized at the MatMul's scale (int8 path)."""
+    first, as the reference's Mul reads it), then quantized at the MatMul's scale (int8 path). A pre-scaled tile
+    on the int8 path is one vector chain (load, dequantize, scale, quantize, store: one pass over the tile, not
+    one per operation); the float32 path scales in place."""
     raw = buf.raw[i]
+    if op.prescale is not None and buf.quant is not None:
+        work["scales"].append(lambda em, dst=buf.quant[i], src=raw: _scale_quantize(em, dst, src, count, op))
+        return
     if op.prescale is not None:
-        f32 = raw if buf.staged is None else buf.staged[i]
-        work["scales"].append(lambda em, dst=f32, src=raw: _scale_tile(em, dst, src, count, op))
-        raw = f32
+        scale = f32_bits(op.prescale)
+        work["scales"].append(lambda em, a=raw: em.b.v_mul_vs(*em.regs(a, a, scale), count, "f32"))
     if buf.quant is not None:
         work["quants"].append((buf.quant[i], raw, count, 1.0 / op.quantize))
 
 
-def _scale_tile(em: Emitter, dst: int, src: int, count: int, op: HeadOperand) -> None:
-    if op.source_scale is not None:
-        dequantize(em, dst, src, count, op.source_scale)
-    em.b.v_mul_vs(*em.regs(dst, dst, f32_bits(op.prescale)), count, "f32")
+CHAIN_REG = VREGS - 1  # the transform's vector register: the online softmax keeps its state in v0-v2 across segments
+
+
+def _scale_quantize(em: Emitter, dst: int, src: int, count: int, op: HeadOperand) -> None:
+    """int8 dst = quantize(prescale * (src, dequantized if int8)) in register-sized pieces: the same float32
+    operations, in the same order, as the reference's dequantize, Mul and quantize."""
+    r, es = CHAIN_REG, op.dtype.size
+    for at, size in chunks(count, op.vreg_elems):
+        em.b.vc_ld(r, em.reg(src + at * es), size, op.dtype.name)
+        if op.source_scale is not None:
+            em.b.vc_cvt(r, r, "f32")
+            em.b.vc_mul_vs(r, r, em.reg(f32_bits(op.source_scale)))
+        em.b.vc_mul_vs(r, r, em.reg(f32_bits(op.prescale)))
+        em.b.vc_qnt(r, r, em.reg(f32_bits(1.0 / op.quantize)))
+        em.b.vc_st(em.reg(dst + at), r)
 
 
 def _alloc_v(arena: TileArena, v: HeadOperand, keys: list[tuple[int, int]], dv: int, n: int, t: Tiling) -> list[Buffer]:
