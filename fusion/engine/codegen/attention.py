@@ -555,12 +555,15 @@ class StepOperands:
     v_work: list[dict[str, list]]
 
 
-def _step_operands(arena: TileArena, p: Plan, block: tuple[int, int, int], t: Tiling, n: int) -> StepOperands:
+def _step_operands(
+    arena: TileArena, p: Plan, block: tuple[int, int, int], t: Tiling, n: int, shared: TileArena | None = None
+) -> StepOperands:
+    """`shared`: the arena of the projections' activation tiles every step reads (`attention_proj.shared_arena`)."""
     h, i0, m = block
     head = _work()
     q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
     if p.proj is not None:
-        return _projected_operands(arena, p, block, t, n, head, q_buf)
+        return _projected_operands(arena, p, block, t, n, head, q_buf, shared)
     _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
     pos = 0
     if p.positions is not None:
@@ -581,7 +584,14 @@ def _step_operands(arena: TileArena, p: Plan, block: tuple[int, int, int], t: Ti
 
 
 def _projected_operands(
-    arena: TileArena, p: Plan, block: tuple[int, int, int], t: Tiling, n: int, head: dict, q_buf: Buffer
+    arena: TileArena,
+    p: Plan,
+    block: tuple[int, int, int],
+    t: Tiling,
+    n: int,
+    head: dict,
+    q_buf: Buffer,
+    shared: TileArena | None,
 ) -> StepOperands:
     """`_step_operands` when Q, K^T and V are computed (`codegen.attention_proj`): the same buffers, filled by the
     projections (one key block: a whole head's K and V) and then transformed as loaded ones are."""
@@ -592,7 +602,7 @@ def _projected_operands(
     ktiles = chunks(p.sk, n)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
-    loads, quants, emit, weights = attention_proj.step_projection(arena, p.proj, block, p.sk, n)
+    loads, quants, emit, weights = attention_proj.step_projection(arena, p.proj, block, p.sk, n, shared)
     head["weights"].append(weights)
     head["loads"] += loads
     head["xquants"] += quants
@@ -617,7 +627,8 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     h, i0, m = block
     n = cx.config.array_size
     g = cx.graph
-    io = _step_operands(arena, p, block, t, n)
+    shared = attention_proj.shared_arena(cx.config, p.proj, m, p.sq, p.sk) if p.proj is not None else None
+    io = _step_operands(arena, p, block, t, n, shared)
     head, q_buf, pos, ktiles, kblocks = io.head, io.q, io.positions, io.ktiles, io.kblocks
     k_bufs, v_bufs, k_work, v_work = io.k, io.v, io.k_work, io.v_work
     split = len(ktiles) > 1

@@ -60,6 +60,7 @@ from fusion.lower.local_alloc import DEPTH, TileArena, slot
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType
 from isa.memory_map import LOCAL_ACC_BASE
+from simulator.config import MachineConfig
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
@@ -428,16 +429,31 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
     return xq, xk, xv
 
 
+def shared_arena(cfg: MachineConfig, p: Projection, m: int, sq: int, sk: int) -> TileArena | None:
+    """Where the activation tiles go when every step reads the same ones (each head reads the same rows of each
+    activation and a step takes all sq query rows): the spare scratchpad bank, which no step's loads fill, so
+    the first step loads (and quantizes) them and the others only read them (the matrix unit reads them in step
+    order, after the first step's projections waited for them). None: loaded per step, in its own slot."""
+    if m != sq or not all(np.all(s.rows == s.rows[0]) for s in (p.q, p.k, p.v)):
+        return None
+    spare = TileArena.spare(cfg)
+    n = cfg.array_size
+    return spare if spare is not None and spare.fits(activation_tiles(p, m, sk, n)) else None
+
+
 def step_projection(
-    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int
+    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, shared: TileArena | None = None
 ) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None], int]:
     """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
     (loads, quants, emit, the weights' tile) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q (m x chunk
-    tiles), K^T (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers."""
+    tiles), K^T (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers. `shared`
+    (`shared_arena`): the activation tiles are there, loaded by the first head's step only."""
     h, i0, m = block
     loads: list = []
     quants: list = []
-    xq, xk, xv = _activation(arena, p, block, sk, n, loads, quants)
+    xq, xk, xv = _activation(shared or arena, p, block, sk, n, loads, quants)
+    if shared is not None and h > 0:
+        loads, quants = [], []
     accs = [arena.acc_tile(b) for b in acc_bytes(p, m, sk, n)]
     w = arena.tile(weight_tile(p))
     wrow = p.weights.slice(0, int(p.block_of[h]), 1)
