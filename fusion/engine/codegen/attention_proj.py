@@ -26,7 +26,8 @@ The weights are packed at compile time (`pack_projection_weights`): per distinct
 stationary tiles of W_q and W_v, the streamed rows of W_k^T and the head's rows of W_o back to back, read by one
 DMA per step. The activation is read once per step: its row chunks (one DMA per chunk of N columns, Q's rows
 shared with V's when they are the same rows of the same tensor; a [seq, batch, features] activation row-strided)
-and its key tiles transposed.
+and its key tiles transposed; when every step reads the same rows (one batch, all query rows per step) they are
+read once, by the first step, into the spare scratchpad bank (`shared_arena`).
 
 Refused (CodegenError, the planner then runs the projections as their own kernels): an activation that is not
 rows x features in DRAM, an operand not one run of columns of its projection per head, a per-channel int8
