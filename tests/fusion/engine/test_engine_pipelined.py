@@ -105,11 +105,13 @@ def test_pairs_without_a_flow_or_with_a_view_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("name", "dtype", "least"),
-    [("encoder_post_d64", "int8", 4), ("encoder_pre_d64", "fp32", 4), ("encoder_pre_d64", "int8", 1)],
+    [("encoder_post_d64", "int8", 3), ("encoder_pre_d64", "fp32", 4), ("encoder_pre_d64", "int8", 1)],
 )
 def test_bundled_model_pairs_are_race_free_and_exact(name: str, dtype: str, least: int) -> None:
     """Every adjacent producer -> consumer pair of a bundled model's dynamic plan that can be pipelined runs
-    race-free, with the reference's values (int8 bit-exact), and never slower than its two kernels."""
+    race-free, with the reference's values (int8 bit-exact), and never slower than its two kernels. `least`: a
+    floor on the pairs (encoder_post int8's plan is four kernels since its MLP is one, [Add, LN, FFN1 + bias, ReLU,
+    FFN2 + bias, Add, LN]: QKV GEMM, attention, output projection, MLP; all three of its pairs pipeline)."""
     graph, x = model(name)
     engine = FusionEngine(graph, "base", dtype)
     engine.run(x)
