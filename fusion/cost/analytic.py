@@ -12,7 +12,7 @@ stages in series). The program says what does not pipeline (`KernelFeatures`, co
 padded input image, the first weight panel: the head) are paid alone before any step, and stand for the load
 stage's share of the fill; a fenced phase that hands no step to the main unit (a LayerNorm pass after a swapped
 GEMM, a copy) runs its loads, vector work and stores in series after the pipeline. In a kernel whose steps hand
-work back and forth between the matrix and vector units (`SERIAL_COMPUTE`: attention's scores, softmax and
+work back and forth between the matrix and vector units (`Strategy.serial_compute`: attention's scores, softmax and
 product with V on one dependency chain per head; a conv_chain band's Convs and the Clips between them) the two
 units form one stage: within a step each waits for the
 other, and the next step's work, emitted after this one's, cannot hide under it. A zero-skip kernel's matrix work
@@ -34,12 +34,6 @@ from simulator.config import MachineConfig
 # bench/bench_cost.py), stated with each prediction (`CostEstimate.spread`) for the planner's expected-regret
 # measurement; a strategy that states none (measured on fewer than 20 kernels) gets the largest spread.
 SPREAD = {name: s.spread for name, s in REGISTRY.items() if s.spread is not None}
-# strategies whose steps alternate matrix and vector work on one dependency chain (bench/bench_cost_error.py: priced
-# as overlapping stages, attention kernels measured 18% above their prediction, in series 5%; conv_chain: the vector
-# unit clips a stage's rows in the next stage's tile and the matrix unit waits for them, MobileNetV2 and ResNet-50
-# blocks measured a median 19% above their prediction, in series 9%; mlp: GEMM1, the activation chain and GEMM2 of a
-# hidden panel group in turn, 100 MLP kernels measured a median 24% above as overlapping stages, 7% in series)
-SERIAL_COMPUTE = frozenset({"attention", "attention_proj", "conv_chain", "mlp"})
 VECTOR_LATENCY = 2  # typical pipeline depth of a vector row in the ISA table (add 1, mul 2, exp 4)
 DRAIN_LATENCY = 3
 
@@ -155,7 +149,7 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
         steps=f.steps,
         transfer=timing.dma_transfer_cycles(cfg, 1, piped_bytes, piped_bytes),
         phases=max(f.phases - f.serial_phases, 1),
-        serial_compute=f.strategy in SERIAL_COMPUTE,
+        serial_compute=f.strategy in REGISTRY and REGISTRY[f.strategy].serial_compute,
         head=head,
         head_vector=head_vector,
         serial_load=_dma_time(cfg, f.serial_loads, f.serial_load_bursts) if f.serial_loads else 0,

@@ -1,5 +1,5 @@
 """The analytic model on attention kernels (scores, softmax and the product with V per head, one dependency chain:
-the matrix and vector units in series, `analytic.SERIAL_COMPUTE`), against the simulator over model-like shapes."""
+the matrix and vector units in series, `Strategy.serial_compute`), against the simulator over model-like shapes."""
 
 from __future__ import annotations
 
