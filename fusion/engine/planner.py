@@ -650,10 +650,12 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
 
 def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> list:
     """Candidates sharing nodes compete (the larger gain is taken first): where the expected regret of that order,
-    from the gains' predicted spreads, is at least REGRET_FLOOR of the separate score, both gains are measured."""
+    from the gains' predicted spreads, is at least REGRET_FLOOR of the separate score, both gains are measured.
+    A node both candidates hold adds its single kernel's score to both gains, so its error cancels in their
+    difference: each gain's spread is its fused kernel's plus those of its nodes the other does not hold."""
 
-    def spread(s: tuple) -> float:
-        return s[2].sd + sum(alone[n][0].sd for n in s[4].nodes)
+    def spread(s: tuple, other: tuple) -> float:
+        return s[2].sd + sum(alone[n][0].sd for n in s[4].nodes if n not in other[4].nodes)
 
     finite = [s for s in scored if s[1] != float("inf")]
     uncertain: set[int] = set()
@@ -662,7 +664,7 @@ def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> l
             if set(a[4].nodes).isdisjoint(b[4].nodes):
                 continue
             first, second = (a, b) if a[0] >= b[0] else (b, a)
-            regret = expected_regret(-first[0], spread(first), -second[0], spread(second))
+            regret = expected_regret(-first[0], spread(first, second), -second[0], spread(second, first))
             if regret >= REGRET_FLOOR * min(a[1], b[1]):
                 uncertain.update((i, j))
     settled = []

@@ -1,0 +1,64 @@
+"""Rival candidates (`planner._settle_rivals`): two candidates sharing nodes are measured when the order of their
+gains is uncertain. A node both hold adds its single kernel's score to both gains, so its error cannot change
+that order: how uncertain the shared nodes are must not decide what is measured."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusion.engine.candidates import Candidate
+from fusion.engine.plan import Group
+from fusion.engine.planner import Evaluated, _settle_rivals
+
+
+class Counting:
+    """The evaluator's measuring side: a measured score is the predicted one plus a known offset, counted."""
+
+    def __init__(self) -> None:
+        self.measured: list[tuple[str, ...]] = []
+
+    def measured_score(self, e: Evaluated) -> float:
+        self.measured.append(e.group.nodes)
+        return e.score + 1.0
+
+
+def _evaluated(nodes: tuple[str, ...], score: float, sd: float) -> Evaluated:
+    strategy = "unfused" if len(nodes) == 1 else "chain"
+    return Evaluated(Group(nodes, strategy), lambda: None, None, score, 0.0, score, sd)
+
+
+def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> list[tuple[str, ...]]:
+    """Candidates (a, b) and (a, b, c) with the given predicted gains: the groups `_settle_rivals` measured."""
+    alone = {
+        "a": (_evaluated(("a",), 4000.0, shared_sd), [], ""),
+        "b": (_evaluated(("b",), 3000.0, shared_sd), [], ""),
+        "c": (_evaluated(("c",), 2000.0, own_sd), [], ""),
+    }
+    scored = []
+    for nodes, gain in zip((("a", "b"), ("a", "b", "c")), gains, strict=True):
+        base = sum(alone[n][0].score for n in nodes)
+        fused = _evaluated(nodes, base - gain, 10.0)
+        scored.append((gain, base, fused, [], Candidate(nodes, "chain")))
+    ev = Counting()
+    settled = _settle_rivals(ev, scored, alone)
+    measured = bool(ev.measured)
+    for (gain, *_), (new, *_) in zip(scored, settled, strict=True):
+        assert new != gain if measured else new == gain  # a measured gain is the measured scores' (+1 per part)
+    return ev.measured
+
+
+def test_rivals_are_measured_when_a_node_only_one_holds_is_uncertain() -> None:
+    assert _settle(shared_sd=0.0, own_sd=2000.0, gains=(1000.0, 900.0))
+    assert not _settle(shared_sd=0.0, own_sd=0.0, gains=(1000.0, 900.0))
+
+
+@given(
+    shared=st.floats(0.0, 1e5),
+    own=st.floats(0.0, 2000.0),
+    gains=st.tuples(st.floats(0.0, 3000.0), st.floats(0.0, 3000.0)),
+)
+def test_the_nodes_both_rivals_hold_do_not_decide_what_is_measured(
+    shared: float, own: float, gains: tuple[float, float]
+) -> None:
+    assert bool(_settle(shared, own, gains)) == bool(_settle(0.0, own, gains))
