@@ -72,16 +72,19 @@ class UnitTimes:
         top, steps = max(stages), max(self.steps, 1)
         pace = max(top, self.transfer, self.issue)
         restarts = min(max(self.phases, 1), steps)
-        beyond = max(0.0, self.transfer - top)  # other stages' DMA traffic, already paid on the channel
         if self.head:
             # the head holds the first step's loads, so the load stage has one item fewer than the others: the
             # span is the flow shop's, the largest of each stage's total plus the other stages' share of one step
-            # before (the head already paid the loads') and after it; continuous and monotone in every stage
+            # before (the head already paid the loads') and after it
             later = stages[1:]
             span = max(load + sum(later) * restarts / steps, *(t + (sum(later) - t) * restarts / steps for t in later))
-            fill = max(0.0, span - top - beyond * restarts / steps)
         else:
-            fill = max(sum(stages) - top - beyond, 0.0) * restarts / steps
+            span = top + (sum(stages) - top) * restarts / steps
+        # the fill is what the flow shop's span takes beyond the pace: where the channel or the issue sets the pace
+        # (above every stage), the stages' share of one step hides under it as far as it goes. Continuous and
+        # monotone in every stage, the channel and the issue (subtracting the busiest stage instead, a faster
+        # vector unit could raise an issue-bound kernel's prediction)
+        fill = max(0.0, span - pace)
         after = max(compute + (store,))  # the stages the vector prologue holds back (the loads keep streaming)
         if steps > 1:
             # a store's data waits while the channel moves a load's (the load unit wins a tie, `simulator.engine`):

@@ -30,8 +30,11 @@ def test_stages_run_in_series_in_one_step_and_overlap_over_many() -> None:
     two_phases = replace(four, phases=2)
     assert two_phases.cycles == 500 + 2 * (400 + 200) / 4  # each fence drains and refills the pipeline
     channel = replace(four, transfer=900)
-    # the DRAM channel the DMAs share paces it; its time beyond the load stage is the store's traffic, paid there
-    assert channel.cycles == 900 + (400 + 200 - (900 - 500)) / 4
+    # the DRAM channel the DMAs share paces it; the flow shop's span (500 + 600 / 4) hides under its 900 cycles
+    assert channel.cycles == 900
+    issue = replace(four, issue=620)
+    # an issue-bound kernel: the span beyond the issue's pace is the fill (a faster stage never adds to it)
+    assert issue.cycles == 650 and replace(issue, vector=100).cycles == 625
 
 
 def test_predictions_state_the_measured_spread_of_their_strategy() -> None:
