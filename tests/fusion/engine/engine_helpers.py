@@ -92,6 +92,17 @@ def assert_reference(outputs: dict[str, np.ndarray], env: dict[str, np.ndarray],
         np.testing.assert_allclose(outputs[value], env[value], rtol=tol, atol=tol)
 
 
+def run_checked_on_x(graph: Graph, names: tuple[str, ...], strategy: str, dtype: str, tol: float = 1e-4):
+    """The group of `names` run with `strategy` (race-checked) on a seeded random input `x`, its output checked
+    against the reference; returns (context, kernel, run)."""
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(names, strategy), inputs)
+    assert_reference(run.outputs, env, graph.outputs[0], dtype, tol)
+    return mc, kernel, run
+
+
 def gated_mlp_graph(lead: tuple[int, ...], m: int, k: int, n: int, act: str, seed: int = 0) -> Graph:
     """gate = x @ Wg, up = x @ Wu, act(gate) * up (act: silu, gelu or none), in LLaMA's export order (the
     activation between the two GEMMs)."""

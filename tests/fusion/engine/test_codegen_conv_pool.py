@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from engine_helpers import assert_reference, context, reference_env, run_group
+from engine_helpers import context, reference_env, run_checked_on_x
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,11 +45,7 @@ def _graph(c, cout, spatial, k, s, p, relu, pool):
 
 
 def _run(graph, names, dtype, strategy=PACKED):
-    rng = np.random.default_rng(3)
-    inputs = {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
-    mc = context(graph, inputs, dtype)
-    kernel, run, env = run_group(mc, Group(names, strategy), inputs)  # race-checked
-    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-4)
+    mc, _, run = run_checked_on_x(graph, names, strategy, dtype)
     return mc, run
 
 

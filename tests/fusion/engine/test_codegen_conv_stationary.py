@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from engine_helpers import assert_reference, context, conv_graph, run_group
+from engine_helpers import assert_reference, context, conv_graph, run_checked_on_x, run_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_codegen_conv import convs  # the band schedule's conv variants
@@ -29,11 +29,7 @@ STATIONARY = "implicit_stationary"
 
 
 def _run(graph, names, dtype):
-    rng = np.random.default_rng(3)
-    inputs = {"x": rng.standard_normal(graph.types["x"].shape).astype(np.float32)}
-    mc = context(graph, inputs, dtype)
-    kernel, run, env = run_group(mc, Group(names, STATIONARY), inputs)  # race-checked
-    assert_reference(run.outputs, env, graph.outputs[0], dtype, 1e-4)
+    mc, kernel, _ = run_checked_on_x(graph, names, STATIONARY, dtype)
     return mc, kernel
 
 
