@@ -2,8 +2,9 @@
 `implicit_stationary`, layer fusion (`conv_chain`: a basic block with its residual, a bottleneck, a MobileNetV2
 inverted residual with its ReLU6 Clips and depthwise middle), the dequantizing int8 conv epilogue (per-channel f32
 rescale + residual add), the `gated` MLP, the `segment_chain` (rotary) kernel, a vector chain through a row
-reduction (RMSNorm), fused attention (grouped-query, causal and padding masks) and a patch embedding (patchify
-Conv + class token + position Add + LayerNorm, `patch_embed`), plus the baseline's frame
+reduction (RMSNorm), fused attention (grouped-query, causal and padding masks), a patch embedding (patchify
+Conv + class token + position Add + LayerNorm, `patch_embed`), a whole transformer MLP (`mlp`), an attention with its
+projections (`attention_proj`) and a conv with its MaxPool (`conv_pool`), plus the baseline's frame
 kernels in geometries the window-kernel regression (`test_cosim_lower.py`) does not take (strided depthwise, a
 stride-1 max pool with asymmetric padding: their integer masks).
 
@@ -39,12 +40,19 @@ from attention_graphs import AttentionShape, attention_graph  # noqa: E402
 from engine_helpers import context, conv_graph, gated_mlp_graph, reference_env, rotary_graph  # noqa: E402
 from test_codegen_conv_chain import chain_graph  # noqa: E402
 from test_codegen_conv_dequant import residual_graph  # noqa: E402
+from test_codegen_conv_pool import _graph as conv_pool_graph  # noqa: E402
+from test_codegen_mlp import mlp_graph  # noqa: E402
 from test_codegen_patch_embed import patch_graph  # noqa: E402
 from test_codegen_row_reductions import _rms_graph  # noqa: E402
 from test_cosim_lower import _conv, _pool  # noqa: E402
 
 pytestmark = pytest.mark.rtl
 TINY = PRESETS["tiny"]
+# `tiny`'s array and lanes (what the RTL units are built with) with four scratchpad and accumulator banks: the
+# kernels that keep a spare bank (the whole MLP's hidden panels, the projected attention's accumulated output)
+# refuse tiny's two; banks are the simulator's arbitration, not part of the RTL units
+TINY_4_BANKS = dataclasses.replace(TINY, name="tiny_4_banks", spad_banks=4, acc_banks=4)
+SPARE_BANK = frozenset({"mlp", "attention_proj"})
 
 
 def _offered(graph: Graph, family: str) -> tuple[str, ...]:
@@ -69,6 +77,14 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
     attention, _ = attention_graph(AttentionShape(seq=5, heads=2, kv_heads=1, head_dim=8, causal=True, key_len=4))
     # a ViT patch embedding: 3 x 9 x 8 image, 3 x 4 patches (a leftover row), class token, position Add, LayerNorm
     patches = patch_graph(1, 3, 6, (9, 8), (3, 4), True, tail="layernorm")
+    # a whole MLP: residual Add + LayerNorm, GEMM + bias, GELU, GEMM + bias + residual, the next LayerNorm; 5 tokens
+    mlp = mlp_graph(5, 8, 12, "gelu", True, seed=1)
+    # an attention with its packed Q/K/V projection and output projection taken in (ViT's), 5 tokens
+    projected, _ = attention_graph(
+        AttentionShape(seq=5, heads=2, head_dim=4, scale="none", prescale=True, fused_qkv=True)
+    )
+    # a stem: Conv + ReLU + MaxPool(3, stride 2, pad 1) in one kernel
+    pooled, pooled_nodes = conv_pool_graph(3, 8, (7, 7), 3, 2, 1, True, ((3, 3), (2, 2), (1, 1), (1,) * 4, 0))
     return {
         "implicit_packed": (packed, Group(packed_nodes, "implicit_packed")),
         "implicit_stationary": (stationary, Group(stationary_nodes, "implicit_stationary")),  # 2 bands a pass
@@ -84,18 +100,23 @@ def _groups() -> dict[str, tuple[Graph, Group]]:
         "rms_norm_chain": (rms, Group(rms_nodes, "chain")),
         "attention": (attention, Group(_offered(attention, "attention"), "attention")),
         "patch_embed": (patches, Group(_offered(patches, "patch_embed"), "patch_embed")),
+        "mlp": (mlp, Group(_offered(mlp, "mlp"), "mlp")),
+        "attention_proj": (projected, Group(_offered(projected, "attention_proj"), "attention_proj")),
+        "conv_pool": (pooled, Group(pooled_nodes, "implicit_packed")),
     }
 
 
 def _engine_run(name: str, graph: Graph, group: Group, dtype: str) -> Recorded:
-    """The group's kernel on `tiny`, simulated on the reference's values; its outputs checked against them."""
+    """The group's kernel on `tiny` (`TINY_4_BANKS` for a kernel keeping a spare bank), simulated on the
+    reference's values; its outputs checked against them."""
     rng = np.random.default_rng(3)
     inputs = {v: rng.standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs}
-    mc = context(graph, inputs, dtype, config="tiny")
+    cfg = TINY_4_BANKS if name in SPARE_BANK else TINY
+    mc = context(graph, inputs, dtype, config=cfg)
     env = reference_env(mc, inputs)
     kernel = build_kernel(mc, group)
     names = kernel.symbols or {}
-    sim = simulate(kernel.program, TINY, {names[v]: env[v] for v in kernel.inputs}, record_transactions=True)
+    sim = simulate(kernel.program, cfg, {names[v]: env[v] for v in kernel.inputs}, record_transactions=True)
     for v in kernel.outputs:
         if dtype == "int8":
             np.testing.assert_array_equal(sim.outputs[names[v]], env[v], err_msg=name)
@@ -135,7 +156,17 @@ def test_new_kernel_families_match_the_rtl(dtype: str) -> None:
     if dtype == "int8":
         vector_only = {"segment_chain", "rms_norm_chain", *FRAME_CASES}
         assert all("matrix_unit" in _units(r) for name, r in reports.items() if name not in vector_only)
-        requantizing = ("implicit_packed", "conv_chain", "conv_chain_inverted", "gated", "attention", "patch_embed")
+        requantizing = (
+            "implicit_packed",
+            "conv_chain",
+            "conv_chain_inverted",
+            "gated",
+            "attention",
+            "patch_embed",
+            "mlp",
+            "attention_proj",
+            "conv_pool",
+        )
         for name in requantizing:
             assert "epilogue" in _units(reports[name]), name
         # the dequantizing drain writes f32 (no RTL datapath): its matmuls are what the RTL checks
