@@ -26,6 +26,11 @@ import numpy as np
 from bench.zoo.cache import DEFAULT_SEED, INPUT, MODEL, OUTPUT, entry_dir, is_complete
 from bench.zoo.registry import NAMES, SIZES, spec
 
+# an export under another key is removed only when no process has used it for this long: two environments with
+# other torch/transformers versions (a CI venv beside the system's) keep their own keys, and one exporting must not
+# delete the files the other is reading
+STALE_AFTER_S = 24 * 3600
+
 
 def sample_input(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
@@ -80,19 +85,23 @@ def export(name: str, size: str, seed: int, out: Path) -> Path:
     return out
 
 
-def prune_stale(name: str, size: str, seed: int, keep: Path) -> None:
-    """Remove this model's exports under older keys (another zoo source or exporter version)."""
+def prune_stale(name: str, size: str, seed: int, keep: Path, now: float | None = None) -> None:
+    """Remove this model's exports under other keys (another zoo source, exporter or package version) that no
+    process has used for `STALE_AFTER_S` (`ensure` marks an entry used)."""
+    cutoff = (time.time() if now is None else now) - STALE_AFTER_S
     for stale in keep.parent.glob(f"{name}-{size}-s{seed}-*"):
-        if stale != keep and stale.is_dir():
+        if stale != keep and stale.is_dir() and stale.stat().st_mtime < cutoff:
             shutil.rmtree(stale, ignore_errors=True)
 
 
 def ensure(name: str, size: str, seed: int = DEFAULT_SEED, force: bool = False) -> Path:
-    """The cache directory of the export, exporting first when missing (or when `force`)."""
+    """The cache directory of the export, exporting first when missing (or when `force`); marked used."""
     directory = entry_dir(name, size, seed)
     if force:
         shutil.rmtree(directory, ignore_errors=True)
-    if not is_complete(directory):
+    if is_complete(directory):
+        os.utime(directory)
+    else:
         export(name, size, seed, directory)
         prune_stale(name, size, seed, directory)
     return directory

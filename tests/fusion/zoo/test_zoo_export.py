@@ -13,6 +13,7 @@ import pytest
 
 from bench.zoo import spec, zoo_model
 from bench.zoo.cache import INPUT, MODEL, OUTPUT, cache_key
+from bench.zoo.export import STALE_AFTER_S, prune_stale
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -51,3 +52,18 @@ def test_unknown_names_and_sizes_are_clear() -> None:
         zoo_model("alexnet")
     with pytest.raises(KeyError, match="sizes: small"):
         zoo_model("bert", "full")
+
+
+def test_only_exports_unused_for_a_day_are_pruned(tmp_path) -> None:
+    """Another environment's export (other package versions: another key) in use beside this one is kept; one
+    nobody has used for `STALE_AFTER_S` is removed, and no other model's."""
+    keep, recent, old = (tmp_path / f"vit-small-s0-{k}" for k in ("aaaa", "bbbb", "cccc"))
+    other = tmp_path / "bert-small-s0-eeee"
+    for d in (keep, recent, old, other):
+        d.mkdir()
+    now = 1_000_000_000.0
+    os.utime(recent, (now - STALE_AFTER_S + 60,) * 2)
+    os.utime(old, (now - STALE_AFTER_S - 60,) * 2)
+    os.utime(other, (now - 10 * STALE_AFTER_S,) * 2)
+    prune_stale("vit", "small", 0, keep, now=now)
+    assert keep.is_dir() and recent.is_dir() and other.is_dir() and not old.exists()
