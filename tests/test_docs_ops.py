@@ -1,14 +1,17 @@
 """The operator lists in the docs are the code's: docs/onnx_import.md's table names every ONNX converter (and only
-those), its run-time column agrees with the lowering, and docs/fusion.md's chain row lists CHAIN_OPS."""
+those), its run-time column agrees with the lowering, and docs/fusion.md's chain row lists CHAIN_OPS, its kernel
+family table has a row per registered strategy and its field table a row per Strategy field."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
 from fusion.engine.codegen.chain import CHAIN_OPS
+from fusion.engine.strategies import REGISTRY, Strategy
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import supported_ops
 from fusion.lower.kernels.recipes import RECIPES
@@ -69,3 +72,16 @@ def test_runtime_column_agrees_with_the_lowering(ops: list[str], ir: str, runtim
 
 def test_chain_row_lists_chain_ops() -> None:
     assert chain_ops_listed((DOCS / "fusion.md").read_text()) == {op.value for op in CHAIN_OPS}
+
+
+def _first_cells(text: str, header: str) -> set[str]:
+    """The backquoted names in the first column of the table whose header row starts with `header`."""
+    table = text.split(header, 1)[1].split("\n\n", 1)[0]
+    return {name for line in table.splitlines() for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+
+
+def test_every_strategy_and_strategy_field_is_documented() -> None:
+    text = (DOCS / "fusion.md").read_text()
+    assert set(REGISTRY) <= _first_cells(text, "| strategy | module |")
+    fields = {f.name for f in dataclasses.fields(Strategy)} - {"name"}  # the prose above the table: the stable key
+    assert fields <= _first_cells(text, "| field | who asks |")
