@@ -25,7 +25,7 @@ from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.emitter import Emitter, Step
-from fusion.lower.kernels.vector_ops import fill
+from fusion.lower.kernels.vector_ops import fill, lowest, max_of
 from fusion.lower.kernels.windows import Window, window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View
@@ -164,14 +164,7 @@ class _MaxBand:
     maxes: tuple[tuple[int, tuple[int, ...]], ...]
 
     def __call__(self, em: Emitter) -> None:
-        lowest = -128.0 if self.dtype is DType.i8 else -np.inf
         for tile, count in self.pads:
-            fill(em, tile, count, self.dtype, lowest)
-        name = self.dtype.name
-        for dst, (first, *rest) in self.maxes:
-            if not rest:
-                em.b.v_copy(*em.regs(dst, first), self.n, name)
-                continue
-            em.b.v_max(*em.regs(dst, first, rest[0]), self.n, name)
-            for src in rest[1:]:
-                em.b.v_max(*em.regs(dst, dst, src), self.n, name)
+            fill(em, tile, count, self.dtype, lowest(self.dtype))
+        for dst, sources in self.maxes:
+            max_of(em, dst, sources, self.n, self.dtype)

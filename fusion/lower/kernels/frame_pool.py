@@ -46,15 +46,10 @@ from fusion.lower.kernels.frame_windows import (
     prepare_x,
 )
 from fusion.lower.kernels.sum_order import PAIRWISE, numpy_order
-from fusion.lower.kernels.vector_ops import dequantize
+from fusion.lower.kernels.vector_ops import dequantize, lowest
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View
 from isa.enums import DType, Unit
-
-
-def _lowest(dtype: DType) -> float:
-    return -128.0 if dtype is DType.i8 else -np.inf
-
 
 # --- separable MaxPool --------------------------------------------------------------------------------------
 
@@ -194,7 +189,7 @@ class _SeparableMax:
 
     def __call__(self, em: Emitter) -> None:
         sep, f, t, kb, d = self.sep, self.sep.f, self.tiles, self.kb, self.dtype
-        es, lo, ow, pitch = d.size, _lowest(d), f.out[1], f.pitch
+        es, lo, ow, pitch = d.size, lowest(d), f.out[1], f.pitch
         mask = Mask(d, for_max=True)
         low, _ = _halo(sep)
         for s in sep.col_masks:
@@ -246,7 +241,7 @@ class _SeparableMax:
         runs = [(0, a), (b, (band.rows + high - low) * f.pitch)]
         if f.pitch > f.w and last == f.rows:
             runs.append((b - f.pitch + f.w, b))
-        fill_runs(em, tile, [(x, y, _lowest(d)) for x, y in runs], d)
+        fill_runs(em, tile, [(x, y, lowest(d)) for x, y in runs], d)
 
 
 def _fold_max(em: Emitter, acc: int, operands: list, t: dict[str, int], n: int, d: DType) -> None:
@@ -289,7 +284,7 @@ class _TapMax:
         es, pre = d.size, f.slack()[0]
         n = kb * f.positions
         for ph in self.p.phases:
-            prepare_x(em, f, t[f"x{ph}"], kb, d, _lowest(d), f.slack())
+            prepare_x(em, f, t[f"x{ph}"], kb, d, lowest(d), f.slack())
         build_masks(em, self.p, mask, t, kb)
 
         def tap(i: int, dst: int) -> int:

@@ -10,6 +10,7 @@ from fusion.lower.context import LowerContext
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.conv_depthwise import band_phases, band_positions, tap_slack
 from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.vector_ops import max_of
 from fusion.lower.views import View
 from isa.enums import DType
 
@@ -43,9 +44,4 @@ class _MaxBody:
 
     def __call__(self, em: Emitter) -> None:
         offsets = [self.g.offset(*divmod(t, self.g.kernel[1])) * self.dtype.size for t in range(self.g.taps)]
-        if len(offsets) == 1:
-            em.b.v_copy(*em.regs(self.result, self.x + offsets[0]), self.n, self.dtype.name)
-            return
-        em.b.v_max(*em.regs(self.result, self.x + offsets[0], self.x + offsets[1]), self.n, self.dtype.name)
-        for off in offsets[2:]:
-            em.b.v_max(*em.regs(self.result, self.result, self.x + off), self.n, self.dtype.name)
+        max_of(em, self.result, [self.x + off for off in offsets], self.n, self.dtype)

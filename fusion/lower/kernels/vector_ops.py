@@ -6,6 +6,9 @@ runs on float32: an int8 tile is dequantized exactly as the reference does, f32(
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from fusion.lower.emitter import Emitter, f32_bits
 from isa.enums import DType
 
@@ -25,3 +28,19 @@ def fill(em: Emitter, dst: int, n: int, dtype: DType, value: float) -> None:
     em.b.v_mul_vs(*em.regs(dst, dst), 0, n, "i32")
     if value:
         em.b.v_add_vs(*em.regs(dst, dst, f32_bits(value)), n, "f32")
+
+
+def lowest(dtype: DType) -> float:
+    """The dtype's lowest value, what a max's padding holds: -128 for int8, -inf for float32."""
+    return -128.0 if dtype is DType.i8 else -math.inf
+
+
+def max_of(em: Emitter, dst: int, sources: Sequence[int], n: int, dtype: DType) -> None:
+    """dst[0:n] = the elementwise max of the source tiles, folded in order (a copy of a lone source)."""
+    first, *rest = sources
+    if not rest:
+        em.b.v_copy(*em.regs(dst, first), n, dtype.name)
+        return
+    em.b.v_max(*em.regs(dst, first, rest[0]), n, dtype.name)
+    for src in rest[1:]:
+        em.b.v_max(*em.regs(dst, dst, src), n, dtype.name)

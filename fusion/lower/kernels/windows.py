@@ -30,7 +30,7 @@ from fusion.lower.kernels.conv_implicit import implicit_conv_phases, quantized_b
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.pool_vector import max_pool_phases
 from fusion.lower.kernels.sum_order import SumPlan, sum_plan, sum_tree
-from fusion.lower.kernels.vector_ops import dequantize, fill
+from fusion.lower.kernels.vector_ops import dequantize, fill, lowest
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks, dense
 from fusion.quant.plan import QuantPlan
@@ -222,7 +222,7 @@ def lower_pool(cx: LowerContext, node: Node) -> list[list[Step]]:
     w = window_of(cx.graph, node)
     x_dt = cx.dtype(node.inputs[0])
     is_max = node.op == OpType.MaxPool
-    pad_value = (-128.0 if x_dt is DType.i8 else -math.inf) if is_max else 0.0
+    pad_value = lowest(x_dt) if is_max else 0.0
     padded, phases = padded_input(cx, node, w, pad_value)
     if is_max and w.s <= 2:
         vector = max_pool_phases(cx, pool_geometry(w), padded, cx.view(node.outputs[0]), cx.temp(node, 1))
