@@ -35,7 +35,7 @@ class MlpMatch:
         view at the end of a group would be a view of a value the group does not hold)."""
         out = []
         starts = [0, len(self.pre)] if self.pre else [0]
-        ends = [0] + [k + 1 for k, n in enumerate(self.post) if not is_view(graph, n)]
+        ends = [0] + [k + 1 for k, n in enumerate(self.post) if not is_row_view(graph, n)]
         for i in starts:
             for k in ends:
                 names = {n.name for n in (*self.pre[i:], self.first, *self.mid, self.second, *self.post[:k])}
@@ -43,7 +43,7 @@ class MlpMatch:
         return out
 
 
-def is_view(graph: Graph, node: Node) -> bool:
+def is_row_view(graph: Graph, node: Node) -> bool:
     """A Reshape keeping the last axis: the same rows x features in memory, a new name."""
     if node.op != OpType.Reshape:
         return False
@@ -68,9 +68,9 @@ def _mid_chain(graph: Graph, first: Node) -> tuple[tuple[Node, ...], Node] | Non
             private = all(c.name in {m.name for m in mid} for v in inside - {value} for c in _readers(graph, v))
             alone = _readers(graph, value) == (node,)
             return (tuple(mid), node) if private and alone and set(reads) <= inside else None
-        view = is_view(graph, node)
+        view = is_row_view(graph, node)
         if not view and (
-            node.op not in CHAIN_OPS or node.op in ROWS or sum(not is_view(graph, m) for m in mid) >= MAX_MID
+            node.op not in CHAIN_OPS or node.op in ROWS or sum(not is_row_view(graph, m) for m in mid) >= MAX_MID
         ):
             return None
         if not set(reads) <= inside:
@@ -83,12 +83,12 @@ def _mid_chain(graph: Graph, first: Node) -> tuple[tuple[Node, ...], Node] | Non
 def _pre(graph: Graph, first: Node) -> tuple[Node, ...]:
     run: list[Node] = []
     value = first.inputs[0]
-    while (node := graph.producers.get(value)) is not None and (node.op in CHAIN_OPS or is_view(graph, node)):
-        if not is_view(graph, node) and sum(not is_view(graph, n) for n in run) >= MAX_PRE:
+    while (node := graph.producers.get(value)) is not None and (node.op in CHAIN_OPS or is_row_view(graph, node)):
+        if not is_row_view(graph, node) and sum(not is_row_view(graph, n) for n in run) >= MAX_PRE:
             break
         run.insert(0, node)
         value = node.inputs[0]
-    while run and is_view(graph, run[0]):  # a view of a value from before the prologue starts no variant
+    while run and is_row_view(graph, run[0]):  # a view of a value from before the prologue starts no variant
         run.pop(0)
     return tuple(run)
 
@@ -96,10 +96,10 @@ def _pre(graph: Graph, first: Node) -> tuple[Node, ...]:
 def _post(graph: Graph, second: Node) -> tuple[Node, ...]:
     run: list[Node] = []
     value = second.outputs[0]
-    while sum(not is_view(graph, n) for n in run) < MAX_POST:
+    while sum(not is_row_view(graph, n) for n in run) < MAX_POST:
         all_readers = _readers(graph, value)
-        readers = [r for r in all_readers if (r.op in CHAIN_OPS or is_view(graph, r)) and len(r.outputs) == 1]
-        if not readers or ((not run or is_view(graph, run[-1])) and len(all_readers) != 1):
+        readers = [r for r in all_readers if (r.op in CHAIN_OPS or is_row_view(graph, r)) and len(r.outputs) == 1]
+        if not readers or ((not run or is_row_view(graph, run[-1])) and len(all_readers) != 1):
             break
         run.append(readers[0])
         value = readers[0].outputs[0]

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusion.engine.codegen.chain import CHAIN_OPS, ROWS, emit_chain, operands
-from fusion.engine.codegen.gemm import _nothing, _quantizer, k_slices
+from fusion.engine.codegen.gemm import _nothing, _quantizer, k_slices, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, own_bias, packable_weight
 from fusion.engine.codegen.stream import GEMM_DEFAULTS
 from fusion.engine.errors import CodegenError
-from fusion.engine.mlp_match import is_view
+from fusion.engine.mlp_match import is_row_view
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, bias_form, const_key
@@ -73,9 +73,9 @@ def _without_views(graph: Graph, chain: Sequence[Node], views: dict[str, str]) -
     """The chain's nodes but its views (Reshapes keeping the last axis: the same rows in memory), which `views`
     records."""
     for node in chain:
-        if is_view(graph, node):
+        if is_row_view(graph, node):
             views[node.outputs[0]] = views.get(node.inputs[0], node.inputs[0])
-    return tuple(node for node in chain if not is_view(graph, node))
+    return tuple(node for node in chain if not is_row_view(graph, node))
 
 
 def mlp_parts(graph: Graph, nodes: Sequence[Node]) -> MlpParts:
@@ -134,11 +134,9 @@ def pack_weights(w1: np.ndarray, w2: np.ndarray, n_arr: int) -> np.ndarray:
     zero-padded to the array size, so any run of consecutive panels is one contiguous DMA."""
     d, h = w1.shape
     hp, dp = _pad(h, n_arr), _pad(d, n_arr)
-    a = np.zeros((d, hp), w1.dtype)
-    a[:, :h] = w1
     b = np.zeros((hp, dp), w2.dtype)
     b[:h, :d] = w2
-    first = a.reshape(d, hp // n_arr, n_arr).transpose(1, 0, 2).reshape(hp // n_arr, -1)
+    first = pack_panels(w1, n_arr).reshape(hp // n_arr, -1)
     second = b.reshape(hp // n_arr, n_arr, dp // n_arr, n_arr).transpose(0, 2, 1, 3).reshape(hp // n_arr, -1)
     return np.ascontiguousarray(np.concatenate([first, second], axis=1).reshape(-1))
 
@@ -169,11 +167,16 @@ def param_layout(cx: LowerContext, p: MlpParts) -> dict[str, tuple[int, int]]:
     return layout
 
 
+def params_bytes(layout: dict[str, tuple[int, int]]) -> int:
+    """Bytes of the packed parameters of `param_layout` (one word when there are none)."""
+    return max((at + 4 * n for at, n in layout.values()), default=4)
+
+
 def pack_params(cx: LowerContext, p: MlpParts, forms: dict) -> np.ndarray:
     """The parameters of `param_layout` as one byte block: rows as float32, own biases as the drain adds them
     (int8: int32 accumulator units)."""
     layout = param_layout(cx, p)
-    out = np.zeros(max((at + 4 * n for at, n in layout.values()), default=4), np.uint8)
+    out = np.zeros(params_bytes(layout), np.uint8)
     for key, (at, n) in layout.items():
         if key.startswith("bias@"):
             head = p.first if key == bias_form(p.first.name) else p.second
@@ -238,30 +241,29 @@ class _Kernel:
         self.a1 = matrix_operand(cx, p.first, p.first.inputs[0], q1.input_scale if q1 else None)
         self.a2 = matrix_operand(cx, p.second, p.second.inputs[0], q2.input_scale if q2 else None)
         rows = math.prod(self.a1.view.shape[:-1])
-        es = 1 if cx.int8 else 4
-        self.s = _Shape(rows, d, h, es, self.a1.view.dtype.size)
+        self.dt = DType.i8 if cx.int8 else DType.f32  # the array operands', the weights' and GEMM2's drain's
+        self.s = _Shape(rows, d, h, self.dt.size, self.a1.view.dtype.size)
         self.chunk = d * self.n + self.n * _pad(d, self.n)  # elements of one hidden panel's packed weights
         self.rq = (requant(cx, p.first), requant(cx, p.second))
         self.layout = param_layout(cx, p)
-        self.params_bytes = max((at + 4 * c for at, c in self.layout.values()), default=4)
+        self.params_bytes = params_bytes(self.layout)
         key = p.first.inputs[1]
-        w_dt = DType.i8 if cx.int8 else DType.f32
-        self.weights = dense(cx.addresses[const_key(key, MLP_WEIGHTS)], (self.chunk * _pad(h, self.n) // self.n,), w_dt)
+        self.all_panels = _pad(h, self.n) // self.n
+        self.weights = dense(cx.addresses[const_key(key, MLP_WEIGHTS)], (self.chunk * self.all_panels,), self.dt)
         self.params = dense(cx.addresses[const_key(key, MLP_PARAMS)], (self.params_bytes,), DType.i8)
         self.flat = {v: self._rows_view(v) for v in self._external_tiles()}
         self.kept = [v for n in (*p.pre[:-1], *p.post[:-1]) for v in n.outputs if v in cx.graph.outputs]
-        last = p.post[-1].outputs[0] if p.post else p.second.outputs[0]
-        self.out_value = last
+        self.out_value = p.post[-1].outputs[0] if p.post else p.second.outputs[0]
         self.needed = self._residuals()
-        all_panels = _pad(h, self.n) // self.n
         limit = min(rows, MAX_ROWS, cfg.vreg_elems // d if p.pre or p.post else MAX_ROWS)
         if tile_rows:
             limit = min(limit, tile_rows)
-        want = min(panels or all_panels, all_panels)
+        want = min(panels or self.all_panels, self.all_panels)
         self.tile = largest_fitting(limit, lambda t: self._fits(t, 1))
         if self.tile == 0:
             raise CodegenError(f"an MLP of D={d}, hidden {h} does not fit the buffer slots and spare banks")
         self.panels = largest_fitting(want, lambda g: self._fits(self.tile, g))
+        self.alloc = self._allocate(self.tile, self.panels)  # every step's, before its slot's shift
 
     # - views and operands
 
@@ -340,7 +342,7 @@ class _Kernel:
 
     def steps(self) -> list[Step]:
         out: list[Step] = []
-        groups = range(0, _pad(self.s.h, self.n) // self.n, self.panels)
+        groups = range(0, self.all_panels, self.panels)
         for b, i0 in enumerate(range(0, self.s.rows, self.tile)):
             rows = min(self.tile, self.s.rows - i0)
             out.append(self._prologue(len(out), i0, rows, b == 0))
@@ -353,7 +355,7 @@ class _Kernel:
         base = TileArena(self.cx.config, index, self.cx.rotation)
         zero = TileArena(self.cx.config, 0)
         ds, da = base.spad.base - zero.spad.base, base.acc.base - zero.acc.base
-        return {"ds": ds, "da": da, **self._allocate(self.tile, self.panels)}
+        return {"ds": ds, "da": da, **self.alloc}
 
     def _prologue(self, index: int, i0: int, rows: int, first_block: bool) -> Step:
         cx, s, p, a = self.cx, self.s, self.p, self._local(index)
@@ -418,10 +420,10 @@ class _Kernel:
         ds, da = a["ds"], a["da"]
         w, panel_tiles, accs = a["hid"]
         w += ds
-        count = min(self.panels, _pad(s.h, n) // n - j)
+        count = min(self.panels, self.all_panels - j)
         chunk = self.chunk
         loads = [(self.weights.slice(0, j * chunk, count * chunk), w)]
-        dt = DType.i8 if cx.int8 else DType.f32
+        dt = self.dt
         tiles = [(d + ds, q + ds) for d, q in panel_tiles[:count]]
         accs = [acc + da for acc in accs[:count]]
         mid_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.mid_t)}
@@ -479,7 +481,7 @@ class _Kernel:
         kept = {v: t + ds for v, t in kept.items()}
         loads = [(self.flat[v].slice(0, i0, rows), t) for v, t in tiles.items()]
         bias2 = self.layout.get(bias_form(p.second.name))
-        out_dt = DType.i8 if cx.int8 else DType.f32
+        out_dt = self.dt
 
         def drain(em: Emitter) -> None:
             for o, (acc, t) in enumerate(zip(a["acc2"], drained, strict=True)):
@@ -509,9 +511,3 @@ def mlp_steps(cx: LowerContext, nodes: Sequence[Node], panels: int = 0, tile_row
     """The group's program (see the module docstring): `panels` hidden panels per step (0: as many as fit),
     `tile_rows` rows per block (0: as many as fit)."""
     return _Kernel(cx, nodes, panels, tile_rows).steps()
-
-
-def mlp_shape(cx: LowerContext, nodes: Sequence[Node], panels: int = 0) -> tuple[int, int]:
-    """(rows per block, hidden panels per step) the kernel runs."""
-    k = _Kernel(cx, nodes, panels, 0)
-    return k.tile, k.panels
