@@ -34,7 +34,7 @@ from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
-from fusion.lower.kernels.vector_ops import dequantize, fill
+from fusion.lower.kernels.vector_ops import dequantize, fill, quantize_tile
 from fusion.lower.kernels.windows import Window, window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
@@ -424,7 +424,7 @@ class Epilogue:
         if self.act is Activation.relu:
             em.b.v_relu(*em.regs(out_tile, out_tile), n, "f32")
         if self.quantize is not None:
-            em.b.v_qnt(*em.regs(out_tile, out_tile, f32_bits(1.0 / self.quantize)), n)
+            quantize_tile(em, out_tile, out_tile, n, self.quantize)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_depthwise import is_depthwise
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.matrix import bias_view, dequant_scales
-from fusion.lower.kernels.vector_ops import dequantize, fill
+from fusion.lower.kernels.vector_ops import dequantize, fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
@@ -622,7 +622,7 @@ class _Kernel:
         dequantize(em, temp, rows, size, cx.scale(st.conv.outputs[0]))
         if not self.clamped[t.stage]:
             em.b.v_clip(*em.regs(temp, temp, lo, hi), size, "f32")
-        em.b.v_qnt(*em.regs(rows, temp, f32_bits(1.0 / cx.matrix(nxt.conv).input_scale)), size)
+        quantize_tile(em, rows, temp, size, cx.matrix(nxt.conv).input_scale)
 
     def load_input(self, em: Emitter, img: int, o0: int, rows: int, tiles: list[int]) -> None:
         """The chain input's rows a band needs, each channel block by transposing loads into its padded tile."""
@@ -672,7 +672,7 @@ class _Kernel:
         scale = self.cx.matrix(st.conv).input_scale
         pixels = st.s.in_rows(self.z.rows(self.rows)[0]) * st.s.padded[1]
         for (_, kb), src, dst in zip(k_slices(st.s.c, self.z.n), raw, tiles, strict=True):
-            em.b.v_qnt(*em.regs(dst, src, f32_bits(1.0 / scale)), pixels * kb)
+            quantize_tile(em, dst, src, pixels * kb, scale)
 
 
 @dataclass(frozen=True)
@@ -778,7 +778,7 @@ def _residual_phase(
                 if relu:
                     em.b.v_relu(*em.regs(total, total), size, "f32")
                 if quantize is not None:
-                    em.b.v_qnt(*em.regs(total, total, f32_bits(1.0 / quantize)), size)
+                    quantize_tile(em, total, total, size, quantize)
 
             steps.append(
                 Step([], [(Unit.load, load), (Unit.vector, add)], [(total, out.index((img,)).slice(1, p0, count))])

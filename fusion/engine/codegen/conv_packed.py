@@ -47,10 +47,10 @@ from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
-from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.frame import MAX_N
-from fusion.lower.kernels.vector_ops import fill
+from fusion.lower.kernels.vector_ops import fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
@@ -321,7 +321,7 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
             if quantize is not None:
 
                 def to_int8(em: Emitter, raw=tiles[0], q=tiles[1], n=rows * pitch * c) -> None:
-                    em.b.v_qnt(*em.regs(q, raw, f32_bits(1.0 / quantize)), n)
+                    quantize_tile(em, q, raw, n, quantize)
 
                 compute.append((Unit.vector, to_int8))
             ready, row_bytes = tiles[-1], pitch * c * x.dtype.size

@@ -17,7 +17,7 @@ from fusion.lower.context import LowerContext, const_scalar
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.errors import UnsupportedOpError
 from fusion.lower.kernels.recipes import RECIPES, MemoryForm, Recipe, Scalar, refusal
-from fusion.lower.kernels.vector_ops import dequantize
+from fusion.lower.kernels.vector_ops import dequantize, quantize_tile
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
@@ -93,7 +93,7 @@ def lower_elementwise(cx: LowerContext, node: Node) -> list[list[Step]]:
             ins = [v if isinstance(v, Scalar) else next(tiles) for v in reads]
             recipe.emit(MemoryForm(em, n, list(tmps)), node, total, ins)
             if quantize is not None:
-                em.b.v_qnt(*em.regs(out, total, f32_bits(1.0 / quantize)), n)
+                quantize_tile(em, out, total, n, quantize)
 
         loads = list(zip(parts, raw, strict=True))
         steps.append(Step(loads, [(Unit.vector, compute)], [(out, block.of(out_view))]))

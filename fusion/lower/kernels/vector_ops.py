@@ -18,6 +18,12 @@ def dequantize(em: Emitter, dst: int, src: int, n: int, scale: float) -> None:
     em.b.v_mul_vs(*em.regs(dst, dst, f32_bits(scale)), n, "f32")
 
 
+def quantize_tile(em: Emitter, dst: int, src: int, n: int, scale: float) -> None:
+    """dst[0:n] = the float32 src quantized at `scale` as the reference quantizes: sat8(round_half_even(x *
+    f32(1 / scale))) (in place when dst == src: int8 i lands at byte i, read from byte 4i)."""
+    em.b.v_qnt(*em.regs(dst, src, f32_bits(1.0 / scale)), n)
+
+
 def fill(em: Emitter, dst: int, n: int, dtype: DType, value: float) -> None:
     """dst[0:n] = value: clear the bits with an integer multiply by zero, then add the value."""
     if dtype is DType.i8:
