@@ -313,9 +313,8 @@ def _patch_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) 
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The positions a generated mask is computed from (`codegen.attention`); with the Q/K/V projections taken in,
     their weights packed per head (`codegen.attention_proj`)."""
-    match = group_match(sub, sub.nodes)
-    taken = match.projections or match.out_projection
-    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size) if taken else {}
+    match = group_match(sub, sub.nodes)  # an output projection is only ever taken in with the Q/K/V ones
+    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size) if match.projections else {}
     return {**attention_forms(sub), **packed}, {}
 
 

@@ -219,6 +219,8 @@ def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
             raise CodegenError(f"node {match.mask!r}: the kernel's DRAM image has no positions for the mask")
         positions = dense(cx.addresses[key], (max(sq, sk),), DType.f32)
     i8 = cx.int8
+    proj = projection(cx, match) if inside else None
+    outp = attention_proj.out_projection(cx, match, proj) if proj and match.out_projection is not None else None
     return Plan(
         q,
         k,
@@ -236,8 +238,8 @@ def _plan(cx: LowerContext, match: AttentionMatch) -> Plan:
         q2.input_scale if q2 else None,
         mask,
         positions,
-        projection(cx, match) if inside else None,
-        attention_proj.out_projection(cx, match) if inside and match.out_projection is not None else None,
+        proj,
+        outp,
     )
 
 
@@ -264,7 +266,7 @@ class Tiling:
 
 
 def _loaded(op: HeadOperand, elems: int) -> list[int]:
-    """The tiles one loaded operand tile takes: as loaded, float32 staging (pre-scaled int8), int8 copy."""
+    """The tiles one loaded operand tile takes: as loaded, int8 copy (int8 path)."""
     return [elems * op.dtype.size] + ([elems] if op.quantize is not None else [])
 
 
@@ -614,8 +616,7 @@ def _projected_operands(
         _transform(kb, p.k, 0, p.d * bk, head)
     for i, (_, ec) in enumerate(chunks(p.dv, n)):
         _transform(v_bufs[0], p.v, i, p.sk * ec, head)
-    empty = [_work()]
-    return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, empty, [_work()])
+    return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, [_work()], [_work()])
 
 
 def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):

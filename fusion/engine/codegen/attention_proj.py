@@ -52,6 +52,7 @@ from fusion.engine.attention_match import (
     operand_values,
     output_map,
 )
+from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph
 from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key
@@ -157,22 +158,18 @@ class TileLayout:
 def tile_layout(kd: int, d: int, dv: int, n: int, dout: int = 0) -> TileLayout:
     at = 0
     q, kt, v, o = {}, {}, {}, {}
-    for e0, ec in _chunks(d, n):
-        for c0, kc in _chunks(kd, n):
+    for e0, ec in k_slices(d, n):
+        for c0, kc in k_slices(kd, n):
             q[(e0, c0)], at = at, at + kc * ec
-    for c0, kc in _chunks(kd, n):
+    for c0, kc in k_slices(kd, n):
         kt[c0], at = at, at + d * kc
-    for e0, ec in _chunks(dv, n):
-        for c0, kc in _chunks(kd, n):
+    for e0, ec in k_slices(dv, n):
+        for c0, kc in k_slices(kd, n):
             v[(e0, c0)], at = at, at + kc * ec
-    for e0, ec in _chunks(dout, n):
-        for c0, kc in _chunks(dv, n):
+    for e0, ec in k_slices(dout, n):
+        for c0, kc in k_slices(dv, n):
             o[(e0, c0)], at = at, at + kc * ec
     return TileLayout(q, kt, v, at, o)
-
-
-def _chunks(total: int, size: int) -> list[tuple[int, int]]:
-    return [(s, min(size, total - s)) for s in range(0, total, size)]
 
 
 def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int):
@@ -227,19 +224,11 @@ class OutProjection:
     dv: int
 
 
-def out_projection(cx: LowerContext, match: AttentionMatch) -> OutProjection:
+def out_projection(cx: LowerContext, match: AttentionMatch, p: Projection) -> OutProjection:
     """The output projection of the match (`match.out_projection`), its W_o's rows of each head packed with the
-    head's Q/K/V projection weights."""
-    g = cx.graph
-    o = out_side(g, match)
-    q, _, v = sides(g, match)
-    sq, dv = g.types[g.node(match.context).outputs[0]].shape[-2:]
-    n = cx.config.array_size
-    lay = tile_layout(g.types[q.x].shape[-1], q.width, v.width, n, o.width)
-    return _out_projection(cx, o, sq, (lay, DType.i8 if cx.int8 else DType.f32, dv))
-
-
-def _out_projection(cx: LowerContext, o: Side, sq: int, packing: tuple) -> OutProjection:
+    head's Q/K/V projection weights (`p.layout.o`)."""
+    o = out_side(cx.graph, match)
+    sq, dv = cx.graph.types[cx.graph.node(match.context).outputs[0]].shape[-2:]
     node = cx.graph.node(o.node)
     shape = cx.graph.types[node.outputs[0]].shape
     y = cx.view(node.outputs[0]).reshaped((math.prod(shape[:-1]), shape[-1]))
@@ -255,7 +244,8 @@ def _out_projection(cx: LowerContext, o: Side, sq: int, packing: tuple) -> OutPr
     edge = np.append(np.diff(o.rows) != 0, True)
     first = np.insert(edge[:-1], 0, True)
     reqs = requant(cx, node) or (f32_bits(1.0), 0)
-    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), LOCAL_ACC_BASE + used, sq, first, edge, *packing)
+    acc = LOCAL_ACC_BASE + used
+    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), acc, sq, first, edge, p.layout, p.mm_dt, dv)
 
 
 @dataclass(frozen=True)
@@ -320,7 +310,7 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
 
 def out_tiles(op: OutProjection, m: int, n: int) -> list[int]:
     """Scratchpad bytes of a step's output projection tiles: Y's rows per output chunk."""
-    return [m * ec * op.out_dt.size for _, ec in _chunks(op.side.width, n)]
+    return [m * ec * op.out_dt.size for _, ec in k_slices(op.side.width, n)]
 
 
 def out_projection_emit(
@@ -331,7 +321,7 @@ def out_projection_emit(
     stores of Y (none before the last)."""
     h, i0, m = block
     wes = op.mm_dt.size
-    ochunks, vchunks = _chunks(op.side.width, n), _chunks(op.dv, n)
+    ochunks, vchunks = k_slices(op.side.width, n), k_slices(op.dv, n)
     region = [op.acc + (e * op.rows + i0) * n * 4 for e in range(len(ochunks))]
 
     def emit(em: Emitter) -> None:
@@ -361,14 +351,14 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
     out = []
 
     def rows_tiles(x: View, rows: int, quantize: float | None) -> None:
-        for _, kc in _chunks(p.kd, n):
+        for _, kc in k_slices(p.kd, n):
             out.append(rows * kc * x.dtype.size)
             out.extend([rows * kc] if quantize is not None else [])
 
     rows_tiles(p.xs[2], sk, p.quantize[2])
     if not p.shares_rows():
         rows_tiles(p.xs[0], sq_rows, p.quantize[0])
-    for _, bk in _chunks(sk, n):
+    for _, bk in k_slices(sk, n):
         out.append(p.kd * bk * p.xs[1].dtype.size)
         out.extend([p.kd * bk] if p.quantize[1] is not None else [])
     return out
@@ -376,17 +366,18 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
 
 def _products(p: Projection, m: int, sk: int, n: int) -> list[tuple[int, int, int, int]]:
     """The step's output tiles in order: (side 0/1/2, index among the side's tiles, rows, cols)."""
-    q = [(0, i, m, ec) for i, (_, ec) in enumerate(_chunks(p.q.width, n))]
-    k = [(1, j, p.k.width, bk) for j, (_, bk) in enumerate(_chunks(sk, n))]
-    return q + k + [(2, i, sk, ec) for i, (_, ec) in enumerate(_chunks(p.v.width, n))]
+    q = [(0, i, m, ec) for i, (_, ec) in enumerate(k_slices(p.q.width, n))]
+    k = [(1, j, p.k.width, bk) for j, (_, bk) in enumerate(k_slices(sk, n))]
+    return q + k + [(2, i, sk, ec) for i, (_, ec) in enumerate(k_slices(p.v.width, n))]
 
 
 def acc_bytes(p: Projection, m: int, sk: int, n: int) -> list[int]:
     """The projection's accumulator tiles: one region per output tile when they take at most 3/4 of a slot (every
     matmul issued back to back, the drains after the last: one pipeline latency, not one per tile), else one
     region of at most PIECE_ROWS rows drained after each tile's piece."""
-    regions = [rows * n * 4 for _, _, rows, _ in _products(p, m, sk, n)]
-    if max(rows for _, _, rows, _ in _products(p, m, sk, n)) <= PIECE_ROWS and sum(regions) <= p.acc_slot * 3 // 4:
+    rows = [r for _, _, r, _ in _products(p, m, sk, n)]
+    regions = [r * n * 4 for r in rows]
+    if max(rows) <= PIECE_ROWS and sum(regions) <= p.acc_slot * 3 // 4:
         return regions
     return [min(max(m, sk, p.q.width, p.v.width), PIECE_ROWS) * n * 4]
 
@@ -397,7 +388,7 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
 
     def rows_tiles(x: View, row0: int, rows: int, quantize: float | None, step: int) -> list[int]:
         read = []
-        for c0, kc in _chunks(p.kd, n):
+        for c0, kc in k_slices(p.kd, n):
             raw = arena.tile(rows * kc * x.dtype.size)
             part = x.slice(0, row0, rows, step).slice(1, c0, kc)
             loads.append(lambda em, v=part, a=raw: em.dma_load(v, a))
@@ -411,14 +402,14 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
     xv = rows_tiles(p.xs[2], int(p.v.rows[h]), sk, p.quantize[2], p.v.step)
     if p.shares_rows():
         x_es = (DType.i8 if p.quantize[2] is not None else p.xs[2].dtype).size
-        xq = [a + i0 * kc * x_es for a, (_, kc) in zip(xv, _chunks(p.kd, n), strict=True)]
+        xq = [a + i0 * kc * x_es for a, (_, kc) in zip(xv, k_slices(p.kd, n), strict=True)]
     else:
         xq = rows_tiles(p.xs[0], int(p.q.rows[h]) + i0 * p.q.step, m, p.quantize[0], p.q.step)
     xk = []
     xk_view = p.xs[1]
     xdt = xk_view.dtype.name
     stride = xk_view.strides[0] * p.k.step  # DRAM bytes between consecutive keys' rows
-    for j0, bk in _chunks(sk, n):
+    for j0, bk in k_slices(sk, n):
         raw = arena.tile(p.kd * bk * xk_view.dtype.size)
         addr = xk_view.address + (int(p.k.rows[h]) + j0 * p.k.step) * xk_view.strides[0]
         loads.append(lambda em, a=raw, s=addr, b=bk: em.b.dma_ldt(*em.regs(a, s, stride), b, p.kd, xdt))
@@ -460,18 +451,17 @@ def step_projection(
     wrow = p.weights.slice(0, int(p.block_of[h]), 1)
     loads.append(lambda em: em.dma_load(wrow, w))
 
-    wes, es = p.mm_dt.size, p.mm_dt.size
-    lay, kchunks = p.layout, _chunks(p.kd, n)
-    qcols, vcols = [e0 for e0, _ in _chunks(p.q.width, n)], [e0 for e0, _ in _chunks(p.v.width, n)]
+    es = p.mm_dt.size
+    lay, kchunks = p.layout, k_slices(p.kd, n)
+    qcols, vcols = [e0 for e0, _ in k_slices(p.q.width, n)], [e0 for e0, _ in k_slices(p.v.width, n)]
+    len_keys = [bk for _, bk in k_slices(sk, n)]
 
     def operands(side: int, i: int, r0: int) -> list[tuple[int, int, int]]:
         """(A rows address, preloaded tile address, kc) per K chunk of output tile i of a side, from row r0."""
         if side == 1:  # K^T: W_k^T's rows streamed over X^T's key tile
-            return [(w + (lay.kt[c0] + r0 * kc) * wes, xk[i] + c0 * len_keys[i] * es, kc) for c0, kc in kchunks]
+            return [(w + (lay.kt[c0] + r0 * kc) * es, xk[i] + c0 * len_keys[i] * es, kc) for c0, kc in kchunks]
         x, at, e0 = (xq, lay.q, qcols[i]) if side == 0 else (xv, lay.v, vcols[i])
-        return [(a + r0 * kc * es, w + at[(e0, c0)] * wes, kc) for a, (c0, kc) in zip(x, kchunks, strict=True)]
-
-    len_keys = [bk for _, bk in _chunks(sk, n)]
+        return [(a + r0 * kc * es, w + at[(e0, c0)] * es, kc) for a, (c0, kc) in zip(x, kchunks, strict=True)]
 
     def emit(em: Emitter, outs: tuple[list[int], list[int], list[int]]) -> None:
         def drain_cfg(side: int) -> None:
@@ -494,7 +484,7 @@ def step_projection(
             if len(accs) == len(tiles):
                 em.b.mx_drain(*em.regs(out, accs[t]), rows, cols)
                 continue
-            for r0, pr in _chunks(rows, PIECE_ROWS):
+            for r0, pr in k_slices(rows, PIECE_ROWS):
                 products(accs[0], side, i, r0, pr, cols)
                 em.b.mx_drain(*em.regs(out + r0 * cols * p.out_dt[side].size, accs[0]), pr, cols)
 

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusion.engine.attention_match import find_attention
-from fusion.engine.codegen.attention import attention_forms, attention_steps, group_match
-from fusion.engine.codegen.attention_proj import pack_projection_weights
+from fusion.engine.codegen.attention import attention_steps
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import Guard, link_program, storage_dtypes
+from fusion.engine.strategies import REGISTRY
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
 from fusion.lower import constant_forms, emit_phases, plan_dram
@@ -26,9 +26,7 @@ def build(mc, names):
     packed weights of projections taken in)."""
     sub = mc.subgraph(names)
     forms = constant_forms(sub, mc.qplan)
-    forms.update(attention_forms(sub))
-    if (match := group_match(sub, sub.nodes)).projections or match.out_projection:
-        forms.update(pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size))
+    forms.update(REGISTRY["attention_proj"].dram_forms(mc, sub, forms)[0])  # the strategies' own forms
     data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch={})
     shapes = tuple((v, sub.types[v].shape) for v in sub.inputs)
     guard = Guard(shapes, storage_dtypes(mc, sub, sub.inputs), "any", mc.config_hash)
