@@ -502,7 +502,7 @@ def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) ->
 
 
 def _work() -> dict[str, list]:
-    return {"loads": [], "xquants": [], "project": [], "weights": [], "scales": [], "quants": [], "copies": []}
+    return {"loads": [], "xquants": [], "project": [], "scales": [], "quants": [], "copies": []}
 
 
 def _projection_segments(work: dict[str, list]) -> list:
@@ -555,6 +555,7 @@ class StepOperands:
     v: list[Buffer]
     k_work: list[dict[str, list]]
     v_work: list[dict[str, list]]
+    weights: int = 0  # the step's packed projection weights' tile (`codegen.attention_proj`), read by W_o's products
 
 
 def _step_operands(
@@ -605,7 +606,6 @@ def _projected_operands(
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
     loads, quants, emit, weights = attention_proj.step_projection(arena, p.proj, block, p.sk, n, shared)
-    head["weights"].append(weights)
     head["loads"] += loads
     head["xquants"] += quants
     tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
@@ -616,7 +616,7 @@ def _projected_operands(
         _transform(kb, p.k, 0, p.d * bk, head)
     for i, (_, ec) in enumerate(chunks(p.dv, n)):
         _transform(v_bufs[0], p.v, i, p.sk * ec, head)
-    return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, [_work()], [_work()])
+    return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, [_work()], [_work()], weights)
 
 
 def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):
@@ -749,7 +749,7 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
         compute.append((Unit.matrix, context(b)))
     if p.outp is not None:  # O @ W_o accumulated over the heads, Y stored by the last
         y_tiles = [arena.tile(b) for b in attention_proj.out_tiles(p.outp, m, n)]
-        emit, stores = attention_proj.out_projection_emit(p.outp, block, head["weights"][0], o_tiles, y_tiles, n)
+        emit, stores = attention_proj.out_projection_emit(p.outp, block, io.weights, o_tiles, y_tiles, n)
         compute.append((Unit.matrix, emit))
         return Step([], compute, stores)
     out = p.out.view(h).slice(0, i0, m)
