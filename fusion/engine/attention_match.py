@@ -308,13 +308,13 @@ def with_out_projection(graph: Graph, match: AttentionMatch) -> AttentionMatch |
     return replace(match, out_projection=user.name)
 
 
-def find_projected_attention(graph: Graph) -> list[AttentionMatch]:
-    """Every attention of the graph (`find_attention`) with the projections it can take in: its Q, K and V
-    projections, and those with its output projection. (The output projection alone is not offered: its weight
-    rows then join the attention's loads on the one DMA unit, which the fp32 kernels of BERT and LLaMA are
-    already bound by, while the analytic model prices them 20% low.)"""
+def find_projected_attention(graph: Graph, found: Sequence[AttentionMatch] | None = None) -> list[AttentionMatch]:
+    """Every attention of the graph (`found`, else `find_attention`'s) with the projections it can take in: its
+    Q, K and V projections, and those with its output projection. (The output projection alone is not offered:
+    its weight rows then join the attention's loads on the one DMA unit, which the fp32 kernels of BERT and LLaMA
+    are already bound by, while the analytic model prices them 20% low.)"""
     out = []
-    for m in find_attention(graph):
+    for m in find_attention(graph) if found is None else found:
         if (p := with_projections(graph, m)) is not None:
             out += [p] + ([o] if (o := with_out_projection(graph, p)) is not None else [])
     return out

@@ -121,8 +121,9 @@ def enumerate_candidates(graph: Graph) -> list[Candidate]:
             out += _stored_chains(graph, node)
         if node.op == OpType.Transpose:
             out += _layout_chains(graph, node)
-    out += [Candidate(m.nodes(graph), "attention") for m in find_attention(graph)]
-    out += [Candidate(m.nodes(graph), "attention_proj") for m in find_projected_attention(graph)]
+    attentions = find_attention(graph)
+    out += [Candidate(m.nodes(graph), "attention") for m in attentions]
+    out += [Candidate(m.nodes(graph), "attention_proj") for m in find_projected_attention(graph, attentions)]
     out += [Candidate(m.nodes(graph), "gated") for m in find_gated(graph)]
     out += [Candidate(nodes, "conv_chain") for nodes in find_conv_chains(graph)]
     out += [Candidate(nodes, "segment_chain") for nodes in find_segment_chains(graph)]
