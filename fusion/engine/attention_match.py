@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fusion.engine.views import slice_index
+from fusion.engine.views import apply_view, slab_offset
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 
@@ -180,7 +180,7 @@ def _layout_before(graph: Graph, value: str, consumer: Node) -> tuple[str, ...]:
 
 
 def _is_layout(graph: Graph, node: Node) -> bool:
-    return node.op in LAYOUT_OPS or node.op == OpType.Split or slice_index(graph, node) is not None
+    return node.op in LAYOUT_OPS or node.op == OpType.Split or slab_offset(graph, node) is not None
 
 
 def _layout_after(graph: Graph, node: Node) -> tuple[str, ...]:
@@ -384,10 +384,7 @@ def _apply(node: Node, graph: Graph, data: np.ndarray, output: str) -> np.ndarra
         k = node.outputs.index(output)
         start = int(sum(node.attr("sizes")[:k]))
         return np.take(data, np.arange(start, start + shape[node.attr("axis")]), axis=node.attr("axis"))
-    index = slice_index(graph, node)
-    if index is not None:
-        data = data[index]
-    return data.reshape(shape)  # Reshape, Identity, slab Gather
+    return apply_view(graph, node, data)  # Reshape, Identity, slab Gather or Slice
 
 
 def index_map(graph: Graph, layout: Sequence[Node], operand: str | None = None) -> np.ndarray | None:

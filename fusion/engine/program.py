@@ -55,7 +55,7 @@ from fusion.engine.pipelined import join_phases
 from fusion.engine.plan import Group, GroupChoice
 from fusion.engine.profile import SPARSE_TILE_FRACTION
 from fusion.engine.strategies import strategy_of
-from fusion.engine.views import is_view, slice_index
+from fusion.engine.views import is_view, slab_offset
 from fusion.lower import declare, plan_dram, symbol_names
 from fusion.lower.context import LowerContext, storage_dtype
 from fusion.lower.emitter import Emitter, Step, run_pipeline
@@ -586,16 +586,14 @@ def measure_cycles(cfg: MachineConfig, rows: int, cols: int, es: int) -> int:
 
 def _place_views(mc: ModelContext, addresses: dict[str, int]) -> None:
     """Every view's output at its input's bytes (the host applies views to arrays; in one program they are pointer
-    offsets): a slab Gather at its slab, a Reshape/Identity at its input, in graph order (chains of views)."""
+    offsets): a slab Gather/Slice at its slab, a Reshape/Identity at its input, in graph order (chains of views)."""
     graph = mc.graph
     probe = LowerContext(graph, mc.config, mc.qplan, mc.params, addresses)
     for node in graph.nodes:
         src = node.inputs[0] if node.inputs else ""
         if not is_view(graph, node) or graph.is_constant(src):
             continue
-        index = slice_index(graph, node) or 0
-        slab = int(np.prod(graph.types[src].shape[1:], dtype=np.int64)) * probe.dtype(src).size
-        addresses[node.outputs[0]] = addresses[src] + index * slab
+        addresses[node.outputs[0]] = addresses[src] + (slab_offset(graph, node) or 0) * probe.dtype(src).size
 
 
 def _values(mc: ModelContext) -> list[str]:
