@@ -198,9 +198,12 @@ class _Tiling:
     group: int  # output channels per step (whole tiles): the accumulators that live through the channel steps
     by_row: bool  # drained row by row into one token-major tile (one store), else tile by tile (one store each)
     # one band per image and one channel group: every weight in the spare scratchpad bank (loaded once, the
-    # preloads never wait for a bank the matrix unit streams from), each channel's rows in its own step's slot (its
-    # regrouping overlaps the previous channel's matmuls); else each step loads its weights, bands rotate
+    # preloads never wait for a bank the matrix unit streams from); else each step loads its weights
     resident: bool
+    # each channel's regrouped rows (and the last channel's tokens) in its own step's slot, so its regrouping
+    # overlaps the previous channel's matmuls in another bank: resident, or one channel group (no later step reads
+    # them); else a band's rows stay put (in the spare bank or rotating) while its channel groups' steps run
+    own_band: bool
     # the tail as its own step after the image's last drain (an empty matrix segment: the matrix unit's token),
     # unless resident with several images (its tokens sit in the last channel step's slot, which the next image's
     # steps reuse)
@@ -230,7 +233,7 @@ def _tiling(
         tiles = [*channel(p.oh), p.cout * 4, p.cout * 8, *tokens(p.oh), *outputs(p.oh, p.cout)]
         if spare is None or not spare.fits([weights]) or m > MAX_ROWS or not probe.fits(tiles, [m * p.cout * 4]):
             raise CodegenError(f"the weights ({weights} bytes) or one image's channel and tokens do not fit resident")
-        return _Tiling(p.oh, nc, p.cout, tail is not None or m <= cfg.array_size, True, p.n == 1)
+        return _Tiling(p.oh, nc, p.cout, tail is not None or m <= cfg.array_size, True, True, p.n == 1)
 
     def fits(rows: int, group: int) -> bool:
         raw, band = channel(rows)
@@ -242,7 +245,9 @@ def _tiling(
     if rows == 0 or not fits(rows, nc):
         raise CodegenError(f"one patch row band of the input ({p.c} x {p.ph} x {p.w}) does not fit a buffer slot")
     tiles = largest_fitting(-(-p.cout // nc), lambda t: fits(rows, min(p.cout, t * nc)))
-    return _Tiling(rows, nc, min(p.cout, tiles * nc), tail is not None or rows * p.ow <= cfg.array_size, False, True)
+    group = min(p.cout, tiles * nc)  # (a step's own tiles are a subset of what `fits` placed in one slot)
+    own, by_row = group == p.cout, tail is not None or rows * p.ow <= cfg.array_size
+    return _Tiling(rows, nc, group, by_row, False, own, not own or (p.n == 1 and rows == p.oh))
 
 
 def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = False) -> list[Step]:
@@ -277,7 +282,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
         chan = [rows * p.ph * p.w * image.dtype.size, p.ph * m * p.pw * mm_dt.size]
         toks = ([tail.rows * p.cout * 4] + ([m * p.cout] if cx.int8 else [])) if tail else []
         shared, reserved = [], []
-        if not tiling.resident:  # the band's regrouped input (and tokens) stay put while its steps run
+        if not tiling.own_band:  # the band's regrouped input (and tokens) stay put while its steps run
             sizes = [p.c * chan[1], *toks]
             # a kernel's only band goes to the scratchpad bank no slot uses: the matrix unit's reads of it never
             # wait for a preload of the step's weights from the same bank; bands after bands rotate with the slots
@@ -294,14 +299,16 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                 for nbytes in reserved:
                     step.tile(nbytes)
                 loads = []
-                if tiling.resident:
+                if tiling.own_band:
                     raw, band = step.tile(chan[0]), step.tile(chan[1])
                     ends = [step.tile(size) for size in toks] if c == p.c - 1 else []
+                else:
+                    raw, band, ends = step.tile(chan[0]), shared[0] + c * chan[1], shared[1:]
+                if tiling.resident:
                     w, pitch = resident + c * p.ph * p.cout * p.pw * mm_dt.size, p.cout * p.pw
                     if not steps:
                         loads.append((weights, resident))
                 else:
-                    raw, band, ends = step.tile(chan[0]), shared[0] + c * chan[1], shared[1:]
                     w, pitch = step.tile(p.ph * p.pw * width * mm_dt.size), width * p.pw
                     loads.append((weights.slice(0, c * p.ph, p.ph).slice(1, co0 * p.pw, width * p.pw), w))
                 if g == 0:
