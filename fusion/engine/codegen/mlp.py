@@ -48,6 +48,7 @@ from fusion.lower.local_alloc import DEPTH, Slot, TileArena, largest_fitting, sl
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
 from isa.memory_map import LOCAL_ACC_BASE
+from simulator.timing import dma_cycles, matrix_lower_bound
 
 MLP_WEIGHTS = "mlp_weights"  # constant-form key (on GEMM1's weight) of both weights packed per hidden panel
 MLP_PARAMS = "mlp_params"  # constant-form key (on GEMM1's weight) of every row parameter, one block
@@ -341,13 +342,33 @@ class _Kernel:
     # - steps
 
     def steps(self) -> list[Step]:
-        out: list[Step] = []
+        """Per block: the prologue, then one step per hidden group. Where the matrix work of a group outlasts its
+        weight DMA (`_matrix_bound`), GEMM2 of group g runs in step g + 1, after GEMM1 of group g + 1, so the
+        vector unit's activation chain of group g overlaps the matrix unit (software pipelining), and a final
+        step runs the last group's GEMM2 and the epilogue; otherwise (the matrix waits for the weights anyway)
+        each group's step runs its GEMM1, activation chain and GEMM2 in turn, the last one the epilogue too."""
+        lag = self._matrix_bound(self.panels, self.tile)
+        kinds: list[tuple] = []
         groups = range(0, self.all_panels, self.panels)
-        for b, i0 in enumerate(range(0, self.s.rows, self.tile)):
+        for i0 in range(0, self.s.rows, self.tile):
             rows = min(self.tile, self.s.rows - i0)
-            out.append(self._prologue(len(out), i0, rows, b == 0))
-            for j in groups:
-                out.append(self._hidden(len(out), i0, rows, j, j == groups[-1]))
+            kinds.append(("prologue", i0, rows, i0 == 0))
+            kinds += [("hidden", i0, rows, j, g, lag, not lag and j == groups[-1]) for g, j in enumerate(groups)]
+            kinds += [("final", i0, rows, groups[-1])] if lag else []
+        # a step holding a lagged GEMM2 reads the previous step's slot: the step two on, which reuses that slot
+        # (DEPTH = 3), waits for it with an `mx -> ld` token (the pipeline's credit covers only the step three back)
+        lags = [k[0] == "final" or (k[0] == "hidden" and k[5] and k[4] > 0) for k in kinds]
+        waits = [s >= 2 and lags[s - 2] for s in range(len(kinds))]
+        out: list[Step] = []
+        for index, kind in enumerate(kinds):
+            push = index + 2 < len(kinds) and waits[index + 2]
+            if kind[0] == "prologue":
+                step = self._prologue(index, *kind[1:])
+            elif kind[0] == "hidden":
+                step = self._hidden(index, *kind[1:], push)
+            else:
+                step = self._final(index, *kind[1:], push)
+            out.append(_waiting(step, waits[index]) if waits[index] or kind[0] == "final" else step)
         return out
 
     def _local(self, index: int) -> dict:
@@ -412,24 +433,103 @@ class _Kernel:
     def _row_values(self, table: dict) -> list[str]:
         return list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
 
-    def _hidden(self, index: int, i0: int, rows: int, j: int, last: bool) -> Step:
-        """Hidden panels j.. of the block: GEMM1, the activation chain, GEMM2's K slice; the last hidden step also
-        runs the epilogue (every step then starts with its loads: the pipeline's credits never share a token pair
-        with its hand-overs)."""
-        cx, s, p, n, a = self.cx, self.s, self.p, self.n, self._local(index)
+    def _hidden(self, index: int, i0: int, rows: int, j: int, g: int, lag: bool, last: bool, push: bool) -> Step:
+        """Hidden panels j.. of the block (group g), one matrix segment: GEMM1 of the group and its drains, the
+        group's activation chain on the vector unit, and a GEMM2. `lag` (software pipelined, `steps`): the GEMM2
+        is the previous group's, run while the vector unit does this group's chain (their instructions
+        interleaved, so the in-order issue feeds both queues; no bank is shared: the chain works in this step's
+        slot, GEMM2 reads the previous step's), and this group's drained and activated panels and weights stay
+        in this step's slot until the next step's GEMM2 has read them; `push`: this step's end is signalled to
+        the load of the step two on. Otherwise the GEMM2 is this group's, after its chain, and the `last` step
+        also runs the epilogue. Tokens `mx -> vx` (drains done) and `vx -> mx` (chain done) order the units."""
+        a = self._local(index)
         ds, da = a["ds"], a["da"]
         w, panel_tiles, accs = a["hid"]
-        w += ds
         count = min(self.panels, self.all_panels - j)
-        chunk = self.chunk
-        loads = [(self.weights.slice(0, j * chunk, count * chunk), w)]
-        dt = self.dt
+        loads = [(self.weights.slice(0, j * self.chunk, count * self.chunk), w + ds)]
         tiles = [(d + ds, q + ds) for d, q in panel_tiles[:count]]
         accs = [acc + da for acc in accs[:count]]
-        mid_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.mid_t)}
-        bias1 = self.layout.get(bias_form(p.first.name))
-        inv = None if self.a2.quantize_scale is None else 1.0 / self.a2.quantize_scale
-        first_out = p.first.outputs[0]
+        gemm1 = self._gemm1(w + ds, tiles, accs, rows, j)
+        act = self._activations(tiles, rows, j)
+        if lag:
+            gemm2 = self._gemm2(index - 1, j - self.panels, rows, act) if g > 0 else None
+        else:
+            gemm2 = self._gemm2(index, j, rows, [])
+
+        def matrix(em: Emitter) -> None:
+            gemm1(em)
+            if act:
+                em.push(Unit.matrix, Unit.vector)
+            if not lag or gemm2 is None:
+                for emit in act:
+                    emit(em)
+            if gemm2 is not None:
+                gemm2(em)
+            if push:
+                em.push(Unit.matrix, Unit.load)
+
+        compute = [(Unit.vector, _nothing)] if g == 0 else []  # after the prologue's cut (vector) of this block
+        compute.append((Unit.matrix, matrix))
+        if not last:
+            return Step(loads, compute, [])
+        more, drain, vector, stores = self._epilogue(a, i0, rows)
+        return Step(loads + more, [*compute, (Unit.matrix, drain), (Unit.vector, vector)], stores)
+
+    def _matrix_bound(self, count: int, rows: int) -> bool:
+        """Whether a step of `count` hidden panels computes longer (GEMM1's and GEMM2's tiles) than its weight DMA
+        takes (`simulator.timing`)."""
+        cfg = self.cx.config
+        tiles = count * (len(self.alloc["a1"]) + len(self.alloc["acc2"]))
+        nbytes = count * self.chunk * self.s.es_a
+        return matrix_lower_bound(cfg, tiles, tiles * rows) > dma_cycles(cfg, 1, nbytes, nbytes)
+
+    def _activations(self, tiles: list, rows: int, j: int) -> list[Callable[[Emitter], None]]:
+        """The activation chain of hidden panels j.. (one emitter per panel; none without a chain), after the
+        drains' token (`mx -> vx`, pushed by the first) and followed by its own (`vx -> mx`, by the last)."""
+        if not self.p.mid:
+            return []
+        panels = [self._activation(t, rows, j + c) for c, t in enumerate(tiles)]
+
+        def act(c: int) -> Callable[[Emitter], None]:
+            def emit(em: Emitter) -> None:
+                if c == 0:
+                    em.pop(Unit.matrix, Unit.vector)
+                panels[c](em)
+                if c == len(panels) - 1:
+                    em.push(Unit.vector, Unit.matrix)
+
+            return emit
+
+        return [act(c) for c in range(len(panels))]
+
+    def _gemm2(self, index: int, j: int, rows: int, between: list) -> Callable[[Emitter], None]:
+        """GEMM2 of the group of step `index` (hidden panels j..), reading that step's slot after its activation
+        chain's token; the `between` emitters (vector work) spread over its tiles."""
+        s, n, a = self.s, self.n, self._local(index)
+        w, panel_tiles, _ = a["hid"]
+        w += a["ds"]
+        count = min(self.panels, self.all_panels - j)
+        tiles = [(d + a["ds"], q + a["ds"]) for d, q in panel_tiles[:count]]
+        chunk, dt, mid = self.chunk, self.dt, bool(self.p.mid)
+        order = [(o, c) for o in range(len(a["acc2"])) for c in range(count)]
+        after = _spread(len(order), len(between))
+
+        def gemm2(em: Emitter) -> None:
+            if mid:
+                em.pop(Unit.vector, Unit.matrix)
+            for t, (o, c) in enumerate(order):
+                drained, q = tiles[c]
+                em.b.mx_preload(em.reg(w + (c * chunk + s.d * n + o * n * n) * s.es_a), n, n, dt.name)
+                (em.b.mx_mm if j == 0 and c == 0 else em.b.mx_mma)(*em.regs(a["acc2"][o], q if mid else drained), rows)
+                for i in after.get(t, []):
+                    between[i](em)
+
+        return gemm2
+
+    def _gemm1(self, w: int, tiles: list, accs: list, rows: int, j: int) -> Callable[[Emitter], None]:
+        """GEMM1 of hidden panels j.. and its drains."""
+        s, n, a, chunk, dt = self.s, self.n, self.alloc, self.chunk, self.dt
+        bias1 = self.layout.get(bias_form(self.p.first.name))
 
         def gemm1(em: Emitter) -> None:
             for index_k, (k0, kb, a_addr) in enumerate(a["a1"]):
@@ -440,27 +540,33 @@ class _Kernel:
                 bias = 0 if bias1 is None else a["params"] + bias1[0] + (j + c) * n * 4
                 self._drain(em, drained, acc, rows, n, bias, self.rq[0])
 
+        return gemm1
+
+    def _activation(self, tile: tuple[int, int], rows: int, panel: int) -> Callable[[Emitter], None]:
+        """The activation chain on one drained hidden panel (int8: quantized at GEMM2's input scale)."""
+        n, p, cx = self.n, self.p, self.cx
+        mid_rows = {v: self.alloc["params"] + self.layout[v][0] for v in self._row_values(self.mid_t)}
+        inv = None if self.a2.quantize_scale is None else 1.0 / self.a2.quantize_scale
+        drained, q = tile
+
         def activation(em: Emitter) -> None:
-            for c, (drained, q) in enumerate(tiles):  # int8: quantized at GEMM2's input scale in the chain
-                located = {first_out: drained} | {v: at + (j + c) * n * 4 for v, at in mid_rows.items()}
-                addr = self._named(self.mid_t, located)
-                emit_chain(cx, em, p.mid, self.mid_t, addr, q, rows * n, n, quantize=inv)
+            located = {p.first.outputs[0]: drained} | {v: at + panel * n * 4 for v, at in mid_rows.items()}
+            emit_chain(cx, em, p.mid, self.mid_t, self._named(self.mid_t, located), q, rows * n, n, quantize=inv)
 
-        def gemm2(em: Emitter) -> None:
-            for o, acc in enumerate(a["acc2"]):
-                for c, (drained, q) in enumerate(tiles):
-                    a_addr = q if p.mid else drained
-                    em.b.mx_preload(em.reg(w + (c * chunk + s.d * n + o * n * n) * s.es_a), n, n, dt.name)
-                    (em.b.mx_mm if j == 0 and c == 0 else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
+        return activation
 
-        compute = [(Unit.vector, _nothing), (Unit.matrix, gemm1)]
-        if p.mid:
-            compute.append((Unit.vector, activation))
-        compute.append((Unit.matrix, gemm2))
-        if not last:
-            return Step(loads, compute, [])
-        more, drain, vector, stores = self._epilogue(a, i0, rows)
-        return Step(loads + more, [*compute, (Unit.matrix, drain), (Unit.vector, vector)], stores)
+    def _final(self, index: int, i0: int, rows: int, j: int, push: bool) -> Step:
+        """The last group's GEMM2 (from the previous step's slot), then the epilogue; `push` as `_hidden`."""
+        gemm2 = self._gemm2(index - 1, j, rows, [])
+        loads, drain, vector, stores = self._epilogue(self._local(index), i0, rows)
+
+        def matrix(em: Emitter) -> None:
+            gemm2(em)
+            if push:
+                em.push(Unit.matrix, Unit.load)
+            drain(em)
+
+        return Step(loads, [(Unit.matrix, matrix), (Unit.vector, vector)], stores)
 
     def _drain(self, em: Emitter, out: int, acc: int, rows: int, cols: int, bias: int, rq) -> None:
         flags = "bias" if bias else "none"
@@ -505,6 +611,30 @@ class _Kernel:
         stores = [(final, self._rows_view(self.out_value).slice(0, i0, rows))]
         stores += [(t, self._rows_view(v).slice(0, i0, rows)) for v, t in kept.items()]
         return loads, drain, vector, stores
+
+
+def _spread(tiles: int, works: int) -> dict[int, list[int]]:
+    """After which of `tiles` matrix tiles each of `works` vector emitters goes: the first after the first tile
+    (the vector unit starts at once), the rest evenly, so neither queue runs dry while the other fills."""
+    out: dict[int, list[int]] = {}
+    for i in range(works):
+        out.setdefault(min(tiles - 1, (i * tiles) // works), []).append(i)
+    return out
+
+
+def _waiting(step: Step, wait: bool) -> Step:
+    """The step with its loads as a load segment of its own that first pops (`wait`) the `mx -> ld` token of the
+    step two back (`_Kernel.steps`); a step without loads gets one too: every step then starts with the load
+    unit, so the pipeline's credits never share a token pair with the segments' hand-overs."""
+    loads = step.loads
+
+    def emit(em: Emitter) -> None:
+        if wait:
+            em.pop(Unit.matrix, Unit.load)
+        for view, at in loads:
+            em.dma_load(view, at)
+
+    return Step([], [(Unit.load, emit), *step.compute], step.stores)
 
 
 def mlp_steps(cx: LowerContext, nodes: Sequence[Node], panels: int = 0, tile_rows: int = 0) -> list[Step]:

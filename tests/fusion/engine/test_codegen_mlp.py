@@ -7,6 +7,7 @@ within 1e-5; DRAM traffic is the compulsory (activations in once, weights once p
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from engine_helpers import assert_reference, context, run_group
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -80,17 +81,23 @@ def test_an_mlp_kernel_matches_the_reference_and_moves_only_compulsory_bytes(
     nodes = variants[(not pre) * (1 + posts) + min(post, posts)]
     assert all(n.op != OpType.Reshape for n in graph.nodes if n.name in (nodes[0], nodes[-1]))
     assert any(c.family == "mlp" and c.nodes == nodes for c in enumerate_candidates(graph))
+    _check(graph, nodes, m, d, h, dtype, Group(nodes, "mlp", panels=panels))
+
+
+def _check(graph: Graph, nodes: tuple[str, ...], m: int, d: int, h: int, dtype: str, group: Group) -> _Kernel:
+    """Run the group race-checked on random inputs: its outputs against the reference, its DRAM traffic the
+    compulsory; returns the kernel's decisions."""
     rng = np.random.default_rng(m + d)
     inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
     mc = context(graph, inputs, dtype)
-    group = Group(nodes, "mlp", panels=panels)
     kernel, run, env = run_group(mc, group, inputs)
     for value in kernel.outputs:
         assert_reference(run.outputs, env, value, dtype, 1e-5)
     sub = group_subgraph(graph, group)
     forms, scratch = dram_forms(mc, sub, group)
     _, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
-    k = _Kernel(LowerContext(sub, mc.config, mc.qplan, mc.params, addresses), sub.nodes, panels, 0)
+    cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
+    k = _Kernel(cx, sub.nodes, group.panels, group.tile_m)
     blocks = -(-m // k.tile)
     stored = sum(run.outputs[v].nbytes for v in kernel.outputs)
     assert run.dram_write_bytes == stored
@@ -98,6 +105,27 @@ def test_an_mlp_kernel_matches_the_reference_and_moves_only_compulsory_bytes(
     n = mc.config.array_size  # both weights once per row block, hidden and output columns padded to the array
     weights = -(-h // n) * n * (d + -(-d // n) * n) * (1 if dtype == "int8" else 4)
     assert run.dram_read_bytes == activations + weights * blocks + k.params_bytes
+    return k
+
+
+@pytest.mark.parametrize(
+    ("m", "d", "h", "dtype", "panels", "tile_m", "pipelined"),
+    [
+        (40, 64, 128, "int8", 2, 16, True),  # 3 row blocks, 4 hidden groups each
+        (40, 64, 128, "fp32", 2, 0, True),  # fp32 with rows enough for the matrix to outlast the weight DMA
+        (37, 16, 128, "int8", 1, 8, False),  # a panel's matrix work is shorter than its weight DMA: in series
+        (40, 64, 128, "fp32", 1, 13, False),
+    ],
+)
+def test_the_hidden_groups_overlap_where_the_matrix_outlasts_the_weight_dma(m, d, h, dtype, panels, tile_m, pipelined):
+    """GEMM2 of a hidden group lags behind the next group's GEMM1 (its activation chain on the vector unit
+    meanwhile) only where a step's matrix work outlasts its weight DMA; over several row blocks, race-checked."""
+    graph = mlp_graph(m, d, h, "gelu", True, seed=m + h)
+    (match,) = find_mlps(graph)
+    nodes = max(match.variants(graph), key=len)
+    k = _check(graph, nodes, m, d, h, dtype, Group(nodes, "mlp", panels=panels, tile_m=tile_m))
+    assert k._matrix_bound(k.panels, k.tile) == pipelined
+    assert k.all_panels > k.panels and (tile_m == 0 or k.tile == tile_m)
 
 
 def test_what_is_not_an_mlp_is_refused_with_a_reason() -> None:
