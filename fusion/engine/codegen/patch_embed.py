@@ -236,16 +236,23 @@ def _tiling(
         return _Tiling(p.oh, nc, p.cout, tail is not None or m <= cfg.array_size, True, True, p.n == 1)
 
     def fits(rows: int, group: int) -> bool:
+        """One group of every channel (its step holds its channel's rows alone), or a band's rows of every
+        channel beside a step's tiles."""
         raw, band = channel(rows)
         step = [raw, p.ph * p.pw * group * mm_dt.size, group * 4, group * 8, *outputs(rows, group)]
-        band = [p.c * band, *tokens(rows)]
+        band = [band if group == p.cout else p.c * band, *tokens(rows)]
         return rows * p.ow <= MAX_ROWS and probe.fits(band + step, [rows * p.ow * group * 4])
 
-    rows = p.oh if tail is not None else largest_fitting(p.oh, lambda r: fits(r, nc))
-    if rows == 0 or not fits(rows, nc):
+    def some_group(rows: int) -> bool:  # (each of the two monotone in rows)
+        return fits(rows, p.cout) or fits(rows, nc)
+
+    rows = p.oh if tail is not None else largest_fitting(p.oh, some_group)
+    if rows == 0 or not some_group(rows):
         raise CodegenError(f"one patch row band of the input ({p.c} x {p.ph} x {p.w}) does not fit a buffer slot")
-    tiles = largest_fitting(-(-p.cout // nc), lambda t: fits(rows, min(p.cout, t * nc)))
-    group = min(p.cout, tiles * nc)  # (a step's own tiles are a subset of what `fits` placed in one slot)
+    # (a step holding its channel's rows alone needs less: where it fails, the shared layout fails too)
+    group = p.cout
+    if not fits(rows, p.cout):
+        group = min(p.cout, nc * largest_fitting(-(-p.cout // nc), lambda t: fits(rows, min(p.cout, t * nc))))
     own, by_row = group == p.cout, tail is not None or rows * p.ow <= cfg.array_size
     return _Tiling(rows, nc, group, by_row, False, own, not own or (p.n == 1 and rows == p.oh))
 
@@ -277,6 +284,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
     steps: list[Step] = []
     accs = 0  # accumulator tiles rotate by their own count: one lives through its channel steps
     bands = [(img, *band) for img in range(p.n) for band in k_slices(p.oh, tiling.rows)]
+    early = _early_tokens(cfg, p, tiling, tail, cx.int8)
     for b, (img, oh0, rows) in enumerate(bands):
         m = rows * p.ow
         chan = [rows * p.ph * p.w * image.dtype.size, p.ph * m * p.pw * mm_dt.size]
@@ -301,7 +309,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                 loads = []
                 if tiling.own_band:
                     raw, band = step.tile(chan[0]), step.tile(chan[1])
-                    ends = [step.tile(size) for size in toks] if c == p.c - 1 else []
+                    ends = (early or [step.tile(size) for size in toks]) if c == p.c - 1 else []
                 else:
                     raw, band, ends = step.tile(chan[0]), shared[0] + c * chan[1], shared[1:]
                 if tiling.resident:
@@ -313,6 +321,8 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                     loads.append((weights.slice(0, c * p.ph, p.ph).slice(1, co0 * p.pw, width * p.pw), w))
                 if g == 0:
                     loads.insert(0, (image.index((img, c)).slice(0, oh0 * p.ph, rows * p.ph), raw))
+                if early and c == 1:  # the class rows, long before the last channel's drains write beside them
+                    loads += k.class_rows(img, early[0])
                 where = _Where(img, rows, raw, band, w, pitch, *ends, *[0] * (2 - len(ends)))
                 t = _Tile(co0, width, c, acc, g == len(groups) - 1)
                 steps.append(k.step(step, where, t, loads, g == 0, tokens.index((img,)).slice(0, oh0 * p.ow, m)))
@@ -320,9 +330,25 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
             own = TileArena(cfg, len(steps), cx.rotation)
             for nbytes in reserved:
                 own.tile(nbytes)
-            tail_loads, emit, stores = k.tail_step(own, where)
-            steps.append(Step(tail_loads, [(Unit.matrix, lambda em: None), (Unit.vector, emit)], stores))
+            # the last image's tail in two steps where a value stored for outside readers splits its chain: that
+            # store overlaps the rest of the chain (no later step reuses the first part's tiles)
+            # (each part led by the matrix unit: a credit token to the vector unit from three steps back would
+            # otherwise be the one a part's vector hand-over pops)
+            for tail_loads, emit, stores in k.tail_step(own, where, bool(early), img == p.n - 1):
+                steps.append(Step(tail_loads, [(Unit.matrix, lambda em: None), (Unit.vector, emit)], stores))
     return steps
+
+
+def _early_tokens(cfg: MachineConfig, p: Patchify, tiling: _Tiling, tail: _Tail | None, int8: bool) -> list[int]:
+    """With one image whose tail runs apart, several channels and the spare bank free (weights per step): the
+    tokens tiles there, the class rows loaded by the second channel's step (in the last channel's slot, their
+    DMA held its regrouping back); else [] (the tokens in the last channel step's slot, the rows loaded by the
+    tail)."""
+    spare = TileArena.spare(cfg)
+    if tail is None or tiling.resident or not tiling.own_band or not tiling.tail_apart or p.n > 1 or p.c < 2:
+        return []
+    sizes = [tail.rows * p.cout * 4] + ([p.oh * p.ow * p.cout] if int8 else [])
+    return [spare.tile(size) for size in sizes] if spare is not None and spare.fits(sizes) else []
 
 
 @dataclass(frozen=True)
@@ -412,7 +438,7 @@ class _Kernel:
         compute = [(Unit.vector, lambda em: self.regroup(em, at))] if regroup else []
         compute.append((Unit.matrix, matmul))
         if self.tail is not None and last and t.last_group and not self.tiling.tail_apart:
-            tail_loads, tail_emit, tail_stores = self.tail_step(arena, at)
+            ((tail_loads, tail_emit, tail_stores),) = self.tail_step(arena, at, False, False)
             loads += tail_loads
             compute.append((Unit.vector, tail_emit))
             stores += tail_stores
@@ -432,27 +458,67 @@ class _Kernel:
                 else:
                     em.b.v_copy(*em.regs(dst, src), n, self.mm_dt.name)
 
-    def tail_step(self, arena: TileArena, at: _Where) -> tuple[list, Callable[[Emitter], None], list]:
-        """The image's Concat (constant rows loaded beside the tokens; int8: the requantized tokens dequantized as
-        the reference does) and the chain after it, on the whole [T, Cout] tile: loads, vector emitter, stores."""
+    def class_rows(self, img: int, tokens: int) -> list:
+        """Loads of the Concat's constant rows into the image's tokens tile [T, Cout]."""
+        return [(view.index((img,)), tokens + row * self.p.cout * 4) for view, row in self.tail.consts]
+
+    def tail_step(self, arena: TileArena, at: _Where, rows_loaded: bool, split: bool) -> list[tuple]:
+        """The image's Concat (constant rows loaded beside the tokens unless `rows_loaded`; int8: the requantized
+        tokens dequantized as the reference does) and the chain after it, on the whole [T, Cout] tile: (loads,
+        vector emitter, stores), and with `split` a second part after the first value stored for outside readers
+        that the rest of the chain reads alone (its store overlaps the rest)."""
         tail, cx, cout = self.tail, self.cx, self.p.cout
         n = tail.rows * cout
         addr = {v: arena.tile(n * 4) for v in tail.tiles} | {v: arena.tile(cout * 4) for v in tail.rows_in}
         out = arena.tile(n * 4) if tail.chain else at.tokens
         kept = {v: (at.tokens if v == tail.value else arena.tile(n * 4)) for v, _ in tail.kept}
-        loads = [(view.index((at.img,)), at.tokens + row * cout * 4) for view, row in tail.consts]
+        loads = [] if rows_loaded else self.class_rows(at.img, at.tokens)
         loads += [(view.index((at.img,)), addr[v]) for v, view in tail.tiles.items()]
         loads += [(view, addr[v]) for v, view in tail.rows_in.items()]
-        stores = [(out, tail.out.index((at.img,)))] + [(kept[v], view.index((at.img,))) for v, view in tail.kept]
+        cut = _split(tail, set(kept)) if split else len(tail.chain)
+        parts = [tail.chain[:cut], tail.chain[cut:]] if cut < len(tail.chain) else [tail.chain]
+        made = [{n.outputs[0] for n in part} for part in parts]
+        views = dict(tail.kept)
 
-        def emit(em: Emitter) -> None:
+        def dequantize(em: Emitter) -> None:
             if self.scale is not None:
                 tokens, count = at.tokens + tail.first * cout * 4, self.p.oh * self.p.ow * cout
                 em.b.v_cvt(*em.regs(tokens, at.drained), count, "i8", "f32")
                 em.b.v_mul_vs(*em.regs(tokens, tokens, f32_bits(self.scale)), count, "f32")
-            if tail.chain:
-                inside = {v: a for v, a in kept.items() if v != tail.value}
-                ins = {tail.value: at.tokens, **addr}
-                emit_chain(cx, em, tail.chain, tail.table, ins, out, n, cout, stored=inside)
 
-        return loads, emit, stores
+        def part(i: int) -> tuple[list, Callable[[Emitter], None], list]:
+            chain, last = parts[i], parts[i][-1].outputs[0] if parts[i] else tail.value
+            target = out if i == len(parts) - 1 else kept[last]
+            stored = {v: a for v, a in kept.items() if v in made[i] and v != last}
+            ins = {tail.value: at.tokens} if i == 0 else {parts[0][-1].outputs[0]: kept[parts[0][-1].outputs[0]]}
+            ins |= {v: a for v, a in addr.items() if _reads(tail.table, chain, v)}
+            saved = [v for v in kept if v in made[i] or (i == 0 and v == tail.value)]
+            stores = [(kept[v], views[v].index((at.img,))) for v in saved if not (i == len(parts) - 1 and v == last)]
+            if i == len(parts) - 1:
+                stores.insert(0, (out, tail.out.index((at.img,))))
+
+            def emit(em: Emitter) -> None:
+                if i == 0:
+                    dequantize(em)
+                if chain:
+                    emit_chain(cx, em, chain, tail.table, ins, target, n, cout, stored=stored)
+
+            return (loads if i == 0 else []), emit, stores
+
+        return [part(i) for i in range(len(parts))]
+
+
+def _reads(table: dict, chain: Sequence[Node], value: str) -> bool:
+    names = {n.name for n in chain}
+    return any(o.value == value for (name, _), o in table.items() if name in names)
+
+
+def _split(tail: _Tail, kept: set[str]) -> int:
+    """The length of the tail chain's first part: through the first node whose value is stored for outside readers
+    and is the only value of the first part the rest reads; the whole chain when there is none."""
+    for i, node in enumerate(tail.chain[:-1]):
+        value, before = node.outputs[0], {tail.value, *(n.outputs[0] for n in tail.chain[: i + 1])}
+        reads = {v for n in tail.chain[i + 1 :] for v in n.inputs if v in before}
+        if value in kept and reads == {value}:
+            return i + 1
+    return len(tail.chain)
