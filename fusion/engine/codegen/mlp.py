@@ -13,10 +13,13 @@ Per block of `tile` rows the steps are:
   row slice as array tiles), GEMM1 computes the group's hidden panels and drains them (int8: requantized as
   GEMM1's drain does), the activation chain runs on each drained panel and (int8) quantizes it at GEMM2's input
   scale, exactly as the unfused kernels do, and GEMM2 accumulates the panel as its K slice into an accumulator
-  that persists in the accumulator's spare bank. The next group's weights load while this group computes.
+  that persists in the accumulator's spare bank. The next group's weights load while this group computes. Where a
+  group's matrix work outlasts its weight DMA, the steps are software pipelined: GEMM2 of group g runs in step
+  g + 1, after GEMM1 of group g + 1, while the vector unit runs group g + 1's activation chain (`_Kernel.steps`).
 - E (epilogue): GEMM2's accumulator is drained (requantized), its panels are reassembled into whole rows and the
   epilogue chain (bias, residual Add, a following LayerNorm) runs on them; its result (and every value read outside
-  the group, e.g. the residual sum a following LayerNorm also feeds) is stored.
+  the group, e.g. the residual sum a following LayerNorm also feeds) is stored, such a value as soon as the chain
+  has it (its DMA overlapping the rest of the chain).
 
 DRAM traffic is the compulsory: the activations in, the weights once per row block, the outputs out. Refused with
 a reason: weights that are not constant 2-D, a Gemm with transposes or scaling, an activation chain needing
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion.engine.codegen.chain import CHAIN_OPS, ROWS, emit_chain, operands
+from fusion.engine.codegen.chain import CHAIN_OPS, ROWS, Registers, emit_chain, operands
 from fusion.engine.codegen.gemm import _nothing, _quantizer, k_slices, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, own_bias, packable_weight
 from fusion.engine.codegen.stream import GEMM_DEFAULTS
@@ -595,6 +598,10 @@ class _Kernel:
                 self._drain(em, t, acc, rows, n, bias, self.rq[1])
 
         post_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.post_t)}
+        located = {p.second.outputs[0]: whole} | a["keep"] | tiles | post_rows
+        views = {v: self._rows_view(v).slice(0, i0, rows) for v in kept}
+        split = self._early_stores(kept, located)
+        early = [v for v in kept if split and v in {x.outputs[0] for x in split[0][0]}]
 
         def vector(em: Emitter) -> None:
             if s.d != n:  # the drained panels (rows x n each) as whole rows
@@ -603,14 +610,46 @@ class _Kernel:
                         cols = min(n, s.d - o * n)
                         dst, src = whole + (r * s.d + o * n) * out_dt.size, t + r * n * out_dt.size
                         em.b.v_copy(*em.regs(dst, src), cols, out_dt.name)
-            if p.post:
-                addr = self._named(self.post_t, {p.second.outputs[0]: whole} | a["keep"] | tiles | post_rows)
-                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, rows * s.d, s.d, stored=kept)
+            if not p.post:
+                return
+            size = rows * s.d
+            if split is None:
+                addr = self._named(self.post_t, located)
+                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, size, s.d, stored=kept)
+                return
+            (first, t1), (second, t2) = split
+            regs = Registers()
+            last = first[-1].outputs[0]
+            stored = {v: t for v, t in kept.items() if v != last}
+            emit_chain(cx, em, first, t1, self._named(t1, located), kept[last], size, s.d, regs=regs, stored=stored)
+            em.push(Unit.vector, Unit.store)  # the stored values leave while the rest of the chain runs
+            em.pop(Unit.vector, Unit.store)
+            for v in early:
+                em.dma_store(kept[v], views[v])
+            rest = {v: t for v, t in kept.items() if v not in early}
+            emit_chain(cx, em, second, t2, self._named(t2, located), post_out + ds, size, s.d, regs=regs, stored=rest)
 
         final = post_out + ds if p.post else whole
         stores = [(final, self._rows_view(self.out_value).slice(0, i0, rows))]
-        stores += [(t, self._rows_view(v).slice(0, i0, rows)) for v, t in kept.items()]
+        stores += [(t, views[v]) for v, t in kept.items() if v not in early]
         return loads, drain, vector, stores
+
+    def _early_stores(self, kept: dict[str, int], located: dict[str, int]) -> tuple | None:
+        """The epilogue chain cut after its last stored value that is not its result, as ((nodes, table) before,
+        (nodes, table) after), when the part after reads nothing but that value (kept in its register) and
+        operands it can load; None when there is no such cut (the chain then runs whole)."""
+        post = self.p.post
+        cuts = [i for i, node in enumerate(post[:-1]) if node.outputs[0] in kept]
+        if not cuts:
+            return None
+        first, second = post[: cuts[-1] + 1], post[cuts[-1] + 1 :]
+        try:
+            t2 = operands(self.cx, second, frozenset({first[-1].outputs[0]}))
+        except CodegenError:
+            return None
+        if any(self.p.value(o.value) not in located for o in t2.values() if o.kind in ("tile", "row")):
+            return None
+        return (first, operands(self.cx, first)), (second, t2)
 
 
 def _spread(tiles: int, works: int) -> dict[int, list[int]]:
