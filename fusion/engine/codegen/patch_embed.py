@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion.engine.codegen.chain import CHAIN_OPS, emit_chain, operand_views, operands
+from fusion.engine.codegen.chain import CHAIN_OPS, Registers, emit_chain, operand_views, operands
 from fusion.engine.codegen.conv import Epilogue, conv_epilogue, matrix_conv_window
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
@@ -486,11 +486,13 @@ class _Kernel:
                 em.b.v_cvt(*em.regs(tokens, at.drained), count, "i8", "f32")
                 em.b.v_mul_vs(*em.regs(tokens, tokens, f32_bits(self.scale)), count, "f32")
 
+        held: dict[str, Registers] = {}  # the split value stays in its vector register for the second part
+
         def part(i: int) -> tuple[list, Callable[[Emitter], None], list]:
             chain, last = parts[i], parts[i][-1].outputs[0] if parts[i] else tail.value
             target = out if i == len(parts) - 1 else kept[last]
             stored = {v: a for v, a in kept.items() if v in made[i] and v != last}
-            ins = {tail.value: at.tokens} if i == 0 else {parts[0][-1].outputs[0]: kept[parts[0][-1].outputs[0]]}
+            ins = {tail.value: at.tokens} if i == 0 else {}
             ins |= {v: a for v, a in addr.items() if _reads(tail.table, chain, v)}
             saved = [v for v in kept if v in made[i] or (i == 0 and v == tail.value)]
             stores = [(kept[v], views[v].index((at.img,))) for v in saved if not (i == len(parts) - 1 and v == last)]
@@ -500,8 +502,9 @@ class _Kernel:
             def emit(em: Emitter) -> None:
                 if i == 0:
                     dequantize(em)
+                    held["regs"] = Registers()
                 if chain:
-                    emit_chain(cx, em, chain, tail.table, ins, target, n, cout, stored=stored)
+                    emit_chain(cx, em, chain, tail.table, ins, target, n, cout, held["regs"], stored)
 
             return (loads if i == 0 else []), emit, stores
 
