@@ -24,6 +24,7 @@ from fusion.engine.candidates import Candidate, enumerate_candidates, schedules,
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import timing_cycles
+from fusion.engine.features import kernel_features
 from fusion.engine.fuse_ops import fuse_ops
 from fusion.engine.kernel import Kernel, storage_dtypes, try_build
 from fusion.engine.legality import generator_accepts, no_cycle_through_outside, structurally_legal
@@ -32,6 +33,7 @@ from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
 from fusion.engine.strategies import REGISTRY, matrix_bound, strategy_of
 from fusion.engine.workers import CompilePool, build_and_count
 from fusion.graph.ir import Graph, Node
+from fusion.lower.compiler import ALIAS_OPS
 from simulator.errors import SimulatorTrap
 
 POLICIES = ("none", "static", "dynamic", "oracle")
@@ -98,6 +100,21 @@ def _later(mc: ModelContext, group: Group, sparsity: str) -> Callable[[], Kernel
     return build
 
 
+def trailing_views(graph: Graph, nodes: Sequence[str]) -> frozenset[str]:
+    """The group's views (`ALIAS_OPS`) of a value it computes that no other node of the group reads, and views
+    of those: what it stores through them is their input's bytes."""
+    inside = set(nodes)
+    views: set[str] = set()
+    for name in reversed(nodes):
+        node = graph.node(name)
+        readers = {c.name for v in node.outputs for c in graph.consumers.get(v, ())} & inside
+        producer = graph.producers.get(node.inputs[0]) if node.inputs else None
+        fed = producer is not None and producer.name in inside
+        if node.op in ALIAS_OPS and fed and readers <= views and len(views) + 1 < len(nodes):
+            views.add(name)
+    return frozenset(views)
+
+
 def _schedule(group: Group) -> tuple:
     """A group's schedule, without its nodes."""
     return group.strategy, group.tile_m, group.flatten, group.panels, group.resident_a
@@ -153,6 +170,7 @@ class Evaluator:
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
         self._joints: dict[frozenset[str], str] = {}  # `_joint_signature` by node set
+        self._cores: dict[Group, Group] = {}  # a group priced from its view-less core (`_viewless`)
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
 
@@ -187,8 +205,12 @@ class Evaluator:
             try:
                 sparsity = "sparse" if skip else "any"
                 like = self._like(group, key[1])
-                if like is not None:
-                    entry.set_result(self._priced(group, _later(self.mc, group, sparsity), like.features))
+                feats = like.features if like is not None else self._viewless(group, key[1])
+                if feats is not None:
+                    entry.set_result(self._priced(group, _later(self.mc, group, sparsity), feats))
+                    if like is None:  # a repeated layer's view variant is priced as this one (`_like`)
+                        with self._lock:
+                            self._firsts.setdefault(self._like_key(group, key[1]), entry.result())
                     return entry.result()
                 if self.pool is None:
                     built, feats = build_and_count(self.mc, group, sparsity, key[1])
@@ -215,6 +237,28 @@ class Evaluator:
             return None
         with self._lock:
             return self._firsts.get(self._like_key(group, fraction))
+
+    def _viewless(self, group: Group, fraction: float) -> KernelFeatures | None:
+        """With `repeats`, the group's features from the built group without the views it ends in
+        (`trailing_views`), of the same schedule: a view shares its input's DRAM bytes
+        (`lower.compiler.alias_roots`), so storing the view's value is storing its input, and the two groups
+        generate one program (side by side GEMMs taking a Reshape along: tests/fusion/engine/test_planner_views.py);
+        the features are that program's counted for this group's nodes. Its timing is the core's (`timed_kernel`)."""
+        if not self.repeats:
+            return None
+        views = trailing_views(self.mc.graph, group.nodes)
+        if not views:
+            return None
+        core = replace(group, nodes=tuple(n for n in group.nodes if n not in views))
+        with self._lock:
+            found = self._memo.get((core, fraction))
+        built = found.result() if found is not None and found.done() else None
+        if not isinstance(built, Evaluated) or not isinstance(built.source, Kernel):
+            return None
+        with self._lock:
+            self._cores[group] = core
+        # the core's program as this group's kernel: `kernel_features` counts the program for the group's nodes
+        return kernel_features(self.mc, replace(built.source, group=group), fraction)
 
     def _priced(
         self,
@@ -382,8 +426,18 @@ class Evaluator:
         """The kernel simulated for `e`'s timing: with `repeats`, the first built kernel of its structure and
         schedule (the same timing: `timing_key`), so a repeated layer's kernel measured before the first one
         (the plan guard's regions, in plan order) is not built to be measured; else `e`'s own."""
-        first = self._like(e.group, 0.0)
-        return e.kernel if first is None else first.kernel
+        while True:
+            with self._lock:
+                core = self._cores.get(e.group)
+            if core is not None:  # the same program (`_viewless`)
+                found = self.evaluate(core)
+                assert isinstance(found, Evaluated), "a view-less core is built before the groups priced from it"
+                e = found
+                continue
+            first = self._like(e.group, 0.0)
+            if first is None or first is e:
+                return e.kernel
+            e = first
 
     def pair_key(self, producer: Group, consumer: Group) -> tuple | None:
         """With `repeats`, what a pipelined pair's outcome is shared by (`pairing.plan_pipelines`): both groups'
