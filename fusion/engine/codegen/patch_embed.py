@@ -284,7 +284,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
     steps: list[Step] = []
     accs = 0  # accumulator tiles rotate by their own count: one lives through its channel steps
     bands = [(img, *band) for img in range(p.n) for band in k_slices(p.oh, tiling.rows)]
-    early = _early_tokens(cfg, p, tiling, tail, cx.int8)
+    early, lead = _spare_tiles(cfg, p, tiling, tail, mm_dt, len(bands) == 1)
     for b, (img, oh0, rows) in enumerate(bands):
         m = rows * p.ow
         chan = [rows * p.ph * p.w * image.dtype.size, p.ph * m * p.pw * mm_dt.size]
@@ -306,9 +306,18 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                 step = TileArena(cfg, len(steps), cx.rotation)
                 for nbytes in reserved:
                     step.tile(nbytes)
-                loads = []
+                loads, first = [], bool(lead) and c == 0
+                if first:  # channel 0 regrouped by a step of its own while this one loads the first weights
+                    prologue = TileArena(cfg, len(steps), cx.rotation)
+                    at = _Where(img, rows, prologue.tile(chan[0]), lead, 0, 0, 0, 0)
+                    view = image.index((img, c)).slice(0, oh0 * p.ph, rows * p.ph)
+                    # (the matrix unit last: it waits for the rows, and the step's credit token is the matrix
+                    # unit's, never one a later step's vector -> matrix hand-over could pop instead of its own)
+                    regroup = [(Unit.vector, lambda em, at=at: k.regroup(em, at)), (Unit.matrix, lambda em: None)]
+                    steps.append(Step([(view, at.raw)], regroup, []))
+                    step = TileArena(cfg, len(steps), cx.rotation)
                 if tiling.own_band:
-                    raw, band = step.tile(chan[0]), step.tile(chan[1])
+                    raw, band = (0, lead) if first else (step.tile(chan[0]), step.tile(chan[1]))
                     ends = (early or [step.tile(size) for size in toks]) if c == p.c - 1 else []
                 else:
                     raw, band, ends = step.tile(chan[0]), shared[0] + c * chan[1], shared[1:]
@@ -319,13 +328,14 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                 else:
                     w, pitch = step.tile(p.ph * p.pw * width * mm_dt.size), width * p.pw
                     loads.append((weights.slice(0, c * p.ph, p.ph).slice(1, co0 * p.pw, width * p.pw), w))
-                if g == 0:
+                if g == 0 and not first:
                     loads.insert(0, (image.index((img, c)).slice(0, oh0 * p.ph, rows * p.ph), raw))
-                if early and c == 1:  # the class rows, long before the last channel's drains write beside them
-                    loads += k.class_rows(img, early[0])
+                if early and c == (p.c - 1 if lead else 1):  # the class rows, long before the last drains (not
+                    loads += k.class_rows(img, early[0])  # in the spare bank while the matrix unit reads it)
                 where = _Where(img, rows, raw, band, w, pitch, *ends, *[0] * (2 - len(ends)))
                 t = _Tile(co0, width, c, acc, g == len(groups) - 1)
-                steps.append(k.step(step, where, t, loads, g == 0, tokens.index((img,)).slice(0, oh0 * p.ow, m)))
+                dest = tokens.index((img,)).slice(0, oh0 * p.ow, m)
+                steps.append(k.step(step, where, t, loads, g == 0 and not first, dest))
         if tail is not None and tiling.tail_apart:  # its loads never hold back the last channel's regrouping
             own = TileArena(cfg, len(steps), cx.rotation)
             for nbytes in reserved:
@@ -339,16 +349,22 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
     return steps
 
 
-def _early_tokens(cfg: MachineConfig, p: Patchify, tiling: _Tiling, tail: _Tail | None, int8: bool) -> list[int]:
-    """With one image whose tail runs apart, several channels and the spare bank free (weights per step): the
-    tokens tiles there, the class rows loaded by the second channel's step (in the last channel's slot, their
-    DMA held its regrouping back); else [] (the tokens in the last channel step's slot, the rows loaded by the
-    tail)."""
+def _spare_tiles(
+    cfg: MachineConfig, p: Patchify, tiling: _Tiling, tail: _Tail | None, mm_dt: DType, one_band: bool
+) -> tuple[list[int], int]:
+    """What goes to the spare bank when the weights do not (loaded per step) and each channel's rows sit in its
+    step's slot: with one image whose tail runs apart and several channels, the tokens tiles (the class rows then
+    load early: in the last channel's slot, their DMA held its regrouping back); with one band, channel 0's
+    regrouped rows (its own step regroups them while the first weights load). ([], 0) when they do not fit."""
     spare = TileArena.spare(cfg)
-    if tail is None or tiling.resident or not tiling.own_band or not tiling.tail_apart or p.n > 1 or p.c < 2:
-        return []
-    sizes = [tail.rows * p.cout * 4] + ([p.oh * p.ow * p.cout] if int8 else [])
-    return [spare.tile(size) for size in sizes] if spare is not None and spare.fits(sizes) else []
+    if spare is None or tiling.resident or not tiling.own_band:
+        return [], 0
+    early = tail is not None and tiling.tail_apart and p.n == 1 and p.c >= 2
+    tokens = [tail.rows * p.cout * 4] + ([p.oh * p.ow * p.cout] if mm_dt is DType.i8 else []) if early else []
+    lead = [p.ph * p.oh * p.ow * p.pw * mm_dt.size] if one_band else []
+    if not spare.fits(tokens + lead):
+        return [], 0
+    return [spare.tile(size) for size in tokens], (spare.tile(lead[0]) if lead else 0)
 
 
 @dataclass(frozen=True)
