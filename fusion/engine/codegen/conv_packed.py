@@ -42,17 +42,18 @@ from fusion.engine.codegen.conv import (
     step_region,
     to_nchw,
 )
-from fusion.engine.codegen.conv_pool import PoolGeometry, pool_steps, pooled_bytes, split_pool
+from fusion.engine.codegen.conv_pool import PoolGeometry, RowPool, pool_steps, pooled_bytes, split_pool
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
-from fusion.lower.emitter import Emitter, Step
+from fusion.lower.emitter import Emit, Emitter, Step
+from fusion.lower.errors import MemoryPlanError
 from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.vector_ops import fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
-from fusion.lower.local_alloc import ALIGN, DEPTH, TileArena, largest_fitting
+from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import DType, Unit
 from simulator.config import MachineConfig
@@ -225,6 +226,7 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         for b, (img, g, oh0, rows) in enumerate(spans)
     ]
     per_band = len(k_slices(s.coutg, tiling.tn)) * len(tiling.groups)
+    chip = None if pool is None else _row_pool(cx, node, k, PoolGeometry.of(graph, pool), per_band, reserved)
     steps: list[Step] = []
     tiles = 0
     for b, (band, resident) in enumerate(bands):
@@ -237,7 +239,9 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         for j0, tn in k_slices(s.coutg, tiling.tn):
             acc = TileArena(cfg, tiles, cx.rotation).acc_tile(stream_rows(s, band.rows) * tn * 4)
             for gi in range(len(tiling.groups)):
-                if tiling.resident:
+                if chip is not None:
+                    arena = step_arena(cfg, chip[1], len(steps))
+                elif tiling.resident:
                     arena = step_arena(cfg, step_region(cfg, arenas[b].spad, reserved), len(steps))
                 else:
                     arena = TileArena(cfg, len(steps), cx.rotation)
@@ -246,9 +250,14 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                 loads = k.a_loads(band, resident) if own and i == 0 else []
                 loads += [(weights, resident[-1])] if held and own and b < DEPTH and i == 0 else []
                 loads += ahead[len(ahead) * i // per_band : len(ahead) * (i + 1) // per_band]
-                steps.append(k.step(arena, t, resident, loads))
+                steps.append(k.step(arena, t, resident, loads, None if chip is None else chip[0]))
             tiles += 1
     phases.append(steps)
+    if chip is not None:  # pooled on chip: the kept columns of the pooled rows go to NCHW
+        g = chip[0].pool.g
+        pixels = g.w.out_spatial[0] * g.w.out_spatial[1]
+        phases.append(to_nchw(cfg, g.w.strides[1], chip[0].dst, out.reshape_dense((s.n, s.cout, pixels)), cx.rotation))
+        return phases
     if pool is not None:  # pooled from the channels-last scratch, then only the pooled pixels go to NCHW
         g = PoolGeometry.of(graph, pool)
         pixels = g.w.out_spatial[0] * g.w.out_spatial[1]
@@ -259,6 +268,38 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         nchw = out.reshape_dense((s.n, s.cout, s.out[0] * s.out[1]))
     phases.append(to_nchw(cfg, 1, scratch, nchw, cx.rotation, ep.dequant))
     return phases
+
+
+def _row_pool(
+    cx: LowerContext, node: Node, k: _Kernel, g: PoolGeometry, per_band: int, reserved: Sequence[int]
+) -> tuple[_Pooled, Slot] | None:
+    """The trailing MaxPool computed on chip (`conv_pool.RowPool`) and the region the steps' tiles then rotate
+    in, or None (pooled from the DRAM scratch): only for the resident schedule with a spare bank, which then holds
+    the ring of pooled rows at its end and the steps' tiles before it, when a step's tiles still fit a third."""
+    cfg, s, tiling, dt = cx.config, k.s, k.tiling, k.ep.out_dt
+    spare = TileArena.spare(cfg)
+    if not tiling.resident or spare is None:
+        return None
+    pool = RowPool.of(g, s.n, tiling.rows, per_band, DEPTH)
+    cols = tuple(gi * s.coutg + j0 for gi in range(s.groups) for j0, _ in k_slices(s.coutg, tiling.tn))
+    ring = -(-len(cols) * pool.ring * pool.tile_bytes(tiling.tn, dt) // ALIGN) * ALIGN
+    if ring >= spare.spad.size:
+        return None
+    region = Slot(spare.spad.base, spare.spad.size - ring)
+    probe = step_arena(cfg, region, 0)
+    rows = tiling.rows
+    try:  # a last K group's step: its weights (unless held), the epilogue's tiles, the drained rows, a pooled row
+        if not k.held:
+            probe.tile(sum(p.k for p in tiling.groups[-1]) * tiling.tn * k.dt.size)
+        k.ep.tiles(probe, rows, tiling.tn)
+        probe.tile(rows * s.out[1] * tiling.tn * k.ep.work_dt.size)
+        probe.tile(pool.tile_bytes(tiling.tn, dt))
+    except MemoryPlanError:
+        return None
+    oh = g.w.out_spatial[0]
+    dst = dense(cx.temp(node, POOLED), (s.n, oh * pool.pitch, s.cout), dt)
+    stride = pool.tile_bytes(tiling.tn, dt)
+    return _Pooled(pool, region.base + region.size, stride, cols, dst, dt), region
 
 
 def _tiles(arena: TileArena, sizes: Sequence[int]) -> list[int]:
@@ -403,9 +444,16 @@ class _Kernel:
         group = self.tiling.groups[0] if group is None else group
         return [(self.a_view(band, p), tile) for p, tile in zip(group, tiles[: len(group)], strict=True)]
 
-    def step(self, arena: TileArena, t: _Tile, resident: list[int], a_loads: list[tuple[View, int]]) -> Step:
+    def step(
+        self,
+        arena: TileArena,
+        t: _Tile,
+        resident: list[int],
+        a_loads: list[tuple[View, int]],
+        pooled: _Pooled | None = None,
+    ) -> Step:
         """One Cout tile x K group of a band; `a_loads`: the resident A tiles this step loads (its own band's or
-        the next band's)."""
+        the next band's); `pooled`: the trailing MaxPool computed on chip from the drained rows (`RowPool`)."""
         s, es, group = self.s, self.dt.size, self.tiling.groups[t.kgroup]
         if self.tiling.resident:
             a_tiles = resident[: len(group)]
@@ -443,8 +491,61 @@ class _Kernel:
         compute = [(Unit.load, load), (Unit.matrix, matmul)]
         if last and self.ep.scales is not None:
             compute.append((Unit.vector, rescale))
+        if last and pooled is not None:
+            work, stores = pooled.band(t, out_tile, arena.tile(pooled.pool.tile_bytes(t.tn, self.ep.out_dt)))
+            compute.append((Unit.vector, work))
+            return Step([], compute, stores)
         stores = []
         if last:
             view = self.scratch.index((t.img,)).slice(0, t.oh0 * s.out[1], t.rows * s.out[1]).slice(1, t.col, t.tn)
             stores.append((out_tile, view))
         return Step([], compute, stores)
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """A band step's share of the on-chip MaxPool (`conv_pool.RowPool`): its drained rows reduced into the ring
+    of pooled rows (`ring`: the ring's first tile; Cout tile `cols.index(col)` owns `pool.ring` tiles), each
+    finished pooled row stored to `dst` [n, OH' * pitch, Cout]."""
+
+    pool: RowPool
+    ring: int
+    stride: int  # bytes of one ring tile (a full Cout tile's)
+    cols: tuple[int, ...]
+    dst: View
+    dtype: DType
+
+    def tile(self, t: _Tile, p: int) -> int:
+        """Pooled row p's (of image t.img) tile in Cout tile t.col's ring."""
+        index = self.cols.index(t.col) * self.pool.ring + (t.img * self.pool.g.w.out_spatial[0] + p) % self.pool.ring
+        return self.ring + index * self.stride
+
+    def band(self, t: _Tile, out_tile: int, spare: int) -> tuple[Emit, list[tuple[int, View]]]:
+        """The vector work over the band's drained rows and the stores of the pooled rows it finishes."""
+        width, n, es = self.pool.width, self.pool.pitch * t.tn, self.dtype.size
+        rows = [(t.oh0 + r, self.pool.contributions(t.oh0 + r)) for r in range(t.rows)]
+
+        def work(em: Emitter) -> None:
+            for r, (_, found) in enumerate(rows):
+                if not found:
+                    continue
+                starts = [p for p, first, _ in found if first]
+                target = self.tile(t, starts[0]) if starts else spare
+                self.pool.emit_row(em, out_tile + r * width * t.tn * es, target, t.tn, self.dtype)
+                for p, first, _ in found:
+                    tile = self.tile(t, p)
+                    if tile == target:
+                        continue
+                    if first:
+                        em.b.v_copy(*em.regs(tile, target), n, self.dtype.name)
+                    else:
+                        em.b.v_max(*em.regs(tile, tile, target), n, self.dtype.name)
+
+        pitch, image = self.pool.pitch, self.dst.index((t.img,))
+        stores = [
+            (self.tile(t, p), image.slice(0, p * pitch, pitch).slice(1, t.col, t.tn))
+            for _, found in rows
+            for p, _, last in found
+            if last
+        ]
+        return work, stores

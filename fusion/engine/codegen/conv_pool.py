@@ -1,5 +1,7 @@
-"""A MaxPool taken into the Conv kernel before it (ResNet's stem: Conv + ReLU + MaxPool), read from the Conv's
-channels-last output scratch instead of from an NCHW tensor in DRAM.
+"""A MaxPool taken into the Conv kernel before it (ResNet's stem: Conv + ReLU + MaxPool): computed on chip from
+the Conv's drained rows where the schedule keeps a spare bank for the pooled rows in flight (`RowPool`: the Conv's
+output never reaches DRAM), else read from the Conv's channels-last output scratch instead of from an NCHW tensor
+in DRAM (`pool_steps`, below).
 
 The Conv schedules drain [pixels, Cout] tiles to a DRAM scratch and then bring it back as NCHW; the unfused MaxPool
 reads that NCHW tensor again, pads it, stores every computed position and picks the output pixels by a copy (the
@@ -41,8 +43,9 @@ def split_pool(nodes: Sequence[Node]) -> tuple[Sequence[Node], Node | None]:
 
 
 def pooled_bytes(graph: Graph, pool: Node, dtype: DType) -> int:
-    """The pooled channels-last scratch: every image's output pixels x channels."""
-    return int(np.prod(graph.types[pool.outputs[0]].shape)) * dtype.size
+    """The pooled channels-last scratch: every image's output pixels x channels (computed on chip, `RowPool`:
+    its rows stride_w x as wide)."""
+    return int(np.prod(graph.types[pool.outputs[0]].shape)) * window_of(graph, pool).strides[-1] * dtype.size
 
 
 @dataclass(frozen=True)
@@ -168,3 +171,75 @@ class _MaxBand:
             fill(em, tile, count, self.dtype, lowest(self.dtype))
         for dst, sources in self.maxes:
             max_of(em, dst, sources, self.n, self.dtype)
+
+
+@dataclass(frozen=True)
+class RowPool:
+    """The MaxPool computed on chip from the Conv's drained rows, so the Conv's output never reaches DRAM.
+
+    Each drained output row [OW, tn] (pixel-major, one Cout tile) is max-reduced over the pool's column taps at
+    EVERY column j, P[j] = max over taps t of row[j + t * dw - left] (taps outside the image skipped): each tap is
+    one `v.max` of a contiguous run shifted by whole pixels, no strided access. Output column q is P[q * sw], so
+    the kept columns are picked by the transposing loads to NCHW (`conv.to_nchw` with step sw), which read only
+    them. Vertically, every pooled row's running max V[p] lives in a ring of tiles that persists across bands
+    (`ring` per Cout tile, in the spare bank): a Conv row starting a pooled row is reduced straight into it, a
+    later one maxed into it, and the pooled row's last Conv row stores it, `pitch` = sw * OW' pixels wide (its
+    columns past the Conv's are never picked). The ring is long enough that a tile is rewritten only DEPTH steps
+    after the step storing it (`run_pipeline`'s credits order the two)."""
+
+    g: PoolGeometry
+    height: int  # the Conv's output rows (the pool's input)
+    width: int  # the Conv's output columns
+    pitch: int  # pixels of a pooled row in the scratch: sw * OW'
+    ring: int  # pooled rows in flight per Cout tile
+
+    @staticmethod
+    def of(g: PoolGeometry, images: int, rows: int, steps_per_band: int, depth: int) -> RowPool:
+        """The pool of `images` Conv outputs computed in bands of `rows` rows, `steps_per_band` steps each."""
+        (oh, ow), sw = g.w.out_spatial, g.w.strides[1]
+        height, width = g.w.in_shape[2], g.w.in_shape[3]
+        spans = [(img, p, g.rows(p)) for img in range(images) for p in range(oh)]
+        first = [(img * height + hs[0]) // rows for img, _, hs in spans]  # band (counted over images) of each
+        last = [(img * height + hs[-1]) // rows for img, _, hs in spans]
+        ring = 1
+        while any((first[i + ring] - last[i]) * steps_per_band < depth for i in range(len(spans) - ring)):
+            ring += 1
+        return RowPool(g, height, width, sw * ow, ring)
+
+    def contributions(self, h: int) -> list[tuple[int, bool, bool]]:
+        """(pooled row, first, last) for every pooled row Conv row h belongs to."""
+        (kh, _), (sh, _), (dh, _) = self.g.w.kernel, self.g.w.strides, self.g.w.dilations
+        found = []
+        for t in range(kh):
+            p, r = divmod(h + self.g.w.pads[0] - t * dh, sh)
+            if r == 0 and 0 <= p < self.g.w.out_spatial[0]:
+                rows = self.g.rows(p)
+                found.append((p, h == rows[0], h == rows[-1]))
+        return sorted(found)
+
+    def column_taps(self) -> list[tuple[int, int, int]]:
+        """(first column j, columns, shift d) of each column tap: P[j] = max(P[j], row[j + d]) over its run, the
+        widest run first (it initialises P by a copy)."""
+        (_, kw), (_, dw), left = self.g.w.kernel, self.g.w.dilations, self.g.w.pads[1]
+        runs = []
+        for t in range(kw):
+            d = t * dw - left
+            lo, hi = max(0, -d), min(self.pitch, self.width - d)
+            if hi > lo:
+                runs.append((lo, hi - lo, d))
+        return sorted(runs, key=lambda r: -r[1])
+
+    def tile_bytes(self, tn: int, dtype: DType) -> int:
+        return self.pitch * tn * dtype.size
+
+    def emit_row(self, em: Emitter, row: int, dst: int, tn: int, dtype: DType) -> None:
+        """dst[j] (pitch pixels of tn channels) = the max over the column taps of row[j + d]: the widest tap
+        copied, the columns it leaves filled with the lowest value, then a `v.max` per other tap."""
+        es, (lo, count, d), *rest = dtype.size, *self.column_taps()
+        em.b.v_copy(*em.regs(dst + lo * tn * es, row + (lo + d) * tn * es), count * tn, dtype.name)
+        for a, b in ((0, lo), (lo + count, self.pitch)):
+            if b > a:
+                fill(em, dst + a * tn * es, (b - a) * tn, dtype, lowest(dtype))
+        for lo, count, d in rest:
+            at = dst + lo * tn * es
+            em.b.v_max(*em.regs(at, at, row + (lo + d) * tn * es), count * tn, dtype.name)
