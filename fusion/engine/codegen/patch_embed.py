@@ -496,11 +496,16 @@ class _Kernel:
         made = [{n.outputs[0] for n in part} for part in parts]
         views = dict(tail.kept)
 
-        def dequantize(em: Emitter) -> None:
+        def dequantize(em: Emitter, regs: Registers) -> None:
+            """The int8 patch tokens as float32 into their rows of the tokens tile, through a vector register (one
+            load of the int8 tile: no memory-to-memory passes)."""
             if self.scale is not None:
-                tokens, count = at.tokens + tail.first * cout * 4, self.p.oh * self.p.ow * cout
-                em.b.v_cvt(*em.regs(tokens, at.drained), count, "i8", "f32")
-                em.b.v_mul_vs(*em.regs(tokens, tokens, f32_bits(self.scale)), count, "f32")
+                r, count = regs.temp(), self.p.oh * self.p.ow * cout
+                em.b.vc_ld(r, em.reg(at.drained), count, "i8")
+                em.b.vc_cvt(r, r, "f32")
+                em.b.vc_mul_vs(r, r, em.reg(f32_bits(self.scale)))
+                em.b.vc_st(em.reg(at.tokens + tail.first * cout * 4), r)
+                regs.release(r)
 
         held: dict[str, Registers] = {}  # the split value stays in its vector register for the second part
 
@@ -517,8 +522,8 @@ class _Kernel:
 
             def emit(em: Emitter) -> None:
                 if i == 0:
-                    dequantize(em)
                     held["regs"] = Registers()
+                    dequantize(em, held["regs"])
                 if chain:
                     emit_chain(cx, em, chain, tail.table, ins, target, n, cout, held["regs"], stored)
 
