@@ -198,9 +198,10 @@ class RowPool:
         """The pool of `images` Conv outputs computed in bands of `rows` rows, `steps_per_band` steps each."""
         (oh, ow), sw = g.w.out_spatial, g.w.strides[1]
         height, width = g.w.in_shape[2], g.w.in_shape[3]
-        spans = [(img, p, g.rows(p)) for img in range(images) for p in range(oh)]
-        first = [(img * height + hs[0]) // rows for img, _, hs in spans]  # band (counted over images) of each
-        last = [(img * height + hs[-1]) // rows for img, _, hs in spans]
+        per_image = -(-height // rows)  # bands of one image: its rows [0, rows), [rows, 2 rows), ...
+        spans = [(img, g.rows(p)) for img in range(images) for p in range(oh)]
+        first = [img * per_image + hs[0] // rows for img, hs in spans]  # the band (over images) of each
+        last = [img * per_image + hs[-1] // rows for img, hs in spans]
         ring = 1
         while any((first[i + ring] - last[i]) * steps_per_band < depth for i in range(len(spans) - ring)):
             ring += 1

@@ -27,12 +27,12 @@ PACKED = "implicit_packed"
 POOLED = ("conv", "relu", "pool")
 
 
-def _graph(c, cout, spatial, k, s, p, relu, pool):
+def _graph(c, cout, spatial, k, s, p, relu, pool, n=1):
     """Conv (+ bias, ReLU) -> MaxPool(kernel, strides, dilations, pads, ceil_mode), seeded weights."""
     kernel, strides, dilations, pads, ceil = pool
     rng = np.random.default_rng(7)
     b = GraphBuilder("conv_pool")
-    x = b.input("x", (1, c, *spatial))
+    x = b.input("x", (n, c, *spatial))
     w = b.constant((rng.standard_normal((cout, c, k, k)) / math.sqrt(c * k * k)).astype(np.float32), "w")
     bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32), "b")
     h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=(1, 1), group=1, pads=(p,) * 4, strides=(s, s))
@@ -114,6 +114,14 @@ def test_the_stem_shape_moves_the_conv_output_once_instead_of_the_nchw_round_tri
     out, pooled = 16 * 12 * 12 * es, 16 * 6 * 6 * es
     assert _bytes(fused) == _bytes(separate) - 3 * out + 4 * pooled
     assert _bytes(fused) < _bytes(separate) + _bytes(pool) - out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_batch_pools_on_chip_across_its_images(dtype) -> None:
+    """Two images of 45 conv rows in bands that do not divide them: the ring of pooled rows carries on from one
+    image to the next (each tile rewritten only DEPTH steps after its store, race-checked), on base on chip."""
+    graph, names = _graph(3, 24, (45, 30), 3, 1, 1, True, ((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0), n=2)
+    _run_on(graph, names, dtype, "base")
 
 
 def test_the_other_conv_schedules_refuse_a_pool_by_name() -> None:
