@@ -2,26 +2,28 @@
 bias) -> [epilogue chain], the hidden activation (rows x hidden) never leaving the chip.
 
 Per block of `tile` rows the steps are:
-- P (prologue): the block's activations (each rows x D, one DMA each) and, in the first block, every row parameter
-  (biases, LayerNorm gamma/beta) packed in one constant (`pack_params`: one DMA) are loaded; the prologue chain
+- P (prologue): the block's activations (each rows x D, one DMA each) and, in the first block, the row parameters
+  (own biases, LayerNorm gamma/beta) packed in one constant (`pack_params`: one DMA) are loaded; the prologue chain
   (e.g. residual Add + LayerNorm, or RMSNorm) runs on whole rows (`chain.emit_chain`, the unfused recipes) and its
   result is cut into GEMM1's k-slices (int8: quantized at GEMM1's input scale, as the unfused MatMul does) in the
   spare scratchpad bank, where every later step of the block reads it. Values the epilogue reads (the pre-norm
   residual sum) are kept there too.
 - H_g (hidden groups of `panels` array-wide panels of the hidden dimension): one DMA loads the group's slice of
-  both weights (packed at compile time, `pack_weights`: per hidden panel, W1's K x N column panel then W2's N x D
-  row slice as array tiles), GEMM1 computes the group's hidden panels and drains them (int8: requantized as
-  GEMM1's drain does), the activation chain runs on each drained panel and (int8) quantizes it at GEMM2's input
-  scale, exactly as the unfused kernels do, and GEMM2 accumulates the panel as its K slice into an accumulator
+  both weights (packed at compile time, `pack_weights`: per hidden panel, W1's K x N column panel, W2's N x D
+  row slice as array tiles and the activation chain's row operands), GEMM1 computes the group's hidden panels
+  and drains them (int8: requantized as GEMM1's drain does), the activation chain runs on each drained panel
+  and (int8) quantizes it at GEMM2's input scale, exactly as the unfused kernels do, and GEMM2 accumulates the panel as its K slice into an accumulator
   that persists in the accumulator's spare bank. The next group's weights load while this group computes. Where a
   group's matrix work outlasts its weight DMA, the steps are software pipelined: GEMM2 of group g runs in step
-  g + 1, after GEMM1 of group g + 1, while the vector unit runs group g + 1's activation chain (`_Kernel.steps`).
+  g + 1, after GEMM1 of group g + 1, while the vector unit runs group g + 1's activation chain (group 0's beside
+  GEMM1 of group 1) (`_Kernel.steps`).
 - E (epilogue): GEMM2's accumulator is drained (requantized), its panels are reassembled into whole rows and the
   epilogue chain (bias, residual Add, a following LayerNorm) runs on them; its result (and every value read outside
   the group, e.g. the residual sum a following LayerNorm also feeds) is stored, such a value as soon as the chain
   has it (its DMA overlapping the rest of the chain).
 
-DRAM traffic is the compulsory: the activations in, the weights once per row block, the outputs out. Refused with
+DRAM traffic is the compulsory: the activations in, the weights (with the activation chain's rows) once per row
+block, the outputs out. Refused with
 a reason: weights that are not constant 2-D, a Gemm with transposes or scaling, an activation chain needing
 whole rows (a row reduction of the hidden activation), a chain reading other tensors than listed above, int8
 per-channel requantization (`requant` says so), tiles that do not fit the buffer slots or the spare banks.
@@ -132,17 +134,32 @@ def _pad(n: int, n_arr: int) -> int:
     return -(-n // n_arr) * n_arr
 
 
-def pack_weights(w1: np.ndarray, w2: np.ndarray, n_arr: int) -> np.ndarray:
-    """W1 (D x H) and W2 (H x D) as one block per hidden panel j: W1[:, j-th panel] (D x n_arr), then W2's rows of
-    that panel as D / n_arr array tiles (n_arr x n_arr each, output-panel order). Hidden and output columns are
-    zero-padded to the array size, so any run of consecutive panels is one contiguous DMA."""
+def pack_weights(w1: np.ndarray, w2: np.ndarray, n_arr: int, rows: np.ndarray) -> np.ndarray:
+    """W1 (D x H), W2 (H x D) and the activation chain's row operands (R x H float32) as one block per hidden panel
+    j: W1[:, j-th panel] (D x n_arr), then W2's rows of that panel as D / n_arr array tiles (n_arr x n_arr each,
+    output-panel order), then the panel's slice of each row operand (n_arr float32 each: read by the activation
+    chain from the panel's own buffer slot, no bank shared with the GEMMs of other panels). Hidden and output
+    columns are zero-padded to the array size, so any run of consecutive panels is one contiguous DMA."""
     d, h = w1.shape
     hp, dp = _pad(h, n_arr), _pad(d, n_arr)
     b = np.zeros((hp, dp), w2.dtype)
     b[:h, :d] = w2
     first = pack_panels(w1, n_arr).reshape(hp // n_arr, -1)
     second = b.reshape(hp // n_arr, n_arr, dp // n_arr, n_arr).transpose(0, 2, 1, 3).reshape(hp // n_arr, -1)
-    return np.ascontiguousarray(np.concatenate([first, second], axis=1).reshape(-1))
+    r = np.zeros((len(rows), hp), np.float32)
+    r[:, :h] = rows
+    third = r.reshape(len(rows), hp // n_arr, n_arr).transpose(1, 0, 2).reshape(hp // n_arr, -1)
+    parts = [np.ascontiguousarray(x).view(np.uint8) for x in (first, second, third)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=1).reshape(-1)).view(w1.dtype)
+
+
+def mid_rows(cx: LowerContext, p: MlpParts) -> list[str]:
+    """The activation chain's row operands (constants, one value per hidden column), packed with the weights."""
+    found = list(dict.fromkeys(o.value for o in (operands(cx, p.mid) if p.mid else {}).values() if o.kind == "row"))
+    for value in found:
+        if not cx.graph.is_constant(value):
+            raise CodegenError(f"{value!r}: an MLP kernel's row operands must be constants")
+    return found
 
 
 def _tables(cx: LowerContext, p: MlpParts) -> tuple[dict, dict, dict]:
@@ -151,19 +168,19 @@ def _tables(cx: LowerContext, p: MlpParts) -> tuple[dict, dict, dict]:
 
 def param_layout(cx: LowerContext, p: MlpParts) -> dict[str, tuple[int, int]]:
     """Byte offset and element count (padded to the array size) in the packed parameters of every row operand of
-    the three chains (by value) and each matrix node's own bias (by `bias_form` key)."""
+    the prologue and epilogue chains (by value) and each matrix node's own bias (by `bias_form` key)."""
     n_arr = cx.config.array_size
     d, h = cx.graph.types[p.first.inputs[1]].shape
     layout: dict[str, tuple[int, int]] = {}
     at = 0
-    for chain, table in zip((p.pre, p.mid, p.post), _tables(cx, p), strict=True):
-        width = h if chain is p.mid else d
+    tables = _tables(cx, p)
+    for table in (tables[0], tables[2]):
         for o in table.values():
             if o.kind == "row" and o.value not in layout:
                 if not cx.graph.is_constant(o.value):
                     raise CodegenError(f"{o.value!r}: an MLP kernel's row operands must be constants")
-                layout[o.value] = (at, _pad(width, n_arr))
-                at += 4 * _pad(width, n_arr)
+                layout[o.value] = (at, _pad(d, n_arr))
+                at += 4 * _pad(d, n_arr)
     for head, width in ((p.first, h), (p.second, d)):
         if own_bias(head) is not None:
             layout[bias_form(head.name)] = (at, _pad(width, n_arr))
@@ -198,13 +215,19 @@ def pack_params(cx: LowerContext, p: MlpParts, forms: dict) -> np.ndarray:
 
 
 def mlp_forms(cx: LowerContext, forms: dict) -> dict[str, np.ndarray]:
-    """The kernel's two constant blocks: both weights packed per hidden panel, and the row parameters."""
+    """The kernel's two constant blocks: both weights (and the activation chain's rows) packed per hidden panel,
+    and the other row parameters."""
     p = mlp_parts(cx.graph, cx.graph.nodes)
     form = CONST_I8 if cx.int8 else CONST_F32
     w1, w2 = (np.asarray(forms[const_key(h.inputs[1], form)]) for h in (p.first, p.second))
     key = p.first.inputs[1]
+    h = w1.shape[1]
+    rows = [np.asarray(cx.graph.constants[v], np.float32).reshape(-1) for v in mid_rows(cx, p)]
+    for value, row in zip(mid_rows(cx, p), rows, strict=True):
+        if row.size != h:
+            raise CodegenError(f"{value!r}: {row.size} values where a hidden row holds {h}")
     return {
-        const_key(key, MLP_WEIGHTS): pack_weights(w1, w2, cx.config.array_size),
+        const_key(key, MLP_WEIGHTS): pack_weights(w1, w2, cx.config.array_size, np.asarray(rows).reshape(len(rows), h)),
         const_key(key, MLP_PARAMS): pack_params(cx, p, forms),
     }
 
@@ -247,7 +270,9 @@ class _Kernel:
         rows = math.prod(self.a1.view.shape[:-1])
         self.dt = DType.i8 if cx.int8 else DType.f32  # the array operands', the weights' and GEMM2's drain's
         self.s = _Shape(rows, d, h, self.dt.size, self.a1.view.dtype.size)
-        self.chunk = d * self.n + self.n * _pad(d, self.n)  # elements of one hidden panel's packed weights
+        self.mids = mid_rows(cx, p)
+        self.rows_at = d * self.n + self.n * _pad(d, self.n)  # elements before a panel's rows in its block
+        self.chunk = self.rows_at + len(self.mids) * self.n * 4 // self.dt.size  # elements of one hidden panel
         self.rq = (requant(cx, p.first), requant(cx, p.second))
         self.layout = param_layout(cx, p)
         self.params_bytes = params_bytes(self.layout)
@@ -452,8 +477,17 @@ class _Kernel:
         loads = [(self.weights.slice(0, j * self.chunk, count * self.chunk), w + ds)]
         tiles = [(d + ds, q + ds) for d, q in panel_tiles[:count]]
         accs = [acc + da for acc in accs[:count]]
-        gemm1 = self._gemm1(w + ds, tiles, accs, rows, j)
-        act = self._activations(tiles, rows, j)
+        # software pipelined over several groups, the first group's chain runs beside the second group's GEMM1
+        defer = lag and self.panels < self.all_panels
+        before = []
+        if defer and g == 1:
+            prev = self._local(index - 1)
+            pw, ptiles, _ = prev["hid"]
+            before = self._activations(
+                pw + prev["ds"], [(d + prev["ds"], q + prev["ds"]) for d, q in ptiles[: self.panels]], rows
+            )
+        gemm1 = self._gemm1(w + ds, tiles, accs, rows, j, before)
+        act = [] if defer and g == 0 else self._activations(w + ds, tiles, rows)
         if lag:
             gemm2 = self._gemm2(index - 1, j - self.panels, rows, act) if g > 0 else None
         else:
@@ -461,7 +495,7 @@ class _Kernel:
 
         def matrix(em: Emitter) -> None:
             gemm1(em)
-            if act:
+            if self.p.mid:
                 em.push(Unit.matrix, Unit.vector)
             if not lag or gemm2 is None:
                 for emit in act:
@@ -486,12 +520,14 @@ class _Kernel:
         nbytes = count * self.chunk * self.s.es_a
         return matrix_lower_bound(cfg, tiles, tiles * rows) > dma_cycles(cfg, 1, nbytes, nbytes)
 
-    def _activations(self, tiles: list, rows: int, j: int) -> list[Callable[[Emitter], None]]:
-        """The activation chain of hidden panels j.. (one emitter per panel; none without a chain), after the
-        drains' token (`mx -> vx`, pushed by the first) and followed by its own (`vx -> mx`, by the last)."""
+    def _activations(self, w: int, tiles: list, rows: int) -> list[Callable[[Emitter], None]]:
+        """The activation chain of a group's hidden panels (weights block at `w`; one emitter per panel; none
+        without a chain), after the drains' token (`mx -> vx`, popped by the first) and followed by its own
+        (`vx -> mx`, pushed by the last)."""
         if not self.p.mid:
             return []
-        panels = [self._activation(t, rows, j + c) for c, t in enumerate(tiles)]
+        at = [w + (c * self.chunk + self.rows_at) * self.s.es_a for c in range(len(tiles))]
+        panels = [self._activation(t, rows, a) for t, a in zip(tiles, at, strict=True)]
 
         def act(c: int) -> Callable[[Emitter], None]:
             def emit(em: Emitter) -> None:
@@ -529,31 +565,35 @@ class _Kernel:
 
         return gemm2
 
-    def _gemm1(self, w: int, tiles: list, accs: list, rows: int, j: int) -> Callable[[Emitter], None]:
-        """GEMM1 of hidden panels j.. and its drains."""
+    def _gemm1(self, w: int, tiles: list, accs: list, rows: int, j: int, between: list) -> Callable[[Emitter], None]:
+        """GEMM1 of hidden panels j.. and its drains; the `between` emitters (vector work) spread over its tiles."""
         s, n, a, chunk, dt = self.s, self.n, self.alloc, self.chunk, self.dt
         bias1 = self.layout.get(bias_form(self.p.first.name))
+        order = [(index_k, c) for index_k in range(len(a["a1"])) for c in range(len(accs))]
+        after = _spread(len(order), len(between))
 
         def gemm1(em: Emitter) -> None:
-            for index_k, (k0, kb, a_addr) in enumerate(a["a1"]):
-                for c, acc in enumerate(accs):
-                    em.b.mx_preload(em.reg(w + (c * chunk + k0 * n) * s.es_a), kb, n, dt.name)
-                    (em.b.mx_mm if index_k == 0 else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
+            for t, (index_k, c) in enumerate(order):
+                k0, kb, a_addr = a["a1"][index_k]
+                em.b.mx_preload(em.reg(w + (c * chunk + k0 * n) * s.es_a), kb, n, dt.name)
+                (em.b.mx_mm if index_k == 0 else em.b.mx_mma)(*em.regs(accs[c], a_addr), rows)
+                for i in after.get(t, []):
+                    between[i](em)
             for c, (acc, (drained, _)) in enumerate(zip(accs, tiles, strict=True)):
                 bias = 0 if bias1 is None else a["params"] + bias1[0] + (j + c) * n * 4
                 self._drain(em, drained, acc, rows, n, bias, self.rq[0])
 
         return gemm1
 
-    def _activation(self, tile: tuple[int, int], rows: int, panel: int) -> Callable[[Emitter], None]:
-        """The activation chain on one drained hidden panel (int8: quantized at GEMM2's input scale)."""
+    def _activation(self, tile: tuple[int, int], rows: int, at: int) -> Callable[[Emitter], None]:
+        """The activation chain on one drained hidden panel (int8: quantized at GEMM2's input scale), its row
+        operands at `at` (the panel's weights block)."""
         n, p, cx = self.n, self.p, self.cx
-        mid_rows = {v: self.alloc["params"] + self.layout[v][0] for v in self._row_values(self.mid_t)}
         inv = None if self.a2.quantize_scale is None else 1.0 / self.a2.quantize_scale
         drained, q = tile
 
         def activation(em: Emitter) -> None:
-            located = {p.first.outputs[0]: drained} | {v: at + panel * n * 4 for v, at in mid_rows.items()}
+            located = {p.first.outputs[0]: drained} | {v: at + r * n * 4 for r, v in enumerate(self.mids)}
             emit_chain(cx, em, p.mid, self.mid_t, self._named(self.mid_t, located), q, rows * n, n, quantize=inv)
 
         return activation

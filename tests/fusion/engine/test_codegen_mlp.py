@@ -102,8 +102,9 @@ def _check(graph: Graph, nodes: tuple[str, ...], m: int, d: int, h: int, dtype: 
     stored = sum(run.outputs[v].nbytes for v in kernel.outputs)
     assert run.dram_write_bytes == stored
     activations = sum(env[v].nbytes for v in kernel.inputs)
-    n = mc.config.array_size  # both weights once per row block, hidden and output columns padded to the array
-    weights = -(-h // n) * n * (d + -(-d // n) * n) * (1 if dtype == "int8" else 4)
+    n = mc.config.array_size  # both weights once per row block, hidden and output columns padded to the array,
+    hp = -(-h // n) * n  # with b1 (the activation chain's row operand, float32) beside each hidden panel's weights
+    weights = hp * (d + -(-d // n) * n) * (1 if dtype == "int8" else 4) + hp * 4
     assert run.dram_read_bytes == activations + weights * blocks + k.params_bytes
     return k
 
@@ -113,6 +114,7 @@ def _check(graph: Graph, nodes: tuple[str, ...], m: int, d: int, h: int, dtype: 
     [
         (40, 64, 128, "int8", 2, 16, True),  # 3 row blocks, 4 hidden groups each
         (40, 64, 128, "fp32", 2, 0, True),  # fp32 with rows enough for the matrix to outlast the weight DMA
+        (40, 64, 48, "int8", 2, 0, True),  # a last group of one panel: the first group's chain in its step
         (37, 16, 128, "int8", 1, 8, False),  # a panel's matrix work is shorter than its weight DMA: in series
         (40, 64, 128, "fp32", 1, 13, False),
     ],
