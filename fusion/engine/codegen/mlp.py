@@ -13,10 +13,10 @@ Per block of `tile` rows the steps are:
   row slice as array tiles and the activation chain's row operands), GEMM1 computes the group's hidden panels
   and drains them (int8: requantized as GEMM1's drain does), the activation chain runs on each drained panel
   and (int8) quantizes it at GEMM2's input scale, exactly as the unfused kernels do, and GEMM2 accumulates the
-  panel as its K slice into an accumulator that persists in the accumulator's spare bank. The next group's weights load while this group computes. Where a
-  group's matrix work outlasts its weight DMA, the steps are software pipelined: GEMM2 of group g runs in step
-  g + 1, after GEMM1 of group g + 1, while the vector unit runs group g + 1's activation chain (group 0's beside
-  GEMM1 of group 1) (`_Kernel.steps`).
+  panel as its K slice into an accumulator that persists in the accumulator's spare bank. The next group's
+  weights load while this group computes. Where a group's matrix work outlasts its weight DMA, the steps are
+  software pipelined: GEMM2 of group g runs in step g + 1, after GEMM1 of group g + 1, while the vector unit
+  runs group g + 1's activation chain (group 0's beside GEMM1 of group 1) (`_Kernel.steps`).
 - E (epilogue): GEMM2's accumulator is drained (requantized), its panels are reassembled into whole rows and the
   epilogue chain (bias, residual Add, a following LayerNorm) runs on them; its result (and every value read outside
   the group, e.g. the residual sum a following LayerNorm also feeds) is stored, such a value as soon as the chain
