@@ -284,7 +284,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
     steps: list[Step] = []
     accs = 0  # accumulator tiles rotate by their own count: one lives through its channel steps
     bands = [(img, *band) for img in range(p.n) for band in k_slices(p.oh, tiling.rows)]
-    early, lead = _spare_tiles(cfg, p, tiling, tail, mm_dt, len(bands) == 1)
+    spare_tokens, lead = _spare_tiles(cfg, p, tiling, tail, mm_dt, len(bands) == 1)
     for b, (img, oh0, rows) in enumerate(bands):
         m = rows * p.ow
         chan = [rows * p.ph * p.w * image.dtype.size, p.ph * m * p.pw * mm_dt.size]
@@ -318,7 +318,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                     step = TileArena(cfg, len(steps), cx.rotation)
                 if tiling.own_band:
                     raw, band = (0, lead) if first else (step.tile(chan[0]), step.tile(chan[1]))
-                    ends = (early or [step.tile(size) for size in toks]) if c == p.c - 1 else []
+                    ends = (spare_tokens or [step.tile(size) for size in toks]) if c == p.c - 1 else []
                 else:
                     raw, band, ends = step.tile(chan[0]), shared[0] + c * chan[1], shared[1:]
                 if tiling.resident:
@@ -330,8 +330,6 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
                     loads.append((weights.slice(0, c * p.ph, p.ph).slice(1, co0 * p.pw, width * p.pw), w))
                 if g == 0 and not first:
                     loads.insert(0, (image.index((img, c)).slice(0, oh0 * p.ph, rows * p.ph), raw))
-                if early and c == (p.c - 1 if lead else 1):  # the class rows, long before the last drains (not
-                    loads += k.class_rows(img, early[0])  # in the spare bank while the matrix unit reads it)
                 where = _Where(img, rows, raw, band, w, pitch, *ends, *[0] * (2 - len(ends)))
                 t = _Tile(co0, width, c, acc, g == len(groups) - 1)
                 dest = tokens.index((img,)).slice(0, oh0 * p.ow, m)
@@ -344,7 +342,7 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
             # store overlaps the rest of the chain (no later step reuses the first part's tiles)
             # (each part led by the matrix unit: a credit token to the vector unit from three steps back would
             # otherwise be the one a part's vector hand-over pops)
-            for tail_loads, emit, stores in k.tail_step(own, where, bool(early), img == p.n - 1):
+            for tail_loads, emit, stores in k.tail_step(own, where, img == p.n - 1):
                 steps.append(Step(tail_loads, [(Unit.matrix, lambda em: None), (Unit.vector, emit)], stores))
     return steps
 
@@ -353,14 +351,15 @@ def _spare_tiles(
     cfg: MachineConfig, p: Patchify, tiling: _Tiling, tail: _Tail | None, mm_dt: DType, one_band: bool
 ) -> tuple[list[int], int]:
     """What goes to the spare bank when the weights do not (loaded per step) and each channel's rows sit in its
-    step's slot: with one image whose tail runs apart and several channels, the tokens tiles (the class rows then
-    load early: in the last channel's slot, their DMA held its regrouping back); with one band, channel 0's
-    regrouped rows (its own step regroups them while the first weights load). ([], 0) when they do not fit."""
+    step's slot: with one image whose tail runs apart, the tokens tiles (in the last
+    channel's slot, the tail's DMA of the class rows into them held that channel's regrouping back); with one
+    band, channel 0's regrouped rows (its own step regroups them while the first weights load). ([], 0) when they
+    do not fit."""
     spare = TileArena.spare(cfg)
     if spare is None or tiling.resident or not tiling.own_band:
         return [], 0
-    early = tail is not None and tiling.tail_apart and p.n == 1 and p.c >= 2
-    tokens = [tail.rows * p.cout * 4] + ([p.oh * p.ow * p.cout] if mm_dt is DType.i8 else []) if early else []
+    apart = tail is not None and tiling.tail_apart and p.n == 1  # (one image: no later drains into them)
+    tokens = [tail.rows * p.cout * 4] + ([p.oh * p.ow * p.cout] if mm_dt is DType.i8 else []) if apart else []
     lead = [p.ph * p.oh * p.ow * p.pw * mm_dt.size] if one_band else []
     if not spare.fits(tokens + lead):
         return [], 0
@@ -454,7 +453,7 @@ class _Kernel:
         compute = [(Unit.vector, lambda em: self.regroup(em, at))] if regroup else []
         compute.append((Unit.matrix, matmul))
         if self.tail is not None and last and t.last_group and not self.tiling.tail_apart:
-            ((tail_loads, tail_emit, tail_stores),) = self.tail_step(arena, at, False, False)
+            ((tail_loads, tail_emit, tail_stores),) = self.tail_step(arena, at, False)
             loads += tail_loads
             compute.append((Unit.vector, tail_emit))
             stores += tail_stores
@@ -474,21 +473,17 @@ class _Kernel:
                 else:
                     em.b.v_copy(*em.regs(dst, src), n, self.mm_dt.name)
 
-    def class_rows(self, img: int, tokens: int) -> list:
-        """Loads of the Concat's constant rows into the image's tokens tile [T, Cout]."""
-        return [(view.index((img,)), tokens + row * self.p.cout * 4) for view, row in self.tail.consts]
-
-    def tail_step(self, arena: TileArena, at: _Where, rows_loaded: bool, split: bool) -> list[tuple]:
-        """The image's Concat (constant rows loaded beside the tokens unless `rows_loaded`; int8: the requantized
-        tokens dequantized as the reference does) and the chain after it, on the whole [T, Cout] tile: (loads,
-        vector emitter, stores), and with `split` a second part after the first value stored for outside readers
-        that the rest of the chain reads alone (its store overlaps the rest)."""
+    def tail_step(self, arena: TileArena, at: _Where, split: bool) -> list[tuple]:
+        """The image's Concat (constant rows loaded beside the tokens; int8: the requantized tokens dequantized as
+        the reference does) and the chain after it, on the whole [T, Cout] tile: (loads, vector emitter, stores),
+        and with `split` a second part after the first value stored for outside readers that the rest of the chain
+        reads alone (its store overlaps the rest)."""
         tail, cx, cout = self.tail, self.cx, self.p.cout
         n = tail.rows * cout
         addr = {v: arena.tile(n * 4) for v in tail.tiles} | {v: arena.tile(cout * 4) for v in tail.rows_in}
         out = arena.tile(n * 4) if tail.chain else at.tokens
         kept = {v: (at.tokens if v == tail.value else arena.tile(n * 4)) for v, _ in tail.kept}
-        loads = [] if rows_loaded else self.class_rows(at.img, at.tokens)
+        loads = [(view.index((at.img,)), at.tokens + row * cout * 4) for view, row in tail.consts]
         loads += [(view.index((at.img,)), addr[v]) for v, view in tail.tiles.items()]
         loads += [(view, addr[v]) for v, view in tail.rows_in.items()]
         cut = _split(tail, set(kept)) if split else len(tail.chain)

@@ -109,7 +109,7 @@ def patchify_shapes(draw):
 )
 # (fits a slot with one channel's regrouped rows per step, not with every channel's)
 @example(shape=(1, 4, 3, (45, 70), (9, 14)), bias=False, tail="add", classes=(1, 0), resident=False)
-# (a load-free tail step three steps after channel 0's own regrouping step: token order)
+# (two channels of one-pixel patches, a Concat tail: channel 0 regrouped by its own step)
 @example(shape=(1, 2, 1, (1,), (1,)), bias=False, tail="concat", classes=(1, 0), resident=False)
 def test_every_patchify_conv_and_embedding_tail_matches_the_reference(dtype, shape, bias, tail, classes, resident):
     graph = patch_graph(*shape, bias, tail=tail, classes=classes)
