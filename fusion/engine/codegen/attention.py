@@ -50,7 +50,7 @@ from fusion.engine.attention_match import (
     with_out_projection,
     with_projections,
 )
-from fusion.engine.codegen import attention_proj
+from fusion.engine.codegen import attention_order, attention_proj
 from fusion.engine.codegen.attention_proj import Projection, projection
 from fusion.engine.codegen.chain import VREGS, Registers, emit_node, operands
 from fusion.engine.codegen.gemm import _quantizer
@@ -59,7 +59,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
-from fusion.lower.local_alloc import TileArena, largest_fitting
+from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType, Unit
 from simulator.config import MachineConfig
@@ -379,11 +379,17 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     p = _plan(cx, match)
     t = tiling(cx.config, p, match.softmax)
     heads = len(p.q.maps.bases)
+    blocks = [(h, i0, rows_i) for h in range(heads) for i0, rows_i in chunks(p.sq, t.rows)]
+    if not t.online and 1 < len(blocks) <= DEPTH and t.block_keys >= p.sk:
+        arenas = [TileArena(cx.config, j, cx.rotation) for j in range(len(blocks))]
+        return [_grouped_step(cx, match, p, arenas, blocks, t)]
     steps = []
-    for h in range(heads):
-        for i0, rows_i in chunks(p.sq, t.rows):
-            arena = TileArena(cx.config, len(steps), cx.rotation)
-            steps.append((_online_step if t.online else _step)(cx, match, p, arena, (h, i0, rows_i), t))
+    for block in blocks:
+        arena = TileArena(cx.config, len(steps), cx.rotation)
+        if t.online:
+            steps.append(_online_step(cx, match, p, arena, block, t))
+        else:
+            steps.append(_grouped_step(cx, match, p, [arena], [block], t))
     return steps
 
 
@@ -505,13 +511,6 @@ def _work() -> dict[str, list]:
     return {"loads": [], "xquants": [], "project": [], "scales": [], "quants": [], "copies": []}
 
 
-def _projection_segments(work: dict[str, list]) -> list:
-    """A step's projections (`codegen.attention_proj`) after its loads: the activation quantized (a float one on
-    the int8 path), then Q, K^T and V computed into the tiles the attention reads."""
-    out = [(Unit.vector, _quantizer(work["xquants"]))] if work["xquants"] else []
-    return out + ([(Unit.matrix, _run(work["project"]))] if work["project"] else [])
-
-
 def _block_loads(work: dict[str, list]) -> list:
     """A key block's loads inside a step, then the vector unit's work on them (if any)."""
     return [(Unit.load, _run(work["loads"]))] + ([(Unit.vector, _prepare(work))] if _busy(work) else [])
@@ -559,19 +558,26 @@ class StepOperands:
 
 
 def _step_operands(
-    arena: TileArena, p: Plan, block: tuple[int, int, int], t: Tiling, n: int, shared: TileArena | None = None
+    arena: TileArena,
+    p: Plan,
+    block: tuple[int, int, int],
+    t: Tiling,
+    n: int,
+    gt: GroupTiles,
+    shared: TileArena | None = None,
 ) -> StepOperands:
-    """`shared`: the arena of the projections' activation tiles every step reads (`attention_proj.shared_arena`)."""
+    """`gt`: the tiles the step's head blocks share (the first block loads the positions); `shared`: the arena of
+    the projections' activation tiles every step reads (`attention_proj.shared_arena`)."""
     h, i0, m = block
     head = _work()
     q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
+    pos = arena.tile(p.positions.size * 4) if p.positions is not None else 0
+    load = [lambda em: em.dma_load(p.positions, pos)] if p.positions is not None else []
     if p.proj is not None:
-        return _projected_operands(arena, p, block, t, n, head, q_buf, shared)
+        head["loads"] += load
+        return _projected_operands(arena, p, block, t, n, head, q_buf, pos, gt, shared)
     _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
-    pos = 0
-    if p.positions is not None:
-        pos = arena.tile(p.positions.size * 4)
-        head["loads"].append(lambda em: em.dma_load(p.positions, pos))
+    head["loads"] += load
     ktiles = chunks(p.sk, n)
     per_block = t.block_keys // n
     kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
@@ -594,18 +600,18 @@ def _projected_operands(
     n: int,
     head: dict,
     q_buf: Buffer,
+    pos: int,
+    gt: GroupTiles,
     shared: TileArena | None,
 ) -> StepOperands:
     """`_step_operands` when Q, K^T and V are computed (`codegen.attention_proj`): the same buffers, filled by the
     projections (one key block: a whole head's K and V) and then transformed as loaded ones are."""
-    pos = 0
-    if p.positions is not None:
-        pos = arena.tile(p.positions.size * 4)
-        head["loads"].append(lambda em: em.dma_load(p.positions, pos))
     ktiles = chunks(p.sk, n)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
-    loads, quants, emit, weights = attention_proj.step_projection(arena, p.proj, block, p.sk, n, shared)
+    loads, quants, emit, weights = attention_proj.step_projection(
+        arena, p.proj, block, p.sk, n, list(gt.proj_accs), shared
+    )
     head["loads"] += loads
     head["xquants"] += quants
     tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
@@ -619,17 +625,134 @@ def _projected_operands(
     return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, [_work()], [_work()], weights)
 
 
-def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, block: tuple[int, int, int], t: Tiling):
-    """One head's block of m query rows: Q, each key tile's K^T and V loaded with one DMA each, split locally into
-    the chunks of at most N columns the matrix unit reads (else one DMA per chunk); each output chunk stored as
-    drained (the store unit is otherwise idle). Keys in blocks (`t.block_keys`): each block's K^T then V reuse
-    the same buffers, loaded once the matrix unit is done with the previous block (one step's segments run in
-    order)."""
+@dataclass(frozen=True)
+class GroupTiles:
+    """Accumulator tiles a step's head blocks share: the projections' (`attention_proj.acc_bytes`) and the
+    scores' and product's; only the matrix unit uses them, in order, each drained before the next head's products
+    start."""
+
+    proj_accs: tuple[int, ...] = ()
+    acc: int = 0
+    score_regions: bool = False  # one region per key tile: every score product issued, then every drain
+    product_regions: bool = False  # one region per value chunk (else one, each chunk drained before the next)
+
+
+def _group_tiles(cfg: MachineConfig, arena: TileArena, p: Plan, t: Tiling, m: int, n: int) -> GroupTiles:
+    proj = attention_proj.acc_bytes(p.proj, m, p.sk, n) if p.proj is not None else []
+    proj_accs = tuple(arena.acc_tile(b) for b in proj)
+    ktiles, echunks = len(chunks(min(t.block_keys, p.sk), n)), len(chunks(p.dv, n))
+    streamed = t.block_keys < -(-p.sk // n) * n
+    probe = TileArena(cfg, 0)
+    # one accumulator region per value chunk (when they fit) lets the chunks' products follow each other through
+    # the array, each drained after the last one is issued, instead of a drain waiting after each; the same for
+    # the scores' key tiles
+    product = streamed or probe.fits([], [m * n * echunks * 4])
+    regions = echunks if product else 1
+    scores = ktiles > 1 and probe.fits([], [*proj, m * n * max(ktiles, regions) * 4])
+    acc = arena.acc_tile(m * n * max(ktiles if scores else 1, regions) * 4)
+    return GroupTiles(proj_accs, acc, scores, product)
+
+
+def _grouped_step(
+    cx: LowerContext,
+    match: AttentionMatch,
+    p: Plan,
+    arenas: list[TileArena],
+    blocks: list[tuple[int, int, int]],
+    t: Tiling,
+) -> Step:
+    """Head blocks in one step, block j's tiles in buffer slot j (its own banks: one unit's work on one block
+    never waits for another unit's on another), their stages unit by unit (loads, quantize, project, prepare,
+    scores, softmax, product, stores): each unit takes one stage of every block in turn and hands each block's
+    part to the next unit as soon as it is done (a token per block), so the matrix unit projects or scores one
+    head while the vector unit runs another's softmax; the instructions in the order `attention_order` expects
+    them to start. One block: the pipeline's step, its stages one segment each."""
+    n = cx.config.array_size
+    gt = _group_tiles(cx.config, arenas[0], p, t, blocks[0][2], n)
+    parts = [_head_stages(cx, match, p, a, b, t, gt) for a, b in zip(arenas, blocks, strict=True)]
+    if len(parts) == 1:
+        ((stages, stores),) = parts
+        return Step([], [(u, _run(fns)) for u, fns in _runs([stages])[0]], stores)
+    heads = []
+    for stages, stores in parts:
+        store = [lambda em, a=a, v=v: em.dma_store(a, v) for a, v in stores]
+        heads.append([*stages, (Unit.store, _run(store) if store else None)])
+    runs = _runs(heads)
+    parts = [[(unit, _recorded(head, r)) for r, (unit, _) in enumerate(head)] for head in runs]
+    stages = range(len(runs[0]))
+    heads_ = range(len(parts))
+    orders = [  # the pipeline's order; each unit stage by stage (the heads in turn) or head by head, merged
+        _pipelined(parts),
+        attention_order.merge(cx.config, _streams([parts[g][r] for r in stages for g in heads_]))[0],
+        attention_order.merge(cx.config, _streams([parts[g][r] for g in heads_ for r in stages]))[0],
+    ]
+    order = min(orders, key=lambda o: attention_order.estimate(cx.config, o))
+    # no stores described: the step's tiles lie in every slot (`pipelined.step_slots` then assumes all)
+    return Step([], [(runs[0][-1][0], lambda em: attention_order.replay(em, order))], [])
+
+
+def _recorded(head: list[tuple[Unit, list[Callable]]], r: int) -> list:
+    """Stage run r of a head as instructions, with its tokens: popped from the previous run's unit first, pushed
+    to the next run's unit last."""
+    unit, fns = head[r]
+    calls = [attention_order.token(head[r - 1][0], unit, False)] if r else []
+    calls += attention_order.record(fns)
+    return calls + ([attention_order.token(unit, head[r + 1][0], True)] if r + 1 < len(head) else [])
+
+
+def _pipelined(parts: list[list[tuple[Unit, list]]]) -> list:
+    """The order `run_pipeline` gives steps of one head each: a head's loads before the previous head's compute."""
+    loads = [[c for unit, calls in head if unit is Unit.load for c in calls] for head in parts]
+    rest = [[c for unit, calls in head if unit is not Unit.load for c in calls] for head in parts]
+    order = list(loads[0])
+    for g in range(len(parts)):
+        order += (loads[g + 1] if g + 1 < len(parts) else []) + rest[g]
+    return order
+
+
+def _streams(parts: list[tuple[Unit, list]]) -> dict[Unit, list]:
+    """Each unit's instructions, its parts in the given order."""
+    streams: dict[Unit, list] = {}
+    for unit, calls in parts:
+        streams.setdefault(unit, []).extend(calls)
+    return streams
+
+
+def _runs(heads: list[list[tuple[Unit, Callable | None]]]) -> list[list[tuple[Unit, list[Callable]]]]:
+    """Per head: its stages as runs on one unit each (unit, emit functions), the same units for every head (a
+    stage is left out when no head has work in it)."""
+    units = [u for u, _ in heads[0]]
+    keep = [k for k in range(len(units)) if any(stages[k][1] is not None for stages in heads)]
+    runs: list[list[int]] = []
+    for k in keep:
+        if runs and units[runs[-1][-1]] == units[k]:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return [
+        [(units[run[0]], [stages[k][1] for k in run if stages[k][1] is not None]) for run in runs] for stages in heads
+    ]
+
+
+def _head_stages(
+    cx: LowerContext,
+    match: AttentionMatch,
+    p: Plan,
+    arena: TileArena,
+    block: tuple[int, int, int],
+    t: Tiling,
+    gt: GroupTiles,
+) -> tuple[list[tuple[Unit, Callable | None]], list]:
+    """One head's block of m query rows: its stages (unit, emit or None), the same units for every block, and its
+    stores. Q, each key tile's K^T and V loaded with one DMA each (or computed: `codegen.attention_proj`), split
+    locally into the chunks of at most N columns the matrix unit reads (else one DMA per chunk). Keys in blocks
+    (`t.block_keys`): each block's K^T then V reuse the same buffers, loaded once the matrix unit is done with
+    the previous block (one step's segments run in order)."""
     h, i0, m = block
     n = cx.config.array_size
     g = cx.graph
     shared = attention_proj.shared_arena(cx.config, p.proj, m, p.sq, p.sk) if p.proj is not None else None
-    io = _step_operands(arena, p, block, t, n, shared)
+    io = _step_operands(arena, p, block, t, n, gt, shared)
     head, q_buf, pos, ktiles, kblocks = io.head, io.q, io.positions, io.ktiles, io.kblocks
     k_bufs, v_bufs, k_work, v_work = io.k, io.v, io.k_work, io.v_work
     split = len(ktiles) > 1
@@ -642,23 +765,30 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     p_tiles = _packed(arena, m, ktiles, pes) if split else [p_rows]
     echunks = chunks(p.dv, n)
     streamed = len(kblocks) > 1  # the product accumulates over key blocks: one region per value chunk
-    # one accumulator region per value chunk (when they fit) also lets the chunks' products follow each other
-    # through the array, each drained after the last one is issued, instead of a drain waiting after each
-    regions = streamed or TileArena(cx.config, 0).fits([], [m * n * len(echunks) * 4])
-    acc = arena.acc_tile(m * n * (len(echunks) if regions else 1) * 4)
+    acc, regions = gt.acc, gt.product_regions
     o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
     (mult1, shift1), (mult2, shift2) = p.requant or ((f32_bits(1.0), 0), (f32_bits(1.0), 0))
     kdt, vdt = _op_dt(p.k), _op_dt(p.v)
     first_tile = [sum(len(kb) for kb in kblocks[:b]) for b in range(len(kblocks))]
 
     def scores(b: int) -> Callable[[Emitter], None]:
+        tiles = list(zip(kblocks[b], k_bufs, strict=False))
+        at = [acc + (i * m * n * 4 if gt.score_regions else 0) for i in range(len(tiles))]
+
+        def drain(em: Emitter, lo: int, hi: int) -> None:
+            em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
+            for j in range(lo, hi):
+                em.b.mx_drain(*em.regs(s_tiles[first_tile[b] + j], at[j]), m, tiles[j][0][1])
+
         def emit(em: Emitter) -> None:
-            for i, ((_, bk), kb) in enumerate(zip(kblocks[b], k_bufs, strict=False)):
+            for i, ((_, bk), kb) in enumerate(tiles):
                 for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_buf.chunks, strict=True)):
                     em.b.mx_preload(em.reg(kb.chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
-                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
-                em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
-                em.b.mx_drain(*em.regs(s_tiles[first_tile[b] + i], acc), m, bk)
+                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(at[i], q_addr), m)
+                if not gt.score_regions:  # one region: each tile drained before the next one's products
+                    drain(em, i, i + 1)
+            if gt.score_regions:  # every tile's products back to back, then the drains
+                drain(em, 0, len(tiles))
 
         return emit
 
@@ -736,10 +866,10 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
     # a streamed step loads inside its segments: it must not start with loads, which the pipeline would issue
     # under the previous step (their hand-over tokens would then pair with this step's later loads)
     compute: list = [(Unit.scalar, _run([]))] if streamed else []
-    compute.append((Unit.load, _run(head["loads"])))
-    compute += _projection_segments(head)
-    if _busy(head):
-        compute.append((Unit.vector, _prepare(head)))
+    compute.append((Unit.load, _run(head["loads"]) if head["loads"] else None))
+    compute.append((Unit.vector, _quantizer(head["xquants"]) if head["xquants"] else None))
+    compute.append((Unit.matrix, _run(head["project"]) if head["project"] else None))
+    compute.append((Unit.vector, _prepare(head) if _busy(head) else None))
     for b in range(len(kblocks)):
         compute += _block_loads(k_work[b]) if streamed else []
         compute.append((Unit.matrix, scores(b)))
@@ -751,9 +881,9 @@ def _step(cx: LowerContext, match: AttentionMatch, p: Plan, arena: TileArena, bl
         y_tiles = [arena.tile(b) for b in attention_proj.out_tiles(p.outp, m, n)]
         emit, stores = attention_proj.out_projection_emit(p.outp, block, io.weights, o_tiles, y_tiles, n)
         compute.append((Unit.matrix, emit))
-        return Step([], compute, stores)
+        return compute, stores
     out = p.out.view(h).slice(0, i0, m)
-    return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
+    return compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)]
 
 
 def _online_step(
@@ -766,7 +896,7 @@ def _online_step(
     h, i0, m = block
     n = cx.config.array_size
     g = cx.graph
-    io = _step_operands(arena, p, block, t, n)
+    io = _step_operands(arena, p, block, t, n, GroupTiles())
     q_buf, pos, kblocks, k_bufs, v_bufs = io.q, io.positions, io.kblocks, io.k, io.v
     kb_max = t.block_keys
     s_rows, p_rows = arena.tile(m * kb_max * 4), arena.tile(m * kb_max * 4)

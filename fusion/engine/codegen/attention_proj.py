@@ -434,19 +434,19 @@ def shared_arena(cfg: MachineConfig, p: Projection, m: int, sq: int, sk: int) ->
 
 
 def step_projection(
-    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, shared: TileArena | None = None
+    arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, accs: list[int], shared: TileArena | None = None
 ) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None], int]:
     """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
     (loads, quants, emit, the weights' tile) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q (m x chunk
-    tiles), K^T (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers. `shared`
-    (`shared_arena`): the activation tiles are there, loaded by the first head's step only."""
+    tiles), K^T (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers, through `accs` (the
+    step's accumulator tiles, sized by `acc_bytes`; the matrix unit drains them before another head's products).
+    `shared` (`shared_arena`): the activation tiles are there, loaded by the first head's step only."""
     h, i0, m = block
     loads: list = []
     quants: list = []
     xq, xk, xv = _activation(shared or arena, p, block, sk, n, loads, quants)
     if shared is not None and h > 0:
         loads, quants = [], []
-    accs = [arena.acc_tile(b) for b in acc_bytes(p, m, sk, n)]
     w = arena.tile(weight_tile(p))
     wrow = p.weights.slice(0, int(p.block_of[h]), 1)
     loads.append(lambda em: em.dma_load(wrow, w))

@@ -1,0 +1,184 @@
+"""Issue order for an attention step whose head blocks run their stages interleaved (`codegen.attention`).
+
+The control core issues in program order into per-unit queues of `queue_depth` entries: a queue that is full
+stops the issue of everything behind it. Stages written one after another (all of one unit's work, then the
+next unit's) therefore run one after another even when tokens would let them overlap: the matrix unit's next
+head waits behind the vector unit's instructions the core cannot issue yet. So each head's part of each stage is
+recorded (`record`: instructions with the values their scalar registers hold, not the registers), the parts are
+put in per-unit streams with the tokens that order them, and the streams are merged (`merge`) in the order a
+small model of the units expects them to start; `replay` then emits the merged list, loading the values into
+registers as it goes (the emitter's register cache), so any merge is a correct program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fusion.engine.errors import CodegenError
+from fusion.lower.emitter import UNIT_NAME, Emitter
+from isa.enums import Unit
+from simulator.config import MachineConfig
+
+BY_NAME = {name: unit for unit, name in UNIT_NAME.items()}
+PRIORITY = (Unit.load, Unit.matrix, Unit.vector, Unit.store)  # ties: the unit whose work others wait for first
+
+
+class Held(int):
+    """A recorded scalar operand: the 32-bit value its register holds (loaded again at replay)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded instruction: the builder method, its arguments (`Held` for scalar registers), its unit."""
+
+    unit: Unit
+    name: str
+    args: tuple
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def record(*args) -> None:
+            self.calls.append((name, args))
+
+        return record
+
+
+class _RecordingEmitter(Emitter):
+    def __init__(self) -> None:
+        super().__init__(_Recorder())  # type: ignore[arg-type]
+
+    def reg(self, value: int) -> int:
+        value &= 0xFFFFFFFF
+        return 0 if value == 0 else Held(value)
+
+    def local_label(self, prefix: str) -> str:
+        raise CodegenError("an interleaved attention stage branches (its instructions cannot be reordered)")
+
+
+def _unit(name: str, args: tuple) -> Unit:
+    if name in ("sync_push", "sync_pop"):
+        return BY_NAME[args[0 if name == "sync_push" else 1]]
+    if name.startswith(("mx_", "ep_")):
+        return Unit.matrix
+    if name.startswith(("v_", "vc_")):
+        return Unit.vector
+    if name in ("dma_ld", "dma_ldt"):
+        return Unit.load
+    if name == "dma_st":
+        return Unit.store
+    raise CodegenError(f"an interleaved attention stage emits {name!r}, which is not a unit instruction")
+
+
+def record(fns: Sequence[Callable[[Emitter], None]]) -> list[Call]:
+    """The instructions the emit functions produce, in order."""
+    em = _RecordingEmitter()
+    for fn in fns:
+        fn(em)
+    return [Call(_unit(name, args), name, args) for name, args in em.b.calls]
+
+
+def token(src: Unit, dst: Unit, push: bool) -> Call:
+    name = "sync_push" if push else "sync_pop"
+    return Call(src if push else dst, name, (UNIT_NAME[src], UNIT_NAME[dst]))
+
+
+def _cost(cfg: MachineConfig, c: Call) -> int:
+    """Cycles a unit is busy with the instruction (an estimate: the merge needs the order, not the cycles)."""
+    n = cfg.array_size
+    if c.name in ("mx_preload", "sync_push", "sync_pop"):
+        return 0
+    if c.unit in (Unit.load, Unit.store):
+        rows, cols, dtype = c.args[3], c.args[4], c.args[5]
+        row_bytes = cols * {"i8": 1, "i32": 4, "f32": 4}[dtype]
+        bursts = rows * -(-row_bytes // cfg.burst_bytes)
+        return cfg.dram_latency + -(-bursts * cfg.burst_bytes // cfg.dram_bytes_per_cycle)
+    if c.name in ("mx_mm", "mx_mma"):
+        return max(c.args[2], n)
+    if c.name == "mx_drain":
+        return c.args[2] + 3
+    counts = [a for a in c.args[2:] if type(a) is int]  # v.* and vc.ld: the element count
+    return 2 + (-(-counts[0] // cfg.vector_lanes) if counts and c.name.startswith(("v_", "vc_ld")) else 1)
+
+
+def merge(cfg: MachineConfig, streams: dict[Unit, list[Call]]) -> tuple[list[Call], int]:
+    """One program order of the per-unit streams, and the cycles the model expects it to take: repeatedly the
+    instruction expected to start first (a unit runs its stream in order; a pop starts once its push has
+    finished; a matrix drain or push once the matmuls before it have their results). Every pop comes after its
+    push."""
+    at = {u: 0 for u in streams}
+    cursor = {u: 0 for u in streams}
+    pushed: dict[tuple, list[int]] = {}
+    popped: dict[tuple, int] = {}
+    results = 0  # when the matrix unit's issued matmuls have their results
+    out: list[Call] = []
+    total = sum(len(s) for s in streams.values())
+    while len(out) < total:
+        best = None
+        for u in PRIORITY:
+            if u not in streams or cursor[u] == len(streams[u]):
+                continue
+            c = streams[u][cursor[u]]
+            start = at[u]
+            if c.name == "sync_pop":
+                done = pushed.get(c.args, [])
+                if popped.get(c.args, 0) >= len(done):
+                    continue
+                start = max(start, done[popped.get(c.args, 0)])
+            elif u is Unit.matrix and c.name in ("mx_drain", "sync_push"):
+                start = max(start, results)
+            if best is None or start < best[0]:
+                best = (start, u, c)
+        if best is None:
+            raise CodegenError("the interleaved attention stages wait on each other (no token can be pushed)")
+        start, u, c = best
+        cursor[u] += 1
+        at[u] = start + _cost(cfg, c)
+        if c.name in ("mx_mm", "mx_mma"):
+            results = max(results, start + c.args[2] + 2 * cfg.array_size - 1)
+        if c.name == "sync_push":
+            pushed.setdefault(c.args, []).append(start)
+        elif c.name == "sync_pop":
+            popped[c.args] = popped.get(c.args, 0) + 1
+        out.append(c)
+    return out, max([*at.values(), results])
+
+
+def estimate(cfg: MachineConfig, calls: Sequence[Call]) -> int:
+    """Cycles the model expects the program order to take with in-order issue: an instruction issues after the
+    previous one (and the `li`s of its values) once its unit's queue has room (the instruction `queue_depth`
+    earlier on that unit has started), and starts as `merge` has it."""
+    issue, results = 0, 0
+    at: dict[Unit, int] = {}
+    started: dict[Unit, list[int]] = {}
+    pushed: dict[tuple, list[int]] = {}
+    popped: dict[tuple, int] = {}
+    for c in calls:
+        issue += 1 + sum(isinstance(a, Held) for a in c.args)
+        queue = started.setdefault(c.unit, [])
+        if len(queue) >= cfg.queue_depth:
+            issue = max(issue, queue[-cfg.queue_depth])
+        start = max(issue, at.get(c.unit, 0))
+        if c.name == "sync_pop":
+            k = popped.get(c.args, 0)
+            start = max(start, pushed[c.args][k])
+            popped[c.args] = k + 1
+        elif c.unit is Unit.matrix and c.name in ("mx_drain", "sync_push"):
+            start = max(start, results)
+        if c.name in ("mx_mm", "mx_mma"):
+            results = max(results, start + c.args[2] + 2 * cfg.array_size - 1)
+        if c.name == "sync_push":
+            pushed.setdefault(c.args, []).append(start)
+        queue.append(start)
+        at[c.unit] = start + _cost(cfg, c)
+    return max([*at.values(), results])
+
+
+def replay(em: Emitter, calls: Sequence[Call]) -> None:
+    """Emit the calls, each recorded value loaded into a register (re-using the emitter's earlier loads)."""
+    for c in calls:
+        getattr(em.b, c.name)(*(em.reg(int(a)) if isinstance(a, Held) else a for a in c.args))
