@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
-from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
+from fusion.engine.candidates import CONV_ABSORBABLE, Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
 from fusion.engine.execute import timing_cycles
@@ -300,12 +300,18 @@ class Evaluator:
     def ranked(self, groups: list[Group], keep: int = 1) -> tuple[list[Evaluated], str]:
         """The `keep` best buildable schedules by score, best first, and the last refusal reason. Groups are built
         in the order of their lower bound (`bound`); once a bound reaches the `keep`-th best score, the rest are
-        dominated and never generated."""
+        dominated and never generated. A group absorbing consumers into its head's drain is also skipped once
+        the head alone in its schedule (`head_alone`, a lower bound on its predicted score) is past the
+        `keep`-th best by more than the spreads leave uncertain: its expected regret against that one is below
+        REGRET_FLOOR, so neither this ranking nor `settle` would take or measure it."""
         done: list[Evaluated] = []
         reason = ""
         for bound, _, group in sorted((self.bound(g), i, g) for i, g in enumerate(groups)):
             if len(done) >= keep and bound >= done[keep - 1].score:
                 break
+            head = self.head_alone(group)
+            if len(done) >= keep and head is not None and self._dominated(done[keep - 1], head):
+                continue
             ev = self.evaluate(group)
             if isinstance(ev, str):
                 reason = ev
@@ -313,6 +319,32 @@ class Evaluator:
                 done.append(ev)
                 done.sort(key=lambda e: e.score)
         return self.jointly(done), reason
+
+    def head_alone(self, group: Group) -> Evaluated | None:
+        """The group's head alone in the group's schedule, when priced, for a group whose other nodes are
+        elementwise consumers its drain absorbs (`candidates.CONV_ABSORBABLE`: a bias, residual Add, Relu,
+        Clip): they only add work (their loads and vector passes) to the head's, and the analytic model never
+        predicts more work on any unit or the channel faster (`fusion.cost.analytic`), nor prices more traffic
+        lower, so the head's score bounds the group's from below (resnet18: every conv + Relu or + Add + Relu of
+        a strategy is predicted within 0.1% of the conv alone in it). None otherwise, and for zero-skip kernels
+        (priced at the data's zero-tile fraction)."""
+        graph = self.mc.graph
+        if len(group.nodes) < 2 or _skips(group):
+            return None
+        if any(graph.node(n).op not in CONV_ABSORBABLE for n in group.nodes[1:]):
+            return None
+        with self._lock:
+            found = self._memo.get((replace(group, nodes=group.nodes[:1]), 0.0))
+        head = found.result() if found is not None and found.done() else None
+        return head if isinstance(head, Evaluated) else None
+
+    @staticmethod
+    def _dominated(best: Evaluated, head: Evaluated) -> bool:
+        """Whether a group whose score is at least `head`'s (with about its spread) is too far past `best` to be
+        worth building: the expected regret of taking `best` over it is below REGRET_FLOOR of `best`'s score."""
+        return head.score > best.score and expected_regret(best.score, best.sd, head.score, head.sd) < (
+            REGRET_FLOOR * best.score
+        )
 
     def jointly(self, done: list[Evaluated]) -> list[Evaluated]:
         """Built schedules of one set of nodes re-priced together (`CostModel.predict_group`: the learned model
