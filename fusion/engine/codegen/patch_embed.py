@@ -15,7 +15,16 @@ for: no NCHW tensor, no transposing copy.
 
 K per preload is p_w (at most N): a patch narrower than the array uses p_w / N of its rows (one preload per
 (channel, kernel row) instead of per N of them), which the gather-free layout pays for; p_w above N is refused
-(a kw run would span preloads).
+(a kw run would span preloads). Packing two kernel rows into one preload needs A rows holding 2 p_w elements of one
+patch: no DMA (dense locally) or vector op (contiguous) makes them but one instruction per patch and kernel row,
+and one matmul per patch row over the input in place breaks the preload / matmul overlap (a preload follows every
+matmul of the weights before it): both measured slower on ViT.
+
+Overlap: with one channel group each channel's rows are regrouped in its own step's slot (another bank than the
+matmuls of the channel before); with one band, channel 0 is regrouped by a step of its own into the spare bank
+while the first weights load, and the tokens tiles sit there too (the class rows' DMA never holds a regrouping
+back). The class-token tail of the last image runs apart in two steps where a value read outside (a pre-LN sum)
+splits its chain: its store overlaps the rest, which takes it in its vector register.
 """
 
 from __future__ import annotations
