@@ -201,15 +201,28 @@ def _tiling_or_none(cfg: MachineConfig, z: _Sizes, name: str, raises: bool) -> _
         return None
 
 
+def kept_rows(s: ConvGeometry, prev: tuple[int, ...], band: tuple[int, ...]) -> int:
+    """Padded input rows band (img, group, oh0, rows) shares with the band before it (none across images or
+    groups): the rows its tiles take from the previous band's on chip (`Halo`) instead of from DRAM."""
+    if prev[:2] != band[:2]:
+        return 0
+    return max(0, min(prev[2] * s.strides[0] + s.in_rows(prev[3]) - band[2] * s.strides[0], s.in_rows(band[3]) - 1))
+
+
 def band_traffic(z: _Sizes, tiling: _Tiling, copied: int = 0) -> int:
-    """DRAM bytes the band schedule reads with `tiling`: every band's input rows and, unless they stay on chip
-    (`spare`, `weights`), all its group's weights per band; `copied`: the elements of an input first quantized
-    to an int8 copy (read as float32 and written as int8 once more). The output's bytes do not depend on it."""
+    """DRAM bytes the band schedule reads with `tiling`: every band's input rows but those it shares with the
+    band before it (`kept_rows`, where `conv_phases` keeps them) and, unless they stay on
+    chip (`spare`, `weights`), all its group's weights per band; `copied`: the elements of an input first
+    quantized to an int8 copy (read as float32 and written as int8 once more). The output's bytes do not depend
+    on it."""
     s = z.s
-    bands = -(-s.out[0] // tiling.rows)
-    rows = bands * s.in_rows(tiling.rows) * s.padded[1]
+    spans = [(0, 0, *band) for band in k_slices(s.out[0], tiling.rows)]
+    per_band = -(-s.coutg // tiling.tn) * -(-s.cg // tiling.chunk)
+    halos = not z.quantize and not tiling.spare and per_band >= 2  # as `conv_phases` keeps them
+    kept = [kept_rows(s, a, b) for a, b in zip(spans, spans[1:], strict=False)] if halos else []
+    rows = (len(spans) * s.in_rows(tiling.rows) - sum(kept)) * s.padded[1]
     inputs = s.n * s.c * rows * z.in_dt.size
-    weights = z.weight_bytes * (1 if tiling.spare or tiling.weights else s.n * bands)
+    weights = z.weight_bytes * (1 if tiling.spare or tiling.weights else s.n * len(spans))
     return inputs + weights + copied * (DType.f32.size + DType.i8.size)
 
 
@@ -279,15 +292,22 @@ def conv_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     taps = dense(cx.addresses[const_key(node.inputs[1], TAPS)], (s.taps * s.cg * s.cout,), mm_dt)
     k = _Kernel(s, tiling, z, taps, ep, quantize)
     spans = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
-    fills = []
+    per_band = len(k_slices(s.coutg, tiling.tn)) * len(k_slices(s.cg, tiling.chunk))
+    # halo rows are copied while the previous band's last step runs (its tiles live until then): only when each
+    # band's fill runs in the previous band's steps (`ahead` below, two steps or more a band)
+    halos = quantize is None and not tiling.spare and per_band >= 2
+    fills: list[BandFill] = []
     for b, (img, g, oh0, rows) in enumerate(spans):
+        kept = kept_rows(s, spans[b - 1], spans[b]) if b and halos else 0
         parts = [
-            source.band(img, g * s.cg + c0, kb, oh0 * s.strides[0], s.in_rows(rows))
+            source.band(img, g * s.cg + c0, kb, oh0 * s.strides[0] + kept, s.in_rows(rows) - kept)
             for c0, kb in k_slices(s.cg, cfg.array_size)
         ]
         resident = TileArena.spare(cfg) if tiling.spare else TileArena(cfg, b, cx.rotation)
-        fills.append(BandFill(parts, [resident.tile(size) for size in z.resident(tiling.rows)], quantize))
-    per_band = len(k_slices(s.coutg, tiling.tn)) * len(k_slices(s.cg, tiling.chunk))
+        tiles = [resident.tile(size) for size in z.resident(tiling.rows)]
+        # the padded rows it shares with the previous band: copied on chip from that band's tiles, not loaded
+        halo = Halo(fills[-1].ready, (oh0 - spans[b - 1][2]) * s.strides[0], kept, s.padded[1]) if kept else None
+        fills.append(BandFill(parts, tiles, quantize, halo))
     steps: list[Step] = []
     tiles = 0
     for b, (img, g, oh0, rows) in enumerate(spans):
@@ -581,26 +601,52 @@ class _Kernel:
 
 
 @dataclass(frozen=True)
+class Halo:
+    """A band's first `rows` padded rows, shared with the previous band: copied on the vector unit from that
+    band's tiles (`source`, one per channel block), starting `offset` padded rows into them, `pitch` pixels a
+    row. Both bands' tiles are live then: the copy runs with the band's other fill work, in the previous band's
+    last step (or the band's own first), before the matrix unit reads either's successor."""
+
+    source: list[int]
+    offset: int
+    rows: int
+    pitch: int
+
+
+@dataclass(frozen=True)
 class BandFill:
     """What brings one band's input into its resident tiles: each channel block's row DMAs into `raw`, the pad
-    positions cleared, and (a float input on the int8 path) the quantized copies `ready` the matrix unit reads."""
+    positions cleared, and (a float input on the int8 path) the quantized copies `ready` the matrix unit reads.
+    With a `halo`, the parts start that many padded rows into the tiles and the rows before come from the
+    previous band's tiles."""
 
     parts: list[Band]
     raw: list[int]  # the blocks' tiles as loaded, then (quantize) their int8 copies
     quantize: float | None  # the input scale (a float input on the int8 path), else None
+    halo: Halo | None = None
 
     @property
     def ready(self) -> list[int]:
         return self.raw[len(self.parts) :] if self.quantize is not None else self.raw[: len(self.parts)]
 
+    def _at(self, part: Band, tile: int) -> int:
+        """Where the part's first row lands in its block's tile."""
+        skip = 0 if self.halo is None else self.halo.rows * self.halo.pitch
+        return tile + skip * part.channels.shape[0] * part.channels.dtype.size
+
     def dmas(self) -> list[Emit]:
-        return [dma for part, tile in zip(self.parts, self.raw, strict=False) for dma in part.loads(tile)]
+        return [
+            dma for part, tile in zip(self.parts, self.raw, strict=False) for dma in part.loads(self._at(part, tile))
+        ]
 
     def vector(self) -> list[Emit]:
-        """The pads cleared (disjoint from the loaded rows: no order between them), then the int8 copies."""
-        work: list[Emit] = [partial(part.move, tile=tile) for part, tile in zip(self.parts, self.raw, strict=False)]
+        """The halo rows copied, the pads cleared (disjoint from the loaded rows: no order between them), then
+        the int8 copies."""
+        work: list[Emit] = [partial(self._copy_halo, part=part, i=i) for i, part in enumerate(self.parts)]
+        pairs = [(part, self._at(part, tile)) for part, tile in zip(self.parts, self.raw, strict=False)]
+        work += [partial(part.move, tile=tile) for part, tile in pairs]
         if self.parts[0].padded:
-            work += [partial(part.clear, tile=tile) for part, tile in zip(self.parts, self.raw, strict=False)]
+            work += [partial(part.clear, tile=tile) for part, tile in pairs]
         if self.quantize is not None:
             scale = f32_bits(1.0 / self.quantize)
             for part, src, dst in zip(self.parts, self.raw[: len(self.parts)], self.ready, strict=True):
@@ -610,6 +656,16 @@ class BandFill:
 
                 work.append(to_int8)
         return work
+
+    def _copy_halo(self, em: Emitter, part: Band, i: int) -> None:
+        if self.halo is None:
+            return
+        h, kb, dt = self.halo, part.channels.shape[0], part.channels.dtype
+        src = h.source[i] + h.offset * h.pitch * kb * dt.size
+        total = h.rows * h.pitch * kb
+        for start in range(0, total, MAX_N):
+            n = min(MAX_N, total - start)
+            em.b.v_copy(*em.regs(self.raw[i] + start * dt.size, src + start * dt.size), n, dt.name)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from fusion.engine.codegen.conv import (
 from fusion.engine.errors import CodegenError
 from fusion.engine.kernel import build_kernel
 from fusion.engine.plan import Group
+from fusion.graph.builder import GraphBuilder
+from fusion.graph.ops import OpType
 from fusion.lower.views import dense
 from isa.enums import DType
 
@@ -199,3 +201,36 @@ def test_bands_share_weights_held_in_the_spare_bank() -> None:
     bands = -(-s.out[0] // tiling.rows)
     x_rows = 40 + bands * (s.in_rows(tiling.rows) - tiling.rows)  # each band's halo rows read again
     assert run.dram_read_bytes <= (16 * 40 * x_rows + 32 * 16 * 9 + 32 + 32 * 40 * s.cols) * 4
+
+
+def _relu_conv_graph(n, c, cout, spatial, kernel, strides, dilations, pads, seed=7):
+    """x -> Relu -> Conv (+ bias) -> Relu: the Conv's input is an intermediate (int8 in the quantized plan, as
+    between a network's kernels), so its bands are read as they are, no quantized copy."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("relu_conv")
+    x = b.op(OpType.Relu, b.input("x", (n, c, *spatial)), name="pre")
+    w = b.constant((rng.standard_normal((cout, c, *kernel)) / np.sqrt(c * math.prod(kernel))).astype(np.float32))
+    bias = b.constant((rng.standard_normal(cout) * 0.1).astype(np.float32))
+    h = b.op(OpType.Conv, x, w, bias, name="conv", dilations=dilations, group=1, pads=pads, strides=strides)
+    b.output(b.op(OpType.Relu, h, name="relu"))
+    return b.build(), ("conv", "relu")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.sampled_from([1, 2]),
+    c=st.sampled_from([16, 24]),
+    cout=st.sampled_from([16, 40]),
+    height=st.integers(20, 40),
+    width=st.integers(12, 30),
+    kernel=st.sampled_from([(1, 1), (3, 3), (3, 2)]),
+    strides=st.sampled_from([(1, 1), (2, 2), (1, 2)]),
+    dilations=st.sampled_from([(1, 1), (2, 1)]),
+    pads=st.sampled_from([(1, 1, 1, 1), (0, 0, 0, 0), (2, 1, 0, 1)]),
+)
+def test_bands_keep_the_rows_they_share_on_chip(dtype, n, c, cout, height, width, kernel, strides, dilations, pads):
+    """Images of several bands: a band's padded rows shared with the band before it are copied on chip from that
+    band's tiles (`Halo`), the rest loaded; against the reference, race-checked."""
+    graph, names = _relu_conv_graph(n, c, cout, (height, width), kernel, strides, dilations, pads)
+    _check(graph, names, dtype)
