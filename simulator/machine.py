@@ -38,17 +38,22 @@ WATCHDOG_EVERY = 256
 
 # hardware loops, from the ISA table: the instructions with a loop-end field (where a step jumps back), by mnemonic
 LOOP_END_FIELD = {s.mnemonic: f.name for s in INSTRUCTIONS for f in s.fields if f.kind is Kind.loop_end}
+# instructions that steer control flow or set a register by a value read from memory: a program holding one is
+# simulated with its values even when only its timing is asked for (`Machine(timing_only=True)`)
+READS_DATA = frozenset({"bz.tile", "bnz.tile", "lw", "dispatch", "zc.rd"})
 
 
 @dataclass(frozen=True)
 class DecodedText:
     """A program's text decoded: per pc its instruction (None: an illegal word) and unit, the decode errors by pc,
-    and the pcs hardware loops jump back from (their ends)."""
+    the pcs hardware loops jump back from (their ends), and whether any instruction reads data into control
+    (`READS_DATA`)."""
 
     instructions: list[Instruction | None]
     units: list[Unit]
     errors: dict[int, str]
     loop_ends: frozenset[int]
+    reads_data: bool
 
 
 def decode_text(text: Sequence[int]) -> DecodedText:
@@ -71,6 +76,7 @@ def decode_text(text: Sequence[int]) -> DecodedText:
         [unit for _, unit in pairs],
         {pc: errors[w] for pc, w in enumerate(text) if w in errors} if errors else {},
         frozenset(pc + loops[w] for pc, w in enumerate(text) if w in loops) if loops else frozenset(),
+        any(i is not None and i.spec.mnemonic in READS_DATA for i, _ in table.values()),
     )
 
 
@@ -96,6 +102,7 @@ class Machine:
         checked: bool = False,
         trace: bool = False,
         record_transactions: bool = False,
+        timing_only: bool = False,
     ) -> None:
         self.obj = obj
         self.cfg = cfg
@@ -118,6 +125,10 @@ class Machine:
         n = len(obj.text)
         text = decode_text(obj.text)
         self.instructions, self.units, self.decode_errors = text.instructions, text.units, text.errors
+        # value semantics, off when only the timing is asked for (`timing_only`) and no value read can change what
+        # runs (`READS_DATA`; recorded transactions need values): the units then do every access's bookkeeping
+        # (banks, bytes, races) and timing as with values, but compute and move no data
+        self.values = not timing_only or text.reads_data or record_transactions
         self.count = [0] * (n + 1)
         self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
         self.units.append(Unit.scalar)
@@ -155,12 +166,17 @@ class Machine:
         return view
 
     def write_local(self, addr: int, values: np.ndarray, row: list[int]) -> None:
-        view, mask, is_acc, shadow = self.mem.local(addr, values.size, values.dtype)
+        self.written(addr, values.size, values.dtype, row)[:] = values.reshape(-1)
+
+    def written(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
+        """A write of `count` elements at `addr` as the timing sees it (banks, bytes, races); returns the view to
+        fill (`write_local`; left as it is when values are off)."""
+        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype)
         self.mask |= mask
         row[S_ACC_WR if is_acc else S_SPAD_WR] += view.nbytes
         if self.races is not None:
             self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=True)
-        view[:] = values.reshape(-1)
+        return view
 
     def check_dram(self, addr: int, rows: int, row_bytes: int, stride: int, write: bool) -> None:
         if self.races is None or rows * row_bytes == 0:

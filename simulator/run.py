@@ -150,8 +150,15 @@ def simulate(
     checked: bool = False,
     trace: bool = False,
     record_transactions: bool = False,
+    timing_only: bool = False,
 ) -> RunResult:
-    """Run a program to halt. Traps raise SimulatorTrap; bad inputs raise DynfuseError."""
+    """Run a program to halt. Traps raise SimulatorTrap; bad inputs raise DynfuseError.
+
+    `timing_only`: the counters (every one, the cycles among them) without the values: the units compute and move
+    no data unless a value could change what runs (`machine.READS_DATA`), and `outputs` is empty. Faults that depend
+    on values (a per-channel shift out of range) are not raised; no transactions can be recorded."""
+    if timing_only and record_transactions:
+        raise DynfuseError("a timing-only run computes no values: it cannot record transactions")
     cfg = load_config(config)
     obj = load_program(program)
     check_tensors_fit(obj, cfg)
@@ -159,10 +166,10 @@ def simulate(
     gc.disable()  # a run allocates many small long-lived objects; generational GC passes only slow it down
     m: Machine | None = None
     try:
-        m = Machine(obj, cfg, checked=checked, trace=trace, record_transactions=record_transactions)
+        m = Machine(obj, cfg, checked, trace, record_transactions, timing_only)
         _place_inputs(m, inputs or {})
         m.run()
-        return _result(m, trace)
+        return _result(m, trace, outputs=not timing_only)
     finally:
         if m is not None:
             m.release()
@@ -170,7 +177,7 @@ def simulate(
             gc.enable()
 
 
-def _result(m: Machine, trace: bool) -> RunResult:
+def _result(m: Machine, trace: bool, outputs: bool) -> RunResult:
     end = m.halt_cycle
     per_kernel = kernel_cycles(m, end)
     snap = snapshot(m)
@@ -180,7 +187,7 @@ def _result(m: Machine, trace: bool) -> RunResult:
         for op, pc, operands, result in (m.transactions or [])
     )
     return RunResult(
-        outputs=_outputs(m),
+        outputs=_outputs(m) if outputs else {},
         counters=aggregate(m, snap, 0, len(m.count), end),
         kernel_counters={k.name: aggregate(m, snap, k.start, k.end, per_kernel[k.name]) for k in kernels},
         transactions=transactions,

@@ -30,17 +30,20 @@ def run_kernel(
     env: Mapping[str, np.ndarray],
     checked: bool = False,
     max_cycles: int | None = None,
+    timing_only: bool = False,
 ) -> KernelRun:
-    """Simulate a kernel on `env`; `max_cycles`: a tighter watchdog than the machine's (a SimulatorTrap past it)."""
+    """Simulate a kernel on `env`; `max_cycles`: a tighter watchdog than the machine's (a SimulatorTrap past it);
+    `timing_only`: the counters without the values (`simulator.run.simulate`; no outputs)."""
     if kernel.program is None:  # a view: applied on the host, no kernel
         (src,), (dst,) = kernel.inputs, kernel.outputs
         node = mc.graph.node(kernel.group.nodes[0])
         return KernelRun({dst: apply_view(mc.graph, node, env[src])}, 0, 0, 0, 0.0, None)
     names = kernel.symbols or {}
     config = mc.config if max_cycles is None else replace(mc.config, max_cycles=max_cycles)
-    result = simulate(kernel.program, config, {names[v]: env[v] for v in kernel.inputs}, checked=checked)
+    inputs = {names[v]: env[v] for v in kernel.inputs}
+    result = simulate(kernel.program, config, inputs, checked=checked, timing_only=timing_only)
     c = result.counters
-    outputs = {v: result.outputs[names[v]] for v in kernel.outputs}
+    outputs = {} if timing_only else {v: result.outputs[names[v]] for v in kernel.outputs}
     return KernelRun(
         outputs, int(c.cycle), int(c.dram_read_bytes), int(c.dram_write_bytes), float(c.energy_total_pj), c
     )
@@ -48,10 +51,12 @@ def run_kernel(
 
 def timing_cycles(mc: ModelContext, kernel: Kernel, checked: bool = False, max_cycles: int | None = None) -> int:
     """A kernel's cycles on zero inputs of its guard's shapes and storage dtypes: its timing, for any kernel
-    whose control flow does not test data (every kernel but the zero-skip ones). `max_cycles`: as `run_kernel`."""
+    whose control flow does not test data (every kernel but the zero-skip ones). Simulated timing only (the
+    simulator then computes values only for a kernel whose control flow tests them). `max_cycles`: as
+    `run_kernel`."""
     shapes, dtypes = dict(kernel.guard.shapes), dict(kernel.guard.dtypes)
     env = {v: np.zeros(shapes[v], dtype=dtypes[v]) for v in kernel.inputs}
-    return run_kernel(mc, kernel, env, checked=checked, max_cycles=max_cycles).cycles
+    return run_kernel(mc, kernel, env, checked=checked, max_cycles=max_cycles, timing_only=True).cycles
 
 
 def to_real(mc: ModelContext, value: str, data: np.ndarray) -> np.ndarray:

@@ -40,10 +40,14 @@ class Emitter:
         self._labels = 0  # local labels made so far (`local_label`)
 
     def reg(self, value: int) -> int:
+        held = self._regs
+        r = held.get(value)  # (a held value is already a nonzero 32-bit one)
+        if r is not None:
+            held.move_to_end(value)
+            return r
         value &= 0xFFFFFFFF
         if value == 0:
             return 0
-        held = self._regs
         r = held.get(value)
         if r is not None:
             held.move_to_end(value)
@@ -64,8 +68,16 @@ class Emitter:
 
     def regs(self, *values: int) -> tuple[int, ...]:
         """Registers for a few values at once (least-recently-used eviction over 31 registers never evicts a
-        value of the same call)."""
-        return tuple(map(self.reg, values))
+        value of the same call). A held value is found here without a `reg` call (a kernel asks millions)."""
+        held, out = self._regs, []
+        for value in values:
+            r = held.get(value)
+            if r is None:
+                r = self.reg(value)
+            else:
+                held.move_to_end(value)
+            out.append(r)
+        return tuple(out)
 
     def dma_load(self, view: View, local: int) -> None:
         for t in transfers(view):

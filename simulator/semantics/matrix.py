@@ -62,6 +62,18 @@ _FLOAT_ACTS = {
 }
 
 
+def check_epilogue(acc_dtype: np.dtype, act: Activation, out_dtype: DType, per_column: bool) -> None:
+    """The drain configurations the epilogue cannot run (faults; a function of the configuration alone, so a run
+    without values checks them too). The output is then of `out_dtype`."""
+    if per_column and (acc_dtype != np.int32 or out_dtype is not DType.i8):
+        raise Fault("a per-column requantizer (epflags pc) needs the int path and i8 out")
+    if acc_dtype == np.int32:
+        if act not in (Activation.none, Activation.relu):
+            raise Fault(f"activation {act.name} needs the f32 path (integer epilogue supports relu only)")
+    elif out_dtype is not DType.f32:
+        raise Fault(f"a float accumulator drains only to f32, not {out_dtype.name}")
+
+
 def epilogue(
     acc: np.ndarray,
     bias: np.ndarray | None,
@@ -79,8 +91,7 @@ def epilogue(
     = t * f32_from_bits(mult). `mult` is the raw 32-bit register value. `table` (epflags pc: cols x 2 int32
     (mult, shift) pairs) requantizes each column with its own pair instead; int path, i8 out only.
     """
-    if table is not None and (acc.dtype != np.int32 or out_dtype is not DType.i8):
-        raise Fault("a per-column requantizer (epflags pc) needs the int path and i8 out")
+    check_epilogue(acc.dtype, act, out_dtype, table is not None)
     t = acc
     with np.errstate(all="ignore"):
         if bias is not None:
@@ -88,8 +99,6 @@ def epilogue(
         if residual is not None:
             t = t + residual
     if acc.dtype == np.int32:
-        if act not in (Activation.none, Activation.relu):
-            raise Fault(f"activation {act.name} needs the f32 path (integer epilogue supports relu only)")
         if act is Activation.relu:
             t = np.maximum(t, np.int32(0))
         if table is not None:
@@ -100,7 +109,5 @@ def epilogue(
         if out_dtype is DType.i32:
             return t.astype(np.int32, copy=False)
         return t.astype(_F32) * _F32(f32_from_bits(mult))
-    if out_dtype is not DType.f32:
-        raise Fault(f"a float accumulator drains only to f32, not {out_dtype.name}")
     with np.errstate(all="ignore"):
         return (_FLOAT_ACTS[act](t.astype(_F32, copy=False)) * _F32(f32_from_bits(mult))).astype(_F32)

@@ -28,7 +28,10 @@ def dma_load(transposed: bool) -> Builder:
             src, stride = unsigned32(x[rs1]), unsigned32(x[rs2])
             data = m.mem.dram_rows(src, rows, row_bytes, stride, dt.itemsize).view(dt)
             m.check_dram(src, rows, row_bytes, stride, write=False)
-            m.write_local(x[rd], data.T.copy() if transposed else data, row)
+            if m.values:
+                m.write_local(x[rd], data.T.copy() if transposed else data, row)
+            else:  # timing only: the write's accesses
+                m.written(x[rd], rows * cols, dt, row)
             row[S_DRAM_RD] += rows * row_bytes
             if transposed:
                 dur = dma_transposed_cycles(cfg, rows, row_bytes, stride, lat)
@@ -57,12 +60,14 @@ def dma_store(counting: bool) -> Builder:
             dest = m.mem.dram_rows(dst, rows, row_bytes, stride, dt.itemsize)
             values = m.read_local(x[rs1], rows * cols, dt, row)
             m.check_dram(dst, rows, row_bytes, stride, write=True)
-            dest[...] = values.view(dest.dtype).reshape(rows, row_bytes)
+            if m.values:
+                dest[...] = values.view(dest.dtype).reshape(rows, row_bytes)
             row[S_DRAM_WR] += rows * row_bytes
             dur = dma_cycles(cfg, rows, row_bytes, stride)
             op = m.dma_op(STORE, pc, dur, dma_transfer_cycles(cfg, rows, row_bytes, stride), 0, row)
             if counting:
-                engine.zero_tiles += zero_tiles(values.reshape(rows, cols), n)
+                if m.values:  # (without values no zc.rd reads the count: `READS_DATA`)
+                    engine.zero_tiles += zero_tiles(values.reshape(rows, cols), n)
                 engine.counted = op
             m.submit(op)
             return nxt

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from simulator.machine import Builder, Machine, Step
 
 _ACC_DTYPE = {DType.i8: np.dtype(np.int32), DType.f32: np.dtype(np.float32)}
+_ACC_OF = {np.dtype(np.int8): _ACC_DTYPE[DType.i8], np.dtype(np.float32): _ACC_DTYPE[DType.f32]}  # by weight dtype
 
 
 def _pipelined(kind: int, operand: int) -> int:
@@ -39,8 +40,8 @@ def preload(m: Machine, pc: int, ins: Instruction) -> Step:
         if rows > n or cols > n:
             raise Fault(f"weight tile {rows} x {cols} exceeds the {n} x {n} array")
         addr = x[rs1]
-        w = m.read_local(addr, rows * cols, dt, row).reshape(rows, cols).copy()
-        m.weights = w
+        w = m.read_local(addr, rows * cols, dt, row).reshape(rows, cols)
+        m.weights = w = w.copy() if m.values else w  # (without values only its shape and dtype are used)
         op = m.unit_op(MATRIX, pc, dur, row, _pipelined(PRELOAD, addr))
         if m.transactions is not None:
             m.record(op, pc, {"w": w}, w)
@@ -59,13 +60,14 @@ def _weights(m: Machine) -> np.ndarray:
 _I8 = np.dtype(np.int8)
 
 
-def _product(m: Machine, a_addr: int, rows: int, row: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _product(m: Machine, a_addr: int, rows: int, row: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The activations read, the weights and their product (None when the machine computes no values)."""
     w = _weights(m)
     k, cols = w.shape
     i8 = w.dtype == _I8
     a = m.read_local(a_addr, rows * k, w.dtype, row).reshape(rows, k)
     row[S_MACS_I8 if i8 else S_MACS_F32] += rows * k * cols
-    return a, w, sem.matmul(a, w, DType.i8 if i8 else DType.f32)
+    return a, w, sem.matmul(a, w, DType.i8 if i8 else DType.f32) if m.values else None
 
 
 def _acc_address(addr: int) -> int:
@@ -85,12 +87,18 @@ def matmul(accumulate: bool) -> Builder:
             dest = _acc_address(x[rd])
             recording = m.transactions is not None
             operands = {"a": a.copy(), "w": w} if recording else {}
-            if accumulate:
-                old = m.read_local(dest, product.size, product.dtype, row).reshape(product.shape)
-                if recording:
-                    operands["acc"] = old.copy()
-                product = sem.accumulate(old, product)
-            m.write_local(dest, product, row)
+            if product is None:  # timing only: the accumulator accesses the product would make
+                count, acc_dt = rows * w.shape[1], _ACC_OF[w.dtype]
+                if accumulate:
+                    m.read_local(dest, count, acc_dt, row)
+                m.written(dest, count, acc_dt, row)
+            else:
+                if accumulate:
+                    old = m.read_local(dest, product.size, product.dtype, row).reshape(product.shape)
+                    if recording:
+                        operands["acc"] = old.copy()
+                    product = sem.accumulate(old, product)
+                m.write_local(dest, product, row)
             op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, src))
             op.n = rows
             if recording:
@@ -109,6 +117,8 @@ def matmul_stream(m: Machine, pc: int, ins: Instruction) -> Step:
 
     def step() -> int:
         a, w, product = _product(m, x[rs1], rows, row)
+        if product is None:  # timing only: the stream still carries rows of the product's shape and dtype
+            product = np.zeros((rows, w.shape[1]), _ACC_OF[w.dtype])
         op = m.unit_op(MATRIX, pc, dur, row, PRODUCER)
         op.n = rows
         m.stream.append([op, product.reshape(-1), 0, product.shape[1], m.stream_rows])
@@ -154,6 +164,11 @@ def drain(m: Machine, pc: int, ins: Instruction) -> Step:
         table = None
         if flags & EpilogueFlags.pc:  # rs3 holds the local address of the per-column (mult, shift) table
             table = m.read_local(mult, 2 * cols, DType.i32.numpy, row).reshape(cols, 2)
+        if not m.values:  # timing only: the configuration checked, the output's accesses made
+            sem.check_epilogue(acc.dtype, act, out, table is not None)
+            m.written(x[rd], rows * cols, out.numpy, row)
+            m.submit(m.unit_op(MATRIX, pc, dur, row))
+            return nxt
         result = sem.epilogue(acc, bias, res, act, mult, shift, out, table)
         operands = None
         if m.transactions is not None:  # copied before the write: the output may overlap the inputs
