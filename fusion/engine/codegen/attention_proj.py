@@ -62,7 +62,9 @@ from fusion.lower.local_alloc import DEPTH, TileArena, slot
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType
 from isa.memory_map import LOCAL_ACC_BASE
+from isa.table import BY_MNEMONIC
 from simulator.config import MachineConfig
+from simulator.timing import dma_cycles, drain_cycles
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
@@ -222,6 +224,24 @@ class OutProjection:
     layout: TileLayout  # where its W_o tiles are in a head's packed weights (`layout.o`)
     mm_dt: DType
     dv: int
+    whole_rows: int = 0  # blocks of at most these rows drain Y row by row into one dense tile (`stores_whole`)
+
+    def whole(self, m: int) -> bool:
+        return m <= self.whole_rows
+
+
+def stores_whole(cfg: MachineConfig, y: View, rows: int, width: int, step: int) -> bool:
+    """Whether Y's rows drained one by one into a dense tile and stored by one DMA take less than a drain and a
+    DMA per output chunk of N columns (a DMA's latency against a drain per row and chunk)."""
+    n, es = cfg.array_size, y.dtype.size
+    ochunks = k_slices(width, n)
+    if len(ochunks) == 1:
+        return False
+    lat = BY_MNEMONIC["mx.drain"].latency
+    stride = y.strides[0] * step
+    chunked = sum(drain_cycles(cfg, rows, lat) + dma_cycles(cfg, rows, ec * es, stride) for _, ec in ochunks)
+    whole = rows * len(ochunks) * drain_cycles(cfg, 1, lat) + dma_cycles(cfg, rows, width * es, stride)
+    return whole < chunked
 
 
 def out_projection(cx: LowerContext, match: AttentionMatch, p: Projection) -> OutProjection:
@@ -245,7 +265,8 @@ def out_projection(cx: LowerContext, match: AttentionMatch, p: Projection) -> Ou
     first = np.insert(edge[:-1], 0, True)
     reqs = requant(cx, node) or (f32_bits(1.0), 0)
     acc = LOCAL_ACC_BASE + used
-    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), acc, sq, first, edge, p.layout, p.mm_dt, dv)
+    whole = max((m for m in range(1, sq + 1) if stores_whole(cfg, y, m, o.width, o.step)), default=0)
+    return OutProjection(o, y, reqs, cx.dtype(node.outputs[0]), acc, sq, first, edge, p.layout, p.mm_dt, dv, whole)
 
 
 @dataclass(frozen=True)
@@ -309,7 +330,9 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
 
 
 def out_tiles(op: OutProjection, m: int, n: int) -> list[int]:
-    """Scratchpad bytes of a step's output projection tiles: Y's rows per output chunk."""
+    """Scratchpad bytes of a step's output projection tiles: Y's rows per output chunk, or Y's rows whole."""
+    if op.whole(m):
+        return [m * op.side.width * op.out_dt.size]
     return [m * ec * op.out_dt.size for _, ec in k_slices(op.side.width, n)]
 
 
@@ -333,12 +356,21 @@ def out_projection_emit(
         if op.last[h]:
             mult, shift = op.requant
             em.b.ep_cfg(*em.regs(0, 0, mult), shift, Activation.none, "none", op.out_dt.name)
-            for (_, ec), y, acc in zip(ochunks, y_tiles, region, strict=True):
-                em.b.mx_drain(*em.regs(y, acc), m, ec)
+            whole = op.whole(m)
+            for (e0, ec), y, acc in zip(ochunks, y_tiles * len(ochunks) if whole else y_tiles, region, strict=True):
+                if not whole:
+                    em.b.mx_drain(*em.regs(y, acc), m, ec)
+                    continue
+                for r in range(m):  # each row of the chunk to its place in Y's dense rows
+                    at = y + (r * op.side.width + e0) * op.out_dt.size
+                    em.b.mx_drain(*em.regs(at, acc + r * ec * 4), 1, ec)  # accumulator rows: ec wide
 
     rows = op.y.slice(0, int(op.side.rows[h]) + i0 * op.side.step, m, op.side.step)
-    stores = [(y, rows.slice(1, e0, ec)) for y, (e0, ec) in zip(y_tiles, ochunks, strict=True)] if op.last[h] else []
-    return emit, stores
+    if not op.last[h]:
+        return emit, []
+    if op.whole(m):
+        return emit, [(y_tiles[0], rows)]
+    return emit, [(y, rows.slice(1, e0, ec)) for y, (e0, ec) in zip(y_tiles, ochunks, strict=True)]
 
 
 def weight_tile(p: Projection) -> int:
