@@ -64,10 +64,11 @@ from isa.enums import Activation, DType
 from isa.memory_map import LOCAL_ACC_BASE
 from isa.table import BY_MNEMONIC
 from simulator.config import MachineConfig
-from simulator.timing import dma_cycles, drain_cycles
+from simulator.timing import dma_cycles, drain_cycles, vector_cycles
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
+ISSUE = 3  # cycles the control core takes to issue a vector instruction with two new addresses
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,22 @@ class Projection:
     kd: int
     mm_dt: DType
     acc_slot: int  # bytes of one accumulator buffer slot
+    config: MachineConfig
+
+    def whole_rows(self, side: int, rows: int) -> bool:
+        """Whether a side's (0: Q, 2: V) rows of the activation are read by one DMA and split locally into the
+        K chunks (quantized on the way when they are float on the int8 path): a DMA per chunk costs a DRAM
+        latency each, a split a vector instruction per row and chunk (about ISSUE cycles each)."""
+        cfg, x, n = self.config, self.xs[side], self.config.array_size
+        chunks = k_slices(self.kd, n)
+        if len(chunks) == 1:
+            return False
+        stride = x.strides[0] * (self.q if side == 0 else self.v).step
+        op = BY_MNEMONIC["v.qnt" if self.quantize[side] is not None else "v.copy"].latency
+        split = sum(vector_cycles(cfg, rows * kc, op) for _, kc in chunks) if self.quantize[side] is not None else 0
+        chunked = sum(dma_cycles(cfg, rows, kc * x.dtype.size, stride) for _, kc in chunks) + split
+        per_row = sum(max(vector_cycles(cfg, kc, op), ISSUE) for _, kc in chunks)
+        return dma_cycles(cfg, rows, self.kd * x.dtype.size, stride) + rows * per_row < chunked
 
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
@@ -325,7 +342,7 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
     weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
     acc_slot = TileArena(cx.config, 0).acc.size
     return Projection(
-        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot
+        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot, cx.config
     )
 
 
@@ -382,14 +399,20 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
     """Scratchpad bytes of one step's activation tiles (`step_projection` allocates them, once per step)."""
     out = []
 
-    def rows_tiles(x: View, rows: int, quantize: float | None) -> None:
+    def rows_tiles(side: int, rows: int) -> None:
+        x, quantize = p.xs[side], p.quantize[side]
+        es = x.dtype.size
+        if p.whole_rows(side, rows):  # the rows as loaded, then each chunk's (quantized) tile
+            out.append(rows * p.kd * es)
+            out.extend(rows * kc * (1 if quantize is not None else es) for _, kc in k_slices(p.kd, n))
+            return
         for _, kc in k_slices(p.kd, n):
-            out.append(rows * kc * x.dtype.size)
+            out.append(rows * kc * es)
             out.extend([rows * kc] if quantize is not None else [])
 
-    rows_tiles(p.xs[2], sk, p.quantize[2])
+    rows_tiles(2, sk)
     if not p.shares_rows():
-        rows_tiles(p.xs[0], sq_rows, p.quantize[0])
+        rows_tiles(0, sq_rows)
     for _, bk in k_slices(sk, n):
         out.append(p.kd * bk * p.xs[1].dtype.size)
         out.extend([p.kd * bk] if p.quantize[1] is not None else [])
@@ -418,7 +441,10 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
     """The activation's tiles as the projections read them: (Q's row chunks, X^T's key tiles, V's row chunks)."""
     h, i0, m = block
 
-    def rows_tiles(x: View, row0: int, rows: int, quantize: float | None, step: int) -> list[int]:
+    def rows_tiles(side: int, row0: int, rows: int) -> list[int]:
+        x, quantize, step = p.xs[side], p.quantize[side], (p.q if side == 0 else p.v).step
+        if p.whole_rows(side, rows):
+            return whole_tiles(x, x.slice(0, row0, rows, step), quantize)
         read = []
         for c0, kc in k_slices(p.kd, n):
             raw = arena.tile(rows * kc * x.dtype.size)
@@ -431,12 +457,26 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
             read.append(raw)
         return read
 
-    xv = rows_tiles(p.xs[2], int(p.v.rows[h]), sk, p.quantize[2], p.v.step)
+    def whole_tiles(x: View, part: View, quantize: float | None) -> list[int]:
+        """One DMA of the rows, then per row and K chunk a v.qnt (v.copy) into the chunk's dense tile."""
+        rows, es = part.shape[0], x.dtype.size
+        raw = arena.tile(rows * p.kd * es)
+        loads.append(lambda em: em.dma_load(part, raw))
+        read = []
+        for c0, kc in k_slices(p.kd, n):
+            tile = arena.tile(rows * kc * (1 if quantize is not None else es))
+            for r in range(rows):
+                src, dst = raw + (r * p.kd + c0) * es, tile + r * kc * (1 if quantize is not None else es)
+                quants.append((dst, src, kc, 1.0 / quantize) if quantize is not None else (dst, src, kc, None, x.dtype))
+            read.append(tile)
+        return read
+
+    xv = rows_tiles(2, int(p.v.rows[h]), sk)
     if p.shares_rows():
         x_es = (DType.i8 if p.quantize[2] is not None else p.xs[2].dtype).size
         xq = [a + i0 * kc * x_es for a, (_, kc) in zip(xv, k_slices(p.kd, n), strict=True)]
     else:
-        xq = rows_tiles(p.xs[0], int(p.q.rows[h]) + i0 * p.q.step, m, p.quantize[0], p.q.step)
+        xq = rows_tiles(0, int(p.q.rows[h]) + i0 * p.q.step, m)
     xk = []
     xk_view = p.xs[1]
     xdt = xk_view.dtype.name
