@@ -56,6 +56,9 @@ class _RecordingEmitter(Emitter):
         value &= 0xFFFFFFFF
         return 0 if value == 0 else Held(value)
 
+    def regs(self, *values: int) -> tuple[int, ...]:
+        return tuple(map(self.reg, values))
+
     def local_label(self, prefix: str) -> str:
         raise CodegenError("an interleaved attention stage branches (its instructions cannot be reordered)")
 
