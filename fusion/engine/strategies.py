@@ -374,8 +374,16 @@ def _patch_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
 
 
 def _mlp_space(s: Strategy, mc: ModelContext, cand: Candidate) -> list[Group]:
-    """Two hidden panels per step (weights streamed in more, smaller DMAs), or as many as fit."""
-    return [Group(cand.nodes, s.name, panels=p) for p in (2, 0)] if cand.family in s.families else []
+    """Two or four hidden panels per step (weights streamed in more, smaller DMAs), or as many as fit. Four is
+    offered only where the hidden dimension has more panels (else it is the same program as "as many as fit"):
+    measured on the zoo's int8 MLPs, four beats both on ViT (3,525 -> 3,325 cycles) and whisper (3,286 -> 3,089)."""
+    if cand.family not in s.families:
+        return []
+    graph = mc.graph
+    first = next(graph.node(n) for n in cand.nodes if graph.node(n).op in (OpType.MatMul, OpType.Gemm))
+    hidden_panels = -(-graph.types[first.outputs[0]].shape[-1] // mc.config.array_size)
+    counts = (2, 4, 0) if hidden_panels > 4 else (2, 0)
+    return [Group(cand.nodes, s.name, panels=p) for p in counts]
 
 
 def gemm_schedules(mc: ModelContext, nodes: tuple[str, ...], strategy: str = "epilogue") -> list[Group]:
