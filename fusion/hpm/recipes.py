@@ -1,8 +1,11 @@
 """Calibration groups: small graphs of one or a few nodes, the shapes of the groups a planner meets in real models
-(GEMM epilogues, attention scores, normalizations, elementwise chains, convolutions and chains of them), with
-seeded shapes.
+(GEMM epilogues, attention scores, normalizations, elementwise chains, convolutions and chains of them, whole and
+gated MLPs, a conv with its pool, patch embeddings, attention with its projections, side-by-side projections,
+rotary embeddings, a transposed operand read in place), with seeded shapes.
 
-Each recipe draws its dimensions from `rng` and returns a graph whose nodes form one group.
+Each recipe draws its dimensions from `rng` and returns a graph whose nodes form one group. Every registered
+strategy has a recipe some of whose kernels it runs (tests/fusion/hpm/test_recipes.py): a kernel of a kind no
+recipe makes would be priced from other kinds' samples.
 """
 
 from __future__ import annotations
@@ -193,6 +196,135 @@ def conv_block(rng: np.random.Generator) -> Graph:
     return _finish(b, b.op(OpType.Relu, b.op(OpType.Add, h, x)) if rng.random() < 0.5 else h)
 
 
+def conv_pool(rng: np.random.Generator) -> Graph:
+    """A Conv (+ ReLU) + MaxPool, a CNN stem: the pool in the conv kernel's last pass (`codegen.conv_pool`). The
+    pool window always fits the conv's output."""
+    b = GraphBuilder("conv_pool")
+    c, o, hw = int(rng.choice([3, 8, 16])), _dim(rng, 32), int(rng.choice([8, 12, 16]))
+    k, stride = int(rng.choice([1, 3, 5, 7])), int(rng.choice([1, 2]))
+    attrs = {"strides": (stride, stride), "pads": (k // 2,) * 4, "dilations": (1, 1), "group": 1}
+    h = b.op(OpType.Conv, b.input("x", (1, c, hw, hw)), _w(b, rng, o, c, k, k), _w(b, rng, o), **attrs)
+    window, pool_stride = int(rng.choice([2, 3])), int(rng.choice([1, 2]))
+    pool = {"kernel": (window,) * 2, "strides": (pool_stride,) * 2, "pads": (window // 2,) * 4, "dilations": (1, 1)}
+    return _finish(b, b.op(OpType.MaxPool, b.op(OpType.Relu, h) if rng.random() < 0.7 else h, ceil_mode=0, **pool))
+
+
+def patch_embed(rng: np.random.Generator) -> Graph:
+    """A ViT patch embedding: Conv (kernel = stride = patch) -> Reshape to tokens -> Transpose [-> class token
+    Concat -> position Add [-> LayerNorm]] (`codegen.patch_embed`)."""
+    b = GraphBuilder("patch_embed")
+    c, patch, grid, cout = int(rng.choice([1, 3])), int(rng.choice([2, 4, 8])), int(rng.choice([2, 4])), _dim(rng, 64)
+    size = patch * grid
+    attrs = {"strides": (patch, patch), "pads": (0,) * 4, "dilations": (1, 1), "group": 1}
+    h = b.op(
+        OpType.Conv, b.input("x", (1, c, size, size)), _w(b, rng, cout, c, patch, patch), _w(b, rng, cout), **attrs
+    )
+    h = b.op(OpType.Transpose, b.op(OpType.Reshape, h, shape=(1, cout, grid * grid)), perm=(0, 2, 1))
+    tail = int(rng.integers(3))
+    if tail:
+        h = b.op(OpType.Concat, _w(b, rng, 1, 1, cout), h, axis=1)
+        h = b.op(OpType.Add, h, _w(b, rng, 1, grid * grid + 1, cout))
+    if tail == 2:
+        h = b.op(OpType.LayerNorm, h, _w(b, rng, cout), _w(b, rng, cout), axis=2, epsilon=1e-6)
+    return _finish(b, h)
+
+
+def mlp(rng: np.random.Generator) -> Graph:
+    """A transformer MLP: [residual Add + LayerNorm] -> GEMM + bias -> activation -> GEMM + bias [+ residual], the
+    group the `mlp` strategy runs with its hidden activation on chip."""
+    b = GraphBuilder("mlp")
+    m, d, hidden = _dim(rng, 64), int(rng.choice([16, 32, 64, 128])), int(rng.choice([32, 64, 128, 256]))
+    x = b.input("x", (m, d))
+    if rng.random() < 0.5:
+        x = b.op(OpType.Add, x, b.input("r", (m, d)))
+        x = b.op(OpType.LayerNorm, x, _w(b, rng, d), _w(b, rng, d), axis=1, epsilon=1e-5)
+    h = b.op(OpType.Add, b.op(OpType.MatMul, x, _w(b, rng, d, hidden)), _w(b, rng, hidden))
+    h = b.op(OpType.Gelu, h, approximate="none") if rng.random() < 0.5 else b.op(OpType.Relu, h)
+    y = b.op(OpType.Add, b.op(OpType.MatMul, h, _w(b, rng, hidden, d)), _w(b, rng, d))
+    return _finish(b, b.op(OpType.Add, y, x) if rng.random() < 0.5 else y)
+
+
+def gated(rng: np.random.Generator) -> Graph:
+    """A gated MLP's first half (LLaMA's): act(x @ Wg) * (x @ Wu), act SiLU, GELU or none (`codegen.gated`)."""
+    b = GraphBuilder("gated")
+    lead = tuple(int(rng.choice(BATCH)) for _ in range(int(rng.choice([0, 1]))))
+    m, k, n = _dim(rng, 64), _dim(rng, 128), int(rng.choice([16, 32, 64, 128]))
+    x = b.input("x", (*lead, m, k))
+    g = b.op(OpType.MatMul, x, _w(b, rng, k, n))
+    act = int(rng.integers(3))
+    if act == 0:
+        g = b.op(OpType.Mul, g, b.op(OpType.Sigmoid, g))
+    elif act == 1:
+        g = b.op(OpType.Gelu, g, approximate="tanh")
+    return _finish(b, b.op(OpType.Mul, g, b.op(OpType.MatMul, x, _w(b, rng, k, n))))
+
+
+def _split_heads(b: GraphBuilder, v: str, rows: int, heads: int, d: int, perm: tuple[int, ...]) -> str:
+    return b.op(OpType.Transpose, b.op(OpType.Reshape, v, shape=(1, rows, heads, d)), perm=perm)
+
+
+def siblings(rng: np.random.Generator) -> Graph:
+    """Two or three projections of one activation (Q, K, V), each output kept whole or split into heads
+    (`codegen.siblings`); widths are whole array tiles as in real models."""
+    b = GraphBuilder("siblings")
+    m, k, d = _dim(rng, 64), int(rng.choice([16, 32, 64, 128])), int(rng.choice([16, 32]))
+    x = b.input("x", (1, m, k))
+    outs = []
+    for _ in range(int(rng.choice([2, 3]))):
+        heads = int(rng.choice([1, 2, 4]))
+        h = b.op(OpType.MatMul, x, _w(b, rng, k, heads * d))
+        outs.append(_split_heads(b, h, m, heads, d, (0, 2, 1, 3)) if rng.random() < 0.5 else h)
+    b.output(*outs)
+    return b.build()
+
+
+def attention_proj(rng: np.random.Generator) -> Graph:
+    """Self-attention with its projections: Q/K/V (one packed projection Split in three, or one each), head
+    split, scaled scores, softmax, weighted sum, head merge [and output projection] (`codegen.attention_proj`)."""
+    b = GraphBuilder("attention_proj")
+    s, heads, d = int(rng.choice([8, 16, 17, 32, 64])), int(rng.choice([1, 2, 4])), int(rng.choice([8, 16, 32]))
+    width = heads * d
+    x = b.input("x", (1, s, width))
+    if rng.random() < 0.5:
+        packed = b.op(OpType.MatMul, x, _w(b, rng, width, 3 * width))
+        q, k, v = b.op_multi(OpType.Split, packed, n_outputs=3, axis=2, sizes=(width,) * 3)
+    else:
+        q, k, v = (b.op(OpType.MatMul, x, _w(b, rng, width, width)) for _ in range(3))
+    q = _split_heads(b, q, s, heads, d, (0, 2, 1, 3))
+    k = _split_heads(b, k, s, heads, d, (0, 2, 3, 1))
+    v = _split_heads(b, v, s, heads, d, (0, 2, 1, 3))
+    scores = b.op(OpType.Mul, b.op(OpType.MatMul, q, k), b.constant(np.float32(1 / np.sqrt(d))))
+    ctx = b.op(OpType.MatMul, b.op(OpType.Softmax, scores, axis=3), v)
+    out = b.op(OpType.Reshape, b.op(OpType.Transpose, ctx, perm=(0, 2, 1, 3)), shape=(1, s, width))
+    return _finish(b, b.op(OpType.MatMul, out, _w(b, rng, width, width)) if rng.random() < 0.5 else out)
+
+
+def rotary(rng: np.random.Generator) -> Graph:
+    """Rotary position embedding of a head's rows: x * cos + Concat(-x[.., h:], x[.., :h]) * sin, lanes moved by
+    last-axis Slice and Concat (`codegen.rotary`, the `segment_chain` strategy)."""
+    b = GraphBuilder("rotary")
+    lead = tuple(int(rng.choice(BATCH)) for _ in range(int(rng.integers(1, 3))))
+    s, d = _dim(rng, 128), int(rng.choice([8, 16, 32, 64, 128]))
+    x = b.input("x", (*lead, s, d))
+    rank, half = len(lead) + 2, d // 2
+    angle = rng.uniform(0, 2 * np.pi, (s, d)).astype(np.float32)
+    cut = {"axes": (rank - 1,), "steps": (1,)}
+    lo = b.op(OpType.Slice, x, starts=(0,), ends=(half,), **cut)
+    hi = b.op(OpType.Slice, x, starts=(half,), ends=(d,), **cut)
+    rot = b.op(OpType.Concat, b.op(OpType.Neg, hi), lo, axis=rank - 1)
+    xc = b.op(OpType.Mul, x, b.constant(np.cos(angle)))
+    return _finish(b, b.op(OpType.Add, xc, b.op(OpType.Mul, rot, b.constant(np.sin(angle)))))
+
+
+def transposed_operand(rng: np.random.Generator) -> Graph:
+    """A MatMul of two activations reading one through a Transpose (attention's K^T): the layout load reads it
+    in place (`codegen.absorbed_layout`, the `transpose_load` strategy)."""
+    b = GraphBuilder("transposed_operand")
+    heads, s, d = int(rng.choice(BATCH)), _dim(rng, 128), _dim(rng, 64)
+    kt = b.op(OpType.Transpose, b.input("k", (heads, s, d)), perm=(0, 2, 1))
+    return _finish(b, b.op(OpType.MatMul, b.input("q", (heads, _dim(rng, 128), d)), kt))
+
+
 RECIPES: dict[str, Callable[[np.random.Generator], Graph]] = {
     f.__name__: f
     for f in (
@@ -214,5 +346,13 @@ RECIPES: dict[str, Callable[[np.random.Generator], Graph]] = {
         attention,
         conv_relu,
         conv_block,
+        conv_pool,
+        patch_embed,
+        mlp,
+        gated,
+        siblings,
+        attention_proj,
+        rotary,
+        transposed_operand,
     )
 }
