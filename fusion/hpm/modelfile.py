@@ -136,7 +136,8 @@ def load_model(path: Path, check_generators: bool = True) -> HpmModel:
         detail = f"missing {missing[:5]}, unknown {extra[:5]}" if missing or extra else "same names, other order"
         raise SchemaMismatchError(
             f"{path}: trained on feature schema {header.get('schema_hash')} (v{header.get('schema_version')}), "
-            f"this code computes {schema_hash()} (v{SCHEMA_VERSION}): {detail}; retrain with `dynfuse hpm train`"
+            f"this code computes {schema_hash()} (v{SCHEMA_VERSION}): {detail}; retrain with `dynfuse hpm train` "
+            "(the shipped model: `make hpm`)"
         )
     stamp = str(header.get("generators"))
     if check_generators and stamp != generator_hash():

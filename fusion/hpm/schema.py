@@ -9,8 +9,12 @@ are log(measured / analytic), so the trees correct the analytic model, and a mac
 still predicted through quantities that scale with it. Schema 4 adds what the analytic model leaves out and the
 simulator charges: the padding of a partly filled last vector beat or array tile (`fill`), the estimate with
 loads and stores in series (`serial_dma_cycles`), the DRAM latency and fill relative to the estimate, and the
-traffic per scratchpad bank (bank conflicts). The schema (names in order) is hashed; a model trained on another
-schema is refused at load time.
+traffic per scratchpad bank (bank conflicts). Schema 6 adds the on-chip traffic the analytic energy leaves out
+(it charges each DMA byte twice locally and nothing else): the accumulator and scratchpad bytes the matrix unit's
+operands, results and drains and the vector passes move, estimated from the program's counts, as shares of the
+estimate, so kinds with much local work per DRAM byte (attention, whole MLPs, pooled convs) are told apart by what
+makes their energy differ, not by their few samples. The schema (names in order) is hashed; a model trained on
+another schema is refused at load time.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from fusion.cost.interface import KernelFeatures
 from fusion.engine.strategies import REGISTRY
 from simulator.config import MachineConfig
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Fixed lists, not the engine's: an op type or strategy added to the engine later counts under "other" instead of
 # changing the schema (and making every trained model stale). Schema 5 froze them. A strategy counts under the slot
 # its record names (`Strategy.hpm_feature`: a new one says "other" until the schema adds it and the HPM is retrained).
@@ -114,6 +118,8 @@ NUMERIC = (
     "read_per_bank",
     "write_per_bank",
     "dma_per_bank",
+    "acc_energy_share",
+    "spad_energy_share",
 )
 FEATURE_NAMES: tuple[str, ...] = (
     *NUMERIC,
@@ -154,6 +160,17 @@ def serial_dma_cycles(units: UnitTimes) -> float:
     return max(*busy, units.issue) + (sum(busy) - max(busy)) / max(units.steps, 1)
 
 
+def local_bytes(f: KernelFeatures) -> tuple[float, float]:
+    """(accumulator bytes, scratchpad bytes beyond the DMAs') a kernel moves, estimated from its counts at its
+    largest tiles: each matmul row reads A's tile_k elements and accumulates tile_n 32-bit sums (read and write),
+    each preload reads a tile_k x tile_n weight tile, each drained row reads tile_n sums and writes them back, and
+    each vector pass element is read and written as 32 bits."""
+    operand = 1 if f.dtype == "int8" else 4
+    acc = 4 * f.tile_n * (2 * f.matmul_rows + f.drain_rows)
+    spad = operand * (f.matmul_rows * f.tile_k + f.preloads * f.tile_k * f.tile_n + f.drain_rows * f.tile_n)
+    return float(acc), float(spad + 8 * f.vector_pass_elems)
+
+
 def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     """The feature vector in FEATURE_NAMES order."""
     n, lanes, bw = cfg.array_size, cfg.vector_lanes, cfg.dram_bytes_per_cycle
@@ -168,6 +185,8 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
     elem_bytes = 4 if f.dtype == "fp32" else 1
     dmas = f.dma_loads + f.dma_stores
     bank = cfg.spad_bank_bytes
+    energy = estimate_energy(f, cfg)
+    acc_bytes, spad_bytes = local_bytes(f)
     numeric = {
         "array_size": n,
         "vector_lanes": lanes,
@@ -204,7 +223,7 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "log_steps": _log(steps),
         "log_step_chain": _log((units.load + units.matrix + units.vector + units.store) / steps),
         "log_step_max": _log(max(units.load, units.matrix, units.vector, units.store) / steps),
-        "log_estimate_energy": math.log(estimate_energy(f, cfg)),
+        "log_estimate_energy": math.log(energy),
         "dma_share": (units.load + units.store) / est,
         "matrix_share": units.matrix / est,
         "vector_share": units.vector / est,
@@ -240,6 +259,8 @@ def vectorize(f: KernelFeatures, cfg: MachineConfig) -> np.ndarray:
         "read_per_bank": f.dram_read_bytes / bank,
         "write_per_bank": f.dram_write_bytes / bank,
         "dma_per_bank": (f.dram_read_bytes + f.dram_write_bytes) / dmas / bank if dmas else 0.0,
+        "acc_energy_share": acc_bytes * cfg.energy.acc_byte / energy,
+        "spad_energy_share": spad_bytes * cfg.energy.spad_byte / energy,
     }
     values = [float(numeric[k]) for k in NUMERIC]
     values += [float(f.ops.count(op)) for op in OPS] + [float(sum(op not in OPS for op in f.ops))]
