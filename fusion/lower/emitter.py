@@ -7,17 +7,20 @@ Pipeline protocol (step s uses buffer slot s % DEPTH): the step's segments run o
 for a credit the last unit of that step pushed, so every access of step s is ordered after every access of
 step s - DEPTH (vector clocks are transitive along the hand-over chain), while the steps in between, in other
 slots, overlap. Every pop follows its push in program order, so the in-order issue never deadlocks, and a
-credit is only pushed when a step will pop it, so no token outlives the kernel.
+credit is only pushed when a step will pop it, so no token outlives the kernel. A queue's k-th pop takes its k-th
+push: the pipeline is planned as a list of actions first and a credit another hand-over on its queue would take
+is pushed later, just before its own pop (`_matched`).
 """
 
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from assembler.builder import ProgramBuilder
+from fusion.lower.errors import LoweringError
 from fusion.lower.local_alloc import DEPTH
 from fusion.lower.views import Transfer, View, transfers
 from isa.enums import DType, Unit
@@ -141,36 +144,62 @@ def run_pipeline(em: Emitter, steps: Sequence[Step], depth: int = DEPTH) -> None
     its last unit to the first unit of step s + depth, and only if that step exists, so no token is left
     over when the kernel ends."""
     plans = [segs for segs in (step.segments() for step in steps) if segs]
-    heads = [_head(em, plans, s, depth) for s in range(len(plans))]
-    if heads:
-        heads[0]()
-    for s in range(len(plans)):
-        if s + 1 < len(plans):
-            heads[s + 1]()
-        _rest(em, plans, s, depth)
+    for action in _matched(_actions([[unit for unit, _ in segs] for segs in plans], _streamed_sets(plans), depth)):
+        if isinstance(action, Token):
+            (em.push if action.push else em.pop)(action.src, action.dst)
+        else:
+            s, i = action
+            plans[s][i][1](em)
 
 
-def _credit_pop(em: Emitter, plans: list, s: int, depth: int) -> None:
-    if s >= depth and plans[s - depth][-1][0] != plans[s][0][0]:
-        em.pop(plans[s - depth][-1][0], plans[s][0][0])
+@dataclass(frozen=True)
+class Token:
+    """A `sync.push` or `sync.pop` of the pipeline; `key` names the hand-over or credit, the same for the push
+    and the pop meant to take it."""
+
+    push: bool
+    src: Unit
+    dst: Unit
+    key: tuple[str, int, int]
 
 
-def _head(em: Emitter, plans: list, s: int, depth: int) -> Callable[[], None]:
-    """The step's load segment (with its credit wait and hand-over push), emitted ahead of the previous
-    step's compute; a no-op for a step that does not start with loads."""
-    segs = plans[s]
+Action = tuple[int, int] | Token  # (step, segment): emit that segment; or a token
 
-    def emit() -> None:
-        if segs[0][0] is not Unit.load:
-            return
-        _credit_pop(em, plans, s, depth)
-        segs[0][1](em)
-        if len(segs) > 1 and segs[1][0] is not Unit.load:
-            em.push(Unit.load, segs[1][0])
-        for i in _streamed(segs):  # its own hand-over from the loads (it skips the previous unit's)
-            em.push(Unit.load, segs[i][0])
 
-    return emit
+def _streamed_sets(plans: list) -> list[set[int]]:
+    return [set(_streamed(segs)) for segs in plans]
+
+
+def _actions(units: list[list[Unit]], streamed: list[set[int]], depth: int) -> list[Action]:
+    """The pipeline in program order: each step's loads (its head) ahead of the previous step's compute."""
+    out: list[Action] = []
+    if units:
+        out += _head(units, streamed, 0, depth)
+    for s in range(len(units)):
+        if s + 1 < len(units):
+            out += _head(units, streamed, s + 1, depth)
+        out += _rest(units, streamed, s, depth)
+    return out
+
+
+def _credit_pop(units: list[list[Unit]], s: int, depth: int) -> list[Token]:
+    if s >= depth and units[s - depth][-1] != units[s][0]:
+        return [Token(False, units[s - depth][-1], units[s][0], ("credit", s, 0))]
+    return []
+
+
+def _head(units: list[list[Unit]], streamed: list[set[int]], s: int, depth: int) -> list[Action]:
+    """The step's load segment with its credit wait and hand-over pushes; nothing for a step that does not start
+    with loads."""
+    segs = units[s]
+    if segs[0] is not Unit.load:
+        return []
+    out: list[Action] = [*_credit_pop(units, s, depth), (s, 0)]
+    if len(segs) > 1 and segs[1] is not Unit.load:
+        out.append(Token(True, Unit.load, segs[1], ("hand", s, 1)))
+    for i in sorted(streamed[s]):  # its own hand-over from the loads (it skips the previous unit's)
+        out.append(Token(True, Unit.load, segs[i], ("stream", s, i)))
+    return out
 
 
 def _streamed(segs: list) -> list[int]:
@@ -186,33 +215,65 @@ def _streamed(segs: list) -> list[int]:
     ]
 
 
-def _rest(em: Emitter, plans: list, s: int, depth: int) -> None:
-    segs, prev, pushed = plans[s], None, False
-    streamed = set(_streamed(segs))
-    loaded = segs[0][0] is Unit.load
-    last = segs[-1][0]
-    deferred: list[Unit] = []  # producers whose completion the last unit waits for (see Streamed)
-    first = 1 if loaded else 0
-    if loaded:  # emitted by _head, which also pushed the hand-over tokens
-        prev, pushed = Unit.load, True
-    else:
-        _credit_pop(em, plans, s, depth)
-    for i in range(first, len(segs)):
-        unit, emit = segs[i]
-        if i in streamed:
-            em.push(prev, last)
-            deferred.append(prev)
+def _rest(units: list[list[Unit]], streamed: list[set[int]], s: int, depth: int) -> list[Action]:
+    segs = units[s]
+    loaded = segs[0] is Unit.load
+    last = segs[-1]
+    out: list[Action] = [] if loaded else [*_credit_pop(units, s, depth)]
+    prev, pushed = (Unit.load, True) if loaded else (None, False)  # _head pushed the loads' hand-over tokens
+    deferred: list[tuple[Unit, int]] = []  # producers whose completion the last unit waits for (see Streamed)
+    for i in range(1 if loaded else 0, len(segs)):
+        unit = segs[i]
+        if i in streamed[s]:
+            out.append(Token(True, prev, last, ("defer", s, i)))
+            deferred.append((prev, i))
             if loaded:
-                em.pop(Unit.load, unit)
+                out.append(Token(False, Unit.load, unit, ("stream", s, i)))
         elif prev is not None and prev != unit:
             if not pushed:
-                em.push(prev, unit)
-            em.pop(prev, unit)
+                out.append(Token(True, prev, unit, ("hand", s, i)))
+            out.append(Token(False, prev, unit, ("hand", s, i)))
         if i == len(segs) - 1:
-            for producer in deferred:
-                em.pop(producer, last)
+            out += [Token(False, producer, last, ("defer", s, j)) for producer, j in deferred]
         pushed = False
-        emit(em)
+        out.append((s, i))
         prev = unit
-    if s + depth < len(plans) and plans[s + depth][0][0] != last:
-        em.push(last, plans[s + depth][0][0])
+    if s + depth < len(units) and units[s + depth][0] != last:
+        out.append(Token(True, last, units[s + depth][0], ("credit", s + depth, 0)))
+    return out
+
+
+def _matched(actions: list[Action]) -> list[Action]:
+    """The actions with every pop taking the push meant for it. A queue (src, dst) is FIFO: its k-th pop takes its
+    k-th push, whatever the push was for. A credit pushed at the end of step s and popped by step s + depth is
+    taken by the wrong pop when a step in between hands over on the same queue (a step whose last unit is a
+    compute unit, e.g. matrix -> vector): that pop would take the credit and run unordered. Such a credit is
+    pushed just before its own pop instead (later, so still after every access of its step)."""
+    for _ in range(len(actions) + 1):
+        stolen = _first_stolen(actions)
+        if stolen is None:
+            return actions
+        if stolen.key[0] != "credit":
+            raise LoweringError(f"pipeline tokens: {stolen.key} would be taken by another pop (a generator bug)")
+        actions = [a for a in actions if a != stolen]
+        pop = next(k for k, a in enumerate(actions) if isinstance(a, Token) and not a.push and a.key == stolen.key)
+        actions.insert(pop, stolen)
+    raise LoweringError("pipeline tokens: credits could not be ordered")
+
+
+def _first_stolen(actions: list[Action]) -> Token | None:
+    """The first push whose token a pop meant for another push would take, or None."""
+    queues: dict[tuple[Unit, Unit], deque[Token]] = {}
+    for a in actions:
+        if not isinstance(a, Token):
+            continue
+        queue = queues.setdefault((a.src, a.dst), deque())
+        if a.push:
+            queue.append(a)
+        elif not queue or queue[0].key != a.key:
+            if not queue:
+                raise LoweringError(f"pipeline tokens: {a.key} popped before any push (a generator bug)")
+            return queue[0]
+        else:
+            queue.popleft()
+    return None
