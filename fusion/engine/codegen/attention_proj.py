@@ -64,11 +64,11 @@ from isa.enums import Activation, DType
 from isa.memory_map import LOCAL_ACC_BASE
 from isa.table import BY_MNEMONIC
 from simulator.config import MachineConfig
-from simulator.timing import dma_cycles, drain_cycles, vector_cycles
+from simulator.timing import dma_cycles, drain_cycles, scalar_cycles, vector_cycles
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
-ISSUE = 3  # cycles the control core takes to issue a vector instruction with two new addresses
+SPLIT_ISSUE = 3  # instructions the control core issues per split row: the vector instruction and its two new addresses
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ class Projection:
     def whole_rows(self, side: int, rows: int) -> bool:
         """Whether a side's (0: Q, 2: V) rows of the activation are read by one DMA and split locally into the
         K chunks (quantized on the way when they are float on the int8 path): a DMA per chunk costs a DRAM
-        latency each, a split a vector instruction per row and chunk (about ISSUE cycles each)."""
+        latency each, a split a vector instruction per row and chunk (at least its SPLIT_ISSUE instructions' issue)."""
         cfg, x, n = self.config, self.xs[side], self.config.array_size
         chunks = k_slices(self.kd, n)
         if len(chunks) == 1:
@@ -302,7 +302,7 @@ class Projection:
         op = BY_MNEMONIC["v.qnt" if self.quantize[side] is not None else "v.copy"].latency
         split = sum(vector_cycles(cfg, rows * kc, op) for _, kc in chunks) if self.quantize[side] is not None else 0
         chunked = sum(dma_cycles(cfg, rows, kc * x.dtype.size, stride) for _, kc in chunks) + split
-        per_row = sum(max(vector_cycles(cfg, kc, op), ISSUE) for _, kc in chunks)
+        per_row = sum(max(vector_cycles(cfg, kc, op), SPLIT_ISSUE * scalar_cycles(cfg)) for _, kc in chunks)
         return dma_cycles(cfg, rows, self.kd * x.dtype.size, stride) + rows * per_row < chunked
 
     def shares_rows(self) -> bool:
