@@ -44,6 +44,7 @@ class InstructionSpec:
     latency: int  # pipeline depth in cycles, used by the timing rule
     dtypes: tuple[DType, ...]  # element types allowed in the dtype field (empty: no dtype)
     semantics: str  # one line for docs
+    reads_data: bool = False  # sets control flow or a register from a value in memory (a timing-only run needs values)
 
     @cached_property
     def fields(self) -> tuple[Field, ...]:

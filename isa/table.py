@@ -29,6 +29,7 @@ def _row(
     semantics: str,
     dtypes: tuple[DType, ...] = (),
     mode: int | None = None,
+    reads_data: bool = False,
 ) -> InstructionSpec:
     fixed = [("opcode", opcode)]
     if funct is not None:
@@ -36,7 +37,7 @@ def _row(
     if mode is not None:
         fixed.append(("mode", mode))
     return InstructionSpec(
-        mnemonic, parse_operands(operands), tuple(fixed), unit, ext, timing, latency, dtypes, semantics
+        mnemonic, parse_operands(operands), tuple(fixed), unit, ext, timing, latency, dtypes, semantics, reads_data
     )
 
 
@@ -81,7 +82,7 @@ _SCALAR = (
     ),
     _row("jal", "rd, target", 0x05, None, SC, B, "branch", 1, "rd = pc + 1; pc = target"),
     _row("jalr", "rd, imm(rs1)", 0x06, None, SC, B, "branch", 1, "rd = pc + 1; pc = rs1 + imm"),
-    _row("lw", "rd, imm(rs1)", 0x07, None, SC, B, "scalar_mem", 1, "rd = dram32[rs1 + imm]"),
+    _row("lw", "rd, imm(rs1)", 0x07, None, SC, B, "scalar_mem", 1, "rd = dram32[rs1 + imm]", reads_data=True),
     _row("sw", "rs2, imm(rs1)", 0x08, None, SC, B, "scalar_mem", 1, "dram32[rs1 + imm] = rs2"),
     _row(
         "loop",
@@ -413,6 +414,7 @@ _CONTROL = (
         1,
         "if n elements of local[rs1] are all zero: pc = btarget",
         ALL,
+        reads_data=True,
     ),
     _row(
         "bnz.tile",
@@ -425,6 +427,7 @@ _CONTROL = (
         1,
         "if any of n elements of local[rs1] is non-zero: pc = btarget",
         ALL,
+        reads_data=True,
     ),
     _row(
         "dispatch",
@@ -436,6 +439,7 @@ _CONTROL = (
         "dispatch",
         1,
         "if rs1 < ncase: pc = dram32[table + 4 * rs1], else fall through",
+        reads_data=True,
     ),
     _row(
         "zc.clr",
@@ -458,6 +462,7 @@ _CONTROL = (
         "zero_count_read",
         1,
         "rd = the zero-tile counter, once every earlier dma.stz has finished (issue waits for them)",
+        reads_data=True,
     ),
 )
 

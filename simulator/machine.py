@@ -38,9 +38,9 @@ WATCHDOG_EVERY = 256
 
 # hardware loops, from the ISA table: the instructions with a loop-end field (where a step jumps back), by mnemonic
 LOOP_END_FIELD = {s.mnemonic: f.name for s in INSTRUCTIONS for f in s.fields if f.kind is Kind.loop_end}
-# instructions that steer control flow or set a register by a value read from memory: a program holding one is
-# simulated with its values even when only its timing is asked for (`Machine(timing_only=True)`)
-READS_DATA = frozenset({"bz.tile", "bnz.tile", "lw", "dispatch", "zc.rd"})
+# instructions that steer control flow or set a register by a value read from memory (the table's `reads_data`): a
+# program holding one is simulated with its values even when only its timing is asked for (`Machine(timing_only=True)`)
+READS_DATA = frozenset(s.mnemonic for s in INSTRUCTIONS if s.reads_data)
 
 
 @dataclass(frozen=True)
