@@ -34,7 +34,9 @@ def _fused(mc) -> list[Candidate]:
 
 @pytest.mark.parametrize(("dtype", "make"), CASES)
 def test_a_head_alone_bounds_its_fused_groups_and_ranking_picks_the_same(dtype, make) -> None:
-    _ranked(dtype, make)
+    skipped = _ranked(dtype, make)
+    if make in CONVS:  # conv schedules far past the best are not generated
+        assert skipped
 
 
 def _ranked(dtype, make) -> list:
@@ -63,7 +65,3 @@ def _ranked(dtype, make) -> list:
                 assert head is not None and ev._dominated(done[0], head)
                 skipped.append(g)
     return skipped
-
-
-def test_conv_schedules_far_past_the_best_are_not_generated() -> None:
-    assert all(_ranked(dtype, make) for dtype, make in CASES if make in CONVS)
