@@ -186,6 +186,30 @@ _MATRIX = (
     ),
     _row("mx.mma", "rd, rs1, rows", 0x21, 1, MX, B, "matmul", 0, "acc[rd] += spad[rs1] (rows x K) @ weights"),
     _row(
+        "mx.mm.s",
+        "rd, rs1, rs2, rows",
+        0x21,
+        3,
+        MX,
+        F,
+        "matmul",
+        0,
+        "mx.mm with A's rows rs2 bytes apart (row i of K elements at spad[rs1 + i * rs2]): a k-slice of a dense "
+        "rows x D tile read in place at stride D * elem, as Gemmini's A stride; the unit's row fetch adds the "
+        "stride, one row a cycle either way, so it times as mx.mm",
+    ),
+    _row(
+        "mx.mma.s",
+        "rd, rs1, rs2, rows",
+        0x21,
+        4,
+        MX,
+        F,
+        "matmul",
+        0,
+        "acc[rd] += A @ weights, A's rows rs2 bytes apart (as mx.mm.s)",
+    ),
+    _row(
         "mx.mms",
         "rs1, rows",
         0x21,

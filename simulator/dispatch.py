@@ -68,6 +68,8 @@ BUILDERS: dict[str, Builder] = {
     "mx.preload": matrix.preload,
     "mx.mm": matrix.matmul(accumulate=False),
     "mx.mma": matrix.matmul(accumulate=True),
+    "mx.mm.s": matrix.matmul(accumulate=False, strided=True),
+    "mx.mma.s": matrix.matmul(accumulate=True, strided=True),
     "mx.mms": matrix.matmul_stream,
     "ep.cfg": matrix.epilogue_config,
     "mx.drain": matrix.drain,

@@ -165,6 +165,20 @@ class Machine:
             self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=False)
         return view
 
+    def read_local_rows(
+        self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype, row: list[int]
+    ) -> np.ndarray:
+        """`rows` rows of `count` elements, `stride` bytes apart (dense ones read as one access): the banks, bytes
+        and race-checked bytes are those of the rows alone, not the gaps between them."""
+        if rows <= 1 or stride == count * dtype.itemsize:
+            return self.read_local(addr, rows * count, dtype, row).reshape(rows, count)
+        view, mask, is_acc, shadow = self.mem.local_rows(addr, rows, count, stride, dtype)
+        self.mask |= mask
+        row[S_ACC_RD if is_acc else S_SPAD_RD] += view.size * dtype.itemsize
+        if self.races is not None:
+            self.races.access(self.races.local, shadow, addr, write=False)
+        return view
+
     def write_local(self, addr: int, values: np.ndarray, row: list[int]) -> None:
         self.written(addr, values.size, values.dtype, row)[:] = values.reshape(-1)
 

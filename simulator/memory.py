@@ -39,6 +39,7 @@ class Memory:
         self._acc_bank0 = cfg.spad_banks
         self._banks_of_mask: dict[int, tuple[int, ...]] = {}
         self._resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
+        self._strided: dict[tuple[int, int, int, int, np.dtype], tuple[np.ndarray, int, bool, np.ndarray]] = {}
         # one typed view of each local memory per element type: an access is then a single slice
         self._typed = {
             (is_acc, np.dtype(d.numpy)): (self.acc if is_acc else self.spad).view(d.numpy)
@@ -86,6 +87,33 @@ class Memory:
             return view, 0, is_acc, off
         mask = ((2 << ((off + nbytes - 1) // bank_bytes)) - (1 << (off // bank_bytes))) << bank0
         return view, mask, is_acc, off + self._spad_bytes if is_acc else off
+
+    def local_rows(
+        self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype
+    ) -> tuple[np.ndarray, int, bool, np.ndarray]:
+        """A (rows, count) typed view of rows `stride` bytes apart from local address `addr` (the matrix unit's
+        strided A operand): (view, mask of the banks the rows touch, is_acc, shadow offsets of exactly the bytes
+        read). The rows' span is checked as one access; kept resolved like `local`."""
+        key = (addr, rows, count, stride, dtype)
+        found = self._strided.get(key)
+        if found is not None:
+            return found
+        size = dtype.itemsize
+        if stride < 0 or stride % size:
+            raise Fault(f"row stride {stride} of a local access must be a non-negative multiple of {size} ({dtype})")
+        span, _, is_acc, shadow = self._resolve(addr, (rows - 1) * (stride // size) + count, dtype)
+        view = np.lib.stride_tricks.as_strided(span, shape=(rows, count), strides=(stride, size), writeable=False)
+        starts = shadow + stride * np.arange(rows)
+        first = starts - (self._spad_bytes if is_acc else 0)  # offsets within the scratchpad or accumulator
+        bank_bytes, bank0 = (self._acc_bank_bytes, self._acc_bank0) if is_acc else (self._spad_bank_bytes, 0)
+        mask = 0
+        for lo, hi in dict.fromkeys(zip(first // bank_bytes, (first + count * size - 1) // bank_bytes, strict=True)):
+            mask |= ((2 << int(hi)) - (1 << int(lo))) << bank0
+        found = view, mask if count else 0, is_acc, (starts[:, None] + np.arange(count * size)).ravel()
+        if len(self._strided) >= RESOLVED_ACCESSES:
+            self._strided.clear()
+        self._strided[key] = found
+        return found
 
     def banks(self, mask: int) -> tuple[int, ...]:
         """The bank ids of a mask (cached: programs use few distinct masks)."""

@@ -9,6 +9,8 @@ function [`DF_LATENCY_W-1:0] df_latency;
     if ((word & 64'h00000000000000ff) == 64'h0000000000000020) df_latency = 0;  // mx.preload
     if ((word & 64'h000000001f8000ff) == 64'h0000000000000021) df_latency = 0;  // mx.mm
     if ((word & 64'h000000001f8000ff) == 64'h0000000000800021) df_latency = 0;  // mx.mma
+    if ((word & 64'h000000001f8000ff) == 64'h0000000001800021) df_latency = 0;  // mx.mm.s
+    if ((word & 64'h000000001f8000ff) == 64'h0000000002000021) df_latency = 0;  // mx.mma.s
     if ((word & 64'h000000001f8000ff) == 64'h0000000001000021) df_latency = 0;  // mx.mms
     if ((word & 64'h00000000000000ff) == 64'h0000000000000022) df_latency = 0;  // ep.cfg
     if ((word & 64'h00000000000000ff) == 64'h0000000000000023) df_latency = 3;  // mx.drain

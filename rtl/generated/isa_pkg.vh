@@ -101,6 +101,12 @@
 `define DF_OP_MX_MMA 33  // mx.mma rd, rs1, rows
 `define DF_FUNCT_MX_MMA 1
 `define DF_LAT_MX_MMA 0  // matmul
+`define DF_OP_MX_MM_S 33  // mx.mm.s rd, rs1, rs2, rows
+`define DF_FUNCT_MX_MM_S 3
+`define DF_LAT_MX_MM_S 0  // matmul
+`define DF_OP_MX_MMA_S 33  // mx.mma.s rd, rs1, rs2, rows
+`define DF_FUNCT_MX_MMA_S 4
+`define DF_LAT_MX_MMA_S 0  // matmul
 `define DF_OP_MX_MMS 33  // mx.mms rs1, rows
 `define DF_FUNCT_MX_MMS 2
 `define DF_LAT_MX_MMS 0  // matmul_stream

@@ -60,12 +60,15 @@ def _weights(m: Machine) -> np.ndarray:
 _I8 = np.dtype(np.int8)
 
 
-def _product(m: Machine, a_addr: int, rows: int, row: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The activations read, the weights and their product (None when the machine computes no values)."""
+def _product(
+    m: Machine, a_addr: int, rows: int, row: list[int], stride: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The activations read (rows `stride` bytes apart; None: dense), the weights and their product (None when the
+    machine computes no values)."""
     w = _weights(m)
     k, cols = w.shape
     i8 = w.dtype == _I8
-    a = m.read_local(a_addr, rows * k, w.dtype, row).reshape(rows, k)
+    a = m.read_local_rows(a_addr, rows, k, k * w.dtype.itemsize if stride is None else stride, w.dtype, row)
     row[S_MACS_I8 if i8 else S_MACS_F32] += rows * k * cols
     return a, w, sem.matmul(a, w, DType.i8 if i8 else DType.f32) if m.values else None
 
@@ -76,14 +79,16 @@ def _acc_address(addr: int) -> int:
     return addr
 
 
-def matmul(accumulate: bool) -> Builder:
+def matmul(accumulate: bool, strided: bool = False) -> Builder:
+    """`mx.mm`/`mx.mma`; `strided` (`mx.mm.s`/`mx.mma.s`): A's rows are x[rs2] bytes apart."""
+
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
-        rd, rs1, rows = ins.values
+        rd, rs1, *rs2, rows = ins.values
         x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
 
         def step() -> int:
             src = x[rs1]
-            a, w, product = _product(m, src, rows, row)
+            a, w, product = _product(m, src, rows, row, x[rs2[0]] if strided else None)
             dest = _acc_address(x[rd])
             recording = m.transactions is not None
             operands = {"a": a.copy(), "w": w} if recording else {}

@@ -54,6 +54,40 @@ halt
     assert m.transactions[1][2]["a"].shape == (6, 4)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.float32])
+def test_strided_matmul_reads_k_slices_of_a_dense_tile_in_place(dtype) -> None:
+    """mx.mm.s / mx.mma.s over the k-slices of a dense 5 x 10 tile (row stride 10 elements) give its product with
+    the stacked weights, in the cycles of mx.mm / mx.mma, reading exactly the slices' bytes (not the gaps)."""
+    size = np.dtype(dtype).itemsize
+    a = i8(5, 10).astype(dtype)
+    w = i8(10, 3).astype(dtype)
+    slices = [(0, 4), (4, 4), (8, 2)]
+    src = [f"li x1, 0\nli x3, {10 * size}\nli x5, {ACC}"]
+    for i, (k0, kb) in enumerate(slices):
+        src.append(f"li x2, {256 + 64 * i}\nmx.preload x2, {kb}, 3, {'i8' if size == 1 else 'f32'}")
+        src.append(f"li x1, {k0 * size}\n{'mx.mm.s' if i == 0 else 'mx.mma.s'} x5, x1, x3, 5")
+    weights = {256 + 64 * i: w[k0 : k0 + kb] for i, (k0, kb) in enumerate(slices)}
+    m = machine("\n".join([*src, "halt", ""]), local={0: a, **weights})
+    acc_dt = np.int32 if size == 1 else np.float32
+    np.testing.assert_allclose(local(m, ACC, 15, acc_dt).reshape(5, 3), a.astype(np.float64) @ w, rtol=1e-5)
+    durs = [f - s for pc, s, f in unit_slices(m, Unit.matrix) if m.instructions[pc].mnemonic.startswith("mx.mm")]
+    assert durs == [matmul_cycles(CFG, 5)] * 3
+    counters = simulate_counters(m)
+    assert counters.spad_read_bytes == 5 * 10 * size + sum(kb * 3 * size for _, kb in slices)
+    assert [t[2]["a"].shape for t in m.transactions if "a" in t[2]] == [(5, kb) for _, kb in slices]
+
+
+def test_strided_matmul_checks_its_stride_and_span() -> None:
+    base = f"li x5, {ACC}\nli x2, 64\nmx.preload x2, 4, 4, f32\nli x1, 0\n"
+    with pytest.raises(SimulatorTrap, match="row stride -4"):
+        machine(base + "li x3, -4\nmx.mm.s x5, x1, x3, 2\nhalt\n")
+    with pytest.raises(SimulatorTrap, match="row stride 6"):
+        machine(base + "li x3, 6\nmx.mm.s x5, x1, x3, 2\nhalt\n")
+    with pytest.raises(SimulatorTrap, match="outside the scratchpad"):
+        machine(base + f"li x3, {CFG.spad_bytes}\nmx.mm.s x5, x1, x3, 2\nhalt\n")
+    machine(base + "li x3, 0\nmx.mm.s x5, x1, x3, 3\nhalt\n")  # stride 0: one row read three times
+
+
 def test_fp32_matmul() -> None:
     a, w = RNG.standard_normal((5, 4)).astype(np.float32), RNG.standard_normal((4, 4)).astype(np.float32)
     m = machine(

@@ -86,3 +86,12 @@ def test_epochs_narrow_only_where_a_run_cannot_outgrow_them(max_cycles: int) -> 
         machine(LOAD + "mx.preload x1, 4, 4, i8\nhalt\n", cfg, checked=True)
     m = machine(LOAD + "fence\nmx.preload x1, 4, 4, i8\nhalt\n", cfg, checked=True)
     assert m.races.dram.reads.dtype == epoch_dtype(max_cycles)
+
+
+def test_a_strided_read_races_only_with_the_bytes_of_its_rows() -> None:
+    """mx.mm.s reads rows of 4 bytes 16 apart: a vector write into the gaps between them does not race with it, a
+    write into a row does."""
+    setup = "li x5, 0x1000000\nli x2, 1024\nmx.preload x2, 4, 4, i8\nli x1, 0\nli x3, 16\nmx.mm.s x5, x1, x3, 4\n"
+    checked(setup + "li x4, 4\nv.relu x4, x4, 12, i8\nli x4, 52\nv.relu x4, x4, 12, i8\n")
+    with pytest.raises(SimulatorTrap, match="data race"):
+        checked(setup + "li x4, 48\nv.relu x4, x4, 1, i8\n")

@@ -60,7 +60,11 @@ def blocks(draw, state: dict) -> list[str]:
             count = rows * cols
             dest = spad(4, count)
             return src + ["mx.mms x5, " + str(rows), f"vc.lds v1, {count}", f"li x6, {dest}", "vc.st x6, v1"]
-        op = draw(st.sampled_from(["mx.mm", "mx.mma"]))
+        op = draw(st.sampled_from(["mx.mm", "mx.mma", "mx.mm.s", "mx.mma.s"]))
+        if op.endswith(".s"):  # A's rows `stride` bytes apart (a gap, none, or overlapping rows)
+            stride = SIZE[dt] * draw(st.integers(0, 2 * k))
+            src = [f"li x5, {spad(1, max(rows - 1, 0) * stride + rows * k * SIZE[dt])}", f"li x18, {stride}"]
+            return src + [f"li x6, {acc(rows * cols)}", f"{op} x6, x5, x18, {rows}"]
         return src + [f"li x6, {acc(rows * cols)}", f"{op} x6, x5, {rows}"]
     if kind == "drain" and state.get("weights"):
         dt = state["weights"][0]
