@@ -5,9 +5,10 @@ Per block of `tile` rows the steps are:
 - P (prologue): the block's activations (each rows x D, one DMA each) and, in the first block, the row parameters
   (own biases, LayerNorm gamma/beta) packed in one constant (`pack_params`: one DMA) are loaded; the prologue chain
   (e.g. residual Add + LayerNorm, or RMSNorm) runs on whole rows (`chain.emit_chain`, the unfused recipes) and its
-  result is cut into GEMM1's k-slices (int8: quantized at GEMM1's input scale, as the unfused MatMul does) in the
-  spare scratchpad bank, where every later step of the block reads it. Values the epilogue reads (the pre-norm
-  residual sum) are kept there too.
+  result (int8: quantized at GEMM1's input scale, as the unfused MatMul does) is GEMM1's A, rows x D in the spare
+  scratchpad bank, where every later step of the block reads it: GEMM1 reads its array-wide k-slices in place
+  (`mx.mm.s`, row stride D), so it is written by the chain itself or one pass, not cut by a copy per row and slice.
+  Values the epilogue reads (the pre-norm residual sum) are kept there too.
 - H_g (hidden groups of `panels` array-wide panels of the hidden dimension): one DMA loads the group's slice of
   both weights (packed at compile time, `pack_weights`: per hidden panel, W1's K x N column panel, W2's N x D
   row slice as array tiles and the activation chain's row operands), GEMM1 computes the group's hidden panels
@@ -336,7 +337,8 @@ class _Kernel:
         s, n, cx = self.s, self.n, self.cx
         spare = _spare(cx)
         out: dict = {"params": spare.tile(self.params_bytes)}
-        out["a1"] = [(k0, kb, spare.tile(tile * kb * s.es_a)) for k0, kb in k_slices(s.d, n)]
+        whole = spare.tile(tile * s.d * s.es_a)  # A as dense rows, each k-slice at its offset (`_gemm1`)
+        out["a1"] = [(k0, kb, whole + k0 * s.es_a) for k0, kb in k_slices(s.d, n)]
         out["keep"] = {v: spare.tile(tile * s.d * 4) for v in self.needed}
         out["acc2"] = [spare.acc_tile(tile * n * 4) for _ in range(_pad(s.d, n) // n)]
         pre = TileArena(cx.config, 0)
@@ -419,19 +421,11 @@ class _Kernel:
         src_dt = DType.f32 if p.pre else self.flat[p.first.inputs[0]].dtype
         inv = None if self.a1.quantize_scale is None else 1.0 / self.a1.quantize_scale
         last_pre = p.pre[-1].outputs[0] if p.pre else None
-        # int8 after a prologue read by nothing else: the chain quantizes its result (into its own tile, or A's
-        # only k-slice), and the cut is int8 copies
-        in_chain = inv is not None and last_pre not in (None, *cx.graph.outputs, *self.needed)
-        if in_chain:
-            src, src_dt = (a["a1"][0][2], DType.i8) if len(a["a1"]) == 1 else (pre_out, DType.i8)
-        cuts = []
-        for k0, kb, dst in [] if in_chain and len(a["a1"]) == 1 else a["a1"]:
-            inv_k = None if in_chain else inv
-            if kb == s.d:
-                cuts.append((dst, src, rows * kb, inv_k, src_dt))
-            else:
-                at = range(rows)
-                cuts += [(dst + r * kb * s.es_a, src + (r * s.d + k0) * src_dt.size, kb, inv_k, src_dt) for r in at]
+        whole = a["a1"][0][2]  # GEMM1's A, rows x D: the matmuls read its k-slices in place (`_gemm1`)
+        # after a prologue read by nothing else, the chain writes A itself (int8: quantized); otherwise A is one
+        # pass over the rows (a copy, or the quantization)
+        direct = last_pre not in (None, *cx.graph.outputs, *self.needed)
+        cuts = [] if direct else [(whole, src, rows * s.d, inv, src_dt)]
         # a prologue intermediate the epilogue reads goes straight to the spare bank, unless it is stored too
         stored = kept | {v: a["keep"][v] for v in self.needed if v not in kept and v in self._inner_pre()}
         local = tiles | kept | ({p.pre[-1].outputs[0]: pre_out} if p.pre else {})
@@ -444,7 +438,7 @@ class _Kernel:
         def vector(em: Emitter) -> None:
             if p.pre:
                 addr = {v: t for v, t in tiles.items() if any(o.value == v for o in self.pre_t.values())} | rows_at
-                out, q = (src, inv) if in_chain else (pre_out, None)
+                out, q = (whole, inv) if direct else (pre_out, None)
                 emit_chain(cx, em, p.pre, self.pre_t, addr, out, rows * s.d, s.d, stored=stored, quantize=q)
             _quantizer(cuts)(em)
             for dst, at in copies:
@@ -566,17 +560,20 @@ class _Kernel:
         return gemm2
 
     def _gemm1(self, w: int, tiles: list, accs: list, rows: int, j: int, between: list) -> Callable[[Emitter], None]:
-        """GEMM1 of hidden panels j.. and its drains; the `between` emitters (vector work) spread over its tiles."""
+        """GEMM1 of hidden panels j.. and its drains; the `between` emitters (vector work) spread over its tiles.
+        A's k-slices are read in place from its dense rows (`mx.mm.s`, row stride D elements) when D > N."""
         s, n, a, chunk, dt = self.s, self.n, self.alloc, self.chunk, self.dt
+        stride = (s.d * s.es_a,) if len(a["a1"]) > 1 else ()
         bias1 = self.layout.get(bias_form(self.p.first.name))
         order = [(index_k, c) for index_k in range(len(a["a1"])) for c in range(len(accs))]
         after = _spread(len(order), len(between))
 
         def gemm1(em: Emitter) -> None:
+            mm, mma = (em.b.mx_mm_s, em.b.mx_mma_s) if stride else (em.b.mx_mm, em.b.mx_mma)
             for t, (index_k, c) in enumerate(order):
                 k0, kb, a_addr = a["a1"][index_k]
                 em.b.mx_preload(em.reg(w + (c * chunk + k0 * n) * s.es_a), kb, n, dt.name)
-                (em.b.mx_mm if index_k == 0 else em.b.mx_mma)(*em.regs(accs[c], a_addr), rows)
+                (mm if index_k == 0 else mma)(*em.regs(accs[c], a_addr, *stride), rows)
                 for i in after.get(t, []):
                     between[i](em)
             for c, (acc, (drained, _)) in enumerate(zip(accs, tiles, strict=True)):
