@@ -31,6 +31,18 @@ VECTOR_LATENCY = 2
 PRIORITY = (Unit.load, Unit.matrix, Unit.vector, Unit.store)  # ties: the unit whose work others wait for first
 
 
+# the matmuls into the accumulator (mx.mm, mx.mma and their strided forms) and where their `rows` operand is
+MATMUL_ROWS = {
+    name: [o.field.name for o in spec.operands].index("rows")
+    for name, spec in SPECS.items()
+    if spec.timing == "matmul"
+}
+
+
+def matmul_rows(c: Call) -> int:
+    return c.args[MATMUL_ROWS[c.name]]
+
+
 class Held(int):
     """A recorded scalar operand: the 32-bit value its register holds (loaded again at replay)."""
 
@@ -109,8 +121,8 @@ def _cost(cfg: MachineConfig, c: Call) -> int:
     if c.unit in (Unit.load, Unit.store):
         rows, cols, dtype = c.args[3], c.args[4], c.args[5]
         return timing.dma_cycles(cfg, rows, cols * DType[dtype].size, 0)
-    if c.name in ("mx_mm", "mx_mma"):
-        return max(timing.matmul_input_cycles(cfg, c.args[2]), timing.preload_cycles(cfg))
+    if c.name in MATMUL_ROWS:
+        return max(timing.matmul_input_cycles(cfg, matmul_rows(c)), timing.preload_cycles(cfg))
     if c.name == "mx_drain":
         return timing.drain_cycles(cfg, c.args[2], SPECS[c.name].latency)
     counts = [a for a in c.args[2:] if type(a) is int]  # v.* and vc.ld: the element count
@@ -151,8 +163,8 @@ def merge(cfg: MachineConfig, streams: dict[Unit, list[Call]]) -> tuple[list[Cal
         start, u, c = best
         cursor[u] += 1
         at[u] = start + _cost(cfg, c)
-        if c.name in ("mx_mm", "mx_mma"):
-            results = max(results, start + timing.matmul_cycles(cfg, c.args[2]))
+        if c.name in MATMUL_ROWS:
+            results = max(results, start + timing.matmul_cycles(cfg, matmul_rows(c)))
         if c.name == "sync_push":
             pushed.setdefault(c.args, []).append(start)
         elif c.name == "sync_pop":
@@ -182,8 +194,8 @@ def estimate(cfg: MachineConfig, calls: Sequence[Call]) -> int:
             popped[c.args] = k + 1
         elif c.unit is Unit.matrix and c.name in ("mx_drain", "sync_push"):
             start = max(start, results)
-        if c.name in ("mx_mm", "mx_mma"):
-            results = max(results, start + timing.matmul_cycles(cfg, c.args[2]))
+        if c.name in MATMUL_ROWS:
+            results = max(results, start + timing.matmul_cycles(cfg, matmul_rows(c)))
         if c.name == "sync_push":
             pushed.setdefault(c.args, []).append(start)
         queue.append(start)

@@ -24,9 +24,10 @@ drains Y (requantized as that node drains) and stores it: the merged heads never
 
 The weights are packed at compile time (`pack_projection_weights`): per distinct (Q, K, V[, O]) column block, the
 stationary tiles of W_q and W_v, the streamed rows of W_k^T and the head's rows of W_o back to back, read by one
-DMA per step. The activation is read once per step: its row chunks (one DMA per chunk of N columns, Q's rows
-shared with V's when they are the same rows of the same tensor; a [seq, batch, features] activation row-strided)
-and its key tiles transposed; when every step reads the same rows (one batch, all query rows per step) they are
+DMA per step. The activation is read once per step: its rows (one DMA, quantized whole on the int8 path, each
+chunk of N columns read in place by `mx.mm.s`; else one DMA per chunk where that is cheaper; Q's rows shared with
+V's when they are the same rows of the same tensor; a [seq, batch, features] activation row-strided) and its key
+tiles transposed; when every step reads the same rows (one batch, all query rows per step) they are
 read once, by the first step, into the spare scratchpad bank (`shared_arena`).
 
 Refused (CodegenError, the planner then runs the projections as their own kernels): an activation that is not
@@ -64,11 +65,10 @@ from isa.enums import Activation, DType
 from isa.memory_map import LOCAL_ACC_BASE
 from isa.table import BY_MNEMONIC
 from simulator.config import MachineConfig
-from simulator.timing import dma_cycles, drain_cycles, scalar_cycles, vector_cycles
+from simulator.timing import dma_cycles, drain_cycles
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
-SPLIT_ISSUE = 3  # instructions the control core issues per split row: the vector instruction and its two new addresses
 
 
 @dataclass(frozen=True)
@@ -291,19 +291,16 @@ class Projection:
     config: MachineConfig
 
     def whole_rows(self, side: int, rows: int) -> bool:
-        """Whether a side's (0: Q, 2: V) rows of the activation are read by one DMA and split locally into the
-        K chunks (quantized on the way when they are float on the int8 path): a DMA per chunk costs a DRAM
-        latency each, a split a vector instruction per row and chunk (at least its SPLIT_ISSUE instructions' issue)."""
+        """Whether a side's (0: Q, 2: V) rows of the activation are read by one DMA (quantized whole by one `v.qnt`
+        when they are float on the int8 path) and the matrix unit reads each K chunk in place (`mx.mm.s`, row
+        stride kd elements), instead of one DMA per chunk (a DRAM latency each)."""
         cfg, x, n = self.config, self.xs[side], self.config.array_size
         chunks = k_slices(self.kd, n)
         if len(chunks) == 1:
             return False
         stride = x.strides[0] * (self.q if side == 0 else self.v).step
-        op = BY_MNEMONIC["v.qnt" if self.quantize[side] is not None else "v.copy"].latency
-        split = sum(vector_cycles(cfg, rows * kc, op) for _, kc in chunks) if self.quantize[side] is not None else 0
-        chunked = sum(dma_cycles(cfg, rows, kc * x.dtype.size, stride) for _, kc in chunks) + split
-        per_row = sum(max(vector_cycles(cfg, kc, op), SPLIT_ISSUE * scalar_cycles(cfg)) for _, kc in chunks)
-        return dma_cycles(cfg, rows, self.kd * x.dtype.size, stride) + rows * per_row < chunked
+        chunked = sum(dma_cycles(cfg, rows, kc * x.dtype.size, stride) for _, kc in chunks)
+        return dma_cycles(cfg, rows, self.kd * x.dtype.size, stride) < chunked
 
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
@@ -402,9 +399,8 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
     def rows_tiles(side: int, rows: int) -> None:
         x, quantize = p.xs[side], p.quantize[side]
         es = x.dtype.size
-        if p.whole_rows(side, rows):  # the rows as loaded, then each chunk's (quantized) tile
-            out.append(rows * p.kd * es)
-            out.extend(rows * kc * (1 if quantize is not None else es) for _, kc in k_slices(p.kd, n))
+        if p.whole_rows(side, rows):  # the rows as loaded (and quantized), read in place
+            out.extend([rows * p.kd * es] + ([rows * p.kd] if quantize is not None else []))
             return
         for _, kc in k_slices(p.kd, n):
             out.append(rows * kc * es)
@@ -438,13 +434,22 @@ def acc_bytes(p: Projection, m: int, sk: int, n: int) -> list[int]:
 
 
 def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, loads: list, quants: list):
-    """The activation's tiles as the projections read them: (Q's row chunks, X^T's key tiles, V's row chunks)."""
+    """The activation's tiles as the projections read them: (Q's row chunks, X^T's key tiles, V's row chunks),
+    each row chunk as (address, bytes between its rows)."""
     h, i0, m = block
 
-    def rows_tiles(side: int, row0: int, rows: int) -> list[int]:
+    def rows_tiles(side: int, row0: int, rows: int) -> list[tuple[int, int]]:
         x, quantize, step = p.xs[side], p.quantize[side], (p.q if side == 0 else p.v).step
-        if p.whole_rows(side, rows):
-            return whole_tiles(x, x.slice(0, row0, rows, step), quantize)
+        es = 1 if quantize is not None else x.dtype.size
+        if p.whole_rows(side, rows):  # one DMA (and v.qnt) of the rows; each chunk read in place
+            raw = arena.tile(rows * p.kd * x.dtype.size)
+            part = x.slice(0, row0, rows, step)
+            loads.append(lambda em, v=part, a=raw: em.dma_load(v, a))
+            if quantize is not None:
+                qt = arena.tile(rows * p.kd)
+                quants.append((qt, raw, rows * p.kd, 1.0 / quantize))
+                raw = qt
+            return [(raw + c0 * es, p.kd * es) for c0, _ in k_slices(p.kd, n)]
         read = []
         for c0, kc in k_slices(p.kd, n):
             raw = arena.tile(rows * kc * x.dtype.size)
@@ -454,27 +459,12 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
                 qt = arena.tile(rows * kc)
                 quants.append((qt, raw, rows * kc, 1.0 / quantize))
                 raw = qt
-            read.append(raw)
-        return read
-
-    def whole_tiles(x: View, part: View, quantize: float | None) -> list[int]:
-        """One DMA of the rows, then per row and K chunk a v.qnt (v.copy) into the chunk's dense tile."""
-        rows, es = part.shape[0], x.dtype.size
-        raw = arena.tile(rows * p.kd * es)
-        loads.append(lambda em: em.dma_load(part, raw))
-        read = []
-        for c0, kc in k_slices(p.kd, n):
-            tile = arena.tile(rows * kc * (1 if quantize is not None else es))
-            for r in range(rows):
-                src, dst = raw + (r * p.kd + c0) * es, tile + r * kc * (1 if quantize is not None else es)
-                quants.append((dst, src, kc, 1.0 / quantize) if quantize is not None else (dst, src, kc, None, x.dtype))
-            read.append(tile)
+            read.append((raw, kc * es))
         return read
 
     xv = rows_tiles(2, int(p.v.rows[h]), sk)
     if p.shares_rows():
-        x_es = (DType.i8 if p.quantize[2] is not None else p.xs[2].dtype).size
-        xq = [a + i0 * kc * x_es for a, (_, kc) in zip(xv, k_slices(p.kd, n), strict=True)]
+        xq = [(a + i0 * stride, stride) for a, stride in xv]
     else:
         xq = rows_tiles(0, int(p.q.rows[h]) + i0 * p.q.step, m)
     xk = []
@@ -528,12 +518,13 @@ def step_projection(
     qcols, vcols = [e0 for e0, _ in k_slices(p.q.width, n)], [e0 for e0, _ in k_slices(p.v.width, n)]
     len_keys = [bk for _, bk in k_slices(sk, n)]
 
-    def operands(side: int, i: int, r0: int) -> list[tuple[int, int, int]]:
-        """(A rows address, preloaded tile address, kc) per K chunk of output tile i of a side, from row r0."""
+    def operands(side: int, i: int, r0: int) -> list[tuple[int, int, int, int]]:
+        """(A rows address, bytes between A's rows, preloaded tile address, kc) per K chunk of output tile i of a
+        side, from row r0."""
         if side == 1:  # K^T: W_k^T's rows streamed over X^T's key tile
-            return [(w + (lay.kt[c0] + r0 * kc) * es, xk[i] + c0 * len_keys[i] * es, kc) for c0, kc in kchunks]
+            return [(w + (lay.kt[c0] + r0 * kc) * es, kc * es, xk[i] + c0 * len_keys[i] * es, kc) for c0, kc in kchunks]
         x, at, e0 = (xq, lay.q, qcols[i]) if side == 0 else (xv, lay.v, vcols[i])
-        return [(a + r0 * kc * es, w + at[(e0, c0)] * es, kc) for a, (c0, kc) in zip(x, kchunks, strict=True)]
+        return [(a + r0 * st, st, w + at[(e0, c0)] * es, kc) for (a, st), (c0, kc) in zip(x, kchunks, strict=True)]
 
     def emit(em: Emitter, outs: tuple[list[int], list[int], list[int]]) -> None:
         def drain_cfg(side: int) -> None:
@@ -541,9 +532,12 @@ def step_projection(
             em.b.ep_cfg(*em.regs(0, 0, mult), shift, Activation.none, "none", p.out_dt[side].name)
 
         def products(acc: int, side: int, i: int, r0: int, rows: int, cols: int) -> None:
-            for ci, (a, b, kc) in enumerate(operands(side, i, r0)):
+            for ci, (a, stride, b, kc) in enumerate(operands(side, i, r0)):
                 em.b.mx_preload(em.reg(b), kc, cols, p.mm_dt.name)
-                (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a), rows)
+                if stride == kc * es:  # dense rows
+                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, a), rows)
+                else:  # a chunk of wider rows, read in place
+                    (em.b.mx_mm_s if ci == 0 else em.b.mx_mma_s)(*em.regs(acc, a, stride), rows)
 
         tiles = _products(p, m, sk, n)
         if len(accs) == len(tiles):  # a region per tile: every product, then every drain
