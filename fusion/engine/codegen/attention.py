@@ -52,7 +52,7 @@ from fusion.engine.attention_match import (
 )
 from fusion.engine.codegen import attention_order, attention_proj
 from fusion.engine.codegen.attention_proj import Projection, projection
-from fusion.engine.codegen.chain import VREGS, Registers, emit_node, operands
+from fusion.engine.codegen.chain import Registers, emit_node, operands
 from fusion.engine.codegen.gemm import _quantizer
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
@@ -62,6 +62,7 @@ from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType, Unit
+from isa.fields import NUM_VREGS
 from simulator.config import MachineConfig
 
 POSITIONS = "positions"  # constant form: float32 0..P-1, the positions a generated mask is computed from
@@ -449,7 +450,7 @@ def _transform(buf: Buffer, op: HeadOperand, i: int, count: int, work: dict[str,
         work["quants"].append((buf.quant[i], raw, count, 1.0 / op.quantize))
 
 
-CHAIN_REG = VREGS - 1  # the transform's vector register: the online softmax keeps its state in v0-v2 across segments
+CHAIN_REG = NUM_VREGS - 1  # the transform's vector register: the online softmax keeps its state in v0-v2
 
 
 def _scale_quantize(em: Emitter, dst: int, src: int, count: int, op: HeadOperand) -> None:

@@ -33,13 +33,13 @@ from fusion.lower.kernels.recipes import (
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks
 from isa.enums import DType, Unit
+from isa.fields import NUM_VREGS
 
 REDUCTIONS = frozenset(REDUCE_RECIPES)  # last-axis reductions keeping the axis: one value per row, in a register
 ROWS = frozenset({*ROW_RECIPES, *REDUCTIONS})  # nodes that need whole rows in a register
 ELEMENTWISE = frozenset(RECIPES) - {OpType.BatchNorm}  # per-channel parameters need a [1, C, 1, 1] broadcast
 CHAIN_OPS = frozenset({*ELEMENTWISE, *ROWS})
 COMMUTATIVE = frozenset({OpType.Add, OpType.Mul})  # a broadcast first operand is swapped second (IEEE a+b == b+a)
-VREGS = 8
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Registers:
     """v0..v7 as a free list: a value's register is released after its last use in the tile."""
 
     def __init__(self) -> None:
-        self.free = list(range(VREGS))
+        self.free = list(range(NUM_VREGS))
         self.of: dict[str, int] = {}
 
     def new(self, value: str) -> int:
