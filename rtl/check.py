@@ -136,7 +136,7 @@ def _first_value_mismatch(
     want = np.asarray(want, dtype=np.int64).reshape(got.shape[0], -1)
     differs = got[:, : want.shape[1]] != want
     if care is not None:
-        differs &= np.asarray(care, dtype=bool).reshape(want.shape)[: got.shape[0]]
+        differs &= np.asarray(care, dtype=bool).reshape(-1, want.shape[1])[: got.shape[0]]  # events may be missing
     bad = np.argwhere(differs)
     if not bad.size:
         return None

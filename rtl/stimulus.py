@@ -25,6 +25,20 @@ SLACK = 8  # extra cycles to wait for late events before declaring them missing
 MATRIX_IDLE = {"en": 1, "w_valid": 0, "in_w": 0, "in_valid": 0, "in_first": 0, "in_a": 0, "acc_en": 0, "in_acc": 0}
 VECTOR_IDLE = {"in_valid": 0, "in_mask": 0, "in_a": 0, "in_b": 0}
 EPILOGUE_IDLE = {"in_valid": 0, "in_acc": 0, "in_res": 0}
+FETCH_IDLE = {
+    "w_valid": 0,
+    "in_w": 0,
+    "mem_we": 0,
+    "mem_addr": 0,
+    "mem_wdata": 0,
+    "start": 0,
+    "instr": 0,
+    "rs1": 0,
+    "rs2": 0,
+    "k": 0,
+    "acc_en": 0,
+    "in_acc": 0,
+}
 STREAM_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_first": 0, "in_a": 0, "lds_start": 0}
 
 
@@ -90,6 +104,58 @@ def matmul_case(
     expected = Expected(offsets, {"out_p": _pad(product, rows, n)}, {"out_p": care})
     due = timing.matmul_cycles(cfg, rows)
     return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event)
+
+
+def fetch_case(
+    cfg: MachineConfig,
+    label: str,
+    matmul: Instruction,
+    rs1: int,
+    rs2: int,
+    image: tuple[int, np.ndarray],
+    w: np.ndarray,
+    product: np.ndarray,
+    *,
+    acc: np.ndarray | None = None,
+    charged: int | None = None,
+) -> Case:
+    """One `mx.mm*` whose A the matrix unit fetches itself (`matrix_fetch`): the scratchpad `image` (address,
+    bytes) is written N bytes a cycle, the K x C int8 weights `w` preloaded, then the matmul word starts with its
+    register values (`rs1`: A's address, `rs2`: a strided form's row stride). Expect `product` (rows x C int32;
+    with `acc`, mx.mma*) at the cycles of `matmul_case`, counted from the start."""
+    n = cfg.array_size
+    at, data = image
+    lo = at - at % n  # whole N-byte writes, from an aligned address
+    padded = np.zeros(-(-(at - lo + data.size) // n) * n, dtype=np.int64)
+    padded[at - lo : at - lo + data.size] = data.view(np.uint8)
+    writes = padded.size // n
+    origin = writes + n  # the weights are usable N cycles after the preload starts (`matmul_start`)
+    rows = product.shape[0]
+    offsets = origin + np.array([timing.matmul_cycles(cfg, i + 1) - 1 for i in range(rows)])
+    drive = {
+        "mem_we": [1] * writes,
+        "mem_addr": [lo + i * n for i in range(writes)],
+        "mem_wdata": pack(padded.reshape(writes, n), ELEM_BITS),
+        "w_valid": [0] * writes + [1] * n,
+        "in_w": [0] * writes + pack(_weight_rows(w, n), ELEM_BITS),
+        "start": [0] * origin + [1],
+        "instr": [0] * origin + [encode(matmul)],
+        "rs1": [0] * origin + [_u32(rs1)],
+        "rs2": [0] * origin + [_u32(rs2)],
+        "k": [0] * origin + [w.shape[0]],
+    }
+    if acc is not None:
+        acc_rows = np.zeros((int(offsets[-1]) + 1, n), dtype=np.int64)
+        acc_rows[offsets] = _pad(acc, rows, n)
+        acc_en = np.zeros(int(offsets[-1]) + 1, dtype=np.int64)
+        acc_en[offsets] = 1
+        drive |= {"in_acc": pack(acc_rows, ACC_BITS), "acc_en": acc_en.tolist()}
+    item = Item(label, {}, drive, (Watch(("out_valid",), ("out_p",), rows),), timeout=rows + 2 * n + SLACK)
+    care = np.zeros((rows, n), dtype=bool)
+    care[:, : product.shape[1]] = True
+    expected = Expected(offsets, {"out_p": _pad(product, rows, n)}, {"out_p": care})
+    due = timing.matmul_cycles(cfg, rows)
+    return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event, origin=origin)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ PARAMETERS: dict[str, Callable[[MachineConfig], int]] = {
     "ACC_W": lambda cfg: ACC_BITS,
     "DEPTH": lambda cfg: cfg.stream_fifo_depth,
     "WIDTH": lambda cfg: cfg.array_size * ACC_BITS,
+    "SPAD_ADDR_W": lambda cfg: (cfg.spad_bytes - 1).bit_length(),
 }
 # parameters whose default comes from the generated ISA header, not from the config
 HEADER_PARAMETERS = frozenset({"LAT_MAX"})
@@ -101,6 +102,30 @@ MATRIX = RtlUnit(
     ),
     combinational=True,  # the accumulate adder on out_p
     keeps_state=True,  # matmul items use the weights a preload item left
+)
+
+MATRIX_FETCH = RtlUnit(
+    "matrix_fetch",
+    ("N", "DATA_W", "ACC_W", "SPAD_ADDR_W"),
+    (
+        *CONTROL,
+        Port("w_valid"),
+        Port("in_w", "N", "DATA_W"),
+        Port("w_ready"),
+        Port("mem_we"),
+        Port("mem_addr", 1, "SPAD_ADDR_W"),
+        Port("mem_wdata", "N", "DATA_W"),
+        Port("start"),
+        WORD,
+        Port("rs1", 1, "ACC_W"),
+        Port("rs2", 1, "ACC_W"),
+        Port("k", 1, FIELDS["rows"].width),
+        Port("acc_en"),
+        Port("in_acc", "N", "ACC_W"),
+        Port("out_valid"),
+        Port("out_p", "N", "ACC_W"),
+    ),
+    combinational=True,  # the fetch's first row and the accumulate adder follow their inputs in the cycle
 )
 
 VECTOR = RtlUnit(
@@ -189,4 +214,6 @@ ZERO_COUNTER = RtlUnit(
     ),
     keeps_state=True,  # the count adds up over stores until a zc.clr
 )
-UNITS: dict[str, RtlUnit] = {u.toplevel: u for u in (MATRIX, VECTOR, EPILOGUE, FIFO, STREAM, ZERO_COUNTER)}
+UNITS: dict[str, RtlUnit] = {
+    u.toplevel: u for u in (MATRIX, MATRIX_FETCH, VECTOR, EPILOGUE, FIFO, STREAM, ZERO_COUNTER)
+}

@@ -87,11 +87,13 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
         x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
 
         def step() -> int:
-            src = x[rs1]
-            a, w, product = _product(m, src, rows, row, x[rs2[0]] if strided else None)
+            src, stride = x[rs1], x[rs2[0]] if strided else None
+            a, w, product = _product(m, src, rows, row, stride)
             dest = _acc_address(x[rd])
             recording = m.transactions is not None
-            operands = {"a": a.copy(), "w": w} if recording else {}
+            # (the A operand's address and row stride: what the RTL's row fetch reads it by)
+            fetch = {"a_addr": src, "a_stride": a.shape[1] * a.itemsize if stride is None else stride}
+            operands = {"a": a.copy(), "w": w} | fetch if recording else {}
             if product is None:  # timing only: the accumulator accesses the product would make
                 count, acc_dt = rows * w.shape[1], _ACC_OF[w.dtype]
                 if accumulate:
