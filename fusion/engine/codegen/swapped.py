@@ -41,6 +41,7 @@ from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext, const_key, temp_key
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.matrix import bias_view, matrix_operand, requant
+from fusion.lower.kernels.vector_ops import quantize_tile
 from fusion.lower.local_alloc import DEPTH, TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
@@ -235,7 +236,7 @@ def swapped_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                     em.b.v_add_vc(*em.regs(r, r, bias_t), rows * mb, mb, bias.dtype.name)
             for (_, mb), (a_raw, a_t) in zip(blocks, a_tiles[0], strict=True):
                 if quantize:
-                    em.b.v_qnt(*em.regs(a_t, a_raw, f32_bits(1.0 / a.quantize_scale)), mb * shape.k)
+                    quantize_tile(em, a_t, a_raw, mb * shape.k, a.quantize_scale)
             for (_, mb), (_, a_t), (_, dst) in zip(blocks, a_tiles[0], a_tiles[step], strict=True) if copy else ():
                 em.b.v_copy(*em.regs(dst, a_t), mb * shape.k, w_dt.name)
 

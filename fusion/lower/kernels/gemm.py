@@ -23,8 +23,9 @@ from typing import Protocol
 
 import numpy as np
 
-from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
+from fusion.lower.emitter import Emit, Emitter, Step
 from fusion.lower.errors import MemoryPlanError
+from fusion.lower.kernels.vector_ops import quantize_tile
 from fusion.lower.local_alloc import ALIGN, TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View
 from isa.enums import DType, Unit
@@ -266,10 +267,9 @@ def _fill(op: Operand, tiles: _Tiles, parts: list[View], loads: list, quants: li
     loads += _runs(list(zip(parts, tiles.raw, strict=True)))
     for part, raw, ready in zip(parts, tiles.raw, tiles.ready, strict=True):
         if op.quantize_scale is not None:
-            inv = f32_bits(1.0 / op.quantize_scale)
 
-            def quantize(em: Emitter, q=ready, raw=raw, count=part.size, inv=inv) -> None:
-                em.b.v_qnt(*em.regs(q, raw, inv), count)
+            def quantize(em: Emitter, q=ready, raw=raw, count=part.size, scale=op.quantize_scale) -> None:
+                quantize_tile(em, q, raw, count, scale)
 
             quants.append(quantize)
 

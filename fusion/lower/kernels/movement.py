@@ -10,9 +10,9 @@ from __future__ import annotations
 from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.context import LowerContext
-from fusion.lower.emitter import Emitter, Step, f32_bits
+from fusion.lower.emitter import Emitter, Step
 from fusion.lower.errors import UnsupportedOpError
-from fusion.lower.kernels.vector_ops import dequantize
+from fusion.lower.kernels.vector_ops import dequantize, quantize_tile
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import View, blocks, merge_dims, transfers
 from isa.enums import DType, Unit
@@ -42,7 +42,7 @@ def copy_steps(cx: LowerContext, copies: list[Copy], start: int = 0) -> list[Ste
 
                 def convert(em: Emitter, out=out, raw=raw, n=part.size, scale=scale, to_int8=dst.dtype is DType.i8):
                     if to_int8:
-                        em.b.v_qnt(*em.regs(out, raw, f32_bits(1.0 / scale)), n)
+                        quantize_tile(em, out, raw, n, scale)
                     else:
                         dequantize(em, out, raw, n, scale)
 
