@@ -53,7 +53,7 @@ from fusion.engine.attention_match import (
 from fusion.engine.codegen import attention_order, attention_proj
 from fusion.engine.codegen.attention_proj import Projection, projection
 from fusion.engine.codegen.chain import Registers, emit_node, operands
-from fusion.engine.codegen.gemm import _quantizer
+from fusion.engine.codegen.gemm import _quantizer, k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph, Node
 from fusion.graph.ops import OpType
@@ -169,10 +169,6 @@ def _output(cx: LowerContext, match: AttentionMatch, lead: tuple[int, ...]) -> H
     return HeadOperand(maps, shape[-2:], view.address, view.dtype, None)
 
 
-def chunks(total: int, size: int) -> list[tuple[int, int]]:
-    return [(s, min(size, total - s)) for s in range(0, total, size)]
-
-
 @dataclass(frozen=True)
 class Plan:
     """Everything a step needs that does not depend on the head or the row block."""
@@ -277,11 +273,11 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     m = t.rows
 
     def operand(op: HeadOperand, rows: int, cols: int) -> None:
-        parts = [cols] if t.local_split else [kc for _, kc in chunks(cols, n)]
+        parts = [cols] if t.local_split else [kc for _, kc in k_slices(cols, n)]
         for c in parts:
             spad.extend(_loaded(op, rows * c))
         if t.local_split and cols > n:  # the chunks the matrix unit reads
-            spad.extend(rows * kc * _op_dt(op).size for _, kc in chunks(cols, n))
+            spad.extend(rows * kc * _op_dt(op).size for _, kc in k_slices(cols, n))
 
     operand(p.q, m, p.d)
     acc_extra = []
@@ -290,21 +286,21 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
         acc_extra += attention_proj.acc_bytes(p.proj, m, p.sk, n)
     if p.outp is not None:
         spad += attention_proj.out_tiles(p.outp, m, n)
-    ktiles = chunks(min(t.block_keys, p.sk), n)
+    ktiles = k_slices(min(t.block_keys, p.sk), n)
     for _, bk in ktiles:
         spad += _loaded(p.k, p.d * bk)
     block = sum(bk for _, bk in ktiles)
-    for _, ec in chunks(p.dv, n) if t.v_by_chunk else ():  # V: one tile per value chunk over the block's keys
+    for _, ec in k_slices(p.dv, n) if t.v_by_chunk else ():  # V: one tile per value chunk over the block's keys
         spad.extend(_loaded(p.v, block * ec))
     for _, bk in ktiles if not t.v_by_chunk else ():
         operand(p.v, bk, p.dv)
     if p.positions is not None:
         spad.append(p.positions.size * 4)
-    echunks = chunks(p.dv, n)
+    echunks = k_slices(p.dv, n)
     if t.online:  # a block's scores and probabilities (rows, key tiles), the output and a block's product
         spad += [m * t.block_keys * 4] * 4 + [m * ec * 4 for _, ec in echunks] * 2
         return spad, [m * n * len(echunks) * 4]
-    split = len(chunks(p.sk, n)) > 1
+    split = len(k_slices(p.sk, n)) > 1
     ms = t.register_rows if split else m  # whole rows: a pass's rows (split key tiles), else the tiles themselves
     spad += [ms * p.sk * p.score_dt.size, ms * p.sk * p.prob_dt.size]
     spad += [m * p.sk * p.score_dt.size, m * p.sk * p.prob_dt.size] if split else []
@@ -380,7 +376,7 @@ def attention_steps(cx: LowerContext, nodes: Sequence[Node]) -> list[Step]:
     p = _plan(cx, match)
     t = tiling(cx.config, p, match.softmax)
     heads = len(p.q.maps.bases)
-    blocks = [(h, i0, rows_i) for h in range(heads) for i0, rows_i in chunks(p.sq, t.rows)]
+    blocks = [(h, i0, rows_i) for h in range(heads) for i0, rows_i in k_slices(p.sq, t.rows)]
     if not t.online and 1 < len(blocks) <= DEPTH and t.block_keys >= p.sk:
         arenas = [TileArena(cx.config, j, cx.rotation) for j in range(len(blocks))]
         return [_grouped_step(cx, match, p, arenas, blocks, t)]
@@ -405,12 +401,12 @@ class Buffer:
 
 
 def _alloc_region(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int, local_split: bool) -> Buffer:
-    widths = [cols] if local_split else [kc for _, kc in chunks(cols, n)]
+    widths = [cols] if local_split else [kc for _, kc in k_slices(cols, n)]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     read = quant or raw
     if local_split and cols > n:
-        read = tuple(arena.tile(rows * kc * _op_dt(op).size) for _, kc in chunks(cols, n))
+        read = tuple(arena.tile(rows * kc * _op_dt(op).size) for _, kc in k_slices(cols, n))
     return Buffer(raw, quant, read)
 
 
@@ -428,7 +424,7 @@ def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[st
 
 def _alloc_kt(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int = 0) -> Buffer:
     """Dense rows x cols tiles, one per column chunk of at most n (n = 0: one tile), loaded as they are read."""
-    widths = [c for _, c in chunks(cols, n)] if n else [cols]
+    widths = [c for _, c in k_slices(cols, n)] if n else [cols]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     return Buffer(raw, quant, quant or raw)
@@ -457,7 +453,7 @@ def _scale_quantize(em: Emitter, dst: int, src: int, count: int, op: HeadOperand
     """int8 dst = quantize(prescale * (src, dequantized if int8)) in register-sized pieces: the same float32
     operations, in the same order, as the reference's dequantize, Mul and quantize."""
     r, es = CHAIN_REG, op.dtype.size
-    for at, size in chunks(count, op.vreg_elems):
+    for at, size in k_slices(count, op.vreg_elems):
         em.b.vc_ld(r, em.reg(src + at * es), size, op.dtype.name)
         if op.source_scale is not None:
             em.b.vc_cvt(r, r, "f32")
@@ -579,7 +575,7 @@ def _step_operands(
         return _projected_operands(arena, p, block, t, n, head, q_buf, pos, gt, shared)
     _fill_region(q_buf, p.q, p.q.view(h).slice(0, i0, m), n, head)
     head["loads"] += load
-    ktiles = chunks(p.sk, n)
+    ktiles = k_slices(p.sk, n)
     per_block = t.block_keys // n
     kblocks = [ktiles[b : b + per_block] for b in range(0, len(ktiles), per_block)]
     kview, vview = p.k.view(h), p.v.view(h)
@@ -607,7 +603,7 @@ def _projected_operands(
 ) -> StepOperands:
     """`_step_operands` when Q, K^T and V are computed (`codegen.attention_proj`): the same buffers, filled by the
     projections (one key block: a whole head's K and V) and then transformed as loaded ones are."""
-    ktiles = chunks(p.sk, n)
+    ktiles = k_slices(p.sk, n)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
     loads, quants, emit, weights = attention_proj.step_projection(
@@ -617,11 +613,11 @@ def _projected_operands(
     head["xquants"] += quants
     tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
     head["project"].append(lambda em: emit(em, tiles))
-    for i, (_, ec) in enumerate(chunks(p.d, n)):
+    for i, (_, ec) in enumerate(k_slices(p.d, n)):
         _transform(q_buf, p.q, i, block[2] * ec, head)
     for kb, (_, bk) in zip(k_bufs, ktiles, strict=True):
         _transform(kb, p.k, 0, p.d * bk, head)
-    for i, (_, ec) in enumerate(chunks(p.dv, n)):
+    for i, (_, ec) in enumerate(k_slices(p.dv, n)):
         _transform(v_bufs[0], p.v, i, p.sk * ec, head)
     return StepOperands(head, q_buf, pos, ktiles, [ktiles], k_bufs, v_bufs, [_work()], [_work()], weights)
 
@@ -641,7 +637,7 @@ class GroupTiles:
 def _group_tiles(cfg: MachineConfig, arena: TileArena, p: Plan, t: Tiling, m: int, n: int) -> GroupTiles:
     proj = attention_proj.acc_bytes(p.proj, m, p.sk, n) if p.proj is not None else []
     proj_accs = tuple(arena.acc_tile(b) for b in proj)
-    ktiles, echunks = len(chunks(min(t.block_keys, p.sk), n)), len(chunks(p.dv, n))
+    ktiles, echunks = len(k_slices(min(t.block_keys, p.sk), n)), len(k_slices(p.dv, n))
     streamed = t.block_keys < -(-p.sk // n) * n
     probe = TileArena(cfg, 0)
     # one accumulator region per value chunk (when they fit) lets the chunks' products follow each other through
@@ -764,7 +760,7 @@ def _head_stages(
     p_rows = arena.tile(ms * p.sk * pes)
     s_tiles = _packed(arena, m, ktiles, ses) if split else [s_rows]  # key-tile-major copies of the rows
     p_tiles = _packed(arena, m, ktiles, pes) if split else [p_rows]
-    echunks = chunks(p.dv, n)
+    echunks = k_slices(p.dv, n)
     streamed = len(kblocks) > 1  # the product accumulates over key blocks: one region per value chunk
     acc, regions = gt.acc, gt.product_regions
     o_tiles = [arena.tile(m * ec * p.out_dt.size) for _, ec in echunks]
@@ -783,7 +779,7 @@ def _head_stages(
 
         def emit(em: Emitter) -> None:
             for i, ((_, bk), kb) in enumerate(tiles):
-                for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_buf.chunks, strict=True)):
+                for ci, ((c0, kc), q_addr) in enumerate(zip(k_slices(p.d, n), q_buf.chunks, strict=True)):
                     em.b.mx_preload(em.reg(kb.chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
                     (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(at[i], q_addr), m)
                 if not gt.score_regions:  # one region: each tile drained before the next one's products
@@ -794,7 +790,7 @@ def _head_stages(
         return emit
 
     def softmax(em: Emitter) -> None:
-        for r0, rows in chunks(m, t.register_rows):  # register-sized passes over the step's rows
+        for r0, rows in k_slices(m, t.register_rows):  # register-sized passes over the step's rows
             _softmax_pass(em, r0, rows)
 
     def _softmax_pass(em: Emitter, r0: int, rows: int) -> None:
@@ -902,7 +898,7 @@ def _online_step(
     kb_max = t.block_keys
     s_rows, p_rows = arena.tile(m * kb_max * 4), arena.tile(m * kb_max * 4)
     s_tiles, p_tiles = _packed(arena, m, kblocks[0], 4), _packed(arena, m, kblocks[0], 4)
-    echunks = chunks(p.dv, n)
+    echunks = k_slices(p.dv, n)
     acc = arena.acc_tile(m * n * len(echunks) * 4)
     o_tiles = [arena.tile(m * ec * 4) for _, ec in echunks]
     pv_tiles = [arena.tile(m * ec * 4) for _, ec in echunks]
@@ -926,7 +922,7 @@ def _online_step(
     def scores(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
             for i, (_, bk) in enumerate(kblocks[b]):
-                for ci, ((c0, kc), q_addr) in enumerate(zip(chunks(p.d, n), q_buf.chunks, strict=True)):
+                for ci, ((c0, kc), q_addr) in enumerate(zip(k_slices(p.d, n), q_buf.chunks, strict=True)):
                     em.b.mx_preload(em.reg(k_bufs[i].chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
                     (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
                 em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
@@ -1026,12 +1022,12 @@ def _packed(arena: TileArena, m: int, ktiles: list[tuple[int, int]], es: int) ->
 
 
 def _column_chunks(part: View, n: int) -> list[View]:
-    return [part.slice(1, c0, kc) for c0, kc in chunks(part.shape[1], n)]
+    return [part.slice(1, c0, kc) for c0, kc in k_slices(part.shape[1], n)]
 
 
 def _split_columns(em: Emitter, src: int, tiles: list[int], rows: int, cols: int, n: int, dt: DType) -> None:
     """A dense rows x cols tile -> its column chunks (at most n wide), each dense: one `v.copy` per row and chunk."""
-    for (c0, kc), tile in zip(chunks(cols, n), tiles, strict=True):
+    for (c0, kc), tile in zip(k_slices(cols, n), tiles, strict=True):
         for r in range(rows):
             em.b.v_copy(*em.regs(tile + r * kc * dt.size, src + (r * cols + c0) * dt.size), kc, dt.name)
 
