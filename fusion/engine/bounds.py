@@ -7,11 +7,16 @@ time per weight tile or a cycle per row, whichever is more, plus one 2N - 1 skew
 which bounds the analytic model's prediction and the simulated cycles from below, so a schedule whose bound is
 above the best prediction so far is never built (branch and bound). Other strategies get
 bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`).
+
+`cycle_bound` bounds a built kernel's simulated cycles from its counted program, so a measurement that only
+matters under a budget (`planner.Evaluator.measured_within`: the plan guard's rivals, `settle`'s) is not simulated
+when the bound is already past it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +25,9 @@ from fusion.engine.codegen.swapped import matrix_head
 from fusion.engine.context import ModelContext
 from fusion.engine.plan import Group
 from simulator import timing
+
+if TYPE_CHECKING:  # fusion.cost imports the strategies, which import this module
+    from fusion.cost.interface import KernelFeatures
 
 
 def _ceil(a: int, b: int) -> int:
@@ -63,3 +71,14 @@ def swapped_bound(mc: ModelContext, group: Group) -> float:
     _, k, n, _ = shape
     k_slices = _ceil(k, mc.config.array_size)
     return _cycles(mc, k_slices, n * k_slices)
+
+
+def cycle_bound(mc: ModelContext, feats: KernelFeatures) -> int:
+    """A lower bound on the simulated cycles of a kernel whose program runs straight through (no zero tests:
+    every generator but the zero-skip ones emits no branch or loop), so its counted instructions are the
+    executed ones: the scalar unit issues each at least `scalar_cycles` apart, and the matrix unit takes its
+    preloads and matmul rows (`timing.matrix_lower_bound`). 0 for a kernel that tests tiles."""
+    if feats.zero_tests:
+        return 0
+    issue = feats.instructions * timing.scalar_cycles(mc.config)
+    return max(issue, timing.matrix_lower_bound(mc.config, feats.preloads, feats.matmul_rows))

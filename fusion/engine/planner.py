@@ -20,6 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
+from fusion.engine.bounds import cycle_bound
 from fusion.engine.candidates import CONV_ABSORBABLE, Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import EngineError
@@ -423,6 +424,8 @@ class Evaluator:
         if strategy_of(e.group).host_view or budget < 1:
             cycles = self.measured_cycles(e)
             return cycles if cycles <= budget else None
+        if self.cycle_bound(e) > budget:  # past the budget whatever it measures: not simulated
+            return None
         key = self.timing_key(e)
         with self._lock:
             found, over = self._measured.get(key), self._over.get(key, 0)
@@ -436,6 +439,13 @@ class Evaluator:
                 else:
                     self._measured[key] = found
         return found if found is not None and found <= budget else None
+
+    def cycle_bound(self, e: Evaluated) -> int:
+        """A lower bound on `measured_cycles(e)` from its features (`bounds.cycle_bound`; 0 for a zero-skip kernel,
+        never measured, and a view, no kernel)."""
+        if _skips(e.group) or strategy_of(e.group).host_view:
+            return 0
+        return cycle_bound(self.mc, e.features)
 
     def timing_key(self, e: Evaluated) -> tuple:
         """What a kernel's measured cycles are memoised by: its program (`_program_key`), or with `repeats` the
@@ -904,10 +914,14 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
         return (e for c in cs if isinstance(e := ev.evaluate(c.group), Evaluated))
 
     def within(cs: list[GroupChoice], budget: int) -> int | None:
-        """The rival's measured cycles when at most `budget`; its kernels are built and simulated only while it
-        can still come in under the budget."""
+        """The rival's measured cycles when at most `budget`; its kernels are simulated only while it can still
+        come in under the budget, and not at all when their lower bounds (`Evaluator.cycle_bound`) add up past
+        it (the plan's kernels run one after another: their cycles add up)."""
+        rival = list(priced(cs))
+        if sum(map(ev.cycle_bound, rival)) > budget:
+            return None
         total = 0
-        for e in priced(cs):
+        for e in rival:
             cycles = ev.measured_within(e, budget - total)
             if cycles is None:
                 return None
