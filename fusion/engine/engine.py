@@ -403,12 +403,11 @@ class FusionEngine:
         return kernel, hit, key
 
     def _union(self, pair: PipelinedPair) -> Group:
-        """The pair's nodes in graph order, as a group (its signature and shadow validation); memoised (a walk
-        over the graph's nodes: dispatch asks on every call)."""
+        """The pair's nodes in graph order, as a group (its signature and shadow validation); memoised (dispatch
+        asks on every call)."""
         union = self._unions.get(pair)
         if union is None:
-            nodes = set(pair.producer.nodes) | set(pair.consumer.nodes)
-            union = Group(tuple(n.name for n in self.graph.nodes if n.name in nodes), "unfused")
+            union = Group(self.graph.in_order((*pair.producer.nodes, *pair.consumer.nodes)), "unfused")
             self._unions[pair] = union
         return union
 

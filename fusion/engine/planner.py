@@ -170,7 +170,6 @@ class Evaluator:
         self.stopped = 0  # simulations stopped past their budget (`simulated_within`)
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
-        self._joints: dict[frozenset[str], str] = {}  # `_joint_signature` by node set
         self._cores: dict[Group, Group] = {}  # a group priced from its view-less core (`_viewless`)
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
@@ -251,10 +250,8 @@ class Evaluator:
         if not views:
             return None
         core = replace(group, nodes=tuple(n for n in group.nodes if n not in views))
-        with self._lock:
-            found = self._memo.get((core, fraction))
-        built = found.result() if found is not None and found.done() else None
-        if not isinstance(built, Evaluated) or not isinstance(built.source, Kernel):
+        built = self._done(core, fraction)
+        if built is None or not isinstance(built.source, Kernel):
             return None
         with self._lock:
             self._cores[group] = core
@@ -277,11 +274,16 @@ class Evaluator:
         """DRAM_WEIGHT x the DRAM channel time of the kernel's traffic: the score's term besides cycles."""
         return self.dram_weight * (feats.dram_read_bytes + feats.dram_write_bytes) / self.mc.config.dram_bytes_per_cycle
 
+    def _done(self, group: Group, fraction: float = 0.0) -> Evaluated | None:
+        """The group as built and priced at the zero-tile fraction, if it is (nothing is built)."""
+        with self._lock:
+            found = self._memo.get((group, fraction))
+        done = found.result() if found is not None and found.done() else None
+        return done if isinstance(done, Evaluated) else None
+
     def priced(self, groups: list[Group]) -> list[Evaluated]:
         """The groups already built and priced (dense variants), without building any."""
-        with self._lock:
-            found = [self._memo.get((g, 0.0)) for g in groups]
-        return [e.result() for e in found if e is not None and e.done() and isinstance(e.result(), Evaluated)]
+        return [e for g in groups if (e := self._done(g)) is not None]
 
     def with_twins(self, groups: list[Group]) -> list[Group]:
         """The groups plus, when their GEMM operand is sparse now, their zero-skip twins (priced live)."""
@@ -334,10 +336,7 @@ class Evaluator:
             return None
         if any(graph.node(n).op not in CONV_ABSORBABLE for n in group.nodes[1:]):
             return None
-        with self._lock:
-            found = self._memo.get((replace(group, nodes=group.nodes[:1]), 0.0))
-        head = found.result() if found is not None and found.done() else None
-        return head if isinstance(head, Evaluated) else None
+        return self._done(replace(group, nodes=group.nodes[:1]))
 
     @staticmethod
     def _dominated(best: Evaluated, head: Evaluated) -> bool:
@@ -510,16 +509,9 @@ class Evaluator:
         return found
 
     def _joint_signature(self, groups: Sequence[Group]) -> str:
-        """The structure of the groups' nodes together (`ModelContext.shape_signature`): how values flow between
-        them, which neither group's own signature says."""
-        nodes = frozenset(n for g in groups for n in g.nodes)
-        with self._lock:
-            found = self._joints.get(nodes)
-        if found is None:  # the graph-order walk once per node set (every pair and overlap key asks)
-            found = self.mc.shape_signature(tuple(n.name for n in self.mc.graph.nodes if n.name in nodes))
-            with self._lock:
-                self._joints[nodes] = found
-        return found
+        """The structure of the groups' nodes together (`ModelContext.shape_signature`, memoised): how values flow
+        between them, which neither group's own signature says."""
+        return self.mc.shape_signature(self.mc.graph.in_order(n for g in groups for n in g.nodes))
 
     def simulated_within(self, kernel: Kernel, budget: int, checked: bool = False) -> int | None:
         """The kernel's cycles on zero inputs (`timing_cycles`, timed), or None once its run is past `budget`

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from fusion.errors import GraphError
 from fusion.graph.assemble import assemble
 from fusion.graph.ir import Graph, Node, TensorType
 
@@ -45,9 +44,7 @@ def extract_subgraph(graph: Graph, node_names: Iterable[str], name: str | None =
     """The named nodes as a standalone Graph: values they read from outside become inputs (in order of first
     use), values they produce that are read outside (or are graph outputs) become outputs."""
     wanted = set(node_names)
-    nodes: list[Node] = [n for n in graph.nodes if n.name in wanted]
-    if len(nodes) != len(wanted):
-        raise GraphError(f"graph {graph.name!r} has no node(s) {sorted(wanted - {n.name for n in nodes})}")
+    nodes: list[Node] = [graph.node(n) for n in graph.in_order(wanted)]
     produced = {v for n in nodes for v in n.outputs}
     inputs: dict[str, TensorType] = {}
     for node in nodes:

@@ -230,11 +230,25 @@ class Graph:
                 table.setdefault(value, []).append(node)
         return MappingProxyType({k: tuple(v) for k, v in table.items()})
 
+    @cached_property
+    def _position(self) -> Mapping[str, int]:
+        """Node name -> its index in `nodes` (graph order)."""
+        return MappingProxyType({node.name: i for i, node in enumerate(self.nodes)})
+
     def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise GraphError(f"graph {self.name!r} has no node {name!r}")
+        i = self._position.get(name)
+        if i is None:
+            raise GraphError(f"graph {self.name!r} has no node {name!r}")
+        return self.nodes[i]
+
+    def in_order(self, names: Iterable[str]) -> tuple[str, ...]:
+        """The named nodes (each once) in graph order: a group's or a pair's nodes as one subgraph's, without a
+        walk over the whole graph. Unknown names: GraphError."""
+        wanted = set(names)
+        missing = wanted - self._position.keys()
+        if missing:
+            raise GraphError(f"graph {self.name!r} has no node(s) {sorted(missing)}")
+        return tuple(sorted(wanted, key=self._position.__getitem__))
 
     def is_constant(self, value: str) -> bool:
         return value in self.constants
