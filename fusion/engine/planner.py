@@ -171,6 +171,7 @@ class Evaluator:
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
         self._cores: dict[Group, Group] = {}  # a group priced from its view-less core (`_viewless`)
+        self._bounds: dict[Group, float] = {}  # `bound` by group (a pure function of it: no lock)
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
 
@@ -291,7 +292,14 @@ class Evaluator:
 
     def bound(self, group: Group) -> float:
         """A lower bound on the group's score: the matrix bound plus the priced channel time of the traffic every
-        GEMM schedule has (each input read once, each output written once, in storage dtypes)."""
+        GEMM schedule has (each input read once, each output written once, in storage dtypes). Memoised: every
+        ranking of a node's schedules asks again."""
+        found = self._bounds.get(group)
+        if found is None:
+            found = self._bounds.setdefault(group, self._bound(group))
+        return found
+
+    def _bound(self, group: Group) -> float:
         cycles = matrix_bound(self.mc, group)
         if not cycles:
             return 0.0
