@@ -32,8 +32,10 @@ lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
+# Everything derived from the ISA table: docs/isa.md and the Verilog headers in rtl/generated.
 docs:
 	$(PYTHON) -m isa.render
+	$(PYTHON) -m rtl.generate
 
 # The suite's fuzzers (tests/fuzz, a few seconds each) run for minutes before a release; their counts are
 # appended to build/fuzz-report.md (docs/robustness.md records a run). FUZZ_SECONDS per fuzzer, FUZZ_SEED to vary.
