@@ -237,12 +237,25 @@ _MATRIX = (
         "mx.drain",
         "rd, rs1, rows, cols",
         0x23,
-        None,
+        0,
         MX,
         F,
         "drain",
         3,
         "spad[rd] = requant(act(acc[rs1] + bias + residual)) rows x cols, no DRAM round trip",
+    ),
+    _row(
+        "mx.drain.s",
+        "rd, rs1, rs2, rows, cols",
+        0x23,
+        1,
+        MX,
+        F,
+        "drain",
+        3,
+        "mx.drain with the output rows rs2 bytes apart (row i at spad[rd + i * rs2]): a column panel drained "
+        "straight into its place in a dense rows x D tile at stride D * elem; the epilogue's write address "
+        "generator adds the stride, one row a cycle either way, so it times as mx.drain",
     ),
 )
 

@@ -172,12 +172,7 @@ class Machine:
         and race-checked bytes are those of the rows alone, not the gaps between them."""
         if rows <= 1 or stride == count * dtype.itemsize:
             return self.read_local(addr, rows * count, dtype, row).reshape(rows, count)
-        view, mask, is_acc, shadow = self.mem.local_rows(addr, rows, count, stride, dtype)
-        self.mask |= mask
-        row[S_ACC_RD if is_acc else S_SPAD_RD] += view.size * dtype.itemsize
-        if self.races is not None:
-            self.races.access(self.races.local, shadow, addr, write=False)
-        return view
+        return self._local_rows(addr, rows, count, stride, dtype, row, write=False)
 
     def write_local(self, addr: int, values: np.ndarray, row: list[int]) -> None:
         self.written(addr, values.size, values.dtype, row)[:] = values.reshape(-1)
@@ -190,6 +185,26 @@ class Machine:
         row[S_ACC_WR if is_acc else S_SPAD_WR] += view.nbytes
         if self.races is not None:
             self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=True)
+        return view
+
+    def written_rows(
+        self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype, row: list[int]
+    ) -> np.ndarray:
+        """`written` for `rows` rows of `count` elements `stride` bytes apart (dense ones as one access): the banks,
+        bytes and race-checked bytes are those of the rows alone, not the gaps between them."""
+        if rows <= 1 or stride == count * dtype.itemsize:
+            return self.written(addr, rows * count, dtype, row).reshape(rows, count)
+        return self._local_rows(addr, rows, count, stride, dtype, row, write=True)
+
+    def _local_rows(
+        self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype, row: list[int], write: bool
+    ) -> np.ndarray:
+        view, mask, is_acc, shadow = self.mem.local_rows(addr, rows, count, stride, dtype, write)
+        self.mask |= mask
+        stat = (S_ACC_WR if is_acc else S_SPAD_WR) if write else (S_ACC_RD if is_acc else S_SPAD_RD)
+        row[stat] += view.size * dtype.itemsize
+        if self.races is not None:
+            self.races.access(self.races.local, shadow, addr, write=write)
         return view
 
     def check_dram(self, addr: int, rows: int, row_bytes: int, stride: int, write: bool) -> None:

@@ -39,7 +39,7 @@ class Memory:
         self._acc_bank0 = cfg.spad_banks
         self._banks_of_mask: dict[int, tuple[int, ...]] = {}
         self._resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
-        self._strided: dict[tuple[int, int, int, int, np.dtype], tuple[np.ndarray, int, bool, np.ndarray]] = {}
+        self._strided: dict[tuple[int, int, int, int, np.dtype, bool], tuple[np.ndarray, int, bool, np.ndarray]] = {}
         # one typed view of each local memory per element type: an access is then a single slice
         self._typed = {
             (is_acc, np.dtype(d.numpy)): (self.acc if is_acc else self.spad).view(d.numpy)
@@ -89,20 +89,23 @@ class Memory:
         return view, mask, is_acc, off + self._spad_bytes if is_acc else off
 
     def local_rows(
-        self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype
+        self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype, write: bool = False
     ) -> tuple[np.ndarray, int, bool, np.ndarray]:
         """A (rows, count) typed view of rows `stride` bytes apart from local address `addr` (the matrix unit's
-        strided A operand): (view, mask of the banks the rows touch, is_acc, shadow offsets of exactly the bytes
-        read). The rows' span is checked as one access; kept resolved like `local`."""
-        key = (addr, rows, count, stride, dtype)
+        strided A operand; `write`: a strided drain's output, whose rows may not overlap): (view, mask of the banks
+        the rows touch, is_acc, shadow offsets of exactly the bytes accessed). The rows' span is checked as one
+        access; kept resolved like `local`."""
+        key = (addr, rows, count, stride, dtype, write)
         found = self._strided.get(key)
         if found is not None:
             return found
         size = dtype.itemsize
         if stride < 0 or stride % size:
             raise Fault(f"row stride {stride} of a local access must be a non-negative multiple of {size} ({dtype})")
+        if write and stride < count * size:
+            raise Fault(f"row stride {stride} of a local write overlaps its rows of {count * size} bytes")
         span, _, is_acc, shadow = self._resolve(addr, (rows - 1) * (stride // size) + count, dtype)
-        view = np.lib.stride_tricks.as_strided(span, shape=(rows, count), strides=(stride, size), writeable=False)
+        view = np.lib.stride_tricks.as_strided(span, shape=(rows, count), strides=(stride, size), writeable=write)
         starts = shadow + stride * np.arange(rows)
         first = starts - (self._spad_bytes if is_acc else 0)  # offsets within the scratchpad or accumulator
         bank_bytes, bank0 = (self._acc_bank_bytes, self._acc_bank0) if is_acc else (self._spad_bank_bytes, 0)

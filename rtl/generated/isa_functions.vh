@@ -13,7 +13,8 @@ function [`DF_LATENCY_W-1:0] df_latency;
     if ((word & 64'h000000001f8000ff) == 64'h0000000002000021) df_latency = 0;  // mx.mma.s
     if ((word & 64'h000000001f8000ff) == 64'h0000000001000021) df_latency = 0;  // mx.mms
     if ((word & 64'h00000000000000ff) == 64'h0000000000000022) df_latency = 0;  // ep.cfg
-    if ((word & 64'h00000000000000ff) == 64'h0000000000000023) df_latency = 3;  // mx.drain
+    if ((word & 64'h000000001f8000ff) == 64'h0000000000000023) df_latency = 3;  // mx.drain
+    if ((word & 64'h000000001f8000ff) == 64'h0000000000800023) df_latency = 3;  // mx.drain.s
     if ((word & 64'h000000019f8000ff) == 64'h0000000000000030) df_latency = 1;  // v.add
     if ((word & 64'h000000019f8000ff) == 64'h0000000080000030) df_latency = 1;  // v.add.vs
     if ((word & 64'h000000019f8000ff) == 64'h0000000100000030) df_latency = 1;  // v.add.vr

@@ -113,7 +113,11 @@
 `define DF_OP_EP_CFG 34  // ep.cfg rs1, rs2, rs3, shift, act, epflags, dtype
 `define DF_LAT_EP_CFG 0  // epilogue_config
 `define DF_OP_MX_DRAIN 35  // mx.drain rd, rs1, rows, cols
+`define DF_FUNCT_MX_DRAIN 0
 `define DF_LAT_MX_DRAIN 3  // drain
+`define DF_OP_MX_DRAIN_S 35  // mx.drain.s rd, rs1, rs2, rows, cols
+`define DF_FUNCT_MX_DRAIN_S 1
+`define DF_LAT_MX_DRAIN_S 3  // drain
 `define DF_OP_V_ADD 48  // v.add rd, rs1, rs2, n, dtype
 `define DF_FUNCT_V_ADD 0
 `define DF_MODE_V_ADD 0

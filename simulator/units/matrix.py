@@ -151,42 +151,52 @@ def epilogue_config(m: Machine, pc: int, ins: Instruction) -> Step:
     return step
 
 
-def drain(m: Machine, pc: int, ins: Instruction) -> Step:
-    rd, rs1, rows, cols = ins.values
-    n, x, nxt, row = m.cfg.array_size, m.x, pc + 1, m.row(pc)
-    dur = drain_cycles(m.cfg, rows, ins.spec.latency)
+def drain(strided: bool) -> Builder:
+    """`mx.drain`; `strided` (`mx.drain.s`): the output rows are x[rs2] bytes apart (the epilogue's write address
+    generator steps by the register instead of a row's size), the residual stays dense rows x cols."""
 
-    def step() -> int:
-        if m.epilogue is None:
-            raise Fault("mx.drain before any ep.cfg: the epilogue is not configured")
-        if cols > n:
-            raise Fault(f"drain of {cols} columns exceeds the {n}-wide array (one N-wide row per cycle)")
-        bias_addr, res_addr, mult, act, flags, shift, out = m.epilogue
-        acc_dt = _ACC_DTYPE[DType.f32 if m.weights is not None and m.weights.dtype == np.float32 else DType.i8]
-        acc = m.read_local(x[rs1], rows * cols, acc_dt, row).reshape(rows, cols)
-        bias = m.read_local(bias_addr, cols, acc_dt, row) if flags & EpilogueFlags.bias else None
-        res = (
-            m.read_local(res_addr, rows * cols, acc_dt, row).reshape(rows, cols) if flags & EpilogueFlags.res else None
-        )
-        table = None
-        if flags & EpilogueFlags.pc:  # rs3 holds the local address of the per-column (mult, shift) table
-            table = m.read_local(mult, 2 * cols, DType.i32.numpy, row).reshape(cols, 2)
-        if not m.values:  # timing only: the configuration checked, the output's accesses made
-            sem.check_epilogue(acc.dtype, act, out, table is not None)
-            m.written(x[rd], rows * cols, out.numpy, row)
-            m.submit(m.unit_op(MATRIX, pc, dur, row))
+    def build(m: Machine, pc: int, ins: Instruction) -> Step:
+        rd, rs1, *rs2, rows, cols = ins.values
+        n, x, nxt, row = m.cfg.array_size, m.x, pc + 1, m.row(pc)
+        dur = drain_cycles(m.cfg, rows, ins.spec.latency)
+
+        def step() -> int:
+            if m.epilogue is None:
+                raise Fault("mx.drain before any ep.cfg: the epilogue is not configured")
+            if cols > n:
+                raise Fault(f"drain of {cols} columns exceeds the {n}-wide array (one N-wide row per cycle)")
+            bias_addr, res_addr, mult, act, flags, shift, out = m.epilogue
+            acc_dt = _ACC_DTYPE[DType.f32 if m.weights is not None and m.weights.dtype == np.float32 else DType.i8]
+            acc = m.read_local(x[rs1], rows * cols, acc_dt, row).reshape(rows, cols)
+            bias = m.read_local(bias_addr, cols, acc_dt, row) if flags & EpilogueFlags.bias else None
+            res = (
+                m.read_local(res_addr, rows * cols, acc_dt, row).reshape(rows, cols)
+                if flags & EpilogueFlags.res
+                else None
+            )
+            table = None
+            if flags & EpilogueFlags.pc:  # rs3 holds the local address of the per-column (mult, shift) table
+                table = m.read_local(mult, 2 * cols, DType.i32.numpy, row).reshape(cols, 2)
+            dest, stride = x[rd], x[rs2[0]] if strided else cols * out.size
+            if not m.values:  # timing only: the configuration checked, the output's accesses made
+                sem.check_epilogue(acc.dtype, act, out, table is not None)
+                m.written_rows(dest, rows, cols, stride, out.numpy, row)
+                m.submit(m.unit_op(MATRIX, pc, dur, row))
+                return nxt
+            result = sem.epilogue(acc, bias, res, act, mult, shift, out, table)
+            operands = None
+            if m.transactions is not None:  # copied before the write: the output may overlap the inputs
+                extra = {"bias": bias, "residual": res, "table": table}
+                operands = {"acc": acc.copy(), "mult": mult, "shift": shift, "act": int(act), "out_dtype": int(out)}
+                operands |= {k: v.copy() for k, v in extra.items() if v is not None}
+                operands |= {"out_addr": dest, "out_stride": stride}  # what the RTL's write address generator uses
+            m.written_rows(dest, rows, cols, stride, out.numpy, row)[:] = result.reshape(rows, cols)
+            op = m.unit_op(MATRIX, pc, dur, row)
+            if operands is not None:
+                m.record(op, pc, operands, result)
+            m.submit(op)
             return nxt
-        result = sem.epilogue(acc, bias, res, act, mult, shift, out, table)
-        operands = None
-        if m.transactions is not None:  # copied before the write: the output may overlap the inputs
-            extra = {"bias": bias, "residual": res, "table": table}
-            operands = {"acc": acc.copy(), "mult": mult, "shift": shift, "act": int(act), "out_dtype": int(out)}
-            operands |= {k: v.copy() for k, v in extra.items() if v is not None}
-        m.write_local(x[rd], result, row)
-        op = m.unit_op(MATRIX, pc, dur, row)
-        if operands is not None:
-            m.record(op, pc, operands, result)
-        m.submit(op)
-        return nxt
 
-    return step
+        return step
+
+    return build

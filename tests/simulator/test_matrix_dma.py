@@ -242,6 +242,43 @@ def test_drain_float_epilogue_gelu() -> None:
     )
 
 
+@pytest.mark.parametrize(("out", "dtype"), [("i8", np.int8), ("i32", np.int32), ("f32", np.float32)])
+def test_strided_drain_writes_column_panels_in_place(out: str, dtype) -> None:
+    """Two mx.drain.s of 3 x 4 and 3 x 2 accumulator panels (row stride 6 elements) assemble a dense 3 x 6 tile
+    in place, in the cycles of mx.drain, writing exactly the panels' bytes: the bytes between their rows (the
+    other panel, a guard column) keep their values."""
+    size = np.dtype(dtype).itemsize
+    f32 = dtype is np.float32
+    acc = (RNG.standard_normal((3, 6)) * 100).astype(np.float32) if f32 else RNG.integers(-99, 99, (3, 6))
+    acc = acc.astype(np.float32 if f32 else np.int32)
+    guard = np.full(3 * 7, 7, dtype)  # a 3 x 7 tile: the panels fill its first 6 columns (stride 7 elements)
+    pre = "li x9, 64\nmx.preload x9, 1, 1, f32\n" if f32 else ""
+    src = f"{pre}li x2, 0\nli x4, {bits_from_f32(1.0) if f32 else 1}\nep.cfg x2, x2, x4, 0, none, none, {out}\nli x3, {7 * size}\n"
+    src += f"li x1, {ACC}\nli x6, 1024\nmx.drain.s x6, x1, x3, 3, 4\n"
+    src += f"li x1, {ACC + 48}\nli x6, {1024 + 4 * size}\nmx.drain.s x6, x1, x3, 3, 2\nhalt\n"
+    m = machine(src, local={ACC: acc[:, :4], ACC + 48: acc[:, 4:], 1024: guard})
+    want = np.full((3, 7), 7, dtype)
+    want[:, :6] = acc
+    assert local(m, 1024, 21, dtype).reshape(3, 7).tolist() == want.tolist()
+    durs = [f - s for pc, s, f in unit_slices(m, Unit.matrix) if m.instructions[pc].mnemonic == "mx.drain.s"]
+    assert durs == [3 + 3, 3 + 3]
+    assert simulate_counters(m).spad_write_bytes == 3 * 6 * size
+    assert [t[2]["out_stride"] for t in m.transactions if "out_stride" in t[2]] == [7 * size] * 2
+
+
+def test_strided_drain_checks_its_stride_and_span() -> None:
+    base = f"li x2, 0\nli x4, 1\nep.cfg x2, x2, x4, 0, none, none, i32\nli x1, {ACC}\nli x6, 0\n"
+    with pytest.raises(SimulatorTrap, match="row stride -4"):
+        machine(base + "li x3, -4\nmx.drain.s x6, x1, x3, 2, 2\nhalt\n")
+    with pytest.raises(SimulatorTrap, match="row stride 6"):
+        machine(base + "li x3, 6\nmx.drain.s x6, x1, x3, 2, 2\nhalt\n")
+    with pytest.raises(SimulatorTrap, match="overlaps its rows"):
+        machine(base + "li x3, 4\nmx.drain.s x6, x1, x3, 2, 2\nhalt\n")
+    with pytest.raises(SimulatorTrap, match="outside the scratchpad"):
+        machine(base + f"li x3, {CFG.spad_bytes}\nmx.drain.s x6, x1, x3, 2, 2\nhalt\n")
+    machine(base + "li x3, 0\nmx.drain.s x6, x1, x3, 1, 2\nhalt\n")  # one row: the stride is not used
+
+
 @pytest.mark.parametrize(
     ("source", "message"),
     [

@@ -95,3 +95,13 @@ def test_a_strided_read_races_only_with_the_bytes_of_its_rows() -> None:
     checked(setup + "li x4, 4\nv.relu x4, x4, 12, i8\nli x4, 52\nv.relu x4, x4, 12, i8\n")
     with pytest.raises(SimulatorTrap, match="data race"):
         checked(setup + "li x4, 48\nv.relu x4, x4, 1, i8\n")
+
+
+def test_a_strided_drain_races_only_with_the_bytes_of_its_rows() -> None:
+    """mx.drain.s writes rows of 4 bytes 16 apart: a vector read of the gaps between them does not race with it, a
+    read of a row does."""
+    setup = "li x1, 0x1000000\nli x2, 0\nli x4, 1\nep.cfg x2, x2, x4, 0, none, none, i8\nli x6, 0\n"
+    setup += "li x3, 16\nmx.drain.s x6, x1, x3, 4, 4\nli x7, 1024\n"
+    checked(setup + "li x4, 4\nv.relu x7, x4, 12, i8\nli x4, 52\nv.relu x7, x4, 12, i8\n")
+    with pytest.raises(SimulatorTrap, match="data race"):
+        checked(setup + "li x4, 48\nv.relu x7, x4, 1, i8\n")

@@ -78,15 +78,18 @@ def blocks(draw, state: dict) -> list[str]:
             flags.append("pc")
         table = SPAD + 4 * draw(st.integers(0, (CFG.spad_bytes - SPAD) // 4 - 2 * cols))
         mult = table if "pc" in flags else draw(st.integers(0, 1 << 20))
-        return [
+        cfg = [
             f"li x7, {acc(cols)}",
             f"li x8, {acc(rows * cols)}",
             f"li x9, {mult}",
             f"ep.cfg x7, x8, x9, {draw(st.integers(0, 20))}, {act}, {'_'.join(flags) or 'none'}, {out}",
-            f"li x10, {spad(SIZE[out], rows * cols)}",
             f"li x11, {acc(rows * cols)}",
-            f"mx.drain x10, x11, {rows}, {cols}",
         ]
+        if draw(st.booleans()):  # mx.drain.s: the rows `stride` bytes apart (dense, or a gap)
+            stride = SIZE[out] * (cols + draw(st.integers(0, 2 * cols)))
+            dest = spad(1, (rows - 1) * stride + cols * SIZE[out])
+            return cfg + [f"li x10, {dest}", f"li x18, {stride}", f"mx.drain.s x10, x11, x18, {rows}, {cols}"]
+        return cfg + [f"li x10, {spad(SIZE[out], rows * cols)}", f"mx.drain x10, x11, {rows}, {cols}"]
     if kind == "vec":
         dt = draw(st.sampled_from(["i8", "i32", "f32"]))
         n = draw(st.integers(1, 64))
