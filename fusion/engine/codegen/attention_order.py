@@ -31,16 +31,21 @@ VECTOR_LATENCY = 2
 PRIORITY = (Unit.load, Unit.matrix, Unit.vector, Unit.store)  # ties: the unit whose work others wait for first
 
 
-# the matmuls into the accumulator (mx.mm, mx.mma and their strided forms) and where their `rows` operand is
-MATMUL_ROWS = {
-    name: [o.field.name for o in spec.operands].index("rows")
-    for name, spec in SPECS.items()
-    if spec.timing == "matmul"
-}
+def _rows_operand(timing_rule: str) -> dict[str, int]:
+    """The instructions of a timing rule (with their strided forms) and where their `rows` operand is."""
+    return {
+        name: [o.field.name for o in spec.operands].index("rows")
+        for name, spec in SPECS.items()
+        if spec.timing == timing_rule
+    }
 
 
-def matmul_rows(c: Call) -> int:
-    return c.args[MATMUL_ROWS[c.name]]
+MATMUL_ROWS = _rows_operand("matmul")  # mx.mm, mx.mma, mx.mm.s, mx.mma.s
+DRAIN_ROWS = _rows_operand("drain")  # mx.drain, mx.drain.s
+
+
+def rows_of(c: Call) -> int:
+    return c.args[(MATMUL_ROWS | DRAIN_ROWS)[c.name]]
 
 
 class Held(int):
@@ -122,9 +127,9 @@ def _cost(cfg: MachineConfig, c: Call) -> int:
         rows, cols, dtype = c.args[3], c.args[4], c.args[5]
         return timing.dma_cycles(cfg, rows, cols * DType[dtype].size, 0)
     if c.name in MATMUL_ROWS:
-        return max(timing.matmul_input_cycles(cfg, matmul_rows(c)), timing.preload_cycles(cfg))
-    if c.name == "mx_drain":
-        return timing.drain_cycles(cfg, c.args[2], SPECS[c.name].latency)
+        return max(timing.matmul_input_cycles(cfg, rows_of(c)), timing.preload_cycles(cfg))
+    if c.name in DRAIN_ROWS:
+        return timing.drain_cycles(cfg, rows_of(c), SPECS[c.name].latency)
     counts = [a for a in c.args[2:] if type(a) is int]  # v.* and vc.ld: the element count
     n = counts[0] if counts and c.name.startswith(("v_", "vc_ld")) else cfg.vector_lanes
     return timing.vector_cycles(cfg, n, VECTOR_LATENCY)
@@ -154,7 +159,7 @@ def merge(cfg: MachineConfig, streams: dict[Unit, list[Call]]) -> tuple[list[Cal
                 if popped.get(c.args, 0) >= len(done):
                     continue
                 start = max(start, done[popped.get(c.args, 0)])
-            elif u is Unit.matrix and c.name in ("mx_drain", "sync_push"):
+            elif u is Unit.matrix and (c.name in DRAIN_ROWS or c.name == "sync_push"):
                 start = max(start, results)
             if best is None or start < best[0]:
                 best = (start, u, c)
@@ -164,7 +169,7 @@ def merge(cfg: MachineConfig, streams: dict[Unit, list[Call]]) -> tuple[list[Cal
         cursor[u] += 1
         at[u] = start + _cost(cfg, c)
         if c.name in MATMUL_ROWS:
-            results = max(results, start + timing.matmul_cycles(cfg, matmul_rows(c)))
+            results = max(results, start + timing.matmul_cycles(cfg, rows_of(c)))
         if c.name == "sync_push":
             pushed.setdefault(c.args, []).append(start)
         elif c.name == "sync_pop":
@@ -192,10 +197,10 @@ def estimate(cfg: MachineConfig, calls: Sequence[Call]) -> int:
             k = popped.get(c.args, 0)
             start = max(start, pushed[c.args][k])
             popped[c.args] = k + 1
-        elif c.unit is Unit.matrix and c.name in ("mx_drain", "sync_push"):
+        elif c.unit is Unit.matrix and (c.name in DRAIN_ROWS or c.name == "sync_push"):
             start = max(start, results)
         if c.name in MATMUL_ROWS:
-            results = max(results, start + timing.matmul_cycles(cfg, matmul_rows(c)))
+            results = max(results, start + timing.matmul_cycles(cfg, rows_of(c)))
         if c.name == "sync_push":
             pushed.setdefault(c.args, []).append(start)
         queue.append(start)

@@ -63,9 +63,8 @@ from fusion.lower.local_alloc import DEPTH, TileArena, slot
 from fusion.lower.views import View, dense
 from isa.enums import Activation, DType
 from isa.memory_map import LOCAL_ACC_BASE
-from isa.table import BY_MNEMONIC
 from simulator.config import MachineConfig
-from simulator.timing import dma_cycles, drain_cycles
+from simulator.timing import dma_cycles
 
 PROJECTIONS = "attnproj"  # constant-form key (on the first projection's weight): the per-head packed weights
 PIECE_ROWS = 128  # rows of one accumulator pass (a projection of more rows drains in pieces)
@@ -225,24 +224,22 @@ class OutProjection:
     layout: TileLayout  # where its W_o tiles are in a head's packed weights (`layout.o`)
     mm_dt: DType
     dv: int
-    whole_rows: int = 0  # blocks of at most these rows drain Y row by row into one dense tile (`stores_whole`)
+    whole_rows: int = 0  # blocks of at most these rows drain Y into one dense tile (`stores_whole`)
 
     def whole(self, m: int) -> bool:
         return m <= self.whole_rows
 
 
 def stores_whole(cfg: MachineConfig, y: View, rows: int, width: int, step: int) -> bool:
-    """Whether Y's rows drained one by one into a dense tile and stored by one DMA take less than a drain and a
-    DMA per output chunk of N columns (a DMA's latency against a drain per row and chunk)."""
+    """Whether Y's output chunks of N columns are drained into one dense tile of its rows (`mx.drain.s`, timed as
+    `mx.drain`) and stored by one DMA: where that DMA takes less than one per chunk (their latencies)."""
     n, es = cfg.array_size, y.dtype.size
     ochunks = k_slices(width, n)
     if len(ochunks) == 1:
         return False
-    lat = BY_MNEMONIC["mx.drain"].latency
     stride = y.strides[0] * step
-    chunked = sum(drain_cycles(cfg, rows, lat) + dma_cycles(cfg, rows, ec * es, stride) for _, ec in ochunks)
-    whole = rows * len(ochunks) * drain_cycles(cfg, 1, lat) + dma_cycles(cfg, rows, width * es, stride)
-    return whole < chunked
+    chunked = sum(dma_cycles(cfg, rows, ec * es, stride) for _, ec in ochunks)
+    return dma_cycles(cfg, rows, width * es, stride) < chunked
 
 
 def out_projection(cx: LowerContext, match: AttentionMatch, p: Projection) -> OutProjection:
@@ -375,9 +372,9 @@ def out_projection_emit(
                 if not whole:
                     em.b.mx_drain(*em.regs(y, acc), m, ec)
                     continue
-                for r in range(m):  # each row of the chunk to its place in Y's dense rows
-                    at = y + (r * op.side.width + e0) * op.out_dt.size
-                    em.b.mx_drain(*em.regs(at, acc + r * ec * 4), 1, ec)  # accumulator rows: ec wide
+                # the chunk's rows straight to their place in Y's dense rows (`mx.drain.s`, row stride the width)
+                stride = op.side.width * op.out_dt.size
+                em.b.mx_drain_s(*em.regs(y + e0 * op.out_dt.size, acc, stride), m, ec)
 
     rows = op.y.slice(0, int(op.side.rows[h]) + i0 * op.side.step, m, op.side.step)
     if not op.last[h]:
