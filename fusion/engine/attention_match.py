@@ -76,8 +76,7 @@ class AttentionMatch:
         return frozenset({*parts, self.scores, self.softmax, self.context} | {n for n in single if n})
 
     def nodes(self, graph: Graph) -> tuple[str, ...]:
-        names = self.names()
-        return tuple(n.name for n in graph.nodes if n.name in names)
+        return graph.in_order(self.names())
 
 
 def _only_consumer(graph: Graph, value: str) -> Node | None:

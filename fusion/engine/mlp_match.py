@@ -39,7 +39,7 @@ class MlpMatch:
         for i in starts:
             for k in ends:
                 names = {n.name for n in (*self.pre[i:], self.first, *self.mid, self.second, *self.post[:k])}
-                out.append(tuple(n.name for n in graph.nodes if n.name in names))
+                out.append(graph.in_order(names))
         return out
 
 

@@ -86,7 +86,7 @@ def early_loads(mc: ModelContext, before: Group, after: Group) -> tuple[int, int
     generated in one DRAM image and joined as `program.link_plan` joins them; (0, steps) when the join is refused."""
     graph = mc.graph
     names = set(before.nodes) | set(after.nodes)
-    sub = mc.subgraph(tuple(n.name for n in graph.nodes if n.name in names))
+    sub = mc.subgraph(graph.in_order(names))
     forms: dict[str, np.ndarray] = {}
     scratch: dict[str, int] = {}
     for g in (before, after):

@@ -55,7 +55,7 @@ def build_pipelined(mc: ModelContext, producer: Group, consumer: Group, order_dr
     flows = set(sub_p.outputs) & set(sub_c.inputs)
     if not flows:
         raise CodegenError(f"no value of {producer.nodes} flows into {consumer.nodes}")
-    nodes = tuple(n.name for n in mc.graph.nodes if n.name in set(producer.nodes) | set(consumer.nodes))
+    nodes = mc.graph.in_order((*producer.nodes, *consumer.nodes))
     sub = mc.subgraph(nodes)
     forms, scratch = dram_forms(mc, sub_p, producer)
     more_forms, more_scratch = dram_forms(mc, sub_c, consumer)

@@ -45,7 +45,7 @@ class GatedMatch:
     def nodes(self, graph: Graph) -> tuple[str, ...]:
         """The group's node names in graph order."""
         names = {self.first.name, self.second.name, *(n.name for n in self.chain)}
-        return tuple(n.name for n in graph.nodes if n.name in names)
+        return graph.in_order(names)
 
 
 def _pairable(graph: Graph, a: Node, b: Node) -> bool:

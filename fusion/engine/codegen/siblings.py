@@ -48,7 +48,7 @@ class SiblingMatch:
 
     def nodes(self, graph: Graph) -> tuple[str, ...]:
         names = {n.name for n in (*self.heads, *self.views)} | set(self.regions)
-        return tuple(n.name for n in graph.nodes if n.name in names)
+        return graph.in_order(names)
 
 
 def _head_split(graph: Graph, head: Node) -> list[Node]:
