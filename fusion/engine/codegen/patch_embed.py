@@ -206,7 +206,7 @@ class _Tiling:
     rows: int  # patch rows per band
     nc: int  # output channels per Cout tile
     group: int  # output channels per step (whole tiles): the accumulators that live through the channel steps
-    by_row: bool  # drained row by row into one token-major tile (one store), else tile by tile (one store each)
+    by_row: bool  # drained into one token-major tile, row stride Cout (one store), else tile by tile (one store each)
     # one band per image and one channel group: every weight in the spare scratchpad bank (loaded once, the
     # preloads never wait for a bank the matrix unit streams from); else each step loads its weights
     resident: bool
@@ -457,8 +457,8 @@ class _Kernel:
                 if self.tail is None and not self.tiling.by_row:
                     em.b.mx_drain(*em.regs(target(0, j), acc), m, nc)
                     continue
-                for r in range(m):
-                    em.b.mx_drain(*em.regs(target(r, j), acc + r * nc * 4), 1, nc)
+                # the tile's rows straight to their token-major places (`mx.drain.s`: one drain, not one a row)
+                em.b.mx_drain_s(*em.regs(target(0, j), acc, target(1, j) - target(0, j)), m, nc)
 
         compute = [(Unit.vector, lambda em: self.regroup(em, at))] if regroup else []
         compute.append((Unit.matrix, matmul))
