@@ -26,6 +26,7 @@ from rtl.replay import BatchReport, run_cases
 from rtl.stimulus import (
     MatrixOp,
     drain_case,
+    drain_write_case,
     matmul_case,
     matrix_run_case,
     per_channel_operands,
@@ -33,7 +34,7 @@ from rtl.stimulus import (
     stream_case,
     vector_case,
 )
-from rtl.units import EPILOGUE, LANE_BINARY, LANE_OTHER, LANE_REDUCE, LANE_UNARY, MATRIX, STREAM, VECTOR, RtlUnit
+from rtl.units import DRAIN_WRITE, LANE_BINARY, LANE_OTHER, LANE_REDUCE, LANE_UNARY, MATRIX, STREAM, VECTOR, RtlUnit
 from simulator.config import MachineConfig
 from simulator.timing import matmul_cycles
 from simulator.units.vector import MODE_VC, MODE_VR, MODE_VS, broadcast_rows
@@ -111,7 +112,7 @@ def _drain_case(
         + int("table" in ops) * EpilogueFlags.pc
     )
     word = make("ep.cfg", 0, 0, 0, ops["shift"], ops["act"], int(flags), ops["out_dtype"])
-    return drain_case(
+    case = drain_case(
         cfg,
         label,
         word,
@@ -124,6 +125,9 @@ def _drain_case(
         latency=ins.spec.latency,
         charged=cycles,
     )
+    # the write side: a dense form's rs2 is not read (any value), a strided one's is the stride
+    rs2 = ops["out_stride"] if ins.spec.mnemonic == "mx.drain.s" else 0xDEAD
+    return drain_write_case(cfg, case, ins, DType(ops["out_dtype"]), ops["out_addr"], rs2, ops["out_stride"])
 
 
 def _op_name(ins: Instruction) -> str:
@@ -178,7 +182,7 @@ ROUTES: dict[str, tuple[RtlUnit, Builder]] = {
     "preload": (MATRIX, _matrix_case),
     "matmul": (MATRIX, _matrix_case),
     "matmul_stream": (MATRIX, _matrix_case),
-    "drain": (EPILOGUE, _drain_case),
+    "drain": (DRAIN_WRITE, _drain_case),
     "vector": (VECTOR, _vector_case),
     "vector_reduce": (VECTOR, _vector_case),
     "chain_load": (VECTOR, _vector_case),

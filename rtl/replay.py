@@ -12,8 +12,8 @@ from pathlib import Path
 from rtl import build as rtl_build
 from rtl.check import Case, Verdict, compare
 from rtl.jobs import Job
-from rtl.stimulus import EPILOGUE_IDLE, FETCH_IDLE, MATRIX_IDLE, STREAM_IDLE, VECTOR_IDLE
-from rtl.units import EPILOGUE, MATRIX, MATRIX_FETCH, STREAM, VECTOR, RtlUnit
+from rtl.stimulus import DRAIN_WRITE_IDLE, EPILOGUE_IDLE, FETCH_IDLE, MATRIX_IDLE, STREAM_IDLE, VECTOR_IDLE
+from rtl.units import DRAIN_WRITE, EPILOGUE, MATRIX, MATRIX_FETCH, STREAM, VECTOR, RtlUnit
 from simulator.config import MachineConfig
 
 IDLE = {
@@ -21,6 +21,7 @@ IDLE = {
     MATRIX_FETCH.toplevel: FETCH_IDLE,
     VECTOR.toplevel: VECTOR_IDLE,
     EPILOGUE.toplevel: EPILOGUE_IDLE,
+    DRAIN_WRITE.toplevel: DRAIN_WRITE_IDLE,
     STREAM.toplevel: STREAM_IDLE,
 }
 

@@ -8,7 +8,7 @@ and the whole instruction must occupy the unit exactly the cycles charged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +39,7 @@ FETCH_IDLE = {
     "acc_en": 0,
     "in_acc": 0,
 }
+DRAIN_WRITE_IDLE = EPILOGUE_IDLE | {"start": 0, "instr": 0, "rd": 0, "rs2": 0}
 STREAM_IDLE = {"w_valid": 0, "in_w": 0, "in_valid": 0, "in_first": 0, "in_a": 0, "lds_start": 0}
 
 
@@ -344,6 +345,26 @@ def drain_case(
     expected = Expected(offsets, {"out_data": _pad(result, rows, n)}, {"out_data": care})
     due = timing.drain_cycles(cfg, rows, latency)
     return Case(label, item, (expected,), due if charged is None else charged, Busy.last_event)
+
+
+def drain_write_case(
+    cfg: MachineConfig, case: Case, drain: Instruction, out_dtype: DType, rd: int, rs2: int, stride: int
+) -> Case:
+    """`case` (a `drain_case`) on the epilogue with its write side (`drain_write`): the drain word starts with its
+    register values (`rd`: the output's address, `rs2`: a strided form's row stride); row i is written at rd + i *
+    `stride` (the simulator's), in the cycle it leaves the epilogue, its first cols columns only (i8: the low byte
+    of each element)."""
+    (expected,) = case.expected
+    rows, cols = expected.values["out_data"].shape[0], drain.by_name()["cols"]
+    data = expected.values["out_data"] & (0xFF if out_dtype is DType.i8 else -1)
+    mask = np.zeros((rows, cfg.array_size), dtype=np.int64)
+    mask[:, :cols] = 1
+    drive = case.item.drive | {"start": [1], "instr": [encode(drain)], "rd": [_u32(rd)], "rs2": [_u32(rs2)]}
+    watch = Watch(("wr_en",), ("wr_addr", "wr_mask", "wr_data"), rows)
+    item = replace(case.item, drive=drive, watches=(*case.item.watches, watch))
+    addresses = (rd + stride * np.arange(rows, dtype=np.int64)).reshape(rows, 1)
+    written = Expected(expected.offsets, {"wr_addr": addresses, "wr_mask": mask, "wr_data": data * mask})
+    return replace(case, item=item, expected=(expected, written))
 
 
 def stream_schedule(cfg: MachineConfig, rows: int, mms_start: int, lds_start: int) -> tuple[list[int], list[int]]:

@@ -164,6 +164,31 @@ EPILOGUE = RtlUnit(
         Port("out_data", "N", "ACC_W"),
     ),
 )
+DRAIN_WRITE = RtlUnit(
+    "drain_write",
+    ("N", "DATA_W", "ACC_W"),
+    (
+        *CONTROL,
+        Port("cfg", 1, WORD_BITS),
+        Port("scale", 1, "ACC_W"),
+        Port("in_bias", "N", "ACC_W"),
+        Port("in_mult", "N", "ACC_W"),
+        Port("in_shift", "N", "ACC_W"),
+        Port("start"),
+        WORD,
+        Port("rd", 1, "ACC_W"),
+        Port("rs2", 1, "ACC_W"),
+        Port("in_valid"),
+        Port("in_acc", "N", "ACC_W"),
+        Port("in_res", "N", "ACC_W"),
+        Port("out_valid"),
+        Port("out_data", "N", "ACC_W"),
+        Port("wr_en"),
+        Port("wr_addr", 1, "ACC_W"),
+        Port("wr_mask", "N", 1),
+        Port("wr_data", "N", "ACC_W"),
+    ),
+)
 FIFO = RtlUnit(
     "stream_fifo",
     ("WIDTH", "DEPTH"),
@@ -215,5 +240,5 @@ ZERO_COUNTER = RtlUnit(
     keeps_state=True,  # the count adds up over stores until a zc.clr
 )
 UNITS: dict[str, RtlUnit] = {
-    u.toplevel: u for u in (MATRIX, MATRIX_FETCH, VECTOR, EPILOGUE, FIFO, STREAM, ZERO_COUNTER)
+    u.toplevel: u for u in (MATRIX, MATRIX_FETCH, VECTOR, EPILOGUE, DRAIN_WRITE, FIFO, STREAM, ZERO_COUNTER)
 }

@@ -30,7 +30,7 @@ def test_random_programs_match_on_tiny() -> None:
     reports = cosimulate(TINY, runs)
     _assert_clean(reports)
     units = {b.unit for r in reports for b in r.batches}
-    assert units == {"matrix_unit", "vector_unit", "epilogue", "stream_path"}
+    assert units == {"matrix_unit", "vector_unit", "drain_write", "stream_path"}
     assert sum(r.compared for r in reports) > 100
     # preloads and matmuls overlapping on the pipelined matrix unit were replayed together, on the simulator's cycles
     assert any("(overlapping)" in v.label for r in reports for b in r.batches for v in b.verdicts)
@@ -75,7 +75,7 @@ def test_gemm_and_fused_epilogue_examples_match_on_base() -> None:
     reports = cosimulate(base, [record_file(path, base) for path in paths])
     _assert_clean(reports)
     assert all(r.compared > 0 for r in reports)
-    assert {b.unit for r in reports for b in r.batches} >= {"matrix_unit", "epilogue", "stream_path"}
+    assert {b.unit for r in reports for b in r.batches} >= {"matrix_unit", "drain_write", "stream_path"}
 
 
 def _first_case_changed(run: Recorded, mnemonic: str, change) -> Recorded:
