@@ -18,7 +18,9 @@ Per block of `tile` rows the steps are:
   weights load while this group computes. Where a group's matrix work outlasts its weight DMA, the steps are
   software pipelined: GEMM2 of group g runs in step g + 1, after GEMM1 of group g + 1, while the vector unit
   runs group g + 1's activation chain (group 0's beside GEMM1 of group 1) (`_Kernel.steps`).
-- E (epilogue): GEMM2's accumulator is drained (requantized), its panels are reassembled into whole rows and the
+- E (epilogue): GEMM2's accumulator is drained (requantized), each array-wide column panel straight into its
+  columns of one dense rows x D tile (`mx.drain.s`, row stride D: no copy per row and panel stitches them; only a
+  partial last panel, D not a multiple of N, is drained whole and its columns copied per row), and the
   epilogue chain (bias, residual Add, a following LayerNorm) runs on them; its result (and every value read outside
   the group, e.g. the residual sum a following LayerNorm also feeds) is stored, such a value as soon as the chain
   has it (its DMA overlapping the rest of the chain).
@@ -351,12 +353,12 @@ class _Kernel:
         panel_tiles = [(hid.tile(tile * n * s.es_a), hid.tile(tile * n * s.es_a)) for _ in range(panels)]
         out["hid"] = (w, panel_tiles, [hid.acc_tile(tile * n * 4) for _ in range(panels)])
         post = hid  # the epilogue runs in the last hidden step, after its tiles
-        drained = [post.tile(tile * n * s.es_a) for _ in out["acc2"]]
-        whole = post.tile(tile * s.d * s.es_a) if s.d != n else drained[0]
+        whole = post.tile(tile * s.d * s.es_a)  # GEMM2's output rows, each whole panel drained into its columns
+        tail = post.tile(tile * n * s.es_a) if s.d % n else None  # a partial last panel, drained dense (`_epilogue`)
         post_tiles = {v: post.tile(tile * s.d * self.flat[v].dtype.size) for v in self.flat if not self._in_pre(v)}
         post_out = post.tile(tile * s.d * 4) if self.p.post else None
         post_kept = {v: post.tile(tile * s.d * 4) for v in self.kept if v not in pre_kept}
-        out["post"] = (drained, whole, post_tiles, post_out, post_kept)
+        out["post"] = (whole, tail, post_tiles, post_out, post_kept)
         return out
 
     def _in_pre(self, value: str) -> bool:
@@ -608,31 +610,41 @@ class _Kernel:
 
         return Step(loads, [(Unit.matrix, matrix), (Unit.vector, vector)], stores)
 
-    def _drain(self, em: Emitter, out: int, acc: int, rows: int, cols: int, bias: int, rq) -> None:
+    def _drain(self, em: Emitter, out: int, acc: int, rows: int, cols: int, bias: int, rq, stride: int = 0) -> None:
+        """Drain rows x cols of `acc` to `out`, dense or (`stride` bytes: `mx.drain.s`) rows that far apart."""
         flags = "bias" if bias else "none"
         mult, shift = rq if rq is not None else (f32_bits(1.0), 0)
         em.b.ep_cfg(*em.regs(bias, 0, mult), shift, Activation.none, flags, "i8" if rq is not None else "f32")
-        em.b.mx_drain(*em.regs(out, acc), rows, cols)
+        if stride:
+            em.b.mx_drain_s(*em.regs(out, acc, stride), rows, cols)
+        else:
+            em.b.mx_drain(*em.regs(out, acc), rows, cols)
 
     def _epilogue(self, a: dict, i0: int, rows: int) -> tuple[list, Callable, Callable, list]:
-        """GEMM2's drain, the reassembly of whole rows and the epilogue chain: (loads, the matrix unit's and the
-        vector unit's emitters, stores). The vector part always exists: the next block's prologue (vector) then
+        """GEMM2's drains (each panel into its columns of the whole rows) and the epilogue chain: (loads, the matrix
+        unit's and the vector unit's emitters, stores). The vector part always exists: the next block's prologue (vector) then
         writes the spare bank after this block's last matrix read of it."""
         cx, s, p, n = self.cx, self.s, self.p, self.n
         ds = a["ds"]
-        drained, whole, tiles, post_out, kept = a["post"]
-        drained = [t + ds for t in drained]
+        whole, tail, tiles, post_out, kept = a["post"]
         whole += ds
+        tail = None if tail is None else tail + ds
         tiles = {v: t + ds for v, t in tiles.items()}
         kept = {v: t + ds for v, t in kept.items()}
         loads = [(self.flat[v].slice(0, i0, rows), t) for v, t in tiles.items()]
         bias2 = self.layout.get(bias_form(p.second.name))
-        out_dt = self.dt
+        size, dt = self.dt.size, self.dt
+        stride = s.d * size if s.d > n else 0
+        # a partial last panel's accumulator rows are N wide: drained whole into `tail`, its columns copied per row
+        partial = len(a["acc2"]) - 1 if tail is not None else None
 
         def drain(em: Emitter) -> None:
-            for o, (acc, t) in enumerate(zip(a["acc2"], drained, strict=True)):
+            for o, acc in enumerate(a["acc2"]):
                 bias = 0 if bias2 is None else a["params"] + bias2[0] + o * n * 4
-                self._drain(em, t, acc, rows, n, bias, self.rq[1])
+                if o == partial:
+                    self._drain(em, tail, acc, rows, n, bias, self.rq[1])
+                else:
+                    self._drain(em, whole + o * n * size, acc, rows, n, bias, self.rq[1], stride)
 
         post_rows = {v: a["params"] + self.layout[v][0] for v in self._row_values(self.post_t)}
         located = {p.second.outputs[0]: whole} | a["keep"] | tiles | post_rows
@@ -641,30 +653,28 @@ class _Kernel:
         early = [v for v in kept if split and v in {x.outputs[0] for x in split[0][0]}]
 
         def vector(em: Emitter) -> None:
-            if s.d != n:  # the drained panels (rows x n each) as whole rows
+            if partial is not None:
+                at = whole + partial * n * size
                 for r in range(rows):
-                    for o, t in enumerate(drained):
-                        cols = min(n, s.d - o * n)
-                        dst, src = whole + (r * s.d + o * n) * out_dt.size, t + r * n * out_dt.size
-                        em.b.v_copy(*em.regs(dst, src), cols, out_dt.name)
+                    em.b.v_copy(*em.regs(at + r * s.d * size, tail + r * n * size), s.d - partial * n, dt.name)
             if not p.post:
                 return
-            size = rows * s.d
+            count = rows * s.d
             if split is None:
                 addr = self._named(self.post_t, located)
-                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, size, s.d, stored=kept)
+                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, count, s.d, stored=kept)
                 return
             (first, t1), (second, t2) = split
             regs = Registers()
             last = first[-1].outputs[0]
             stored = {v: t for v, t in kept.items() if v != last}
-            emit_chain(cx, em, first, t1, self._named(t1, located), kept[last], size, s.d, regs=regs, stored=stored)
+            emit_chain(cx, em, first, t1, self._named(t1, located), kept[last], count, s.d, regs=regs, stored=stored)
             em.push(Unit.vector, Unit.store)  # the stored values leave while the rest of the chain runs
             em.pop(Unit.vector, Unit.store)
             for v in early:
                 em.dma_store(kept[v], views[v])
             rest = {v: t for v, t in kept.items() if v not in early}
-            emit_chain(cx, em, second, t2, self._named(t2, located), post_out + ds, size, s.d, regs=regs, stored=rest)
+            emit_chain(cx, em, second, t2, self._named(t2, located), post_out + ds, count, s.d, regs=regs, stored=rest)
 
         final = post_out + ds if p.post else whole
         stores = [(final, self._rows_view(self.out_value).slice(0, i0, rows))]
