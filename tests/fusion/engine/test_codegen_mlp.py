@@ -143,3 +143,25 @@ def test_what_is_not_an_mlp_is_refused_with_a_reason() -> None:
     assert find_mlps(graph) == []
     mc = context(graph, {"x": np.ones((4, 16), np.float32)}, "fp32")
     assert "cannot reduce whole hidden rows" in try_build(mc, Group(("fc1", "soft", "fc2"), "mlp"))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp32"])
+@pytest.mark.parametrize(("d", "partial"), [(64, 0), (40, 8)])
+def test_the_output_panels_are_drained_into_their_columns_in_place(dtype: str, d: int, partial: int) -> None:
+    """GEMM2's whole N-column panels are drained straight into their columns of the output rows (`mx.drain.s`,
+    row stride D), not stitched by a copy per row and panel; only a partial last panel is copied, a row at a time."""
+    m = 17
+    graph = mlp_graph(m, d, 64, "gelu", False, seed=d)
+    (match,) = find_mlps(graph)
+    nodes = min(match.variants(graph), key=len)
+    rng = np.random.default_rng(d)
+    inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(nodes, "mlp", tile_m=m), inputs)  # one row block, race-checked
+    for value in kernel.outputs:
+        assert_reference(run.outputs, env, value, dtype, 1e-5)
+    n = mc.config.array_size
+    program = [(i.mnemonic, i.by_name()) for i in kernel.program.instructions()]
+    assert sum(op == "mx.drain.s" for op, _ in program) == d // n
+    stitched = [f for op, f in program if op == "v.copy" and f["n"] <= n]  # a copy of at most a panel's row
+    assert len(stitched) == (m if partial else 0)
