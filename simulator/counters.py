@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from isa import Instruction
 from isa.enums import Counter, Extension, Unit
 from simulator import engine as E
 
@@ -103,7 +102,7 @@ def snapshot(m: Machine) -> Snapshot:
     tens of thousands of pcs)."""
     n = len(m.stats)
     fusion = np.zeros(n, dtype=bool)
-    fusion[: len(m.instructions)] = np.fromiter(map(_is_fusion, m.instructions), dtype=bool, count=len(m.instructions))
+    fusion[: len(m.fusion)] = m.fusion
     stats = np.zeros((n, E.STAT_FIELDS), dtype=np.int64)
     rows = [row for row in m.stats if row is not None]
     if rows:
@@ -117,10 +116,6 @@ def snapshot(m: Machine) -> Snapshot:
         np.fromiter(m.units, dtype=np.int64, count=len(m.units)),
         fusion,
     )
-
-
-def _is_fusion(ins: Instruction | None) -> bool:
-    return ins is not None and ins.spec.extension is Extension.fusion
 
 
 def aggregate(m: Machine, snap: Snapshot, lo: int, hi: int, cycles: int) -> Any:

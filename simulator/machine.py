@@ -19,7 +19,7 @@ import numpy as np
 from assembler.disasm import format_instruction
 from assembler.objfile import ObjectFile
 from isa import INSTRUCTIONS, EncodingError, Instruction
-from isa.enums import Unit
+from isa.enums import Extension, Unit
 from isa.fields import NUM_VREGS, NUM_XREGS, Kind
 from simulator.config import MachineConfig
 from simulator.decode import decode_words, decoded
@@ -46,20 +46,22 @@ READS_DATA = frozenset(s.mnemonic for s in INSTRUCTIONS if s.reads_data)
 @dataclass(frozen=True)
 class DecodedText:
     """A program's text decoded: per pc its instruction (None: an illegal word) and unit, the decode errors by pc,
-    the pcs hardware loops jump back from (their ends), and whether any instruction reads data into control
-    (`READS_DATA`)."""
+    the pcs hardware loops jump back from (their ends), whether any instruction reads data into control
+    (`READS_DATA`), and per pc whether its instruction is of the fusion extension (the counters split on it)."""
 
     instructions: list[Instruction | None]
     units: list[Unit]
     errors: dict[int, str]
     loop_ends: frozenset[int]
     reads_data: bool
+    fusion: np.ndarray
 
 
 def decode_text(text: Sequence[int]) -> DecodedText:
     """Each distinct word decoded once (`simulator.decode`: a program repeats many of its words), then mapped to
     its pcs without a Python loop over the text; the pcs of illegal words and of loops are looked up only when
-    the text holds some."""
+    the text holds some; the fusion flags by numpy over the words, from the distinct words that are fusion
+    instructions (a test per pc took as long as the rest of a run's counters)."""
     try:
         table: dict[int, tuple[Instruction | None, Unit]] = dict(decode_words(text))
         errors: dict[int, str] = {}
@@ -77,7 +79,15 @@ def decode_text(text: Sequence[int]) -> DecodedText:
         {pc: errors[w] for pc, w in enumerate(text) if w in errors} if errors else {},
         frozenset(pc + loops[w] for pc, w in enumerate(text) if w in loops) if loops else frozenset(),
         any(i is not None and i.spec.mnemonic in READS_DATA for i, _ in table.values()),
+        _fusion_pcs(text, [w for w, (i, _) in table.items() if i is not None and i.spec.extension is Extension.fusion]),
     )
+
+
+def _fusion_pcs(text: Sequence[int], words: list[int]) -> np.ndarray:
+    """Per pc, whether its word is one of `words` (no pass over the text when there are none)."""
+    if not words:
+        return np.zeros(len(text), dtype=bool)
+    return np.isin(np.array(text, dtype=np.uint64), np.array(words, dtype=np.uint64))
 
 
 def _with_illegal(text: Sequence[int]) -> tuple[dict[int, tuple[Instruction | None, Unit]], dict[int, str]]:
@@ -125,6 +135,7 @@ class Machine:
         n = len(obj.text)
         text = decode_text(obj.text)
         self.instructions, self.units, self.decode_errors = text.instructions, text.units, text.errors
+        self.fusion = text.fusion  # per pc: a fusion-extension instruction (`counters.snapshot`)
         # value semantics, off when only the timing is asked for (`timing_only`) and no value read can change what
         # runs (`READS_DATA`; recorded transactions need values): the units then do every access's bookkeeping
         # (banks, bytes, races) and timing as with values, but compute and move no data
