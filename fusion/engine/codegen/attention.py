@@ -675,17 +675,22 @@ def _grouped_step(
         store = [lambda em, a=a, v=v: em.dma_store(a, v) for a, v in stores]
         heads.append([*stages, (Unit.store, _run(store) if store else None)])
     runs = _runs(heads)
-    parts = [[(unit, _recorded(head, r)) for r, (unit, _) in enumerate(head)] for head in runs]
-    stages = range(len(runs[0]))
-    heads_ = range(len(parts))
-    orders = [  # the pipeline's order; each unit stage by stage (the heads in turn) or head by head, merged
-        _pipelined(parts),
-        attention_order.merge(cx.config, _streams([parts[g][r] for r in stages for g in heads_]))[0],
-        attention_order.merge(cx.config, _streams([parts[g][r] for g in heads_ for r in stages]))[0],
-    ]
+    recorded = [[(unit, _recorded(head, r)) for r, (unit, _) in enumerate(head)] for head in runs]
+    handed = [_hand_on(head) for head in recorded]  # an extra token, not always faster: the estimate decides
+    orders = [o for parts in ([recorded, handed] if handed != recorded else [recorded]) for o in _orders(cx, parts)]
     order = min(orders, key=lambda o: attention_order.estimate(cx.config, o))
     # no stores described: the step's tiles lie in every slot (`pipelined.step_slots` then assumes all)
     return Step([], [(runs[0][-1][0], lambda em: attention_order.replay(em, order))], [])
+
+
+def _orders(cx: LowerContext, parts: list[list[tuple[Unit, list]]]) -> list[list]:
+    """The pipeline's order; each unit stage by stage (the heads in turn) or head by head, merged."""
+    stages, heads = range(len(parts[0])), range(len(parts))
+    return [
+        _pipelined(parts),
+        attention_order.merge(cx.config, _streams([parts[g][r] for r in stages for g in heads]))[0],
+        attention_order.merge(cx.config, _streams([parts[g][r] for g in heads for r in stages]))[0],
+    ]
 
 
 def _recorded(head: list[tuple[Unit, list[Callable]]], r: int) -> list:
@@ -695,6 +700,33 @@ def _recorded(head: list[tuple[Unit, list[Callable]]], r: int) -> list:
     calls = [attention_order.token(head[r - 1][0], unit, False)] if r else []
     calls += attention_order.record(fns)
     return calls + ([attention_order.token(unit, head[r + 1][0], True)] if r + 1 < len(head) else [])
+
+
+def _hand_on(head: list[tuple[Unit, list]]) -> list[tuple[Unit, list]]:
+    """The head's first run of loads with the tiles its next run never touches (`attention_order.touches`: in a
+    projected head, the weights only the matrix unit reads after the vector unit has quantized X) loaded after
+    that run's token, and handed to the run after it by a token of their own: the vector unit starts on X while
+    the weights are still loading instead of waiting for all of them. Which loads those are comes from the
+    recorded instructions (`_recorded` ends a run with its push)."""
+    if len(head) < 3 or head[0][0] is not Unit.load or head[2][0] is Unit.load:
+        return head
+    *loads, push = head[0][1]
+    nxt = [c for c in head[1][1] if c.name not in ("sync_push", "sync_pop")]
+    read = [any(attention_order.touches(r, *attention_order.written(c)) for r in nxt) for c in loads]
+    needed = [c for c, r in zip(loads, read, strict=True) if r]
+    later = [c for c, r in zip(loads, read, strict=True) if not r]
+    if not later:
+        return head
+    # a later load writing over an earlier needed one's bytes keeps its place (no reordered overwrite)
+    if any(_overlap(attention_order.written(a), attention_order.written(b)) for a in later for b in needed):
+        return head
+    unit = head[2][0]
+    first = (Unit.load, [*needed, push, *later, attention_order.token(Unit.load, unit, True)])
+    return [first, head[1], (unit, [attention_order.token(Unit.load, unit, False), *head[2][1]]), *head[3:]]
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _pipelined(parts: list[list[tuple[Unit, list]]]) -> list:

@@ -20,6 +20,7 @@ from fusion.engine.errors import CodegenError
 from fusion.lower.emitter import UNIT_NAME, Emitter
 from isa import INSTRUCTIONS
 from isa.enums import DType, Unit
+from isa.fields import Kind
 from simulator import timing
 from simulator.config import MachineConfig
 
@@ -107,6 +108,28 @@ def record(fns: Sequence[Callable[[Emitter], None]]) -> list[Call]:
     for fn in fns:
         fn(em)
     return [Call(_unit(name, args), name, args) for name, args in em.b.calls]
+
+
+LOADS = ("dma_ld", "dma_ldt")
+WIDEST = max(d.size for d in DType)
+
+
+def written(c: Call) -> tuple[int, int]:
+    """The scratchpad bytes [lo, hi) a load writes (its local rows are dense)."""
+    rd, rows, cols, dtype = c.args[0], c.args[3], c.args[4], c.args[5]
+    return rd, rd + rows * cols * DType[dtype].size
+
+
+def touches(c: Call, lo: int, hi: int) -> bool:
+    """Whether the instruction may read or write scratchpad bytes [lo, hi): a scalar register operand from within
+    `WIDEST`-byte elements times its element count before hi (or anywhere from its value when it has no count: a
+    matmul's, a drain's); an over-estimate, never an under-one (a stride or a scale taken as an address too)."""
+    names = [o.field.name for o in SPECS[c.name].operands]
+    count = c.args[names.index("n")] * WIDEST if "n" in names else None
+    for o, a in zip(SPECS[c.name].operands, c.args, strict=True):
+        if o.field.kind is Kind.xreg and a < hi and (count is None or a + count > lo):
+            return True
+    return False
 
 
 def token(src: Unit, dst: Unit, push: bool) -> Call:
