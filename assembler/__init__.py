@@ -1,7 +1,7 @@
 """Assembler: Lark-parsed text or Python instruction objects -> ObjectFile -> versioned binary.
 
 Entry points: `assemble(text)` / `assemble_file(path)` for source, `ProgramBuilder`
-for programs emitted from Python (with a `TextCache`, a text many programs repeat is encoded once),
+for programs emitted from Python (with a `TextCache`, programs with equal texts share one tuple of words),
 `to_bytes`/`from_bytes`/`save`/`load` for the binary format, `disassemble(obj)` for text that re-assembles
 identically.
 """

@@ -9,9 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import hashlib
-import marshal
-import pickle
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -155,19 +152,15 @@ def paused_gc() -> Iterator[None]:
 
 
 def link(items: list[Item], report: Reporter, texts: TextCache | None = None) -> ObjectFile:
-    """Assemble items into an object file, or raise AssemblyError listing every problem. With `texts`, a text
-    encoded before (same `text_key`) is taken from it, and a newly encoded one kept there; so is the data section
-    (`TextCache.shared_data`)."""
+    """Assemble items into an object file, or raise AssemblyError listing every problem. With `texts`, the text
+    and the data section are shared with equal ones linked before (`TextCache.shared_text` / `shared_data`)."""
     state = _Linker(report)
     placed, data_size, kernels = _layout(state, items)
     state.first_pass = False
     state.equ_values.clear()
-    key = text_key(state, placed) if texts is not None and not state.problems else None
-    words = None if key is None or texts is None else texts.get(key)
-    if words is None:
-        words = tuple(_encode(state, placed))
-        if key is not None and texts is not None and not state.problems:
-            words = texts.put(key, words)
+    words = tuple(_encode(state, placed))
+    if texts is not None and not state.problems:
+        words = texts.shared_text(words)
     data = _fill_data(state, placed, data_size)
     metas = [_kernel_meta(state, kernel) for kernel in kernels]
     if state.data_base + data_size >= ADDRESS_LIMIT:
@@ -255,30 +248,6 @@ def _layout(state: _Linker, items: list[Item]) -> tuple[list[tuple[Item, int]], 
     if open_kernel is not None:
         state.fail(open_kernel.begin.loc, 0, Problem(f"kernel {open_kernel.begin.name!r} has no .endkernel"))
     return placed, offset, kernels
-
-
-def text_key(state: _Linker, placed: list[tuple[Item, int]]) -> bytes | None:
-    """A digest of everything the text words are a function of: each instruction's row and operands, in order,
-    and the values its symbols may take (labels with their sections and positions, `.equ` definitions, the data
-    base); data contents and kernel metadata do not enter. Serialised (the text by `marshal`, ~3x faster than
-    pickle on a builder's ints and strs; pickle when it holds other objects; the rest pickled), then BLAKE2b:
-    equal bytes mean operands of equal types and values (objects shared differently only cost a miss). None when
-    an operand cannot be pickled (no caching)."""
-    text = [
-        (item.rows, item.args) if type(item) is InstrRun else (item.spec.mnemonic, item.args)
-        for item, _ in placed
-        if type(item) is InstrRun or type(item) is Instr
-    ]
-    equs = {name: equ.value for name, equ in state.equs.items()}
-    try:
-        try:
-            words = b"m" + marshal.dumps(text)  # (a marshal stream is self-delimiting: the pickle after it is apart)
-        except ValueError:
-            words = b"p" + pickle.dumps(text, protocol=5)
-        rest = pickle.dumps((state.labels, equs, state.data_base), protocol=5)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return None
-    return hashlib.blake2b(words + rest, digest_size=32).digest()
 
 
 def _in_data(state: _Linker, section: Section, item: Item) -> bool:

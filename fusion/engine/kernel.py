@@ -124,7 +124,7 @@ def link_program(
     text, linked with the data. Returns the program and its symbol names (graph value -> tensor)."""
     data, addresses = image
     cx = LowerContext(sub, mc.config, mc.qplan, mc.params, addresses)
-    b = ProgramBuilder(data_base=0, texts=mc.texts)  # a text built before for this model is encoded once
+    b = ProgramBuilder(data_base=0, texts=mc.texts)  # texts and data equal to this model's earlier ones are shared
     attrs = {
         "strategy": strategy[0],
         "schedule": strategy[1],

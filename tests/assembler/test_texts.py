@@ -1,5 +1,5 @@
-"""`TextCache`: a text many programs repeat is encoded once and shared, and a program whose words could differ
-(an operand, a symbol's value) never takes another's words."""
+"""`TextCache`: a text many programs repeat is held once (one tuple), and a program whose words differ (an
+operand, a symbol's value) never takes another's words."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _program(texts: TextCache | None, imm: int = 7, data: int = 1, pad: int = 4,
     return b
 
 
-def test_a_repeated_text_is_encoded_once_and_shared() -> None:
+def test_a_repeated_text_is_shared() -> None:
     texts = TextCache()
     first = _program(texts).build()
     second = _program(texts, data=2, kernel="other").build()  # other constants and metadata, the same text
@@ -36,7 +36,7 @@ def test_a_repeated_text_is_encoded_once_and_shared() -> None:
 @pytest.mark.parametrize("change", [{"imm": -2}, {"imm": 6}, {"pad": 8}])
 def test_a_program_whose_words_differ_misses(change: dict) -> None:
     texts = TextCache()
-    _program(texts, imm=-1).build()  # hash(-1) == hash(-2) in CPython: the key is a digest of the values
+    _program(texts, imm=-1).build()  # hash(-1) == hash(-2) in CPython: texts are told apart by value
     built = _program(texts, **change).build()
     assert texts.hits == 0 and built.text == _program(None, **change).build().text
 
@@ -53,13 +53,15 @@ def test_a_text_with_errors_is_not_kept_and_fails_every_time() -> None:
 
 def test_bounded_by_texts_and_words_least_recently_used_first() -> None:
     texts = TextCache(max_texts=2, max_words=10)
-    texts.put(b"a", (1, 2, 3))
-    texts.put(b"b", (4,))
-    assert texts.get(b"a") == (1, 2, 3)
-    texts.put(b"c", (5,))  # three texts: b (least recently used) goes
-    assert texts.get(b"b") is None and len(texts) == 2
-    texts.put(b"d", tuple(range(10)))  # a, c and d: 14 words, over 10: a then c go
-    assert len(texts) == 1 and texts.get(b"d") is not None
+    a, b, c, d = tuple(range(1, 4)), tuple(range(4, 5)), tuple(range(5, 6)), tuple(range(10))  # (not constants)
+    texts.shared_text(a)
+    texts.shared_text(b)
+    assert texts.shared_text(tuple(range(1, 4))) is a  # a hit: a is the most recently used
+    texts.shared_text(c)  # three texts: b (least recently used) goes
+    assert texts.shared_text(tuple(range(4, 5))) is not b and len(texts) == 2  # b kept anew; a went
+    texts.shared_text(d)  # c, b and d: 12 words, over 10: c then b go
+    assert len(texts) == 1 and texts.shared_text(tuple(range(10))) is d
+    assert (texts.hits, texts.misses) == (2, 5)
     with pytest.raises(ValueError, match="positive"):
         TextCache(max_texts=0)
 
