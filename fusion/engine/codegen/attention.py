@@ -676,8 +676,7 @@ def _grouped_step(
         heads.append([*stages, (Unit.store, _run(store) if store else None)])
     runs = _runs(heads)
     recorded = [[(unit, _recorded(head, r)) for r, (unit, _) in enumerate(head)] for head in runs]
-    handed = [_hand_on(head) for head in recorded]  # an extra token, not always faster: the estimate decides
-    orders = [o for parts in ([recorded, handed] if handed != recorded else [recorded]) for o in _orders(cx, parts)]
+    orders = _orders(cx, [_hand_on(cx.config, head) for head in recorded])
     order = min(orders, key=lambda o: attention_order.estimate(cx.config, o))
     # no stores described: the step's tiles lie in every slot (`pipelined.step_slots` then assumes all)
     return Step([], [(runs[0][-1][0], lambda em: attention_order.replay(em, order))], [])
@@ -702,8 +701,8 @@ def _recorded(head: list[tuple[Unit, list[Callable]]], r: int) -> list:
     return calls + ([attention_order.token(unit, head[r + 1][0], True)] if r + 1 < len(head) else [])
 
 
-def _hand_on(head: list[tuple[Unit, list]]) -> list[tuple[Unit, list]]:
-    """The head's first run of loads with the tiles its next run never touches (`attention_order.touches`: in a
+def _hand_on(cfg: MachineConfig, head: list[tuple[Unit, list]]) -> list[tuple[Unit, list]]:
+    """The head's first run of loads with the tiles whose banks its next run never touches (`attention_order`: in a
     projected head, the weights only the matrix unit reads after the vector unit has quantized X) loaded after
     that run's token, and handed to the run after it by a token of their own: the vector unit starts on X while
     the weights are still loading instead of waiting for all of them. Which loads those are comes from the
@@ -712,7 +711,9 @@ def _hand_on(head: list[tuple[Unit, list]]) -> list[tuple[Unit, list]]:
         return head
     *loads, push = head[0][1]
     nxt = [c for c in head[1][1] if c.name not in ("sync_push", "sync_pop")]
-    read = [any(attention_order.touches(r, *attention_order.written(c)) for r in nxt) for c in loads]
+    read = [
+        any(attention_order.touches(r, *attention_order.written(c, cfg.spad_bank_bytes)) for r in nxt) for c in loads
+    ]
     needed = [c for c, r in zip(loads, read, strict=True) if r]
     later = [c for c, r in zip(loads, read, strict=True) if not r]
     if not later:

@@ -114,10 +114,11 @@ LOADS = ("dma_ld", "dma_ldt")
 WIDEST = max(d.size for d in DType)
 
 
-def written(c: Call) -> tuple[int, int]:
-    """The scratchpad bytes [lo, hi) a load writes (its local rows are dense)."""
+def written(c: Call, bank: int = 1) -> tuple[int, int]:
+    """The scratchpad bytes [lo, hi) a load writes (its local rows are dense), widened to whole `bank`-byte banks:
+    the simulator holds a load's banks, so no other unit uses any byte of them meanwhile."""
     rd, rows, cols, dtype = c.args[0], c.args[3], c.args[4], c.args[5]
-    return rd, rd + rows * cols * DType[dtype].size
+    return rd // bank * bank, -(-(rd + rows * cols * DType[dtype].size) // bank) * bank
 
 
 def touches(c: Call, lo: int, hi: int) -> bool:

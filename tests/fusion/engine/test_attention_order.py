@@ -13,7 +13,8 @@ from test_attention_kernel import assert_matches, run
 from test_attention_projections import run as run_projected
 
 from assembler.builder import ProgramBuilder
-from fusion.engine.codegen.attention_order import Call, Held, estimate, merge, record, replay, token
+from fusion.engine.codegen.attention import _hand_on
+from fusion.engine.codegen.attention_order import Call, Held, estimate, merge, record, replay, token, touches, written
 from fusion.engine.errors import CodegenError
 from fusion.lower.emitter import Emitter
 from isa.enums import Activation, Unit
@@ -118,3 +119,33 @@ def test_projected_heads_sharing_a_step_run_exact(out):
     for dtype in ("fp32", "int8"):
         _, got, want = run_projected(shape, dtype, out)
         assert_matches(got, want, dtype)
+
+
+def test_a_footprint_over_estimates_never_under():
+    load = Call(Unit.load, "dma_ld", (Held(1024), Held(4096), Held(64), 4, 16, "i8"))
+    assert written(load) == (1024, 1088) and written(load, 1000) == (1000, 2000)
+    copy = Call(Unit.vector, "v_copy", (Held(4096), Held(1000), 4, "i8"))  # reads 4 elements of up to 4 bytes
+    assert touches(copy, 1000, 1001) and touches(copy, 1015, 1088) and not touches(copy, 1016, 1088)
+    assert touches(Call(Unit.matrix, "mx_mm", (Held(1 << 24), Held(0), 16)), 1024, 1088)  # no count: all above
+
+
+def test_loads_the_next_run_leaves_alone_are_handed_to_the_run_after_it():
+    """X read by the vector unit, W in a bank of its own only by the matrix unit: W loads after the vector
+    unit's token, with a token of its own to the matrix unit; W in X's bank stays (the load holds the bank)."""
+    cfg = load_config("base")
+    bank = cfg.spad_bank_bytes
+
+    def head(w: int) -> list:
+        x = Call(Unit.load, "dma_ld", (Held(0), Held(4096), Held(64), 4, 16, "i8"))
+        wl = Call(Unit.load, "dma_ld", (Held(w), Held(8192), Held(64), 4, 16, "i8"))
+        qnt = Call(Unit.vector, "v_qnt", (Held(256), 0, Held(1), 64))
+        mm = Call(Unit.matrix, "mx_mm", (Held(1 << 24), Held(256), 4))
+        to_v, to_m = token(Unit.load, Unit.vector, True), token(Unit.vector, Unit.matrix, True)
+        pop_v, pop_m = token(Unit.load, Unit.vector, False), token(Unit.vector, Unit.matrix, False)
+        return [(Unit.load, [x, wl, to_v]), (Unit.vector, [pop_v, qnt, to_m]), (Unit.matrix, [pop_m, mm])]
+
+    apart = _hand_on(cfg, head(bank))
+    x, w, push = head(bank)[0][1]
+    assert apart[0][1] == [x, push, w, token(Unit.load, Unit.matrix, True)]
+    assert apart[2][1][0] == token(Unit.load, Unit.matrix, False)
+    assert _hand_on(cfg, head(bank // 2)) == head(bank // 2)
