@@ -47,7 +47,7 @@ class ModelContext:
     @cached_property
     def texts(self) -> TextCache:
         """Encoded program texts this model's kernels share: repeated layers generate the same instructions,
-        encoded once (`assembler.TextCache`)."""
+        kept once (`assembler.TextCache`)."""
         return TextCache()
 
     @cached_property
