@@ -300,10 +300,7 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     if t.online:  # a block's scores and probabilities (rows, key tiles), the output and a block's product
         spad += [m * t.block_keys * 4] * 4 + [m * ec * 4 for _, ec in echunks] * 2
         return spad, [m * n * len(echunks) * 4]
-    split = len(k_slices(p.sk, n)) > 1
-    ms = t.register_rows if split else m  # whole rows: a pass's rows (split key tiles), else the tiles themselves
-    spad += [ms * p.sk * p.score_dt.size, ms * p.sk * p.prob_dt.size]
-    spad += [m * p.sk * p.score_dt.size, m * p.sk * p.prob_dt.size] if split else []
+    spad += [m * p.sk * p.score_dt.size, m * p.sk * p.prob_dt.size]  # whole rows (`_head_stages`)
     spad += [m * ec * p.out_dt.size for _, ec in echunks]
     streamed = t.block_keys < -(-p.sk // n) * n
     return spad, [*acc_extra, m * n * (len(echunks) if streamed else 1) * 4]
@@ -783,16 +780,14 @@ def _head_stages(
     g = cx.graph
     shared = attention_proj.shared_arena(cx.config, p.proj, m, p.sq, p.sk) if p.proj is not None else None
     io = _step_operands(arena, p, block, t, n, gt, shared)
-    head, q_buf, pos, ktiles, kblocks = io.head, io.q, io.positions, io.ktiles, io.kblocks
+    head, q_buf, pos, kblocks = io.head, io.q, io.positions, io.kblocks
     k_bufs, v_bufs, k_work, v_work = io.k, io.v, io.k_work, io.v_work
-    split = len(ktiles) > 1
     ses = p.score_dt.size
     pes = p.prob_dt.size
-    ms = t.register_rows if split else m  # a softmax pass's rows (split key tiles: gathered, else in place)
-    s_rows = arena.tile(ms * p.sk * ses)
-    p_rows = arena.tile(ms * p.sk * pes)
-    s_tiles = _packed(arena, m, ktiles, ses) if split else [s_rows]  # key-tile-major copies of the rows
-    p_tiles = _packed(arena, m, ktiles, pes) if split else [p_rows]
+    # whole rows: each key tile's scores drained into its columns (mx.drain.s) and its probabilities read in place
+    # by the product (mx.mm.s), both at row stride sk, so no per-row copies between key tiles and rows
+    s_rows = arena.tile(m * p.sk * ses)
+    p_rows = arena.tile(m * p.sk * pes)
     echunks = k_slices(p.dv, n)
     streamed = len(kblocks) > 1  # the product accumulates over key blocks: one region per value chunk
     acc, regions = gt.acc, gt.product_regions
@@ -808,7 +803,11 @@ def _head_stages(
         def drain(em: Emitter, lo: int, hi: int) -> None:
             em.b.ep_cfg(*em.regs(0, 0, mult1), shift1, Activation.none, "none", p.score_dt.name)
             for j in range(lo, hi):
-                em.b.mx_drain(*em.regs(s_tiles[first_tile[b] + j], at[j]), m, tiles[j][0][1])
+                (j0, bk), _ = tiles[j]
+                if bk == p.sk:  # the whole rows
+                    em.b.mx_drain(*em.regs(s_rows, at[j]), m, bk)
+                else:
+                    em.b.mx_drain_s(*em.regs(s_rows + j0 * ses, at[j], p.sk * ses), m, bk)
 
         def emit(em: Emitter) -> None:
             for i, ((_, bk), kb) in enumerate(tiles):
@@ -827,18 +826,7 @@ def _head_stages(
             _softmax_pass(em, r0, rows)
 
     def _softmax_pass(em: Emitter, r0: int, rows: int) -> None:
-        if split:
-            _gather_rows(
-                em,
-                [a + r0 * bk * ses for a, (_, bk) in zip(s_tiles, ktiles, strict=True)],
-                s_rows,
-                ktiles,
-                rows,
-                p.sk,
-                p.score_dt,
-            )
-        s_at = s_rows if split else s_rows + r0 * p.sk * ses
-        p_at = p_rows if split else p_rows + r0 * p.sk * pes
+        s_at, p_at = s_rows + r0 * p.sk * ses, p_rows + r0 * p.sk * pes
         regs = Registers()
         scores_out = g.node(match.scores).outputs[0]
         r = regs.new(scores_out)
@@ -860,16 +848,6 @@ def _head_stages(
         if p.prob_scale is not None:
             em.b.vc_qnt(out, out, em.reg(f32_bits(1.0 / p.prob_scale)))
         em.b.vc_st(em.reg(p_at), out)
-        if split:
-            _scatter_rows(
-                em,
-                p_rows,
-                [a + r0 * bk * pes for a, (_, bk) in zip(p_tiles, ktiles, strict=True)],
-                ktiles,
-                rows,
-                p.sk,
-                p.prob_dt,
-            )
 
     def context(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
@@ -882,7 +860,10 @@ def _head_stages(
                     j = first_tile[b] + i
                     v_at = _v_tile(v_bufs, t, i, e, (j0 - kblocks[b][0][0]) * ec * vdt.size)
                     em.b.mx_preload(em.reg(v_at), bk, ec, vdt.name)
-                    (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(region, p_tiles[j]), m)
+                    if bk == p.sk:  # the whole rows
+                        (em.b.mx_mm if j == 0 else em.b.mx_mma)(*em.regs(region, p_rows), m)
+                    else:
+                        (em.b.mx_mm_s if j == 0 else em.b.mx_mma_s)(*em.regs(region, p_rows + j0 * pes, p.sk * pes), m)
                 if last and not regions:
                     em.b.mx_drain(*em.regs(o_tiles[e], region), m, ec)
             for e, (_, ec) in enumerate(echunks) if last and regions else ():
