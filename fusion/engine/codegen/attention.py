@@ -8,13 +8,14 @@ The group is an `attention_match.AttentionMatch`. Per (leading index, block of q
   straight from the tensors the layout nodes index (`attention_match.index_map`): the head split, K's transpose
   and the grouped-query repeat of KV heads cost no copy, a shared KV head is read by each of its query heads;
 - matrix: per key tile, Q chunks x K^T chunks accumulated (`mx.mm` / `mx.mma`) and drained (int8: requantized
-  as the unfused MatMul does) as an m x (tile) block of scores;
-- vector: the blocks assembled into whole rows (`v.copy`), one chain in registers: dequantize, the scale node's
-  recipe, the mask regenerated from positions (see below), the Softmax recipe (the unfused kernels' recipes, so
-  the arithmetic is the reference's, operation for operation), int8: quantized as the second MatMul quantizes
-  its float operand; split back into key tiles;
-- matrix: P tiles x V tiles accumulated per value chunk of at most N columns, drained (requantized) and stored
-  at the output's place (the head merge is the store's view).
+  as the unfused MatMul does) into its columns of the whole m x Sk rows of scores (`mx.drain.s`, row stride Sk);
+- vector: per pass of rows, one chain in registers: dequantize, the scale node's recipe, the mask regenerated
+  from positions (see below), the Softmax recipe (the unfused kernels' recipes, so the arithmetic is the
+  reference's, operation for operation), int8: quantized as the second MatMul quantizes its float operand;
+  stored as whole rows of P;
+- matrix: P's key tiles read in place from its rows (`mx.mm.s`, row stride Sk) x V tiles, accumulated per value
+  chunk of at most N columns, drained (requantized) and stored at the output's place (the head merge is the
+  store's view).
 
 Masks: the mask Add's constant is never loaded. Its rule (`PositionMask`) is rebuilt in registers from key and
 query positions: a vector of positions 0..P-1 (P = max(Sq, Sk); the kernel's only extra data, in place of an
