@@ -273,14 +273,14 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
     spad: list[int] = []
     m = t.rows
 
-    def operand(op: HeadOperand, rows: int, cols: int) -> None:
+    def operand(op: HeadOperand, rows: int, cols: int, in_place: bool = False) -> None:
         parts = [cols] if t.local_split else [kc for _, kc in k_slices(cols, n)]
         for c in parts:
             spad.extend(_loaded(op, rows * c))
-        if t.local_split and cols > n:  # the chunks the matrix unit reads
+        if t.local_split and cols > n and not in_place:  # the chunks the matrix unit reads
             spad.extend(rows * kc * _op_dt(op).size for _, kc in k_slices(cols, n))
 
-    operand(p.q, m, p.d)
+    operand(p.q, m, p.d, in_place=True)
     acc_extra = []
     if p.proj is not None:
         spad += [*attention_proj.activation_tiles(p.proj, m, p.sk, n), attention_proj.weight_tile(p.proj)]
@@ -396,13 +396,29 @@ class Buffer:
     raw: tuple[int, ...]
     quant: tuple[int, ...] | None
     chunks: tuple[int, ...]
+    stride: int = 0  # bytes between a chunk's rows when the chunks are read in place (`mx.mm.s`), else dense
 
 
-def _alloc_region(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int, local_split: bool) -> Buffer:
+def _mm(em: Emitter, buf: Buffer, first: bool, acc: int, chunk: int, rows: int) -> None:
+    """The product of a chunk of `buf` as the matrix unit's A operand (read in place when it has a stride)."""
+    if buf.stride:
+        (em.b.mx_mm_s if first else em.b.mx_mma_s)(*em.regs(acc, chunk, buf.stride), rows)
+    else:
+        (em.b.mx_mm if first else em.b.mx_mma)(*em.regs(acc, chunk), rows)
+
+
+def _alloc_region(
+    arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int, local_split: bool, in_place: bool = False
+) -> Buffer:
+    """`in_place`: the matrix unit reads the chunks of a whole-row tile as A in place (Q; V is preloaded, and a
+    preload has no strided form)."""
     widths = [cols] if local_split else [kc for _, kc in k_slices(cols, n)]
     raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     read = quant or raw
+    es = _op_dt(op).size
+    if local_split and cols > n and in_place:
+        return Buffer(raw, quant, tuple(read[0] + c0 * es for c0, _ in k_slices(cols, n)), cols * es)
     if local_split and cols > n:
         read = tuple(arena.tile(rows * kc * _op_dt(op).size) for _, kc in k_slices(cols, n))
     return Buffer(raw, quant, read)
@@ -415,7 +431,7 @@ def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[st
     for i, (piece, raw) in enumerate(zip(parts, buf.raw, strict=True)):
         work["loads"].append(lambda em, v=piece, a=raw: em.dma_load(v, a))
         _transform(buf, op, i, piece.size, work)
-    if len(buf.raw) == 1 and cols > n:
+    if len(buf.raw) == 1 and cols > n and not buf.stride:
         src, dt = (buf.quant or buf.raw)[0], _op_dt(op)
         work["copies"].append(lambda em: _split_columns(em, src, list(buf.chunks), rows, cols, n, dt))
 
@@ -565,7 +581,7 @@ def _step_operands(
     the projections' activation tiles every step reads (`attention_proj.shared_arena`)."""
     h, i0, m = block
     head = _work()
-    q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split)
+    q_buf = _alloc_region(arena, p.q, m, p.d, n, t.local_split, in_place=True)
     pos = arena.tile(p.positions.size * 4) if p.positions is not None else 0
     load = [lambda em: em.dma_load(p.positions, pos)] if p.positions is not None else []
     if p.proj is not None:
@@ -814,7 +830,7 @@ def _head_stages(
             for i, ((_, bk), kb) in enumerate(tiles):
                 for ci, ((c0, kc), q_addr) in enumerate(zip(k_slices(p.d, n), q_buf.chunks, strict=True)):
                     em.b.mx_preload(em.reg(kb.chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
-                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(at[i], q_addr), m)
+                    _mm(em, q_buf, ci == 0, at[i], q_addr, m)
                 if not gt.score_regions:  # one region: each tile drained before the next one's products
                     drain(em, i, i + 1)
             if gt.score_regions:  # every tile's products back to back, then the drains
@@ -939,7 +955,7 @@ def _online_step(
             for i, (_, bk) in enumerate(kblocks[b]):
                 for ci, ((c0, kc), q_addr) in enumerate(zip(k_slices(p.d, n), q_buf.chunks, strict=True)):
                     em.b.mx_preload(em.reg(k_bufs[i].chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
-                    (em.b.mx_mm if ci == 0 else em.b.mx_mma)(*em.regs(acc, q_addr), m)
+                    _mm(em, q_buf, ci == 0, acc, q_addr, m)
                 em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
                 em.b.mx_drain(*em.regs(s_tiles[i], acc), m, bk)
 
