@@ -56,6 +56,7 @@ class UnitTimes:
     serial_compute: bool = False  # the matrix and vector units work in series within a step (one stage)
     head: float = 0.0  # the loads no step can start before (part of `load`): the pipeline's fill, paid alone
     head_vector: float = 0.0  # the vector work preparing the first step's operands (part of `vector`), after them
+    lead: float = 0.0  # the first step's own loads after a prologue's head (part of `load`), beside `head_vector`
     serial_load: float = 0.0  # the fenced phases without steps (part of `load`, `vector`, `store`): in series
     serial_vector: float = 0.0
     serial_store: float = 0.0
@@ -95,7 +96,7 @@ class UnitTimes:
             # squared (bench/results/cost_error.md)
             after = max(after, store + self.load_transfer * min(1.0, load / (pace + fill)) ** 2)
         serial = self.serial_load + self.serial_vector + self.serial_store
-        return self.head + max(pace, after, self.head_vector + after) + fill + serial
+        return self.head + max(pace, after, max(self.head_vector, self.lead) + after) + fill + serial
 
 
 def _matmul_time(f: KernelFeatures, cfg: MachineConfig) -> int:
@@ -140,6 +141,9 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
     stepped = f.steps > 0  # a kernel without steps runs its stages in series: nothing to tell apart
     head = _dma_time(cfg, f.head_loads, f.head_load_bursts) if stepped and f.head_loads else 0
     head_vector = _vector_time(cfg, f.head_vector_instrs, f.head_vector_elems, 0) if stepped else 0
+    # the first step's own loads after a prologue's head hold the first step back unless vector work prepares its
+    # operands meanwhile (an int8 quantization, an MLP's LayerNorm: they stream beside it)
+    lead = _dma_time(cfg, f.lead_loads, f.lead_load_bursts) if head and f.lead_loads and not head_vector else 0
     loads = (f.load_bursts - f.serial_load_bursts - (f.head_load_bursts if head else 0)) * burst
     piped_bytes = loads + (f.store_bursts - f.serial_store_bursts) * burst
     return UnitTimes(
@@ -155,6 +159,7 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
         serial_compute=f.strategy in REGISTRY and REGISTRY[f.strategy].serial_compute,
         head=head,
         head_vector=head_vector,
+        lead=lead,
         serial_load=_dma_time(cfg, f.serial_loads, f.serial_load_bursts) if f.serial_loads else 0,
         serial_vector=_vector_time(cfg, f.serial_vector_instrs, f.serial_vector_elems, f.serial_chain_ops),
         serial_store=_dma_time(cfg, f.serial_stores, f.serial_store_bursts) if f.serial_stores else 0,

@@ -60,6 +60,8 @@ class KernelFeatures:
     serial_vector_elems: int = 0
     serial_chain_ops: int = 0
     serial_phases: int = 0
+    lead_loads: int = 0  # the first step's own loads after a prologue's head (features.py): beside its vector work
+    lead_load_bursts: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -158,6 +158,25 @@ def _stepped(category: np.ndarray, phase: np.ndarray, dst: np.ndarray, main: int
     return np.isin(phase, stepped) if stepped.size else np.ones(category.shape, dtype=bool)
 
 
+def _first_step_token(
+    tokens: np.ndarray, kind: np.ndarray, pops: np.ndarray, src: np.ndarray, dst: np.ndarray, main: int | None
+) -> int:
+    """Position of the load unit's first token (of `tokens`, its pipelined ones) that feeds a step: one not into
+    the vector unit, or into the vector unit when the vector unit's next token after popping it (`pops`: the
+    pipelined sync.pop; tokens pair up first in, first out) does not hand it back to the load unit. An earlier one
+    hands a prologue back (an A-stationary GEMM's resident A). Its first token without one."""
+    vector = int(Unit.vector)
+    pops = np.flatnonzero(pops & (src == int(Unit.load)) & (dst == vector))
+    onward = np.flatnonzero(_PUSH[kind] & (src == vector))
+    for handed, at in enumerate(tokens):
+        if dst[at] != vector or main == vector:
+            return int(at)
+        after = onward[onward > pops[handed]] if handed < pops.size else onward[:0]
+        if not after.size or dst[after[0]] != int(Unit.load):
+            return int(at)
+    return int(tokens[0]) if tokens.size else 0
+
+
 def loop_order(group: Group, has_matmul: bool) -> str:
     """The GEMM loop order (outer to inner) the schedule runs, so cost models can tell the orders apart: "mn"
     streams A's row tiles under each preloaded weight tile (the default), "nm" keeps A resident (A-stationary:
@@ -200,9 +219,18 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
     phase = np.cumsum(category == FENCE)
     stepped = _stepped(category, phase, dst, main)
     serial = ~stepped
-    # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in
+    # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in;
+    # and where that token hands a prologue back (an A-stationary GEMM's resident A), the first step's own loads
+    # after it, up to the load unit's first token that feeds a step (the lead: beside the prologue's vector work)
     tokens = np.flatnonzero(_PUSH[kind] & (src == int(Unit.load)) & stepped)
-    head = ~store & stepped[dma] & (dma < (tokens[0] if tokens.size else len(words)))
+    first = int(tokens[0]) if tokens.size else len(words)
+    head = ~store & stepped[dma] & (dma < first)
+    lead = (
+        ~store
+        & stepped[dma]
+        & (dma > first)
+        & (dma < _first_step_token(tokens, kind, (category == POP) & stepped, src, dst, main))
+    )
     # and the vector work that prepares the main unit's first operands (an int8 GEMM's quantization of A, A cut
     # into k-slice tiles): the vector unit's passes before its first token into the main unit, when that token
     # comes before it first waits for the main unit (attention's softmax waits for the scores: not a head)
@@ -212,7 +240,12 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
     prologue = len(into) > 0 and (not waits.size or into[0] < waits[0])
     vector_head = passes & stepped & (np.arange(len(words)) < into[0]) if prologue else np.zeros_like(passes)
     loads, stores = part(~store), part(store)
-    heads, serial_loads, serial_stores = part(head), part(~store & serial[dma]), part(store & serial[dma])
+    heads, leads, serial_loads, serial_stores = (
+        part(head),
+        part(lead),
+        part(~store & serial[dma]),
+        part(store & serial[dma]),
+    )
     return {
         "dram_read_bytes": int(nbytes[~store].sum()),
         "dram_write_bytes": int(nbytes[store].sum()),
@@ -240,6 +273,8 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
         "head_load_bursts": heads[1],
         "head_vector_instrs": int(np.count_nonzero(vector_head)),
         "head_vector_elems": int(elems[vector_head].sum()),
+        "lead_loads": leads[0],
+        "lead_load_bursts": leads[1],
         "serial_loads": serial_loads[0],
         "serial_load_bursts": serial_loads[1],
         "serial_stores": serial_stores[0],

@@ -55,6 +55,33 @@ def test_unit_times_pay_the_head_alone_and_unpipelined_phases_in_series() -> Non
     assert replace(contended, steps=1).cycles == shared.cycles + (600 + 300) * 3 / 4  # one step: all in series
 
 
+def _load_tokens(program, serial: list[bool], main) -> tuple[int, int]:
+    """The load unit's first pipelined token and its first that feeds a step: one not into the vector unit, or into
+    the vector unit when the vector unit's next token after popping it (first in, first out) does not hand it back
+    to the load unit (an A-stationary GEMM's resident A is a prologue handed back: the first step's loads come
+    after it)."""
+    pushes = [
+        (pc, ins.field("src"), ins.field("dst"))
+        for pc, ins in enumerate(program)
+        if ins.mnemonic == "sync.push" and not serial[pc]
+    ]
+    pops = [
+        pc
+        for pc, ins in enumerate(program)
+        if ins.mnemonic == "sync.pop"
+        and not serial[pc]
+        and (ins.field("src"), ins.field("dst")) == (Unit.load, Unit.vector)
+    ]
+    ours = [(pc, dst) for pc, src, dst in pushes if src == Unit.load]
+    if not ours:
+        return len(program), 0
+    for handed, (pc, dst) in enumerate(ours):
+        onward = [d for p, s, d in pushes if s == Unit.vector and handed < len(pops) and p > pops[handed]]
+        if dst != Unit.vector or main == Unit.vector or not onward or onward[0] != Unit.load:
+            return ours[0][0], pc
+    return ours[0][0], ours[0][0]
+
+
 def _decoded(mc, kernel) -> dict[str, int]:
     """Head and unpipelined-phase counts from the ISA's own decoder, word by word (an oracle sharing no table or
     array arithmetic with `features.program_counts`)."""
@@ -78,15 +105,15 @@ def _decoded(mc, kernel) -> dict[str, int]:
         phases.append(phase)
         if ins.mnemonic == "sync.pop" and main is not None and ins.field("dst") == main:
             stepped.add(phase)
-    counts = dict(UNPIPELINED, head_loads=0, head_load_bursts=0)
+    counts = dict(UNPIPELINED, head_loads=0, head_load_bursts=0, lead_loads=0, lead_load_bursts=0)
+    first, close = _load_tokens(program, [bool(stepped) and at not in stepped for at in phases], main)
     regs: dict[int, int] = {}
-    head_open, serial_phases = True, set()
-    for ins, t, at in zip(program, timings, phases, strict=True):
+    serial_phases = set()
+    for pc, (ins, t, at) in enumerate(zip(program, timings, phases, strict=True)):
         serial = bool(stepped) and at not in stepped
+        part = "head" if pc < first else "lead" if first < pc < close else None
         if ins.mnemonic == "li":
             regs[ins.field("rd")] = ins.field("imm32") & 0xFFFFFFFF
-        elif ins.mnemonic == "sync.push" and ins.field("src") == Unit.load and not serial:
-            head_open = False
         elif t.startswith("dma_"):
             rows, row_bytes = ins.field("rows"), ins.field("cols") * (1 if ins.field("dtype") == DType.i8 else 4)
             bursts = dma_bursts(mc.config, rows, row_bytes, regs.get(ins.field("rs2"), row_bytes))
@@ -94,9 +121,9 @@ def _decoded(mc, kernel) -> dict[str, int]:
             if serial:
                 counts[f"serial_{side}s"] += 1
                 counts[f"serial_{side}_bursts"] += bursts
-            elif side == "load" and head_open:
-                counts["head_loads"] += 1
-                counts["head_load_bursts"] += bursts
+            elif side == "load" and part:
+                counts[f"{part}_loads"] += 1
+                counts[f"{part}_load_bursts"] += bursts
         if serial and (t in PASSES or t.startswith("dma_") or t in ("chain_op", "chain_store")):
             serial_phases.add(at)
             counts["serial_vector_instrs"] += t in PASSES
