@@ -299,7 +299,7 @@ def _tile_bytes(p: Plan, n: int, t: Tiling) -> tuple[list[int], list[int]]:
         spad.append(p.positions.size * 4)
     echunks = k_slices(p.dv, n)
     if t.online:  # a block's scores and probabilities (rows, key tiles), the output and a block's product
-        spad += [m * t.block_keys * 4] * 4 + [m * ec * 4 for _, ec in echunks] * 2
+        spad += [m * t.block_keys * 4] * 2 + [m * ec * 4 for _, ec in echunks] * 2
         return spad, [m * n * len(echunks) * 4]
     spad += [m * p.sk * p.score_dt.size, m * p.sk * p.prob_dt.size]  # whole rows (`_head_stages`)
     spad += [m * ec * p.out_dt.size for _, ec in echunks]
@@ -927,8 +927,9 @@ def _online_step(
     io = _step_operands(arena, p, block, t, n, GroupTiles())
     q_buf, pos, kblocks, k_bufs, v_bufs = io.q, io.positions, io.kblocks, io.k, io.v
     kb_max = t.block_keys
+    # a block's scores and P as whole rows of its kn keys (row stride kn): key tiles drained into their columns
+    # (mx.drain.s) and read in place (mx.mm.s), no per-row copies
     s_rows, p_rows = arena.tile(m * kb_max * 4), arena.tile(m * kb_max * 4)
-    s_tiles, p_tiles = _packed(arena, m, kblocks[0], 4), _packed(arena, m, kblocks[0], 4)
     echunks = k_slices(p.dv, n)
     acc = arena.acc_tile(m * n * len(echunks) * 4)
     o_tiles = [arena.tile(m * ec * 4) for _, ec in echunks]
@@ -950,24 +951,31 @@ def _online_step(
         em.b.vc_add_vs(1, 0, 0)  # sum = 0
         em.b.vc_add_vs(0, 0, em.reg(f32_bits(float(np.finfo(np.float32).min))))  # max = float32 min
 
+    def columns(b: int) -> list[tuple[int, int, int]]:
+        """(its first key's byte offset in a row, keys, row stride) per key tile of block b."""
+        keys = kblocks[b]
+        kn = sum(bk for _, bk in keys)
+        return [((j0 - keys[0][0]) * 4, bk, kn * 4) for j0, bk in keys]
+
     def scores(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
-            for i, (_, bk) in enumerate(kblocks[b]):
+            for i, (off, bk, stride) in enumerate(columns(b)):
                 for ci, ((c0, kc), q_addr) in enumerate(zip(k_slices(p.d, n), q_buf.chunks, strict=True)):
                     em.b.mx_preload(em.reg(k_bufs[i].chunks[0] + c0 * bk * kdt.size), kc, bk, kdt.name)
                     _mm(em, q_buf, ci == 0, acc, q_addr, m)
                 em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
-                em.b.mx_drain(*em.regs(s_tiles[i], acc), m, bk)
+                if bk * 4 == stride:
+                    em.b.mx_drain(*em.regs(s_rows, acc), m, bk)
+                else:
+                    em.b.mx_drain_s(*em.regs(s_rows + off, acc, stride), m, bk)
 
         return emit
 
     def update(b: int) -> Callable[[Emitter], None]:
         keys = kblocks[b]
         k0, kn = keys[0][0], sum(bk for _, bk in keys)
-        local = [(j0 - k0, bk) for j0, bk in keys]
 
         def emit(em: Emitter) -> None:
-            _gather_rows(em, s_tiles[: len(local)], s_rows, local, m, kn, DType.f32)
             regs = state(em)
             r = regs.new(g.node(match.scores).outputs[0])
             em.b.vc_ld(r, em.reg(s_rows), m * kn, "f32")
@@ -999,17 +1007,21 @@ def _online_step(
             em.b.vc_add(1, 1, row)  # l = l * alpha + rowsum(P)
             regs.release(row)
             em.b.vc_st(em.reg(p_rows), e)
-            _scatter_rows(em, p_rows, p_tiles[: len(local)], local, m, kn, DType.f32)
 
         return emit
 
     def product(b: int) -> Callable[[Emitter], None]:
         def emit(em: Emitter) -> None:
             for e, (_, ec) in enumerate(echunks):
-                for i, (j0, bk) in enumerate(kblocks[b]):
-                    v_at = _v_tile(v_bufs, t, i, e, (j0 - kblocks[b][0][0]) * ec * vdt.size)
+                for i, (off, bk, stride) in enumerate(columns(b)):
+                    v_at = _v_tile(v_bufs, t, i, e, off // 4 * ec * vdt.size)
                     em.b.mx_preload(em.reg(v_at), bk, ec, vdt.name)
-                    (em.b.mx_mm if i == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_tiles[i]), m)
+                    if bk * 4 == stride:
+                        (em.b.mx_mm if i == 0 else em.b.mx_mma)(*em.regs(acc + e * m * n * 4, p_rows), m)
+                    else:
+                        (em.b.mx_mm_s if i == 0 else em.b.mx_mma_s)(
+                            *em.regs(acc + e * m * n * 4, p_rows + off, stride), m
+                        )
             em.b.ep_cfg(*em.regs(0, 0, one), 0, Activation.none, "none", "f32")
             for e, (_, ec) in enumerate(echunks):
                 em.b.mx_drain(*em.regs(pv_tiles[e], acc + e * m * n * 4), m, ec)
@@ -1046,12 +1058,6 @@ def _online_step(
     return Step([], compute, [(o, out.slice(1, e0, ec)) for o, (e0, ec) in zip(o_tiles, echunks, strict=True)])
 
 
-def _packed(arena: TileArena, m: int, ktiles: list[tuple[int, int]], es: int) -> list[int]:
-    """One tile holding an m x bk tile per key tile, back to back."""
-    base = arena.tile(m * sum(bk for _, bk in ktiles) * es)
-    return [base + m * j0 * es for j0, _ in ktiles]
-
-
 def _column_chunks(part: View, n: int) -> list[View]:
     return [part.slice(1, c0, kc) for c0, kc in k_slices(part.shape[1], n)]
 
@@ -1061,19 +1067,6 @@ def _split_columns(em: Emitter, src: int, tiles: list[int], rows: int, cols: int
     for (c0, kc), tile in zip(k_slices(cols, n), tiles, strict=True):
         for r in range(rows):
             em.b.v_copy(*em.regs(tile + r * kc * dt.size, src + (r * cols + c0) * dt.size), kc, dt.name)
-
-
-def _gather_rows(em: Emitter, tiles: list[int], rows: int, ktiles: list, m: int, sk: int, dt: DType) -> None:
-    """Key tiles (m x bk each, dense) -> whole rows (m x sk)."""
-    for (j0, bk), tile in zip(ktiles, tiles, strict=True):
-        for r in range(m):
-            em.b.v_copy(*em.regs(rows + (r * sk + j0) * dt.size, tile + r * bk * dt.size), bk, dt.name)
-
-
-def _scatter_rows(em: Emitter, rows: int, tiles: list[int], ktiles: list, m: int, sk: int, dt: DType) -> None:
-    for (j0, bk), tile in zip(ktiles, tiles, strict=True):
-        for r in range(m):
-            em.b.v_copy(*em.regs(tile + r * bk * dt.size, rows + (r * sk + j0) * dt.size), bk, dt.name)
 
 
 def _chain_input(graph: Graph, node: Node, regs: Registers) -> str:
