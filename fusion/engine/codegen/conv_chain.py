@@ -67,6 +67,7 @@ from fusion.lower.context import LowerContext, const_key, storage_dtype
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_depthwise import is_depthwise
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
+from fusion.lower.kernels.matmul_loops import emit_items
 from fusion.lower.kernels.matrix import bias_view, dequant_scales
 from fusion.lower.kernels.vector_ops import dequantize, fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
@@ -534,7 +535,7 @@ class _Kernel:
         runs = [(0, s.stream_rows(count))] if s.strides[0] == 1 else [(r * s.pitch, s.valid) for r in range(count)]
 
         def matmul(em: Emitter) -> None:
-            opened = not t.opens
+            items, opened = [], not t.opens
             for kh in range(s.kernel[0]):
                 for kw in range(s.kernel[1]):
                     tap = kh * s.kernel[1] + kw
@@ -542,12 +543,16 @@ class _Kernel:
                         if not t.k0 <= c0 < t.k0 + t.kc:
                             continue
                         at = w_tile + ((tap * t.kc + c0 - t.k0) * t.tn) * es
-                        em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
                         start = block + s.offset(kh, kw) * kb * es
-                        for p, n in runs:
-                            acc, a_rows = t.acc + p * t.tn * 4, start + p * kb * es
-                            (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(acc, a_rows), n)
+                        mm = "mx_mma" if opened else "mx_mm"
+                        items.append(
+                            (
+                                ("mx_preload", (at,), (kb, t.tn, z.mm_dt.name)),
+                                *((mm, (t.acc + p * t.tn * 4, start + p * kb * es), (n,)) for p, n in runs),
+                            )
+                        )
                         opened = True
+            emit_items(em, items)
             if not last_chunk:
                 return
             if final:

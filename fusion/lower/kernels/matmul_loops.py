@@ -1,0 +1,82 @@
+"""A conv's matrix work as hardware loops: the per-tap, per-channel-block preload + matmul items whose addresses
+step by the same amounts are one `loopi` body with `addi`-stepped address registers instead of unrolled text.
+
+A conv kernel's text is mostly these items (every tap x channel block x row run, each with the `li`s of its
+addresses), and text length is what every build stage costs (generation, assembly, encoding, hashing). A loop
+issues the same matrix instructions in the same order; its `addi`s take the issue slots the unrolled `li`s took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fusion.lower.emitter import Emitter
+
+# (builder method, register operand values, the other operands): one instruction of an item
+Op = tuple[str, tuple[int, ...], tuple]
+Item = tuple[Op, ...]
+MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
+MAX_TRIPS = 0xFFFF  # `loopi`'s count field
+MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
+
+
+def emit_items(em: Emitter, items: Sequence[Item]) -> None:
+    """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
+    the same amounts from one item to the next as a hardware loop, the rest unrolled."""
+    shapes = [tuple((name, len(values), rest) for name, values, rest in item) for item in items]
+    flat = [tuple(v for _, values, _ in item for v in values) for item in items]
+    i = 0
+    while i < len(items):
+        j = _run_end(shapes, flat, i)
+        if j - i >= MIN_LOOP and _loop(em, items[i:j], flat[i], flat[i + 1]):
+            i = j
+            continue
+        for name, values, rest in items[i]:
+            getattr(em.b, name)(*em.regs(*values), *rest)
+        i += 1
+
+
+def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
+    """The end of the longest run from item i of one shape (`shapes`) whose operand values (`flat`) step by
+    constant amounts (at most MAX_TRIPS items)."""
+    j = i + 1
+    if j == len(flat) or shapes[j] != shapes[i]:
+        return j
+    step = tuple(b - a for a, b in zip(flat[i], flat[j], strict=True))
+    while j + 1 < len(flat) and j + 1 - i < MAX_TRIPS and shapes[j + 1] == shapes[i]:
+        if any(b - a != d for a, b, d in zip(flat[j], flat[j + 1], step, strict=True)):
+            break
+        j += 1
+    return j + 1
+
+
+def _loop(em: Emitter, run: Sequence[Item], first: tuple[int, ...], second: tuple[int, ...]) -> bool:
+    """`run`: its first item unrolled, the values that step in registers of its own (`Emitter.claim`), then one
+    `loopi` over the others, each stepping a register (`addi`) just before its first use: the matrix unit's first
+    instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). `first`,
+    `second`: the operand values of its first two items. False, nothing emitted: the run needs more registers
+    than a loop may hold."""
+    keys = tuple(zip(first, (b - a for a, b in zip(first, second, strict=True)), strict=True))
+    if len(set(keys)) > MAX_REGS:
+        return False
+    ops, k = [], 0
+    for name, values, rest in run[0]:
+        ops.append((name, keys[k : k + len(values)], rest))
+        k += len(values)
+    regs: dict[tuple[int, int], int] = {}
+    for name, used, rest in ops:
+        regs.update((key, em.claim(key[0])) for key in dict.fromkeys(used) if key[1] and key not in regs)
+        fixed = [v for v, step in used if not step]
+        regs.update(zip(((v, 0) for v in fixed), em.regs(*fixed), strict=True))
+        getattr(em.b, name)(*(regs[key] for key in used), *rest)
+    end = em.local_label("taps")
+    em.b.loopi(len(run) - 1, end)
+    stepped: set[tuple[int, int]] = set()
+    for name, used, rest in ops:
+        for key in dict.fromkeys(used):
+            if key[1] and key not in stepped:
+                stepped.add(key)
+                em.b.addi(regs[key], regs[key], key[1])
+        getattr(em.b, name)(*(regs[key] for key in used), *rest)
+    em.b.label(end)
+    return True
