@@ -24,16 +24,41 @@ def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
     shapes = [tuple((name, len(values), rest) for name, values, rest in item) for item in items]
-    flat = [tuple(v for _, values, _ in item for v in values) for item in items]
+    flat = [_values(item) for item in items]
     i = 0
     while i < len(items):
         j = _run_end(shapes, flat, i)
-        if j - i >= MIN_LOOP and _loop(em, items[i:j], flat[i], flat[i + 1]):
-            i = j
-            continue
-        for name, values, rest in items[i]:
+        emit_run(em, items[i], steps(items[i], items[i + 1]) if j > i + 1 else (), j - i)
+        i = j
+
+
+def emit_run(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None:
+    """`count` items: `item`, then each with its register operand values (in order) stepped by `step` from the
+    one before, as a hardware loop when it is worth one (a generator that knows its run asks this directly,
+    without building every item)."""
+    if count >= MIN_LOOP and _loop(em, item, step, count):
+        return
+    for i in range(count):
+        for name, values, rest in _stepped(item, step, i) if i else item:
             getattr(em.b, name)(*em.regs(*values), *rest)
-        i += 1
+
+
+def steps(first: Item, second: Item) -> tuple[int, ...]:
+    """How far each register operand value of `second` is from `first`'s (the step of a run they begin)."""
+    return tuple(b - a for a, b in zip(_values(first), _values(second), strict=True))
+
+
+def _values(item: Item) -> tuple[int, ...]:
+    return tuple(v for _, values, _ in item for v in values)
+
+
+def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
+    """`item` with its register operand values moved by i steps."""
+    out, k = [], 0
+    for name, values, rest in item:
+        out.append((name, tuple(v + i * d for v, d in zip(values, step[k : k + len(values)], strict=True)), rest))
+        k += len(values)
+    return tuple(out)
 
 
 def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
@@ -50,17 +75,16 @@ def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
     return j + 1
 
 
-def _loop(em: Emitter, run: Sequence[Item], first: tuple[int, ...], second: tuple[int, ...]) -> bool:
+def _loop(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> bool:
     """`run`: its first item unrolled, the values that step in registers of its own (`Emitter.claim`), then one
     `loopi` over the others, each stepping a register (`addi`) just before its first use: the matrix unit's first
-    instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). `first`,
-    `second`: the operand values of its first two items. False, nothing emitted: the run needs more registers
-    than a loop may hold."""
-    keys = tuple(zip(first, (b - a for a, b in zip(first, second, strict=True)), strict=True))
+    instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). False,
+    nothing emitted: the run needs more registers than a loop may hold."""
+    keys = tuple(zip(_values(item), step, strict=True))
     if len(set(keys)) > MAX_REGS:
         return False
     ops, k = [], 0
-    for name, values, rest in run[0]:
+    for name, values, rest in item:
         ops.append((name, keys[k : k + len(values)], rest))
         k += len(values)
     regs: dict[tuple[int, int], int] = {}
@@ -70,7 +94,7 @@ def _loop(em: Emitter, run: Sequence[Item], first: tuple[int, ...], second: tupl
         regs.update(zip(((v, 0) for v in fixed), em.regs(*fixed), strict=True))
         getattr(em.b, name)(*(regs[key] for key in used), *rest)
     end = em.local_label("taps")
-    em.b.loopi(len(run) - 1, end)
+    em.b.loopi(count - 1, end)
     stepped: set[tuple[int, int]] = set()
     for name, used, rest in ops:
         for key in dict.fromkeys(used):
