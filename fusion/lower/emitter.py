@@ -39,7 +39,8 @@ class Emitter:
 
     def __init__(self, builder: ProgramBuilder) -> None:
         self.b = builder
-        self._regs: OrderedDict[int, int] = OrderedDict()  # value -> register, least recently used first
+        # value -> register, least recently used first (a `claim`ed register: ("claimed", register) -> register)
+        self._regs: OrderedDict[int | tuple[str, int], int] = OrderedDict()
         self._labels = 0  # local labels made so far (`local_label`)
 
     def reg(self, value: int) -> int:
@@ -61,6 +62,18 @@ class Emitter:
             _, r = held.popitem(last=False)
         held[value] = r
         self.b.li(r, value)
+        return r
+
+    def claim(self, value: int) -> int:
+        """A register of the caller's own, set to `value`, that it may change (step it with `addi` in a hardware
+        loop): no `reg` hands it out for a value; it is evicted, least recently used, as a cached one."""
+        held = self._regs
+        if len(held) < len(SCRATCH_REGS):
+            r = SCRATCH_REGS[len(held)]
+        else:
+            _, r = held.popitem(last=False)
+        held[("claimed", r)] = r
+        self.b.li(r, value & 0xFFFFFFFF)
         return r
 
     def local_label(self, prefix: str) -> str:

@@ -32,6 +32,7 @@ from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.frame import MAX_N
+from fusion.lower.kernels.matmul_loops import emit_items
 from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize, fill, quantize_tile
@@ -568,7 +569,7 @@ class _Kernel:
                 work(em)
 
         def matmul(em: Emitter) -> None:
-            opened = t.c0 != 0  # a later K chunk adds to the accumulator the first one opened
+            items, opened = [], t.c0 != 0  # a later K chunk adds to the accumulator the first one opened
             for kh in range(s.kernel[0]):
                 for kw in range(s.kernel[1]):
                     tap = kh * s.kernel[1] + kw
@@ -576,10 +577,11 @@ class _Kernel:
                         if not t.c0 <= c0 < t.c0 + t.kc:
                             continue
                         at = weights + ((c0 - t.c0) * s.taps + tap * kb) * t.tn * z.mm_dt.size
-                        em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
                         start = block + s.offset(kh, kw) * kb * z.mm_dt.size
-                        (em.b.mx_mm if not opened else em.b.mx_mma)(*em.regs(t.acc, start), stream)
+                        mm = "mx_mma" if opened else "mx_mm"
+                        items.append((("mx_preload", (at,), (kb, t.tn, z.mm_dt.name)), (mm, (t.acc, start), (stream,))))
                         opened = True
+            emit_items(em, items)
             if last:
                 rows = DrainBand(t.acc, t.rows, t.tn, s.pitch, s.valid, s.cols)
                 self.ep.drain(em, rows, tiles, out_tile)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -67,6 +68,7 @@ from fusion.lower.context import LowerContext, const_key, storage_dtype
 from fusion.lower.emitter import Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_depthwise import is_depthwise
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
+from fusion.lower.kernels.matmul_loops import Item, emit_items, emit_run, steps
 from fusion.lower.kernels.matrix import bias_view, dequant_scales
 from fusion.lower.kernels.vector_ops import dequantize, fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
@@ -533,21 +535,32 @@ class _Kernel:
         # (the band's one stream would compute them too: the stride-2 depthwise of an inverted residual, 2x)
         runs = [(0, s.stream_rows(count))] if s.strides[0] == 1 else [(r * s.pitch, s.valid) for r in range(count)]
 
+        chunk = [(c0, kb, b) for (c0, kb), b in zip(blocks, inputs[t.stage], strict=True) if t.k0 <= c0 < t.k0 + t.kc]
+        # the chunk's blocks one run (its items' addresses step evenly): each tap's items are asked as one
+        even = len({kb for _, kb, _ in chunk}) == 1 and len({b1 - b0 for (_, _, b0), (_, _, b1) in pairwise(chunk)}) < 2
+
+        def item(kh: int, kw: int, c0: int, kb: int, block: int, mm: str) -> Item:
+            """Tap (kh, kw) of channel block [c0, c0 + kb): its weight tile's preload, each run's matmul."""
+            at = w_tile + (((kh * s.kernel[1] + kw) * t.kc + c0 - t.k0) * t.tn) * es
+            start = block + s.offset(kh, kw) * kb * es
+            return (
+                ("mx_preload", (at,), (kb, t.tn, z.mm_dt.name)),
+                *((mm, (t.acc + p * t.tn * 4, start + p * kb * es), (n,)) for p, n in runs),
+            )
+
         def matmul(em: Emitter) -> None:
             opened = not t.opens
             for kh in range(s.kernel[0]):
                 for kw in range(s.kernel[1]):
-                    tap = kh * s.kernel[1] + kw
-                    for (c0, kb), block in zip(blocks, inputs[t.stage], strict=True):
-                        if not t.k0 <= c0 < t.k0 + t.kc:
-                            continue
-                        at = w_tile + ((tap * t.kc + c0 - t.k0) * t.tn) * es
-                        em.b.mx_preload(em.reg(at), kb, t.tn, z.mm_dt.name)
-                        start = block + s.offset(kh, kw) * kb * es
-                        for p, n in runs:
-                            acc, a_rows = t.acc + p * t.tn * 4, start + p * kb * es
-                            (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(acc, a_rows), n)
-                        opened = True
+                    rest = chunk
+                    if not opened:  # the accumulator's first matmul
+                        emit_items(em, [item(kh, kw, *chunk[0], "mx_mm")])
+                        rest, opened = chunk[1:], True
+                    if even and len(rest) > 1:
+                        first, second = item(kh, kw, *rest[0], "mx_mma"), item(kh, kw, *rest[1], "mx_mma")
+                        emit_run(em, first, steps(first, second), len(rest))
+                    else:
+                        emit_items(em, [item(kh, kw, *block, "mx_mma") for block in rest])
             if not last_chunk:
                 return
             if final:

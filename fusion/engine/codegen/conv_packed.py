@@ -51,6 +51,7 @@ from fusion.lower.emitter import Emit, Emitter, Step
 from fusion.lower.errors import MemoryPlanError
 from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.frame import MAX_N
+from fusion.lower.kernels.matmul_loops import emit_items
 from fusion.lower.kernels.vector_ops import fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
@@ -477,10 +478,15 @@ class _Kernel:
             self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
 
         def matmul(em: Emitter) -> None:
-            for i, (p, tile) in enumerate(zip(group, a_tiles, strict=True)):
-                em.b.mx_preload(em.reg(w_tile + (p.row - row0) * t.tn * es), p.k, t.tn, self.dt.name)
-                opened = t.kgroup or i  # a later piece adds to the accumulator the first one opened
-                (em.b.mx_mma if opened else em.b.mx_mm)(*em.regs(t.acc, tile), stream)
+            items = [
+                (
+                    ("mx_preload", (w_tile + (p.row - row0) * t.tn * es,), (p.k, t.tn, self.dt.name)),
+                    # a later piece adds to the accumulator the first one opened
+                    ("mx_mma" if t.kgroup or i else "mx_mm", (t.acc, tile), (stream,)),
+                )
+                for i, (p, tile) in enumerate(zip(group, a_tiles, strict=True))
+            ]
+            emit_items(em, items)
             if last:
                 band = DrainBand(t.acc, t.rows, t.tn, s.positions, s.out[1], s.out[1])
                 self.ep.drain(em, band, tiles, out_tile)

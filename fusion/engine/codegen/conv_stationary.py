@@ -44,6 +44,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.lower.kernels.matmul_loops import emit_items
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
@@ -359,12 +360,14 @@ class _Kernel:
             self.epilogue_loads(em, t0, epi)
 
         def matmul(em: Emitter) -> None:
+            items = []
             for t, tile in zip(tiles, a_tiles, strict=True):
                 m, local = self.m(t), w_tile
                 for i, p in enumerate(group):
-                    em.b.mx_preload(em.reg(tile + (p.row - group[0].row) * m * es), p.k, m, self.mm_dt.name)
-                    (em.b.mx_mma if t.kgroup or i else em.b.mx_mm)(*em.regs(t.acc, local), t.nc)
+                    preload = ("mx_preload", (tile + (p.row - group[0].row) * m * es,), (p.k, m, self.mm_dt.name))
+                    items.append((preload, ("mx_mma" if t.kgroup or i else "mx_mm", (t.acc, local), (t.nc,))))
                     local += t.nc * p.k * es
+            emit_items(em, items)
 
         def epilogue(em: Emitter) -> None:
             for t, out_tile in zip(tiles, outs, strict=True):

@@ -1,0 +1,106 @@
+"""A conv's matrix work as hardware loops: the per-tap, per-channel-block preload + matmul items whose addresses
+step by the same amounts are one `loopi` body with `addi`-stepped address registers instead of unrolled text.
+
+A conv kernel's text is mostly these items (every tap x channel block x row run, each with the `li`s of its
+addresses), and text length is what every build stage costs (generation, assembly, encoding, hashing). A loop
+issues the same matrix instructions in the same order; its `addi`s take the issue slots the unrolled `li`s took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fusion.lower.emitter import Emitter
+
+# (builder method, register operand values, the other operands): one instruction of an item
+Op = tuple[str, tuple[int, ...], tuple]
+Item = tuple[Op, ...]
+MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
+MAX_TRIPS = 0xFFFF  # `loopi`'s count field
+MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
+
+
+def emit_items(em: Emitter, items: Sequence[Item]) -> None:
+    """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
+    the same amounts from one item to the next as a hardware loop, the rest unrolled."""
+    shapes = [tuple((name, len(values), rest) for name, values, rest in item) for item in items]
+    flat = [_values(item) for item in items]
+    i = 0
+    while i < len(items):
+        j = _run_end(shapes, flat, i)
+        emit_run(em, items[i], steps(items[i], items[i + 1]) if j > i + 1 else (), j - i)
+        i = j
+
+
+def emit_run(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None:
+    """`count` items: `item`, then each with its register operand values (in order) stepped by `step` from the
+    one before, as a hardware loop when it is worth one (a generator that knows its run asks this directly,
+    without building every item)."""
+    if count >= MIN_LOOP and _loop(em, item, step, count):
+        return
+    for i in range(count):
+        for name, values, rest in _stepped(item, step, i) if i else item:
+            getattr(em.b, name)(*em.regs(*values), *rest)
+
+
+def steps(first: Item, second: Item) -> tuple[int, ...]:
+    """How far each register operand value of `second` is from `first`'s (the step of a run they begin)."""
+    return tuple(b - a for a, b in zip(_values(first), _values(second), strict=True))
+
+
+def _values(item: Item) -> tuple[int, ...]:
+    return tuple(v for _, values, _ in item for v in values)
+
+
+def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
+    """`item` with its register operand values moved by i steps."""
+    out, k = [], 0
+    for name, values, rest in item:
+        out.append((name, tuple(v + i * d for v, d in zip(values, step[k : k + len(values)], strict=True)), rest))
+        k += len(values)
+    return tuple(out)
+
+
+def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
+    """The end of the longest run from item i of one shape (`shapes`) whose operand values (`flat`) step by
+    constant amounts (at most MAX_TRIPS items)."""
+    j = i + 1
+    if j == len(flat) or shapes[j] != shapes[i]:
+        return j
+    step = tuple(b - a for a, b in zip(flat[i], flat[j], strict=True))
+    while j + 1 < len(flat) and j + 1 - i < MAX_TRIPS and shapes[j + 1] == shapes[i]:
+        if any(b - a != d for a, b, d in zip(flat[j], flat[j + 1], step, strict=True)):
+            break
+        j += 1
+    return j + 1
+
+
+def _loop(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> bool:
+    """`run`: its first item unrolled, the values that step in registers of its own (`Emitter.claim`), then one
+    `loopi` over the others, each stepping a register (`addi`) just before its first use: the matrix unit's first
+    instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). False,
+    nothing emitted: the run needs more registers than a loop may hold."""
+    keys = tuple(zip(_values(item), step, strict=True))
+    if len(set(keys)) > MAX_REGS:
+        return False
+    ops, k = [], 0
+    for name, values, rest in item:
+        ops.append((name, keys[k : k + len(values)], rest))
+        k += len(values)
+    regs: dict[tuple[int, int], int] = {}
+    for name, used, rest in ops:
+        regs.update((key, em.claim(key[0])) for key in dict.fromkeys(used) if key[1] and key not in regs)
+        fixed = [v for v, step in used if not step]
+        regs.update(zip(((v, 0) for v in fixed), em.regs(*fixed), strict=True))
+        getattr(em.b, name)(*(regs[key] for key in used), *rest)
+    end = em.local_label("taps")
+    em.b.loopi(count - 1, end)
+    stepped: set[tuple[int, int]] = set()
+    for name, used, rest in ops:
+        for key in dict.fromkeys(used):
+            if key[1] and key not in stepped:
+                stepped.add(key)
+                em.b.addi(regs[key], regs[key], key[1])
+        getattr(em.b, name)(*(regs[key] for key in used), *rest)
+    em.b.label(end)
+    return True
