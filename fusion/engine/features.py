@@ -64,6 +64,7 @@ _CHAIN_REDUCE = np.array([spec.timing == "chain_reduce" for spec in _SPECS])
 _CHAIN_STORE = np.array([spec.timing == "chain_store" for spec in _SPECS])
 _PUSH = np.array([spec.mnemonic == "sync.push" for spec in _SPECS])
 _STREAM_MATMUL = np.array([spec.timing == "matmul_stream" for spec in _SPECS])
+_LOOPI = next(i for i, spec in enumerate(_SPECS) if spec.mnemonic == "loopi")
 
 
 def _spec_indices(words: np.ndarray) -> np.ndarray:
@@ -77,6 +78,33 @@ def _spec_indices(words: np.ndarray) -> np.ndarray:
     if (found < 0).any():
         raise ValueError(f"word {int(words[np.argmax(found < 0)]):#018x} matches no instruction")
     return found
+
+
+def _unrolled(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The words and their rows of the ISA table (`_spec_indices`) in the order they issue: each `loopi` body
+    repeated its count of times (the loop instruction itself issues once), so the counts are the ones of the
+    program unrolled. A `loop` (count in a register) is counted once."""
+    kind = _spec_indices(words)
+    starts = np.flatnonzero(kind == _LOOPI)
+    if not starts.size:
+        return words, kind
+    n, lend = _fields(words[starts], "n", "lend")
+    loops = sorted(zip(starts.tolist(), (starts + lend).tolist(), n.tolist(), strict=True))
+
+    def order(lo: int, hi: int, i: int) -> tuple[list[np.ndarray], int]:
+        """Indices issued over [lo, hi) from loops[i] on; the next loop index past hi."""
+        out, at = [], lo
+        while i < len(loops) and loops[i][0] < hi:
+            pc, end, count = loops[i]
+            out.append(np.arange(at, pc + 1))
+            body, i = order(pc + 1, end, i + 1)
+            out.extend(body * count)
+            at = end
+        out.append(np.arange(at, hi))
+        return out, i
+
+    issued = np.concatenate(order(0, len(words), 0)[0])
+    return words[issued], kind[issued]
 
 
 def _fields(words: np.ndarray, *names: str) -> tuple[np.ndarray, ...]:
@@ -194,8 +222,7 @@ def loop_order(group: Group, has_matmul: bool) -> str:
 def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]:
     """The `KernelFeatures` counted from a program's instruction words (every field but the group's own: ops,
     strategy, dtype, shapes, work, loop order, sparsity), with numpy (a large conv kernel has ~40k words)."""
-    words = np.asarray(text, dtype=np.uint64)
-    kind = _spec_indices(words)
+    words, kind = _unrolled(np.asarray(text, dtype=np.uint64))
     category = _CATEGORY[kind]
     fields = ("rows", "cols", "dtype", "rs2", "rd", "imm32", "n", "dst", "src")
     rows, cols, dtype, rs2, rd, imm, n, dst, src = _fields(words, *fields)

@@ -57,6 +57,28 @@ def test_dispatched_kernels_features_are_their_own_counts() -> None:
     assert checked >= 4
 
 
+def _issued(text) -> list:
+    """The decoded instructions in the order the core issues them: a `loopi`'s body [pc + 1, pc + lend) run n
+    times (zero times when n is 0), as `simulator.units.scalar` runs it; a loop nested in a body runs each pass."""
+    out = []
+
+    def run(lo: int, hi: int) -> None:
+        pc = lo
+        while pc < hi:
+            ins = decode(text[pc])
+            out.append(ins)
+            if ins.mnemonic != "loopi":
+                pc += 1
+                continue
+            end = pc + ins.field("lend")
+            for _ in range(ins.field("n")):
+                run(pc + 1, end)
+            pc = end
+
+    run(0, len(text))
+    return out
+
+
 def _decoded_counts(mc, kernel) -> dict[str, int]:
     """The counts the features hold, from the ISA's own decoder word by word (an oracle sharing no table or field
     arithmetic with `kernel_features`)."""
@@ -64,8 +86,7 @@ def _decoded_counts(mc, kernel) -> dict[str, int]:
     counts.update(dict.fromkeys(("load_bursts", "store_bursts", "preloads", "matmuls", "matmul_rows"), 0))
     counts.update(dict.fromkeys(("drains", "drain_rows", "phases", "tile_m", "tile_k", "tile_n"), 0))
     regs: dict[int, int] = {}
-    for word in kernel.program.text:
-        ins = decode(word)
+    for ins in _issued(kernel.program.text):
         t = ins.spec.timing
         counts["instructions"] += 1
         if ins.mnemonic == "li":
