@@ -138,6 +138,10 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
     issue = f.instructions * timing.scalar_cycles(cfg)
     burst = cfg.burst_bytes
     per_phase = timing.dma_cycles(cfg, 1, burst, burst)
+    # the matrix and vector units in series hand their work back and forth within a step (attention's scores,
+    # softmax and product with V): the pipeline's steps are the loads' hand-overs, and the last one's compute and
+    # store follow the loads whole (counting every hand-over as a step, the fill was a fraction of it)
+    serial = f.strategy in REGISTRY and REGISTRY[f.strategy].serial_compute
     stepped = f.steps > 0  # a kernel without steps runs its stages in series: nothing to tell apart
     head = _dma_time(cfg, f.head_loads, f.head_load_bursts) if stepped and f.head_loads else 0
     head_vector = _vector_time(cfg, f.head_vector_instrs, f.head_vector_elems, 0) if stepped else 0
@@ -153,10 +157,10 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
         vector=_vector_time(cfg, f.vector_instrs, f.vector_pass_elems, f.chain_ops),
         issue=issue,
         fill=f.phases * per_phase,
-        steps=f.steps,
+        steps=f.load_steps if serial and f.load_steps else f.steps,
         transfer=timing.dma_transfer_cycles(cfg, 1, piped_bytes, piped_bytes),
         phases=max(f.phases - f.serial_phases, 1),
-        serial_compute=f.strategy in REGISTRY and REGISTRY[f.strategy].serial_compute,
+        serial_compute=serial,
         head=head,
         head_vector=head_vector,
         lead=lead,

@@ -44,6 +44,7 @@ class KernelFeatures:
     phases: int = 0  # fenced pipeline phases
     zero_tests: int = 0  # bz.tile / bnz.tile
     steps: int = 0  # pipeline steps: token handovers into the main compute unit (matrix, else vector): overlap
+    load_steps: int = 0  # of the steps, the load unit's hand-overs (0 in old rows: every step one)
     load_bursts: int = 0  # DRAM bursts of the loads (strided rows start their own bursts)
     store_bursts: int = 0
     matrix_segments: int = 0  # runs of matmuls whose results an instruction waits for (0: not counted, old rows)

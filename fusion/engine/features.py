@@ -293,6 +293,7 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
         "phases": int(np.count_nonzero(category == FENCE)),
         "zero_tests": int(np.count_nonzero(category == ZERO_TEST)),
         "steps": int(np.count_nonzero((category == POP) & (dst == main))) if main is not None else 0,
+        "load_steps": int(np.count_nonzero((category == POP) & (dst == main) & (src == int(Unit.load)))),
         "load_bursts": loads[1],
         "store_bursts": stores[1],
         "matrix_segments": _matrix_segments(kind, category, src),

@@ -41,3 +41,16 @@ def test_attention_kernels_are_predicted_within_ten_percent(dtype: str) -> None:
         predicted = AnalyticCostModel().predict(kernel_features(mc, kernel), mc.config).cycles
         errors.append(abs(predicted / timing_cycles(mc, kernel) - 1))
     assert statistics.median(errors) < 0.10, [f"{e:.1%}" for e in errors]
+
+
+def test_a_step_of_the_pipeline_is_a_hand_over_from_the_loads() -> None:
+    """Per head the scores go to the vector unit and the probabilities back (two hand-overs into the matrix unit),
+    but only the loads' one starts a step: the last head's compute and store follow the loads whole."""
+    from fusion.cost.analytic import unit_times
+
+    graph, inputs = attention_graph(SHAPES[2])
+    mc = context(graph, inputs, "fp32")
+    (match,) = find_attention(graph)
+    features = kernel_features(mc, build_kernel(mc, Group(match.nodes(graph), "attention")))
+    assert features.steps == 2 * features.load_steps == 2 * SHAPES[2].heads
+    assert unit_times(features, mc.config).steps == features.load_steps
