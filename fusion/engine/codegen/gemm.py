@@ -117,20 +117,20 @@ class Schedule:
 
 
 def split_a(cfg: MachineConfig, g: FusedGemm, rows: int) -> bool:
-    """Whether a row block's A comes in as ONE contiguous DMA (quantized whole by one `v.qnt` on the int8 path),
-    its k-slices read in place by the matrix unit (`mx.mm.s`, row stride K elements), instead of one strided DMA
-    per k-slice: where the DMA cycles saved exceed the vector cycles added, by the timing rules (ViT's 17 x 64
-    projections: 4 strided loads of 17 rows, ~536 load cycles, become one of ~134-236)."""
+    """Whether a row block's A comes in as ONE contiguous DMA, cut into its k-slice tiles on the vector unit (one
+    copy, or the int8 quantization, per row and k-slice), instead of one strided DMA per k-slice: where the DMA
+    cycles saved exceed the vector cycles added, by the timing rules (ViT's 17 x 64 projections: 4 strided loads
+    of 17 rows, ~536 load cycles, become one of ~134-236)."""
     k, es = g.a.view.shape[1], g.a.view.dtype.size
     slices = k_slices(k, cfg.array_size)
     if len(slices) < 2 or not is_dense(g.a.view):
         return False
     strided = sum(timing.dma_cycles(cfg, rows, kb * es, k * es) for _, kb in slices)
     whole = timing.dma_cycles(cfg, 1, rows * k * es, rows * k * es)
-    if g.a.quantize_scale is None:
-        return strided > whole
-    sliced = sum(timing.vector_cycles(cfg, rows * kb, QNT_LATENCY) for _, kb in slices)
-    return strided - whole > timing.vector_cycles(cfg, rows * k, QNT_LATENCY) - sliced
+    quantize = g.a.quantize_scale is not None
+    cut = rows * sum(timing.vector_cycles(cfg, kb, QNT_LATENCY if quantize else COPY_LATENCY) for _, kb in slices)
+    before = sum(timing.vector_cycles(cfg, rows * kb, QNT_LATENCY) for _, kb in slices) if quantize else 0
+    return strided - whole > cut - before
 
 
 def panel_width(cfg: MachineConfig, g: FusedGemm, rows: int, cols: int) -> int:
@@ -146,12 +146,11 @@ def panel_width(cfg: MachineConfig, g: FusedGemm, rows: int, cols: int) -> int:
 
 
 def _a_bytes(cfg: MachineConfig, g: FusedGemm, rows: int, cut: bool) -> list[int]:
-    """Scratchpad tiles of one row block's A: per k-slice (raw, and quantized), or the whole block (raw, and
-    quantized)."""
+    """Scratchpad tiles of one row block's A: per k-slice (raw, and quantized), or the whole block and its cut."""
     k, es, quantize = g.a.view.shape[1], g.a.view.dtype.size, g.a.quantize_scale is not None
     slices = k_slices(k, cfg.array_size)
     if cut:
-        return [rows * k * es] + ([rows * k] if quantize else [])
+        return [rows * k * es] + [rows * kb * (1 if quantize else es) for _, kb in slices]
     return [size for _, kb in slices for size in [rows * kb * es] + ([rows * kb] if quantize else [])]
 
 
@@ -178,11 +177,10 @@ def _fits(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int, cut: bool = Fa
     return TileArena(cfg, 0).fits(*_spad_bytes(cfg, g, tm, panels, tn, k, cut))
 
 
-def cut_a(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int, zero_skip: bool = False) -> bool:
-    """Whether the schedule's row blocks load A whole and read its k-slices in place (`split_a`), where the
-    whole-block tiles fit beside the step's tiles (the tiling itself is chosen without them, so it stays monotone
-    in rows). Not with zero skipping: `bz.tile` tests a dense k-slice."""
-    return not zero_skip and split_a(cfg, g, tm) and _fits(cfg, g, tm, panels, cut=True)
+def cut_a(cfg: MachineConfig, g: FusedGemm, tm: int, panels: int) -> bool:
+    """Whether the schedule's row blocks load A whole and cut it on chip (`split_a`), where the extra whole-block
+    tile fits beside the step's tiles (the tiling itself is chosen without it, so it stays monotone in rows)."""
+    return split_a(cfg, g, tm) and _fits(cfg, g, tm, panels, cut=True)
 
 
 def plan_tiles(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> tuple[int, int]:
@@ -230,7 +228,7 @@ def fused_gemm_steps(
     m, _ = g.a.view.shape
     n_out = g.out.shape[1]
     tm, panels = plan_tiles(cfg, g, schedule)
-    cut = cut_a(cfg, g, tm, panels, schedule.zero_skip)
+    cut = cut_a(cfg, g, tm, panels)
     if schedule.resident_a and tm < m:
         raise CodegenError(f"A-stationary order needs all {m} rows in one tile (at most {tm} fit)")
     width = panels * cfg.array_size
@@ -269,22 +267,30 @@ def row_blocks(cfg: MachineConfig, g: FusedGemm, schedule: Schedule) -> int:
 def _a_tiles(
     cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list, cut: bool
 ) -> list:
-    """Allocate (and, into `loads`/`quants`, schedule) the k-slices of A's row tile: (k0, kb, address, dtype,
-    bytes between its rows); `cut`: loaded whole, the slices read in place (`cut_a`)."""
+    """Allocate (and, into `loads`/`quants`, schedule) the k-slices of A's row tile: (k0, kb, address, dtype);
+    `cut`: loaded whole and cut on chip (`cut_a`)."""
     if cut:
-        return _whole_tiles(cfg, arena, g, i0, rows, loads, quants)
+        return _cut_tiles(cfg, arena, g, i0, rows, loads, quants)
     out = []
     for k0, kb in k_slices(g.a.view.shape[1], cfg.array_size):
         a_addr, dt = _load_operand(arena, g.a, g.a.view.slice(0, i0, rows).slice(1, k0, kb), loads, quants)
-        out.append((k0, kb, a_addr, dt, kb * dt.size))
+        out.append((k0, kb, a_addr, dt))
     return out
 
 
-def _whole_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list):
-    """A's row block loaded whole (and quantized whole): each k-slice is a run of every row, K elements apart."""
-    k = g.a.view.shape[1]
-    base, dt = _load_operand(arena, g.a, g.a.view.slice(0, i0, rows), loads, quants)
-    return [(k0, kb, base + k0 * dt.size, dt, k * dt.size) for k0, kb in k_slices(k, cfg.array_size)]
+def _cut_tiles(cfg: MachineConfig, arena: TileArena, g: FusedGemm, i0: int, rows: int, loads: list, quants: list):
+    """A's row block loaded whole, then each row's k-slice runs copied (or quantized) into the k-slice tiles."""
+    k, es = g.a.view.shape[1], g.a.view.dtype.size
+    raw = arena.tile(rows * k * es)
+    loads.append((g.a.view.slice(0, i0, rows), raw))
+    inv = None if g.a.quantize_scale is None else 1.0 / g.a.quantize_scale
+    dt = g.a.view.dtype if inv is None else DType.i8
+    out = []
+    for k0, kb in k_slices(k, cfg.array_size):
+        tile = arena.tile(rows * kb * dt.size)
+        quants += [(tile + r * kb * dt.size, raw + (r * k + k0) * es, kb, inv, dt) for r in range(rows)]
+        out.append((k0, kb, tile, dt))
+    return out
 
 
 def _a_fits(cfg: MachineConfig, g: FusedGemm, rows: int, cut: bool) -> bool:
@@ -346,20 +352,17 @@ def _resident_prologue(
     here = _a_tiles(cfg, TileArena(cfg, start, rotation), g, 0, m, loads, quants, cut)
     others = [_a_tiles(cfg, TileArena(cfg, start + d, rotation), g, 0, m, [], [], cut) for d in range(1, DEPTH)]
 
-    blocks = [(here[0][2], m * g.a.view.shape[1])] if cut else [(a, m * kb) for _, kb, a, _, _ in here]
-
     def copy(em: Emitter) -> None:
         _quantizer(quants)(em)
-        dt = here[0][3]
         for there in others:
-            for (src, count), dst in zip(blocks, [there[0][2]] if cut else [a for _, _, a, _, _ in there], strict=True):
-                em.b.v_copy(*em.regs(dst, src), count, dt.name)
+            for (_, kb, src, dt), (_, _, dst, _) in zip(here, there, strict=True):
+                em.b.v_copy(*em.regs(dst, src), m * kb, dt.name)
 
     return Step(loads, [(Unit.vector, copy)], [])
 
 
 def _quantizer(quants: list):
-    """(destination, source, count, 1 / scale) entries as `v.qnt`; (.., None, dtype) as a `v.copy`."""
+    """(destination, source, count, 1 / scale) entries as `v.qnt`; (.., None, dtype) as a `v.copy` (a cut of A)."""
 
     def quantize(em: Emitter) -> None:
         for q, raw, count, inv, *dtype in quants:
@@ -419,7 +422,7 @@ def _tile_step(
             em.b.v_sub(*em.regs(acc, acc, acc), rows * width, "i32")
 
     def matmul(em: Emitter) -> None:
-        for index, (k0, kb, a_addr, dt, stride) in enumerate(a_slices):
+        for index, (k0, kb, a_addr, dt) in enumerate(a_slices):
             ra = em.reg(a_addr)
             skip = em.local_label("zs")
             if zero_skip:
@@ -429,11 +432,8 @@ def _tile_step(
                 em.b.bz_tile(ra, rows * kb, dt.name, skip)
             for _, (_, width), b_addr, es, _, acc, _ in tiles:
                 em.b.mx_preload(em.reg(b_addr + k0 * width * es), kb, width, dt.name)
-                first = index == 0 and not zero_skip
-                if stride == kb * dt.size or rows == 1:  # dense rows
-                    (em.b.mx_mm if first else em.b.mx_mma)(*em.regs(acc, a_addr), rows)
-                else:  # a k-slice of the whole rows, read in place
-                    (em.b.mx_mm_s if first else em.b.mx_mma_s)(*em.regs(acc, a_addr, stride), rows)
+                mm = em.b.mx_mm if index == 0 and not zero_skip else em.b.mx_mma
+                mm(*em.regs(acc, a_addr), rows)
             if zero_skip:
                 em.b.label(skip)
         for j0, (cols, _), _, _, res, acc, out in tiles:
