@@ -74,10 +74,11 @@ def swapped_bound(mc: ModelContext, group: Group) -> float:
 
 
 def cycle_bound(mc: ModelContext, feats: KernelFeatures) -> int:
-    """A lower bound on the simulated cycles of a kernel whose program runs straight through (no zero tests:
-    every generator but the zero-skip ones emits no branch or loop), so its counted instructions are the
-    executed ones: the scalar unit issues each at least `scalar_cycles` apart, and the matrix unit takes its
-    preloads and matmul rows (`timing.matrix_lower_bound`). 0 for a kernel that tests tiles."""
+    """A lower bound on the simulated cycles of a kernel whose program runs without zero tests (every generator
+    but the zero-skip ones emits no branch; the conv generators' `loopi` bodies are counted as they issue,
+    `features.program_counts`), so its counted instructions are the executed ones: the scalar unit issues each at
+    least `scalar_cycles` apart, and the matrix unit takes its preloads and matmul rows
+    (`timing.matrix_lower_bound`). 0 for a kernel that tests tiles."""
     if feats.zero_tests:
         return 0
     issue = feats.instructions * timing.scalar_cycles(mc.config)
