@@ -299,6 +299,12 @@ class Projection:
         chunked = sum(dma_cycles(cfg, rows, kc * x.dtype.size, stride) for _, kc in chunks)
         return dma_cycles(cfg, rows, self.kd * x.dtype.size, stride) < chunked
 
+    def keys_in_rows(self) -> bool:
+        """The keys are V's rows of the same activation, quantized alike: a tile of one key of X^T (kd x 1, dense)
+        is that key's row of V's activation tile, read in place instead of loaded transposed (a DRAM latency)."""
+        same = self.k.x == self.v.x and self.k.step == self.v.step and self.quantize[1] == self.quantize[2]
+        return same and np.array_equal(self.k.rows, self.v.rows)
+
     def shares_rows(self) -> bool:
         """Q's rows are V's rows of the same activation (self-attention): one load of them."""
         same = self.q.x == self.v.x and self.q.step == self.v.step
@@ -407,6 +413,8 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
     if not p.shares_rows():
         rows_tiles(0, sq_rows)
     for _, bk in k_slices(sk, n):
+        if bk == 1 and p.keys_in_rows():
+            continue
         out.append(p.kd * bk * p.xs[1].dtype.size)
         out.extend([p.kd * bk] if p.quantize[1] is not None else [])
     return out
@@ -432,7 +440,7 @@ def acc_bytes(p: Projection, m: int, sk: int, n: int) -> list[int]:
 
 def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, loads: list, quants: list):
     """The activation's tiles as the projections read them: (Q's row chunks, X^T's key tiles, V's row chunks),
-    each row chunk as (address, bytes between its rows)."""
+    each row chunk as (address, bytes between its rows), each key tile as its K chunks' addresses."""
     h, i0, m = block
 
     def rows_tiles(side: int, row0: int, rows: int) -> list[tuple[int, int]]:
@@ -469,6 +477,9 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
     xdt = xk_view.dtype.name
     stride = xk_view.strides[0] * p.k.step  # DRAM bytes between consecutive keys' rows
     for j0, bk in k_slices(sk, n):
+        if bk == 1 and p.keys_in_rows():  # the key's row of V's tiles, each K chunk in place
+            xk.append([a + j0 * row for a, row in xv])
+            continue
         raw = arena.tile(p.kd * bk * xk_view.dtype.size)
         addr = xk_view.address + (int(p.k.rows[h]) + j0 * p.k.step) * xk_view.strides[0]
         loads.append(lambda em, a=raw, s=addr, b=bk: em.b.dma_ldt(*em.regs(a, s, stride), b, p.kd, xdt))
@@ -476,7 +487,7 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
             qt = arena.tile(p.kd * bk)
             quants.append((qt, raw, p.kd * bk, 1.0 / p.quantize[1]))
             raw = qt
-        xk.append(raw)
+        xk.append([raw + c0 * bk * p.mm_dt.size for c0, _ in k_slices(p.kd, n)])
     return xq, xk, xv
 
 
@@ -513,13 +524,12 @@ def step_projection(
     es = p.mm_dt.size
     lay, kchunks = p.layout, k_slices(p.kd, n)
     qcols, vcols = [e0 for e0, _ in k_slices(p.q.width, n)], [e0 for e0, _ in k_slices(p.v.width, n)]
-    len_keys = [bk for _, bk in k_slices(sk, n)]
 
     def operands(side: int, i: int, r0: int) -> list[tuple[int, int, int, int]]:
         """(A rows address, bytes between A's rows, preloaded tile address, kc) per K chunk of output tile i of a
         side, from row r0."""
         if side == 1:  # K^T: W_k^T's rows streamed over X^T's key tile
-            return [(w + (lay.kt[c0] + r0 * kc) * es, kc * es, xk[i] + c0 * len_keys[i] * es, kc) for c0, kc in kchunks]
+            return [(w + (lay.kt[c0] + r0 * kc) * es, kc * es, b, kc) for (c0, kc), b in zip(kchunks, xk[i], strict=True)]
         x, at, e0 = (xq, lay.q, qcols[i]) if side == 0 else (xv, lay.v, vcols[i])
         return [(a + r0 * st, st, w + at[(e0, c0)] * es, kc) for (a, st), (c0, kc) in zip(x, kchunks, strict=True)]
 
