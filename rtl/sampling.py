@@ -45,10 +45,14 @@ def _operand(value: object) -> object:
 
 
 def form(ins: Instruction, txn) -> tuple:
-    """What sets the datapath and timing a transaction exercises (everything but its array values and registers)."""
+    """What sets the datapath and timing a transaction exercises (everything but its array values, registers and
+    scratchpad addresses). An address the simulator records for the RTL's address generators (an operand named
+    `*_addr`: a matmul's A rows, a drain's output) is a register's value like any other: the generator's datapath
+    is set by the stride, which stays in the form. Keeping addresses would make every transaction its own form and
+    leave nothing to thin."""
     fields = ins.by_name()
     words = tuple((op.field.name, fields[op.field.name]) for op in ins.spec.operands if op.field.kind is not Kind.xreg)
-    operands = tuple((k, _operand(v)) for k, v in sorted(txn.operands.items()))
+    operands = tuple((k, _operand(v)) for k, v in sorted(txn.operands.items()) if not k.endswith("_addr"))
     return ins.mnemonic, words, operands, _operand(txn.result), txn.cycles
 
 
