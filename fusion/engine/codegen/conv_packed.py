@@ -54,7 +54,7 @@ from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.matmul_loops import emit_items
 from fusion.lower.kernels.vector_ops import fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
-from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting
+from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting, slot
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import DType, Unit
 from simulator.config import MachineConfig
@@ -126,6 +126,39 @@ def stream_rows(s: ConvGeometry, rows: int) -> int:
     return (rows - 1) * s.positions + s.out[1]
 
 
+@dataclass(frozen=True)
+class Windows:
+    """A band's resident runs of X that its pieces' A tiles are read from in place (`mx.mm.s`, rows stride_w *
+    block elements apart): `runs` (first element past the band's origin, elements), and per piece (its run, its
+    first A row's element offset in the run). Kernel rows and taps overlap in X, so a run is read once where
+    every piece's A tile re-read it (the stem at 224, 7x7/2: 1.85 of its 3.5 MB)."""
+
+    runs: tuple[tuple[int, int], ...]
+    at: tuple[tuple[int, int], ...]
+
+
+def piece_start(s: ConvGeometry, block: int, p: Piece) -> int:
+    """Element offset in X of piece p's first A row past X[0, img, 0, oh0] (+ the group's channels)."""
+    phase, down = s.row_phase(p.kh)
+    return (phase * s.phase_rows + down) * s.phase_width * block + p.offset
+
+
+def windows(s: ConvGeometry, block: int, rows: int, group: Sequence[Piece]) -> Windows:
+    """The runs of X a band of `rows` output rows reads for `group`: one per row phase and channel block (the
+    same runs for every band), from its pieces' first A row to their last, relative to X[0, img, 0, oh0] (+ the
+    group's channels)."""
+    row, stride = s.phase_width * block, s.strides[1] * block
+    last = (stream_rows(s, rows) - 1) * stride
+    starts = [((s.row_phase(p.kh)[0], p.offset // row), piece_start(s, block, p)) for p in group]
+    keys = list(dict.fromkeys(key for key, _ in starts))
+    first = {key: min(a for k, a in starts if k == key) for key in keys}
+    end = {key: max(a + last + p.k for (k, a), p in zip(starts, group, strict=True) if k == key) for key in keys}
+    return Windows(
+        tuple((first[key], end[key] - first[key]) for key in keys),
+        tuple((keys.index(key), a - first[key]) for key, a in starts),
+    )
+
+
 def scratch_sizes(
     graph: Graph, cfg: MachineConfig, nodes: Sequence[Node], out_dt: DType, mm_dt: DType
 ) -> dict[int, int]:
@@ -147,6 +180,20 @@ class Tiling:
     tn: int
     groups: tuple[tuple[Piece, ...], ...]
     resident: bool
+    # all of X resident in the rotating slots' banks, each band loading the rows the bands before it did not and
+    # reading its A tiles in place; the steps' tiles in the spare bank (K groups: their weights only)
+    whole: bool = False
+
+
+def x_bytes(s: ConvGeometry, dt: DType) -> int:
+    """Bytes of X (the channels-last input)."""
+    return s.n * s.strides[0] * s.phase_rows * s.phase_width * s.c * dt.size
+
+
+def slots_region(cfg: MachineConfig) -> Slot:
+    """The scratchpad the rotating slots take together: where X sits whole (`Tiling.whole`)."""
+    first = slot(cfg.spad_bytes, cfg.spad_banks, 0)
+    return Slot(first.base, DEPTH * first.size)
 
 
 def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DType, residual: bool) -> Tiling:
@@ -154,12 +201,17 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
     the weights fewer times); when one output row's A tiles do not fit, the most rows beside the largest piece
     and K groups as long as fit."""
     n = cfg.array_size
-    tn, probe, every = panel_width(cfg, s), TileArena(cfg, 0), pieces(s, n, block_width(n, s))
+    block = block_width(n, s)
+    tn, probe, every = panel_width(cfg, s), TileArena(cfg, 0), pieces(s, n, block)
 
     def fits(rows: int, group: Sequence[Piece], resident: bool = False) -> bool:
-        """A tiles and one step's tiles in a slot (resident: the step's in a third of `step_region`)."""
+        """A tiles and one step's tiles in a slot (resident: the band's windows of X, the step's tiles in a third
+        of `step_region`)."""
         stream = stream_rows(s, rows)
-        a = [stream * p.k * mm_dt.size for p in group]
+        if resident:
+            a = [size * mm_dt.size for _, size in windows(s, block, rows, group).runs]
+        else:
+            a = [stream * p.k * mm_dt.size for p in group]
         step = [sum(p.k for p in group) * tn * mm_dt.size, tn * 4, tn * 8, rows * s.out[1] * tn * out_dt.size]
         step += [rows * s.out[1] * tn * 4] if residual else []
         if stream > MAX_ROWS or not probe.fits([] if resident else a, [stream * tn * 4]):
@@ -172,6 +224,9 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
         )
 
     rows = largest_fitting(s.out[0], lambda r: fits(r, every, True))
+    whole = _whole(cfg, s, mm_dt, out_dt, residual, tn, every)
+    if whole is not None and whole.rows >= rows:
+        return whole
     if rows:
         return Tiling(rows, tn, (tuple(every),), True)
     widest = max(every, key=lambda p: p.k)
@@ -179,6 +234,34 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
     if rows == 0:
         raise CodegenError(f"one output row of one K piece does not fit a buffer slot ({probe.spad.size} bytes)")
     return Tiling(rows, tn, k_groups(every, lambda group: fits(rows, group)), False)
+
+
+def _whole(
+    cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DType, residual: bool, tn: int, every: list[Piece]
+) -> Tiling | None:
+    """The `Tiling.whole` schedule when X fits the slots' banks (one group, a spare bank for the steps): the most
+    output rows per band the accumulator takes, K groups whose weights (unless all of them fit beside X) and
+    epilogue tiles fit a third of the spare bank. X is read once and the weights once per band (the layers whose
+    bands' windows do not fit one slot, resnet18 224 layer3.0.conv1: 2 bands, 1 here)."""
+    spare, probe, region = TileArena.spare(cfg), TileArena(cfg, 0), slots_region(cfg)
+    size = x_bytes(s, mm_dt)
+    if spare is None or s.groups > 1 or size > region.size:
+        return None
+    held = _up(size) + _up(s.taps * s.cg * s.cout * mm_dt.size) <= region.size
+    third = spare.spad.size // DEPTH // ALIGN * ALIGN
+
+    def fits(rows: int, group: Sequence[Piece]) -> bool:
+        stream = stream_rows(s, rows)
+        step = [tn * 4, tn * 8, rows * s.out[1] * tn * out_dt.size]
+        step += [] if held else [sum(p.k for p in group) * tn * mm_dt.size]
+        step += [rows * s.out[1] * tn * 4] if residual else []
+        return stream <= MAX_ROWS and probe.fits([], [stream * tn * 4]) and sum(map(_up, step)) <= third
+
+    widest = max(every, key=lambda p: p.k)
+    rows = largest_fitting(s.out[0], lambda r: fits(r, [widest]))
+    if rows == 0:
+        return None
+    return Tiling(rows, tn, k_groups(every, lambda group: fits(rows, group)), True, True)
 
 
 def k_groups(every: Sequence[Piece], fits: Callable[[list[Piece]], bool]) -> tuple[tuple[Piece, ...], ...]:
@@ -217,11 +300,14 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     reserved = k.a_sizes(tiling.rows, tiling.groups[0]) if tiling.resident else []
     # the whole weight beside a band's A tiles when it fits: loaded by the first band of each slot, read by all
     # (the stem at 224: 9.4 KB, read once per 2-row band before, 0.53 MB)
-    held = tiling.resident and TileArena(cfg, 0).fits([*reserved, weights.size * mm_dt.size])
+    # (with X whole: beside X, loaded once)
+    region = slots_region(cfg) if tiling.whole else TileArena(cfg, 0).spad
+    held = tiling.resident and sum(map(_up, [*reserved, weights.size * mm_dt.size])) <= region.size
     reserved += [weights.size * mm_dt.size] if held else []
     k = replace(k, held=held)
     spans = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
-    arenas = [TileArena(cfg, b, cx.rotation) for b in range(len(spans))]
+    arenas = [_arena(cfg, b, cx.rotation, tiling.whole) for b in range(len(spans))]
+    copies = 1 if tiling.whole else DEPTH  # bands that load the held weights: the first of each slot
     bands = [
         (_Tile(img, g, 0, 0, oh0, rows, 0, 0), _tiles(arenas[b], reserved))
         for b, (img, g, oh0, rows) in enumerate(spans)
@@ -235,8 +321,8 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
         # spread over the previous band's steps so they load while it computes (its slot's last user, three
         # bands back, is done: every step waits for the one `DEPTH` before it, and bands have >= 2 steps)
         own = tiling.resident and (b == 0 or per_band < 2)
-        ahead = k.a_loads(*bands[b + 1]) if tiling.resident and per_band >= 2 and b + 1 < len(bands) else []
-        ahead += [(weights, bands[b + 1][1][-1])] if held and per_band >= 2 and b + 1 < min(DEPTH, len(bands)) else []
+        ahead = k.band_loads(bands, b + 1) if tiling.resident and per_band >= 2 and b + 1 < len(bands) else []
+        ahead += [(weights, bands[b + 1][1][-1])] if held and per_band >= 2 and b + 1 < min(copies, len(bands)) else []
         for j0, tn in k_slices(s.coutg, tiling.tn):
             acc = TileArena(cfg, tiles, cx.rotation).acc_tile(stream_rows(s, band.rows) * tn * 4)
             for gi in range(len(tiling.groups)):
@@ -248,8 +334,8 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
                     arena = TileArena(cfg, len(steps), cx.rotation)
                 t = replace(band, col=band.g * s.coutg + j0, tn=tn, acc=acc, kgroup=gi)
                 i = len(steps) - b * per_band
-                loads = k.a_loads(band, resident) if own and i == 0 else []
-                loads += [(weights, resident[-1])] if held and own and b < DEPTH and i == 0 else []
+                loads = k.band_loads(bands, b) if own and i == 0 else []
+                loads += [(weights, resident[-1])] if held and own and b < copies and i == 0 else []
                 loads += ahead[len(ahead) * i // per_band : len(ahead) * (i + 1) // per_band]
                 steps.append(k.step(arena, t, resident, loads, None if chip is None else chip[0]))
             tiles += 1
@@ -303,8 +389,40 @@ def _row_pool(
     return _Pooled(pool, region.base + region.size, stride, cols, dst, dt), region
 
 
+def _up(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
+def _arena(cfg: MachineConfig, b: int, rotation: int, whole: bool) -> TileArena:
+    """Band b's resident tiles: in its slot, or (X whole) all bands' in the slots' region."""
+    arena = TileArena(cfg, b, rotation)
+    if whole:
+        arena.spad = slots_region(cfg)
+    return arena
+
+
 def _tiles(arena: TileArena, sizes: Sequence[int]) -> list[int]:
     return [arena.tile(size) for size in sizes]
+
+
+RUN_COLS = 4032  # elements per row of a long run's load: a multiple of the 64-byte burst under MAX_COLS
+
+
+def _run(address: int, size: int, tile: int, dt: DType) -> list[tuple[View, int]]:
+    """Loads of `size` contiguous elements at `address` to `tile`: whole rows of RUN_COLS, then the rest (one
+    view of a length with no wide divisor would split into narrow rows)."""
+    rows, rest = divmod(size, RUN_COLS)
+    loads = [(dense(address, (rows, RUN_COLS), dt), tile)] if rows else []
+    head = rows * RUN_COLS * dt.size
+    return loads + ([(dense(address + head, (rest,), dt), tile + head)] if rest else [])
+
+
+def _matmul(accumulate: bool, acc: int, tile: int, stride: int, dense_stride: int, rows: int) -> tuple:
+    """The matrix op of one piece: mx.mm(a) on a dense A tile, mx.mm(a).s on rows `stride` bytes apart."""
+    name = "mx_mma" if accumulate else "mx_mm"
+    if stride == dense_stride:
+        return (name, (acc, tile), (rows,))
+    return (name + "_s", (acc, tile, stride), (rows,))
 
 
 def channels_last_view(address: int, s: ConvGeometry, block: int, dtype: DType) -> View:
@@ -429,8 +547,44 @@ class _Kernel:
     def dt(self) -> DType:
         return self.weights.dtype
 
+    @property
+    def block(self) -> int:
+        """Channels per block of X."""
+        return self.x.shape[-1] // self.s.phase_width
+
     def a_sizes(self, rows: int, group: Sequence[Piece]) -> list[int]:
+        """Bytes of a band's A tiles: resident, its windows of X; else one packed tile per piece."""
+        if self.tiling.whole:
+            return [x_bytes(self.s, self.dt)]
+        if self.tiling.resident:
+            return [size * self.dt.size for _, size in windows(self.s, self.block, rows, group).runs]
         return [stream_rows(self.s, rows) * p.k * self.dt.size for p in group]
+
+    def origin(self, t: _Tile) -> int:
+        """The address of X[0, t.img, 0, t.oh0] plus t.g's channels: what `windows` are relative to."""
+        return self.x.index((0, t.img, 0, t.oh0)).address + t.g * self.s.cg * self.dt.size
+
+    def band_loads(self, bands: Sequence[tuple[_Tile, list[int]]], b: int) -> list[tuple[View, int]]:
+        """The loads of band b's resident A tiles; with X whole, the bytes of its windows no band of its image
+        before it loaded (bands go down the rows, so each window's start and end only grow)."""
+        band, tiles = bands[b]
+        if not self.tiling.whole:
+            return self.a_loads(band, tiles)
+        es, every = self.dt.size, [p for g in self.tiling.groups for p in g]
+
+        def spans(t: _Tile) -> list[tuple[int, int]]:
+            return [
+                (self.origin(t) + a * es, self.origin(t) + (a + n) * es)
+                for a, n in windows(self.s, self.block, t.rows, every).runs
+            ]
+
+        done = [hi for _, hi in spans(bands[b - 1][0])] if b and bands[b - 1][0].img == band.img else None
+        loads = []
+        for i, (lo, hi) in enumerate(spans(band)):
+            lo = lo if done is None else max(lo, done[i])
+            if hi > lo:
+                loads += _run(lo, (hi - lo) // es, tiles[0] + lo - self.x.address, self.dt)
+        return loads
 
     def a_view(self, t: _Tile, p: Piece) -> View:
         """The packed A tile of piece p over the band: positions stride_w * C elements apart."""
@@ -443,7 +597,15 @@ class _Kernel:
     def a_loads(self, band: _Tile, tiles: list[int], group: Sequence[Piece] | None = None) -> list[tuple[View, int]]:
         """The DMAs bringing a band's A tiles (of a K group; default: the first) to local `tiles`."""
         group = self.tiling.groups[0] if group is None else group
-        return [(self.a_view(band, p), tile) for p, tile in zip(group, tiles[: len(group)], strict=True)]
+        if not self.tiling.resident:
+            return [(self.a_view(band, p), tile) for p, tile in zip(group, tiles[: len(group)], strict=True)]
+        es, runs = self.dt.size, windows(self.s, self.block, band.rows, group).runs
+        origin = self.x.index((0, band.img, 0, band.oh0)).address + band.g * self.s.cg * es
+        return [
+            load
+            for (a, size), tile in zip(runs, tiles, strict=False)
+            for load in _run(origin + a * es, size, tile, self.dt)
+        ]
 
     def step(
         self,
@@ -456,8 +618,15 @@ class _Kernel:
         """One Cout tile x K group of a band; `a_loads`: the resident A tiles this step loads (its own band's or
         the next band's); `pooled`: the trailing MaxPool computed on chip from the drained rows (`RowPool`)."""
         s, es, group = self.s, self.dt.size, self.tiling.groups[t.kgroup]
-        if self.tiling.resident:
-            a_tiles = resident[: len(group)]
+        a_stride = [p.k * es for p in group]
+        if self.tiling.whole:  # in place in X, rows stride_w * block elements apart
+            base = resident[0] + self.origin(t) - self.x.address
+            a_tiles = [base + piece_start(s, self.block, p) * es for p in group]
+            a_stride = [s.strides[1] * self.block * es] * len(group)
+        elif self.tiling.resident:  # in place in the band's windows, rows stride_w * block elements apart
+            at = windows(s, self.block, t.rows, group).at
+            a_tiles = [resident[r] + offset * es for r, offset in at]
+            a_stride = [s.strides[1] * self.block * es] * len(group)
         else:
             a_tiles = [arena.tile(size) for size in self.a_sizes(t.rows, group)]
             a_loads = self.a_loads(t, a_tiles, group)
@@ -482,9 +651,9 @@ class _Kernel:
                 (
                     ("mx_preload", (w_tile + (p.row - row0) * t.tn * es,), (p.k, t.tn, self.dt.name)),
                     # a later piece adds to the accumulator the first one opened
-                    ("mx_mma" if t.kgroup or i else "mx_mm", (t.acc, tile), (stream,)),
+                    _matmul(bool(t.kgroup or i), t.acc, tile, stride, p.k * es, stream),
                 )
-                for i, (p, tile) in enumerate(zip(group, a_tiles, strict=True))
+                for i, (p, tile, stride) in enumerate(zip(group, a_tiles, a_stride, strict=True))
             ]
             emit_items(em, items)
             if last:
