@@ -40,7 +40,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion.engine.codegen.chain import CHAIN_OPS, ROWS, Registers, emit_chain, operands
+from fusion.engine.codegen.chain import (
+    CHAIN_OPS,
+    ROWS,
+    Registers,
+    emit_chain,
+    load_register,
+    operands,
+    table_kind,
+)
 from fusion.engine.codegen.gemm import _nothing, _quantizer, k_slices, pack_panels
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS, own_bias, packable_weight
 from fusion.engine.codegen.stream import GEMM_DEFAULTS
@@ -384,9 +392,12 @@ class _Kernel:
         groups = range(0, self.all_panels, self.panels)
         for i0 in range(0, self.s.rows, self.tile):
             rows = min(self.tile, self.s.rows - i0)
+            held: dict[str, Registers] = {}  # the block's epilogue operands preloaded into vector registers
             kinds.append(("prologue", i0, rows, i0 == 0))
-            kinds += [("hidden", i0, rows, j, g, lag, not lag and j == groups[-1]) for g, j in enumerate(groups)]
-            kinds += [("final", i0, rows, groups[-1])] if lag else []
+            kinds += [
+                ("hidden", i0, rows, j, g, lag, not lag and j == groups[-1], held) for g, j in enumerate(groups)
+            ]
+            kinds += [("final", i0, rows, groups[-1], held)] if lag else []
         # a step holding a lagged GEMM2 reads the previous step's slot: the step two on, which reuses that slot
         # (DEPTH = 3), waits for it with an `mx -> ld` token (the pipeline's credit covers only the step three back)
         lags = [k[0] == "final" or (k[0] == "hidden" and k[5] and k[4] > 0) for k in kinds]
@@ -397,9 +408,9 @@ class _Kernel:
             if kind[0] == "prologue":
                 step = self._prologue(index, *kind[1:])
             elif kind[0] == "hidden":
-                step = self._hidden(index, *kind[1:], push)
+                step = self._hidden(index, *kind[1:-1], push, kind[-1])
             else:
-                step = self._final(index, *kind[1:], push)
+                step = self._final(index, *kind[1:-1], push, kind[-1])
             out.append(_waiting(step, waits[index]) if waits[index] or kind[0] == "final" else step)
         return out
 
@@ -457,7 +468,9 @@ class _Kernel:
     def _row_values(self, table: dict) -> list[str]:
         return list(dict.fromkeys(o.value for o in table.values() if o.kind == "row"))
 
-    def _hidden(self, index: int, i0: int, rows: int, j: int, g: int, lag: bool, last: bool, push: bool) -> Step:
+    def _hidden(
+        self, index: int, i0: int, rows: int, j: int, g: int, lag: bool, last: bool, push: bool, held: dict
+    ) -> Step:
         """Hidden panels j.. of the block (group g), one matrix segment: GEMM1 of the group and its drains, the
         group's activation chain on the vector unit, and a GEMM2. `lag` (software pipelined, `steps`): the GEMM2
         is the previous group's, run while the vector unit does this group's chain (their instructions
@@ -465,7 +478,8 @@ class _Kernel:
         slot, GEMM2 reads the previous step's), and this group's drained and activated panels and weights stay
         in this step's slot until the next step's GEMM2 has read them; `push`: this step's end is signalled to
         the load of the step two on. Otherwise the GEMM2 is this group's, after its chain, and the `last` step
-        also runs the epilogue. Tokens `mx -> vx` (drains done) and `vx -> mx` (chain done) order the units."""
+        also runs the epilogue. Tokens `mx -> vx` (drains done) and `vx -> mx` (chain done) order the units.
+        The block's last group's chain is followed by the epilogue's preloads into `held` (`_preload`)."""
         a = self._local(index)
         ds, da = a["ds"], a["da"]
         w, panel_tiles, accs = a["hid"]
@@ -484,6 +498,8 @@ class _Kernel:
             )
         gemm1 = self._gemm1(w + ds, tiles, accs, rows, j, before)
         act = [] if defer and g == 0 else self._activations(w + ds, tiles, rows)
+        if act and j + self.panels >= self.all_panels:
+            act[-1] = _then(act[-1], self._preload(held, rows))
         if lag:
             gemm2 = self._gemm2(index - 1, j - self.panels, rows, act) if g > 0 else None
         else:
@@ -505,7 +521,7 @@ class _Kernel:
         compute.append((Unit.matrix, matrix))
         if not last:
             return Step(loads, compute, [])
-        more, drain, vector, stores = self._epilogue(a, i0, rows)
+        more, drain, vector, stores = self._epilogue(a, i0, rows, held)
         return Step(loads + more, [*compute, (Unit.matrix, drain), (Unit.vector, vector)], stores)
 
     def _matrix_bound(self, count: int, rows: int) -> bool:
@@ -597,10 +613,10 @@ class _Kernel:
 
         return activation
 
-    def _final(self, index: int, i0: int, rows: int, j: int, push: bool) -> Step:
+    def _final(self, index: int, i0: int, rows: int, j: int, push: bool, held: dict) -> Step:
         """The last group's GEMM2 (from the previous step's slot), then the epilogue; `push` as `_hidden`."""
         gemm2 = self._gemm2(index - 1, j, rows, [])
-        loads, drain, vector, stores = self._epilogue(self._local(index), i0, rows)
+        loads, drain, vector, stores = self._epilogue(self._local(index), i0, rows, held)
 
         def matrix(em: Emitter) -> None:
             gemm2(em)
@@ -620,10 +636,11 @@ class _Kernel:
         else:
             em.b.mx_drain(*em.regs(out, acc), rows, cols)
 
-    def _epilogue(self, a: dict, i0: int, rows: int) -> tuple[list, Callable, Callable, list]:
+    def _epilogue(self, a: dict, i0: int, rows: int, held: dict) -> tuple[list, Callable, Callable, list]:
         """GEMM2's drains (each panel into its columns of the whole rows) and the epilogue chain: (loads, the matrix
         unit's and the vector unit's emitters, stores). The vector part always exists: the next block's prologue (vector) then
-        writes the spare bank after this block's last matrix read of it."""
+        writes the spare bank after this block's last matrix read of it. Operands `held` in vector registers
+        (`_preload`) are not loaded again."""
         cx, s, p, n = self.cx, self.s, self.p, self.n
         ds = a["ds"]
         whole, tail, tiles, post_out, kept = a["post"]
@@ -660,15 +677,16 @@ class _Kernel:
             if not p.post:
                 return
             count = rows * s.d
+            regs = held.get("regs") or Registers()
             if split is None:
-                addr = self._named(self.post_t, located)
-                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, count, s.d, stored=kept)
+                addr = {v: t for v, t in self._named(self.post_t, located).items() if v not in regs.of}
+                emit_chain(cx, em, p.post, self.post_t, addr, post_out + ds, count, s.d, regs=regs, stored=kept)
                 return
             (first, t1), (second, t2) = split
-            regs = Registers()
             last = first[-1].outputs[0]
             stored = {v: t for v, t in kept.items() if v != last}
-            emit_chain(cx, em, first, t1, self._named(t1, located), kept[last], count, s.d, regs=regs, stored=stored)
+            addr = {v: t for v, t in self._named(t1, located).items() if v not in regs.of}
+            emit_chain(cx, em, first, t1, addr, kept[last], count, s.d, regs=regs, stored=stored)
             em.push(Unit.vector, Unit.store)  # the stored values leave while the rest of the chain runs
             em.pop(Unit.vector, Unit.store)
             for v in early:
@@ -680,6 +698,30 @@ class _Kernel:
         stores = [(final, self._rows_view(self.out_value).slice(0, i0, rows))]
         stores += [(t, views[v]) for v, t in kept.items() if v not in early]
         return loads, drain, vector, stores
+
+    def _preload(self, held: dict, rows: int) -> Callable[[Emitter], None]:
+        """The epilogue's operands on chip before GEMM2 ends (kept residuals, parameter rows) that the part of its
+        chain before its first store reads (`_early_stores`), loaded into vector registers after the block's last
+        activation chain: the vector unit idles while the matrix unit runs the last GEMM2, and the epilogue then
+        starts on the drained rows at once (no more registers than the chain's own loads of them at its start)."""
+        p, count = self.p, rows * self.s.d
+        rows_at = {v: self.alloc["params"] + self.layout[v][0] for v in self._row_values(self.post_t)}
+        ready = self.alloc["keep"] | rows_at
+        # (the epilogue's cut: its located values and kept ones, at any address)
+        loaded = {v: 0 for v in self.flat if not self._in_pre(v)}
+        located = {p.second.outputs[0]: 0} | ready | loaded
+        post = {n.outputs[0] for n in p.post}
+        split = self._early_stores({v: 0 for v in self.kept if v in post}, located)
+        table = split[0][1] if split else self.post_t
+        named = {v: ready[p.value(v)] for v in self._named(table, located) if p.value(v) in ready}
+        tiles = {v for v in named if table_kind(table, v) == "tile"}
+
+        def emit(em: Emitter) -> None:
+            regs = held["regs"] = Registers()
+            for v in named:
+                load_register(self.cx, em, regs.new(v), v, named[v], count if v in tiles else self.s.d)
+
+        return emit
 
     def _early_stores(self, kept: dict[str, int], located: dict[str, int]) -> tuple | None:
         """The epilogue chain cut after its last stored value that is not its result, as ((nodes, table) before,
@@ -706,6 +748,14 @@ def _spread(tiles: int, works: int) -> dict[int, list[int]]:
     for i in range(works):
         out.setdefault(min(tiles - 1, (i * tiles) // works), []).append(i)
     return out
+
+
+def _then(first: Callable[[Emitter], None], then: Callable[[Emitter], None]) -> Callable[[Emitter], None]:
+    def emit(em: Emitter) -> None:
+        first(em)
+        then(em)
+
+    return emit
 
 
 def _waiting(step: Step, wait: bool) -> Step:
