@@ -394,9 +394,7 @@ class _Kernel:
             rows = min(self.tile, self.s.rows - i0)
             held: dict[str, Registers] = {}  # the block's epilogue operands preloaded into vector registers
             kinds.append(("prologue", i0, rows, i0 == 0))
-            kinds += [
-                ("hidden", i0, rows, j, g, lag, not lag and j == groups[-1], held) for g, j in enumerate(groups)
-            ]
+            kinds += [("hidden", i0, rows, j, g, lag, not lag and j == groups[-1], held) for g, j in enumerate(groups)]
             kinds += [("final", i0, rows, groups[-1], held)] if lag else []
         # a step holding a lagged GEMM2 reads the previous step's slot: the step two on, which reuses that slot
         # (DEPTH = 3), waits for it with an `mx -> ld` token (the pipeline's credit covers only the step three back)

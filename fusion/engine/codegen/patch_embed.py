@@ -35,7 +35,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusion.engine.codegen.chain import CHAIN_OPS, Registers, emit_chain, operand_views, operands
+from fusion.engine.codegen.chain import (
+    CHAIN_OPS,
+    Registers,
+    emit_chain,
+    load_register,
+    operand_views,
+    operands,
+)
 from fusion.engine.codegen.conv import Epilogue, conv_epilogue, matrix_conv_window
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
@@ -48,6 +55,7 @@ from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import Activation, DType, Unit
+from isa.fields import NUM_VREGS
 from simulator.config import MachineConfig
 
 PATCHES = "patches"  # constant-form key of a patchify Conv's weight packed as the steps read it
@@ -352,8 +360,10 @@ def patch_embed_steps(cx: LowerContext, nodes: Sequence[Node], resident: bool = 
             # store overlaps the rest of the chain (no later step reuses the first part's tiles)
             # (each part led by the matrix unit: a credit token to the vector unit from three steps back would
             # otherwise be the one a part's vector hand-over pops)
-            for tail_loads, emit, stores in k.tail_step(own, where, img == p.n - 1):
-                steps.append(Step(tail_loads, [(Unit.matrix, lambda em: None), (Unit.vector, emit)], stores))
+            for tail_loads, emit, stores, preload in k.tail_step(own, where, img == p.n - 1, True):
+                # (its loaded operands into vector registers first, while the matrix unit finishes the image)
+                first = [(Unit.vector, preload)] if preload else []
+                steps.append(Step(tail_loads, [*first, (Unit.matrix, lambda em: None), (Unit.vector, emit)], stores))
     return steps
 
 
@@ -463,7 +473,7 @@ class _Kernel:
         compute = [(Unit.vector, lambda em: self.regroup(em, at))] if regroup else []
         compute.append((Unit.matrix, matmul))
         if self.tail is not None and last and t.last_group and not self.tiling.tail_apart:
-            ((tail_loads, tail_emit, tail_stores),) = self.tail_step(arena, at, False)
+            ((tail_loads, tail_emit, tail_stores, _),) = self.tail_step(arena, at, False, False)
             loads += tail_loads
             compute.append((Unit.vector, tail_emit))
             stores += tail_stores
@@ -483,11 +493,13 @@ class _Kernel:
                 else:
                     em.b.v_copy(*em.regs(dst, src), n, self.mm_dt.name)
 
-    def tail_step(self, arena: TileArena, at: _Where, split: bool) -> list[tuple]:
+    def tail_step(self, arena: TileArena, at: _Where, split: bool, ahead: bool) -> list[tuple]:
         """The image's Concat (constant rows loaded beside the tokens; int8: the requantized tokens dequantized as
-        the reference does) and the chain after it, on the whole [T, Cout] tile: (loads, vector emitter, stores),
-        and with `split` a second part after the first value stored for outside readers that the rest of the chain
-        reads alone (its store overlaps the rest)."""
+        the reference does) and the chain after it, on the whole [T, Cout] tile: (loads, vector emitter, stores,
+        preload), and with `split` a second part after the first value stored for outside readers that the rest of
+        the chain reads alone (its store overlaps the rest). With `ahead`, `preload` (the first part's, else None)
+        loads that part's loaded operands into vector registers: run before the drains' token, the part then starts
+        on the tokens alone."""
         tail, cx, cout = self.tail, self.cx, self.p.cout
         n = tail.rows * cout
         addr = {v: arena.tile(n * 4) for v in tail.tiles} | {v: arena.tile(cout * 4) for v in tail.rows_in}
@@ -513,13 +525,21 @@ class _Kernel:
                 regs.release(r)
 
         held: dict[str, Registers] = {}  # the split value stays in its vector register for the second part
+        # (at most all but one register: the dequantization's temporary comes first)
+        early = {v: a for v, a in addr.items() if ahead and _reads(tail.table, parts[0], v)}
+        early = dict(list(early.items())[: NUM_VREGS - 1])
 
-        def part(i: int) -> tuple[list, Callable[[Emitter], None], list]:
+        def preload(em: Emitter) -> None:
+            regs = held["regs"] = Registers()
+            for v, a in early.items():
+                load_register(cx, em, regs.new(v), v, a, cout if v in tail.rows_in else n)
+
+        def part(i: int) -> tuple[list, Callable[[Emitter], None], list, Callable[[Emitter], None] | None]:
             chain, last = parts[i], parts[i][-1].outputs[0] if parts[i] else tail.value
             target = out if i == len(parts) - 1 else kept[last]
             stored = {v: a for v, a in kept.items() if v in made[i] and v != last}
             ins = {tail.value: at.tokens} if i == 0 else {}
-            ins |= {v: a for v, a in addr.items() if _reads(tail.table, chain, v)}
+            ins |= {v: a for v, a in addr.items() if _reads(tail.table, chain, v) and not (i == 0 and v in early)}
             saved = [v for v in kept if v in made[i] or (i == 0 and v == tail.value)]
             stores = [(kept[v], views[v].index((at.img,))) for v in saved if not (i == len(parts) - 1 and v == last)]
             if i == len(parts) - 1:
@@ -527,12 +547,13 @@ class _Kernel:
 
             def emit(em: Emitter) -> None:
                 if i == 0:
-                    held["regs"] = Registers()
+                    if not early:
+                        held["regs"] = Registers()
                     dequantize(em, held["regs"])
                 if chain:
                     emit_chain(cx, em, chain, tail.table, ins, target, n, cout, held["regs"], stored)
 
-            return (loads if i == 0 else []), emit, stores
+            return (loads if i == 0 else []), emit, stores, (preload if i == 0 and early else None)
 
         return [part(i) for i in range(len(parts))]
 
