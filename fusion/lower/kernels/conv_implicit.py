@@ -23,6 +23,7 @@ A weight that is not a constant keeps its natural order (k = channel * taps + ta
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 
@@ -127,13 +128,19 @@ class ConvShape:
 
     def window(self, tap: int, p0: int, cols: int) -> tuple[int, np.ndarray]:
         """(plane index of the run's first tap element, which of the run's positions read inside the image)."""
+        starts, valid = self.windows((tap,), p0, cols)
+        return starts[0], valid[0]
+
+    def windows(self, taps: Sequence[int], p0: int, cols: int) -> tuple[list[int], np.ndarray]:
+        """`window` of several taps at once, as (first plane indices, in-image flags [taps, cols]): a panel has
+        a window per (tap, channel run), a panel per column block, so one numpy pass per panel, not per tap."""
         f = self.f
-        kh, kw = divmod(tap, f.kernel[1])
+        kh, kw = np.divmod(np.asarray(taps, np.int64), f.kernel[1])
         oh, ow = np.divmod(p0 + np.arange(cols), f.out[1])
-        ih = oh * f.strides[0] + kh * f.dilations[0] - f.pads[0]
-        iw = ow * f.strides[1] + kw * f.dilations[1] - f.pads[1]
+        ih = (oh * f.strides[0] - f.pads[0])[None, :] + (kh * f.dilations[0])[:, None]
+        iw = (ow * f.strides[1] - f.pads[1])[None, :] + (kw * f.dilations[1])[:, None]
         valid = (ih >= 0) & (ih < f.h) & (iw >= 0) & (iw < f.w)
-        return int(ih[0] * f.w + iw[0]), valid
+        return (ih[:, 0] * f.w + iw[:, 0]).tolist(), valid
 
 
 def conv_shape(cx: LowerContext, node: Node) -> ConvShape:
@@ -216,20 +223,22 @@ class Windows:
         compact = arena.tile(kc * width * es) if strided else staged
         loads: list[tuple[View, int]] = []
         masks: dict[bytes, int] = {}
-        work: list[tuple[int, int, np.ndarray | None]] = []  # (panel row, rows, kept-position mask or None)
-        for row, tap, c0, count in self._pieces(k0, kc):
-            start, valid = s.window(tap, j0, cols)
-            keep = np.zeros(pitch, np.int64)
-            keep[:: s.f.strides[1]] = valid
-            if not valid.any():
+        work: list[tuple[int, int, bytes | None]] = []  # (panel row, rows, kept-position pattern or None)
+        pieces = self._pieces(k0, kc)
+        starts, valid = s.windows([tap for _, tap, _, _ in pieces], j0, cols)
+        keep = np.zeros((len(pieces), pitch), np.uint8)  # 0/1 per raw position: read inside the image
+        keep[:, :: s.f.strides[1]] = valid
+        kept = b"\x01" * pitch  # every position read inside the image: no mask
+        for (row, _, c0, count), start, used, pattern in zip(
+            pieces, starts, valid.any(axis=1).tolist(), map(bytes, keep), strict=True
+        ):
+            if not used:
                 work.append((row, count, None))
                 continue
             loads += self._dma(start, c0, count, pitch, staged + row * pitch * es)
-            if not keep.all():
-                pattern = keep.astype(np.uint8).tobytes()
-                if pattern not in masks:
-                    masks[pattern] = arena.tile(span * self.mask_dtype.size)
-            work.append((row, count, keep))
+            if pattern != kept and pattern not in masks:
+                masks[pattern] = arena.tile(span * self.mask_dtype.size)
+            work.append((row, count, pattern))
 
         work = _joined(work)
 
@@ -237,14 +246,13 @@ class Windows:
             b, mdt = em.b, self.mask_dtype
             for pattern, tile in masks.items():
                 fill_runs(em, tile, value_runs(np.frombuffer(pattern, np.uint8)), mdt)
-            for row, count, keep in work:
+            for row, count, pattern in work:
                 src = staged + row * pitch * es
-                if keep is None:  # only padding: zero the rows (any stale bits, NaN included)
+                if pattern is None:  # only padding: zero the rows (any stale bits, NaN included)
                     fill_runs(em, compact + row * cols * es, [(0, count * cols, 0.0)], self.raw)
                     continue
-                if not keep.all():
-                    mask = masks[keep.astype(np.uint8).tobytes()]
-                    b.v_mul_vr(*em.regs(src, src, mask), count * pitch, pitch, mdt.name)
+                if pattern != kept:
+                    b.v_mul_vr(*em.regs(src, src, masks[pattern]), count * pitch, pitch, mdt.name)
                 if strided:
                     n, sw = count * pitch, s.f.strides[1]
                     if self.raw is DType.i8:
@@ -274,19 +282,16 @@ class Windows:
         return out
 
 
-def _joined(work: list[tuple[int, int, np.ndarray | None]]) -> list[tuple[int, int, np.ndarray | None]]:
+def _joined(work: list[tuple[int, int, bytes | None]]) -> list[tuple[int, int, bytes | None]]:
     """Consecutive panel rows with the same vector work (zeroing, or the same kept positions) as one run."""
-    out: list[tuple[int, int, np.ndarray | None]] = []
-    for row, count, keep in work:
+    out: list[tuple[int, int, bytes | None]] = []
+    for row, count, pattern in work:
         if out:
             first, rows, same = out[-1]
-            alike = (keep is None and same is None) or (
-                keep is not None and same is not None and np.array_equal(keep, same)
-            )
-            if row == first + rows and alike:
+            if row == first + rows and pattern == same:
                 out[-1] = (first, rows + count, same)
                 continue
-        out.append((row, count, keep))
+        out.append((row, count, pattern))
     return out
 
 

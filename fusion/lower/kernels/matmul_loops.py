@@ -9,6 +9,8 @@ issues the same matrix instructions in the same order; its `addi`s take the issu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+from operator import sub
 
 from fusion.lower.emitter import Emitter
 
@@ -23,12 +25,12 @@ MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
-    shapes = [tuple((name, len(values), rest) for name, values, rest in item) for item in items]
+    shapes = [tuple([(name, len(values), rest) for name, values, rest in item]) for item in items]
     flat = [_values(item) for item in items]
     i = 0
     while i < len(items):
         j = _run_end(shapes, flat, i)
-        emit_run(em, items[i], steps(items[i], items[i + 1]) if j > i + 1 else (), j - i)
+        emit_run(em, items[i], tuple(map(sub, flat[i + 1], flat[i])) if j > i + 1 else (), j - i)
         i = j
 
 
@@ -38,18 +40,24 @@ def emit_run(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None
     without building every item)."""
     if count >= MIN_LOOP and _loop(em, item, step, count):
         return
+    b, regs = em.b, em.regs
     for i in range(count):
         for name, values, rest in _stepped(item, step, i) if i else item:
-            getattr(em.b, name)(*em.regs(*values), *rest)
+            getattr(b, name)(*regs(*values), *rest)
 
 
 def steps(first: Item, second: Item) -> tuple[int, ...]:
     """How far each register operand value of `second` is from `first`'s (the step of a run they begin)."""
-    return tuple(b - a for a, b in zip(_values(first), _values(second), strict=True))
+    a, b = _values(first), _values(second)
+    if len(a) != len(b):
+        raise ValueError(f"items of {len(a)} and {len(b)} register operands do not step")
+    return tuple(map(sub, b, a))
 
 
 def _values(item: Item) -> tuple[int, ...]:
-    return tuple(v for _, values, _ in item for v in values)
+    if len(item) == 1:
+        return item[0][1]
+    return tuple(chain.from_iterable([values for _, values, _ in item]))
 
 
 def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
@@ -65,12 +73,12 @@ def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
     """The end of the longest run from item i of one shape (`shapes`) whose operand values (`flat`) step by
     constant amounts (at most MAX_TRIPS items)."""
     j = i + 1
-    if j == len(flat) or shapes[j] != shapes[i]:
+    shape = shapes[i]
+    if j == len(flat) or shapes[j] != shape:
         return j
-    step = tuple(b - a for a, b in zip(flat[i], flat[j], strict=True))
-    while j + 1 < len(flat) and j + 1 - i < MAX_TRIPS and shapes[j + 1] == shapes[i]:
-        if any(b - a != d for a, b, d in zip(flat[j], flat[j + 1], step, strict=True)):
-            break
+    step = tuple(map(sub, flat[j], flat[i]))
+    end = min(len(flat), i + MAX_TRIPS)
+    while j + 1 < end and shapes[j + 1] == shape and tuple(map(sub, flat[j + 1], flat[j])) == step:
         j += 1
     return j + 1
 
@@ -80,27 +88,32 @@ def _loop(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> bool:
     `loopi` over the others, each stepping a register (`addi`) just before its first use: the matrix unit's first
     instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). False,
     nothing emitted: the run needs more registers than a loop may hold."""
-    keys = tuple(zip(_values(item), step, strict=True))
+    keys = list(zip(_values(item), step, strict=True))
     if len(set(keys)) > MAX_REGS:
         return False
+    b = em.b
     ops, k = [], 0
-    for name, values, rest in item:
-        ops.append((name, keys[k : k + len(values)], rest))
-        k += len(values)
     regs: dict[tuple[int, int], int] = {}
-    for name, used, rest in ops:
-        regs.update((key, em.claim(key[0])) for key in dict.fromkeys(used) if key[1] and key not in regs)
-        fixed = [v for v, step in used if not step]
-        regs.update(zip(((v, 0) for v in fixed), em.regs(*fixed), strict=True))
-        getattr(em.b, name)(*(regs[key] for key in used), *rest)
+    for name, values, rest in item:
+        used = keys[k : k + len(values)]
+        k += len(values)
+        method = getattr(b, name)
+        ops.append((method, used, rest))
+        for key in used:
+            if key[1] and key not in regs:
+                regs[key] = em.claim(key[0])
+        fixed = [v for v, d in used if not d]
+        if fixed:
+            regs.update(zip([(v, 0) for v in fixed], em.regs(*fixed), strict=True))
+        method(*[regs[key] for key in used], *rest)
     end = em.local_label("taps")
-    em.b.loopi(count - 1, end)
+    b.loopi(count - 1, end)
     stepped: set[tuple[int, int]] = set()
-    for name, used, rest in ops:
-        for key in dict.fromkeys(used):
+    for method, used, rest in ops:
+        for key in used:
             if key[1] and key not in stepped:
                 stepped.add(key)
-                em.b.addi(regs[key], regs[key], key[1])
-        getattr(em.b, name)(*(regs[key] for key in used), *rest)
-    em.b.label(end)
+                b.addi(regs[key], regs[key], key[1])
+        method(*[regs[key] for key in used], *rest)
+    b.label(end)
     return True
