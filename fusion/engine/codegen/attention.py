@@ -692,6 +692,8 @@ def _grouped_step(
     recorded = [[(unit, _recorded(head, r)) for r, (unit, _) in enumerate(head)] for head in runs]
     orders = _orders(cx, [_hand_on(cx.config, head) for head in recorded])
     order = min(orders, key=lambda o: attention_order.estimate(cx.config, o))
+    if p.proj is not None:  # matrix-bound (loads only X and weights): its preloads under the drains' wait
+        order = attention_order.hoist_preloads(order)
     # no stores described: the step's tiles lie in every slot (`pipelined.step_slots` then assumes all)
     return Step([], [(runs[0][-1][0], lambda em: attention_order.replay(em, order))], [])
 

@@ -236,3 +236,113 @@ def replay(em: Emitter, calls: Sequence[Call]) -> None:
     """Emit the calls, each recorded value loaded into a register (re-using the emitter's earlier loads)."""
     for c in calls:
         getattr(em.b, c.name)(*(em.reg(int(a)) if isinstance(a, Held) else a for a in c.args))
+
+
+INF = 1 << 62
+HOISTABLE = ("mx_drain", "mx_drain_s", "ep_cfg", "sync_push", "sync_pop")
+
+
+def _preload_reads(c: Call) -> tuple[int, int]:
+    rs1, rows, cols, dtype = c.args
+    return int(rs1), int(rs1) + rows * cols * DType[dtype].size
+
+
+def _spad_writes(calls: Sequence[Call]) -> list[tuple[int, int] | None]:
+    """Per instruction the scratchpad bytes [lo, hi) it may write (an over-estimate: widest elements; a chain
+    store as many as its register was loaded with); None: none (an accumulator, registers, DRAM)."""
+    held: dict[int, int] = {}  # vector register -> elements (a chain's length, from its load)
+    out: list[tuple[int, int] | None] = []
+    for c in calls:
+        names = [o.field.name for o in SPECS[c.name].operands]
+        w = None
+        if c.name in LOADS:
+            w = written(c)
+        elif c.name == "mx_drain":
+            rd, _, rows, cols = c.args
+            w = int(rd), int(rd) + rows * cols * WIDEST
+        elif c.name == "mx_drain_s":
+            rd, _, stride, rows, cols = c.args
+            w = int(rd), int(rd) + rows * int(stride) + cols * WIDEST
+        elif c.name in ("vc_ld", "vc_lds"):
+            held[c.args[0]] = c.args[names.index("n")]
+        elif c.name == "vc_st":
+            rd = int(c.args[0])
+            w = rd, rd + held.get(c.args[1], INF) * WIDEST
+        elif c.name.startswith("vc_"):
+            held[c.args[0]] = held.get(c.args[1], INF)
+        elif c.unit is Unit.vector and names and names[0] == "rd":
+            rd = int(c.args[0])
+            w = rd, rd + c.args[names.index("n")] * WIDEST if "n" in names else INF
+        out.append(w)
+    return out
+
+
+def _tokens(calls: Sequence[Call]) -> tuple[dict[int, int], dict[tuple, list[int]]]:
+    """Per pop's index the index of the push it takes; per (src, dst) the indices of its pushes."""
+    pushes: dict[tuple, list[int]] = {}
+    taken: dict[tuple, int] = {}
+    match: dict[int, int] = {}
+    for i, c in enumerate(calls):
+        if c.name == "sync_push":
+            pushes.setdefault(c.args, []).append(i)
+        elif c.name == "sync_pop":
+            k = taken.get(c.args, 0)
+            match[i], taken[c.args] = pushes[c.args][k], k + 1
+    return match, pushes
+
+
+def _ordered_writes(calls: Sequence[Call], writes: list, pop: int, lo: int, hi: int, match: dict, pushes: dict) -> bool:
+    """Whether the pop at index `pop` orders a write of bytes [lo, hi): one by its source unit since the push the
+    previous pop of the same pair took, or (recursively) one ordered by a pop that unit made meanwhile (not the
+    matrix unit's own: a preload starts after the drains before it)."""
+    push = match[pop]
+    pair = calls[pop].args
+    if calls[push].unit is Unit.matrix:
+        return False
+    earlier = [i for i in pushes[pair] if i < push]
+    start = earlier[-1] + 1 if earlier else 0
+    src = calls[push].unit
+    for i in range(start, push):
+        c, w = calls[i], writes[i]
+        if c.unit is not src:
+            continue
+        if w is not None and w[0] < hi and lo < w[1]:
+            return True
+        if c.name == "sync_pop" and _ordered_writes(calls, writes, i, lo, hi, match, pushes):
+            return True
+    return False
+
+
+def hoist_preloads(calls: Sequence[Call]) -> list[Call]:
+    """The order with each matrix preload that follows drains (and the configuration and tokens around them) moved
+    in front of them, where the bytes it reads are neither written by those drains nor by anything a crossed pop
+    waits for: its N weight-port cycles then run under the last matmuls' latency, which the drains wait out
+    anyway, instead of after the drains (which hold the whole unit)."""
+    out = list(calls)
+    i = 0
+    while i < len(out):
+        c = out[i]
+        if c.name != "mx_preload":
+            i += 1
+            continue
+        lo, hi = _preload_reads(c)
+        match, pushes = _tokens(out)
+        writes = _spad_writes(out)
+        to, j = i, i - 1
+        while j >= 0:
+            x = out[j]
+            if x.unit is Unit.matrix:
+                if x.name not in HOISTABLE:
+                    break
+                w = writes[j]
+                if w is not None and w[0] < hi and lo < w[1]:
+                    break
+                if x.name == "sync_pop" and _ordered_writes(out, writes, j, lo, hi, match, pushes):
+                    break
+                if x.name.startswith("mx_drain"):
+                    to = j
+            j -= 1
+        if to < i:
+            out.insert(to, out.pop(i))
+        i += 1
+    return out

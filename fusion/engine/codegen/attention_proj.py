@@ -529,7 +529,9 @@ def step_projection(
         """(A rows address, bytes between A's rows, preloaded tile address, kc) per K chunk of output tile i of a
         side, from row r0."""
         if side == 1:  # K^T: W_k^T's rows streamed over X^T's key tile
-            return [(w + (lay.kt[c0] + r0 * kc) * es, kc * es, b, kc) for (c0, kc), b in zip(kchunks, xk[i], strict=True)]
+            return [
+                (w + (lay.kt[c0] + r0 * kc) * es, kc * es, b, kc) for (c0, kc), b in zip(kchunks, xk[i], strict=True)
+            ]
         x, at, e0 = (xq, lay.q, qcols[i]) if side == 0 else (xv, lay.v, vcols[i])
         return [(a + r0 * st, st, w + at[(e0, c0)] * es, kc) for (a, st), (c0, kc) in zip(x, kchunks, strict=True)]
 

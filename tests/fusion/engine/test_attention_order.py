@@ -14,7 +14,18 @@ from test_attention_projections import run as run_projected
 
 from assembler.builder import ProgramBuilder
 from fusion.engine.codegen.attention import _hand_on
-from fusion.engine.codegen.attention_order import Call, Held, estimate, merge, record, replay, token, touches, written
+from fusion.engine.codegen.attention_order import (
+    Call,
+    Held,
+    estimate,
+    hoist_preloads,
+    merge,
+    record,
+    replay,
+    token,
+    touches,
+    written,
+)
 from fusion.engine.errors import CodegenError
 from fusion.lower.emitter import Emitter
 from isa.enums import Activation, Unit
@@ -149,3 +160,41 @@ def test_loads_the_next_run_leaves_alone_are_handed_to_the_run_after_it():
     assert apart[0][1] == [x, push, w, token(Unit.load, Unit.matrix, True)]
     assert apart[2][1][0] == token(Unit.load, Unit.matrix, False)
     assert _hand_on(cfg, head(bank // 2)) == head(bank // 2)
+
+
+def _preload(addr: int) -> Call:
+    return Call(Unit.matrix, "mx_preload", (Held(addr), 16, 16, "i8"))
+
+
+def _drain(addr: int) -> Call:
+    return Call(Unit.matrix, "mx_drain", (Held(addr), Held(1 << 24), 16, 16))
+
+
+def _chain_store(addr: int) -> list[Call]:
+    return [Call(Unit.vector, "vc_ld", (0, Held(1 << 16), 256, "i8")), Call(Unit.vector, "vc_st", (Held(addr), 0))]
+
+
+@pytest.mark.parametrize(
+    ("stored", "drained", "moves"),
+    [
+        (1 << 15, 1 << 14, True),  # neither the drain nor what the crossed pop waits for writes its weights
+        (1 << 15, 4096, False),  # the drain writes them
+        (4096, 1 << 14, False),  # the vector unit's store the pop waits for writes them
+    ],
+)
+def test_a_preload_moves_before_drains_only_past_no_write_of_its_weights(stored, drained, moves):
+    """The weights at 4096: the preload after a drain and a pop of the vector unit's token goes in front of the
+    drain (its weight-port cycles under the matmul's latency) unless either writes them first."""
+    mm = _work(Unit.matrix, 16)
+    calls = [
+        *_chain_store(stored),
+        token(Unit.vector, Unit.matrix, True),
+        mm,
+        _drain(drained),
+        token(Unit.vector, Unit.matrix, False),
+        _preload(4096),
+        mm,
+    ]
+    matrix = [c.name for c in hoist_preloads(calls) if c.unit is Unit.matrix]
+    moved = ["mx_mm", "mx_preload", "mx_drain", "sync_pop", "mx_mm"]
+    assert (matrix == moved) == moves, matrix
