@@ -180,8 +180,8 @@ class Tiling:
     tn: int
     groups: tuple[tuple[Piece, ...], ...]
     resident: bool
-    # all of X resident in the rotating slots' banks, each band loading the rows the bands before it did not and
-    # reading its A tiles in place; the steps' tiles in the spare bank (K groups: their weights only)
+    # all of X resident in the rotating slots' banks, written there by the channels-last phase (never stored to
+    # DRAM), every band reading its A tiles in place; the steps' tiles in the spare bank (K groups: their weights)
     whole: bool = False
 
 
@@ -292,7 +292,7 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     tiling = choose_tiling(cfg, s, mm_dt, ep.work_dt, ep.residual is not None)
     block = block_width(cfg.array_size, s)
     x = channels_last_view(cx.temp(node, CHANNELS_LAST), s, block, mm_dt)
-    phases = channels_last_phases(cx, node, s, x)
+    phases = channels_last_phases(cx, node, s, x, slots_region(cfg).base if tiling.whole else None)
     scratch = dense(cx.temp(node, SCRATCH), (s.n, s.out[0] * s.out[1], s.cout), ep.out_dt)
     rows_k = s.taps * s.cg
     weights = dense(cx.addresses[const_key(node.inputs[1], CONV_PANELS)], (s.cout * rows_k,), mm_dt)
@@ -431,12 +431,16 @@ def channels_last_view(address: int, s: ConvGeometry, block: int, dtype: DType) 
     return dense(address, shape, dtype)
 
 
-def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View) -> list[list[Step]]:
+def channels_last_phases(
+    cx: LowerContext, node: Node, s: ConvGeometry, x: View, local: int | None = None
+) -> list[list[Step]]:
     """The Conv's input -> X (see the module docstring): the padding is written as zeros with the data, no
     padded copy. Blocks of padded rows in a tile [rows, W', C]: cleared (only when the conv pads: the pad
     positions stay zero), each input row brought into its place by one transposing load ([C, W] -> [W, C]),
     quantized to int8 when the input is float on the int8 path, each padded row stored where its row phase
-    keeps it (one store for the block when stride_h is 1)."""
+    keeps it (one store for the block when stride_h is 1). `local`: X's scratchpad address when it stays on
+    chip (`Tiling.whole`): each padded row is written in its place there (a float row quantized from a tile in
+    the spare bank), no store and no load of X back (the stem at 224: 0.32 MB)."""
     cfg, w = cx.config, window_of(cx.graph, node)
     image = cx.view(node.inputs[0])
     quantize = cx.matrix(node).input_scale if cx.int8 and image.dtype is DType.f32 else None
@@ -444,56 +448,88 @@ def channels_last_phases(cx: LowerContext, node: Node, s: ConvGeometry, x: View)
     top, left = (w.pads[0], w.pads[1]) if w.s == 2 else (0, w.pads[0])
     image = image.reshape_dense((s.n, s.c, height * width))
     pitch, c, es = s.padded[1], x.shape[-1] // s.phase_width, image.dtype.size  # c: channels per block
-    probe = TileArena(cfg, 0)
+    spare = TileArena.spare(cfg) if local is not None else None
+    probe = TileArena(cfg, 0) if spare is None else step_arena(cfg, spare.spad, 0)
+    direct = local is not None and quantize is None  # the rows loaded straight into X on chip, no tile
+    contiguous = s.strides[0] == 1 and s.phase_width == pitch  # a block's rows adjacent in X
 
     def sizes(rows: int) -> list[int]:
-        return [rows * pitch * c * es] + ([rows * pitch * c] if quantize is not None else [])
+        if direct:
+            return []
+        return [rows * pitch * c * es] + ([rows * pitch * c] if quantize is not None and local is None else [])
 
     block = largest_fitting(s.padded[0], lambda r: r * pitch * c <= MAX_N and probe.fits(sizes(r)))  # n fields
     if block == 0:
         raise CodegenError(f"one padded input row of {c} channels does not fit a buffer slot")
     steps = []
     for cb, img in ((cb, img) for cb in range(s.c // c) for img in range(s.n)):
+
+        def place(h: int, cb: int = cb, img: int = img) -> View:
+            return x.index((cb, img, h % s.strides[0], h // s.strides[0]))
+
+        def on_chip(h: int) -> int:
+            assert local is not None
+            return local + place(h).address - x.address
+
         for h0, rows in k_slices(s.padded[0], block):
-            arena = TileArena(cfg, len(steps), cx.rotation)
+            arena = (
+                TileArena(cfg, len(steps), cx.rotation) if spare is None else step_arena(cfg, spare.spad, len(steps))
+            )
             tiles = [arena.tile(size) for size in sizes(rows)]
+            # where block row r is written first: the tile, or (direct) its place in X on chip
+            row_at = [on_chip(h) if direct else tiles[0] + (h - h0) * pitch * c * es for h in range(h0, h0 + rows)]
             inside = [h for h in range(h0, h0 + rows) if top <= h < top + height]
             channels = image.index((img,)).slice(0, cb * c, c)
-            parts = [
-                (channels.slice(1, (h - top) * width, width), tiles[0] + ((h - h0) * pitch + left) * c * es)
-                for h in inside
-            ]
+            parts = [(channels.slice(1, (h - top) * width, width), row_at[h - h0] + left * c * es) for h in inside]
 
             def load(em: Emitter, parts=parts) -> None:
-                for part, local in parts:
-                    load_transposed(em, part, local)
+                for part, at in parts:
+                    load_transposed(em, part, at)
 
             compute = [(Unit.load, load)]
             if w.needs_pad:  # only the pad positions, disjoint from the loaded rows: the next block's loads need
                 # not wait for this block's vector work (clearing the whole tile first serialised every block)
-                runs = _pad_runs(range(h0, h0 + rows), range(top, top + height), left, width, pitch)
+                if direct and not contiguous:  # rows apart in X: each row's runs
+                    runs = [
+                        (row_at[r] + first * c * es, count)
+                        for r, h in enumerate(range(h0, h0 + rows))
+                        for first, count in _pad_runs(range(h, h + 1), range(top, top + height), left, width, pitch)
+                    ]
+                else:
+                    runs = [
+                        (row_at[0] + first * c * es, count)
+                        for first, count in _pad_runs(
+                            range(h0, h0 + rows), range(top, top + height), left, width, pitch
+                        )
+                    ]
 
-                def clear(em: Emitter, raw=tiles[0], runs=runs) -> None:
-                    for first, count in runs:
-                        fill(em, raw + first * c * es, count * c, image.dtype, 0.0)
+                def clear(em: Emitter, runs=runs) -> None:
+                    for at, count in runs:
+                        fill(em, at, count * c, image.dtype, 0.0)
 
                 compute.append((Unit.vector, clear))
             if quantize is not None:
+                if local is None:
+                    outs = [(tiles[1], tiles[0], rows * pitch * c)]
+                elif contiguous:
+                    outs = [(on_chip(h0), tiles[0], rows * pitch * c)]
+                else:
+                    outs = [(on_chip(h), row_at[h - h0], pitch * c) for h in range(h0, h0 + rows)]
 
-                def to_int8(em: Emitter, raw=tiles[0], q=tiles[1], n=rows * pitch * c) -> None:
-                    quantize_tile(em, q, raw, n, quantize)
+                def to_int8(em: Emitter, outs=outs) -> None:
+                    for dst, raw, n in outs:
+                        quantize_tile(em, dst, raw, n, quantize)
 
                 compute.append((Unit.vector, to_int8))
+            if local is not None:
+                steps.append(Step([], compute, []))
+                continue
             ready, row_bytes = tiles[-1], pitch * c * x.dtype.size
             if s.strides[0] == 1:
                 stores = [(ready, x.index((cb, img, 0)).slice(0, h0, rows).slice(1, 0, pitch * c))]
             else:
                 stores = [
-                    (
-                        ready + r * row_bytes,
-                        x.index((cb, img, h % s.strides[0], h // s.strides[0])).slice(0, 0, pitch * c),
-                    )
-                    for r, h in enumerate(range(h0, h0 + rows))
+                    (ready + r * row_bytes, place(h).slice(0, 0, pitch * c)) for r, h in enumerate(range(h0, h0 + rows))
                 ]
             steps.append(Step([], compute, stores))
     return [steps]
@@ -565,26 +601,9 @@ class _Kernel:
         return self.x.index((0, t.img, 0, t.oh0)).address + t.g * self.s.cg * self.dt.size
 
     def band_loads(self, bands: Sequence[tuple[_Tile, list[int]]], b: int) -> list[tuple[View, int]]:
-        """The loads of band b's resident A tiles; with X whole, the bytes of its windows no band of its image
-        before it loaded (bands go down the rows, so each window's start and end only grow)."""
+        """The loads of band b's resident A tiles (none with X whole: it is written on chip)."""
         band, tiles = bands[b]
-        if not self.tiling.whole:
-            return self.a_loads(band, tiles)
-        es, every = self.dt.size, [p for g in self.tiling.groups for p in g]
-
-        def spans(t: _Tile) -> list[tuple[int, int]]:
-            return [
-                (self.origin(t) + a * es, self.origin(t) + (a + n) * es)
-                for a, n in windows(self.s, self.block, t.rows, every).runs
-            ]
-
-        done = [hi for _, hi in spans(bands[b - 1][0])] if b and bands[b - 1][0].img == band.img else None
-        loads = []
-        for i, (lo, hi) in enumerate(spans(band)):
-            lo = lo if done is None else max(lo, done[i])
-            if hi > lo:
-                loads += _run(lo, (hi - lo) // es, tiles[0] + lo - self.x.address, self.dt)
-        return loads
+        return [] if self.tiling.whole else self.a_loads(band, tiles)
 
     def a_view(self, t: _Tile, p: Piece) -> View:
         """The packed A tile of piece p over the band: positions stride_w * C elements apart."""
