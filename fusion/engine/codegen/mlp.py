@@ -23,7 +23,9 @@ Per block of `tile` rows the steps are:
   partial last panel, D not a multiple of N, is drained whole and its columns copied per row), and the
   epilogue chain (bias, residual Add, a following LayerNorm) runs on them; its result (and every value read outside
   the group, e.g. the residual sum a following LayerNorm also feeds) is stored, such a value as soon as the chain
-  has it (its DMA overlapping the rest of the chain).
+  has it (its DMA overlapping the rest of the chain). The chain's operands already on chip (kept residuals,
+  parameter rows) are loaded into vector registers after the block's last activation chain, while the matrix unit
+  runs the last GEMM2: the chain starts on the drained rows at once.
 
 DRAM traffic is the compulsory: the activations in, the weights (with the activation chain's rows) once per row
 block, the outputs out. Refused with
@@ -636,9 +638,9 @@ class _Kernel:
 
     def _epilogue(self, a: dict, i0: int, rows: int, held: dict) -> tuple[list, Callable, Callable, list]:
         """GEMM2's drains (each panel into its columns of the whole rows) and the epilogue chain: (loads, the matrix
-        unit's and the vector unit's emitters, stores). The vector part always exists: the next block's prologue (vector) then
-        writes the spare bank after this block's last matrix read of it. Operands `held` in vector registers
-        (`_preload`) are not loaded again."""
+        unit's and the vector unit's emitters, stores). The vector part always exists: the next block's prologue
+        (vector) then writes the spare bank after this block's last matrix read of it. Operands `held` in vector
+        registers (`_preload`) are not loaded again."""
         cx, s, p, n = self.cx, self.s, self.p, self.n
         ds = a["ds"]
         whole, tail, tiles, post_out, kept = a["post"]
