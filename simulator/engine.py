@@ -86,6 +86,8 @@ class Op:
         "start",
         "finish",
         "stats",
+        "ready",
+        "token",
     )
 
     def __init__(
@@ -194,6 +196,8 @@ class Engine:
         self.queues: list[deque[Op]] = [deque() for _ in Unit]
         self.free = [0] * len(Unit)
         self.cand: list[float | None] = [None] * len(Unit)
+        # the earliest queued start (unit, cycle; unit -1: none can start) while no candidate or queue head changes
+        self.scan: tuple[int, float] | None = None
         nbanks = cfg.spad_banks + cfg.acc_banks
         self.bank_owner = [-1] * nbanks
         self.bank_until = [0] * nbanks
@@ -215,7 +219,8 @@ class Engine:
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""
         queue = self.queues[op.unit]
-        if self.pending:
+        scan = self.scan  # (advance(now) when something may start by now: not when the kept scan says none can)
+        if self.pending and (scan is None or scan[1] <= now):
             self.advance(now)
         while len(queue) >= self.depth:
             head = queue[0]
@@ -226,15 +231,16 @@ class Engine:
             self.advance(now)
         op.issue = now
         queue.append(op)
+        if len(queue) == 1:  # a new head: the earliest start may change
+            self.scan = None
         self.pending += 1
         return now
 
     def wait_for(self, op: Op) -> None:
         """Time instructions in order until `op` has been timed."""
-        while op.start < 0:
-            before = self.pending
-            self.advance(INF, one=True)
-            if self.pending == before:
+        if op.start < 0:
+            self.advance(INF, op)
+            if op.start < 0:
                 raise self._stuck(f"the instruction at pc {op.pc} can never start")
 
     def drain(self) -> int:
@@ -254,26 +260,34 @@ class Engine:
             )
         return Fault(f"internal: {what}")
 
-    def advance(self, limit: float, one: bool = False) -> None:
-        """Start, in time order, every queued instruction that can start at or before `limit`."""
-        queues, cand, candidate = self.queues, self.cand, self._candidate
+    def advance(self, limit: float, until: Op | None = None) -> None:
+        """Start, in time order, every queued instruction that can start at or before `limit` (with `until`: stop
+        once that one has started)."""
+        queues, cand, candidate, start = self.queues, self.cand, self._candidate, self._start
         while self.pending:
-            best, best_t = -1, INF
-            for u in QUEUED_UNITS:
-                queue = queues[u]
-                if queue:
-                    c = cand[u]
-                    if c is None:
-                        c = cand[u] = candidate(u, queue[0])
-                    if c < best_t:
-                        best, best_t = u, c
+            if self.scan is None:
+                best, best_t = -1, INF
+                for u in QUEUED_UNITS:
+                    queue = queues[u]
+                    if queue:
+                        c = cand[u]
+                        if c is None:
+                            c = cand[u] = candidate(u, queue[0])
+                        if c < best_t:
+                            best, best_t = u, c
+                self.scan = best, best_t
+            else:
+                best, best_t = self.scan
             if best < 0 or best_t > limit:
                 return
-            self._start(best, int(best_t))
-            if one:
+            start(best, int(best_t))
+            if until is not None and until.start >= 0:
                 return
 
     def _candidate(self, u: int, op: Op) -> float:
+        """The earliest start of `op` at the head of unit `u`'s queue; keeps on `op` its readiness before the banks
+        (`ready`) and the cycles it waits for its token (`token`) for `_start`'s stall counters (valid as long as
+        the candidate is: `_finish` drops both together)."""
         if u == MATRIX:
             t = self.matrix.ready(op)
         else:
@@ -281,12 +295,14 @@ class Engine:
             if self.free[u] > t:
                 t = self.free[u]
         dep = op.dep
+        token = 0
         if dep is not None:
             if dep.start < 0:
                 return INF
             ready = dep.finish if op.kind == POP else dep.start
             if ready > t:
-                t = ready
+                token, t = ready - t, ready
+        op.ready, op.token = t, token
         owner, until = self.bank_owner, self.bank_until
         for b in op.banks:
             if owner[b] != u and until[b] > t:
@@ -297,13 +313,8 @@ class Engine:
         op = self.queues[u].popleft()
         self.pending -= 1
         stats = op.stats
-        ready = self.matrix.ready(op) if u == MATRIX else max(op.issue, self.free[u])
-        if op.dep is not None:
-            dep_ready = op.dep.finish if op.kind == POP else op.dep.start
-            if dep_ready > ready:
-                stats[S_TOKEN] += dep_ready - ready
-                ready = dep_ready
-        stats[S_BANK] += t - ready
+        stats[S_TOKEN] += op.token
+        stats[S_BANK] += t - op.ready
         op.start = t
         kind = op.kind
         if kind == DMA:
@@ -346,6 +357,7 @@ class Engine:
                 owner[b], until[b] = u, finish
         cand = self.cand
         cand[u] = None
+        self.scan = None
         for v in QUEUED_UNITS:
             c = cand[v]
             if c is not None and (c == INF or self.queues[v][0].mask & op.mask):

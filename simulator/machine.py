@@ -119,8 +119,11 @@ class Machine:
         self.x = [0] * NUM_XREGS
         self.v: list[np.ndarray | None] = [None] * NUM_VREGS
         self.mem = Memory(cfg, obj)
+        self._local = self.mem.local
+        self._banks = self.mem.banks_of_mask  # (`unit_op` looks a mask up here before asking `Memory.banks`)
         self.trace: list[tuple[int, int, int, int]] | None = [] if trace else None
         self.engine = Engine(cfg, self.trace)
+        self._submit = self.engine.submit
         self.now = 0
         self.mask = 0  # banks touched by the instruction being issued
         self.loops: list[list[int]] = []  # [body start, end, remaining]
@@ -169,7 +172,7 @@ class Machine:
         return row
 
     def read_local(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
-        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype)
+        view, mask, is_acc, shadow = self._local(addr, count, dtype)
         self.mask |= mask
         row[S_ACC_RD if is_acc else S_SPAD_RD] += view.nbytes
         if self.races is not None:
@@ -191,7 +194,7 @@ class Machine:
     def written(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
         """A write of `count` elements at `addr` as the timing sees it (banks, bytes, races); returns the view to
         fill (`write_local`; left as it is when values are off)."""
-        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype)
+        view, mask, is_acc, shadow = self._local(addr, count, dtype)
         self.mask |= mask
         row[S_ACC_WR if is_acc else S_SPAD_WR] += view.nbytes
         if self.races is not None:
@@ -230,11 +233,12 @@ class Machine:
     def unit_op(self, unit: int, pc: int, dur: int, row: list[int], kind: int = PLAIN, dep: Op | None = None) -> Op:
         """The timing record of the instruction being issued (banks gathered by read_local/write_local)."""
         mask, self.mask = self.mask, 0
-        return Op(unit, pc, dur, self.mem.banks(mask), mask, row, kind, dep)
+        banks = self._banks.get(mask)
+        return Op(unit, pc, dur, self.mem.banks(mask) if banks is None else banks, mask, row, kind, dep)
 
     def submit(self, op: Op) -> None:
         """Hand `op` to its unit's queue (stalling issue while the queue is full); the issue takes one cycle."""
-        self.now = self.engine.submit(op, self.now) + 1
+        self.now = self._submit(op, self.now) + 1
 
     def dma_op(self, unit: int, pc: int, dur: int, xfer: int, extra: int, row: list[int]) -> Op:
         op = self.unit_op(unit, pc, dur, row, DMA)

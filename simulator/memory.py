@@ -37,7 +37,7 @@ class Memory:
         self._spad_bank_bytes = cfg.spad_bank_bytes
         self._acc_bank_bytes = cfg.acc_bank_bytes
         self._acc_bank0 = cfg.spad_banks
-        self._banks_of_mask: dict[int, tuple[int, ...]] = {}
+        self.banks_of_mask: dict[int, tuple[int, ...]] = {}  # see `banks`
         self._resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
         self._strided: dict[tuple[int, int, int, int, np.dtype, bool], tuple[np.ndarray, int, bool, np.ndarray]] = {}
         # one typed view of each local memory per element type: an access is then a single slice
@@ -120,9 +120,9 @@ class Memory:
 
     def banks(self, mask: int) -> tuple[int, ...]:
         """The bank ids of a mask (cached: programs use few distinct masks)."""
-        banks = self._banks_of_mask.get(mask)
+        banks = self.banks_of_mask.get(mask)
         if banks is None:
-            banks = self._banks_of_mask[mask] = tuple(b for b in range(mask.bit_length()) if mask >> b & 1)
+            banks = self.banks_of_mask[mask] = tuple(b for b in range(mask.bit_length()) if mask >> b & 1)
         return banks
 
     def dram_rows(self, addr: int, rows: int, row_bytes: int, stride: int, align: int) -> np.ndarray:

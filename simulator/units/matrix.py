@@ -86,26 +86,40 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
         rd, rs1, *rs2, rows = ins.values
         x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
 
+        def timed() -> int:
+            """Timing only (no values, no transactions): the accesses `step` makes, without its arrays."""
+            w = _weights(m)
+            k, cols = w.shape
+            dt, src = w.dtype, x[rs1]
+            if strided:
+                m.read_local_rows(src, rows, k, x[rs2[0]], dt, row)
+            else:
+                m.read_local(src, rows * k, dt, row)
+            row[S_MACS_I8 if dt == _I8 else S_MACS_F32] += rows * k * cols
+            dest, acc_dt = _acc_address(x[rd]), _ACC_OF[dt]
+            if accumulate:
+                m.read_local(dest, rows * cols, acc_dt, row)
+            m.written(dest, rows * cols, acc_dt, row)
+            op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, src))
+            op.n = rows
+            m.submit(op)
+            return nxt
+
         def step() -> int:
             src, stride = x[rs1], x[rs2[0]] if strided else None
             a, w, product = _product(m, src, rows, row, stride)
             dest = _acc_address(x[rd])
             recording = m.transactions is not None
-            # (the A operand's address and row stride: what the RTL's row fetch reads it by)
-            fetch = {"a_addr": src, "a_stride": a.shape[1] * a.itemsize if stride is None else stride}
-            operands = {"a": a.copy(), "w": w} | fetch if recording else {}
-            if product is None:  # timing only: the accumulator accesses the product would make
-                count, acc_dt = rows * w.shape[1], _ACC_OF[w.dtype]
-                if accumulate:
-                    m.read_local(dest, count, acc_dt, row)
-                m.written(dest, count, acc_dt, row)
-            else:
-                if accumulate:
-                    old = m.read_local(dest, product.size, product.dtype, row).reshape(product.shape)
-                    if recording:
-                        operands["acc"] = old.copy()
-                    product = sem.accumulate(old, product)
-                m.write_local(dest, product, row)
+            operands = {}
+            if recording:  # (the A operand's address and row stride: what the RTL's row fetch reads it by)
+                a_stride = a.shape[1] * a.itemsize if stride is None else stride
+                operands = {"a": a.copy(), "w": w, "a_addr": src, "a_stride": a_stride}
+            if accumulate:
+                old = m.read_local(dest, product.size, product.dtype, row).reshape(product.shape)
+                if recording:
+                    operands["acc"] = old.copy()
+                product = sem.accumulate(old, product)
+            m.write_local(dest, product, row)
             op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, src))
             op.n = rows
             if recording:
@@ -113,7 +127,7 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
             m.submit(op)
             return nxt
 
-        return step
+        return step if m.values else timed
 
     return build
 
