@@ -315,34 +315,38 @@ def _ordered_writes(calls: Sequence[Call], writes: list, pop: int, lo: int, hi: 
 
 def hoist_preloads(calls: Sequence[Call]) -> list[Call]:
     """The order with each matrix preload that follows drains (and the configuration and tokens around them) moved
-    in front of them, where the bytes it reads are neither written by those drains nor by anything a crossed pop
-    waits for: its N weight-port cycles then run under the last matmuls' latency, which the drains wait out
-    anyway, instead of after the drains (which hold the whole unit)."""
+    in front of them, where the bytes it reads are not written by those drains: its N weight-port cycles then run
+    under the last matmuls' latency, which the drains wait out anyway, instead of after the drains (which hold the
+    whole unit). A crossed pop that waits for a write of those bytes moves with it, if its push comes earlier in
+    the order (so the pop never waits on what the drains or the tokens after them release) and no other pop of
+    its pair is crossed (pops of a pair take their tokens in order)."""
     out = list(calls)
     i = 0
     while i < len(out):
-        c = out[i]
-        if c.name != "mx_preload":
+        if out[i].name != "mx_preload":
             i += 1
             continue
-        lo, hi = _preload_reads(c)
+        lo, hi = _preload_reads(out[i])
         match, pushes = _tokens(out)
         writes = _spad_writes(out)
-        to, j = i, i - 1
-        while j >= 0:
+        to, carried, moved = i, [], []
+        for j in range(i - 1, -1, -1):
             x = out[j]
-            if x.unit is Unit.matrix:
-                if x.name not in HOISTABLE:
+            if x.unit is not Unit.matrix:
+                continue
+            w = writes[j]
+            if x.name not in HOISTABLE or (w is not None and w[0] < hi and lo < w[1]):
+                break
+            if x.name == "sync_pop":
+                if any(out[k].args == x.args for k in carried):
                     break
-                w = writes[j]
-                if w is not None and w[0] < hi and lo < w[1]:
-                    break
-                if x.name == "sync_pop" and _ordered_writes(out, writes, j, lo, hi, match, pushes):
-                    break
-                if x.name.startswith("mx_drain"):
-                    to = j
-            j -= 1
+                if _ordered_writes(out, writes, j, lo, hi, match, pushes):
+                    carried.append(j)
+            if x.name.startswith("mx_drain") and all(match[k] < j for k in carried):
+                to, moved = j, list(carried)
         if to < i:
-            out.insert(to, out.pop(i))
+            block = [out[k] for k in sorted(moved)] + [out[i]]
+            rest = [c for k, c in enumerate(out) if k not in moved and k != i]
+            out = rest[:to] + block + rest[to:]
         i += 1
     return out

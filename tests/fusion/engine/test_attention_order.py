@@ -175,26 +175,24 @@ def _chain_store(addr: int) -> list[Call]:
 
 
 @pytest.mark.parametrize(
-    ("stored", "drained", "moves"),
+    ("stored", "drained", "late", "order"),
     [
-        (1 << 15, 1 << 14, True),  # neither the drain nor what the crossed pop waits for writes its weights
-        (1 << 15, 4096, False),  # the drain writes them
-        (4096, 1 << 14, False),  # the vector unit's store the pop waits for writes them
+        # neither the drain nor what the crossed pop waits for writes its weights: the preload alone moves
+        (1 << 15, 1 << 14, False, ["mx_mm", "mx_preload", "mx_drain", "sync_pop", "mx_mm"]),
+        # the drain writes them: it stays
+        (1 << 15, 4096, False, ["mx_mm", "mx_drain", "sync_pop", "mx_preload", "mx_mm"]),
+        # the vector unit's store writes them, pushed before the drain: the pop moves with it
+        (4096, 1 << 14, False, ["mx_mm", "sync_pop", "mx_preload", "mx_drain", "mx_mm"]),
+        # pushed after the drain (the pop might wait on what follows it): it stays
+        (4096, 1 << 14, True, ["mx_mm", "mx_drain", "sync_pop", "mx_preload", "mx_mm"]),
     ],
 )
-def test_a_preload_moves_before_drains_only_past_no_write_of_its_weights(stored, drained, moves):
+def test_a_preload_moves_before_drains_only_past_no_write_of_its_weights(stored, drained, late, order):
     """The weights at 4096: the preload after a drain and a pop of the vector unit's token goes in front of the
-    drain (its weight-port cycles under the matmul's latency) unless either writes them first."""
+    drain (its weight-port cycles under the matmul's latency) unless the drain writes them first; a pop ordering
+    a write of them goes with it when its push comes first."""
     mm = _work(Unit.matrix, 16)
-    calls = [
-        *_chain_store(stored),
-        token(Unit.vector, Unit.matrix, True),
-        mm,
-        _drain(drained),
-        token(Unit.vector, Unit.matrix, False),
-        _preload(4096),
-        mm,
-    ]
-    matrix = [c.name for c in hoist_preloads(calls) if c.unit is Unit.matrix]
-    moved = ["mx_mm", "mx_preload", "mx_drain", "sync_pop", "mx_mm"]
-    assert (matrix == moved) == moves, matrix
+    vector = [*_chain_store(stored), token(Unit.vector, Unit.matrix, True)]
+    head, tail = ([], vector) if late else (vector, [])
+    calls = [*head, mm, _drain(drained), *tail, token(Unit.vector, Unit.matrix, False), _preload(4096), mm]
+    assert [c.name for c in hoist_preloads(calls) if c.unit is Unit.matrix] == order
