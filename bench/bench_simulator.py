@@ -1,15 +1,17 @@
-"""Simulator speed: a 512x512x512 int8 GEMM on `base` and a generated 100k-instruction mixed program, each run
-in full and timing only (`simulate(timing_only=True)`, what the planner's `execute.timing_cycles` asks for) side by
-side.
+"""Simulator speed: a 512x512x512 int8 GEMM on `base`, a generated 100k-instruction mixed program and resnet18's
+224x224 int8 conv kernels as the planner builds them (implicit GEMM: hardware loops of preloads and matmuls), each
+run in full and timing only (`simulate(timing_only=True)`, what the planner's `execute.timing_cycles` asks for)
+side by side.
 
 Prints a table and writes bench/results/simulator.md. Figures: simulated instructions per wall second,
 simulated cycles per wall second, MACs per wall second; the GEMM result is checked bit-exact against numpy, and
 each timing-only run's counters against its full run's (`counters`: equal or not).
-Run: python bench/bench_simulator.py
+Run: python bench/bench_simulator.py [--out PATH] (the conv kernels need the zoo's resnet18 export: see bench_conv)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import time
@@ -25,6 +27,7 @@ from simulator import simulate
 from simulator.config import PRESETS
 
 RESULTS = Path(__file__).parent / "results" / "simulator.md"
+CONV_LAYERS = 4  # resnet18's first distinct conv layers at 224x224 (the stem, then layer1's 3x3 convs, ...)
 
 
 def gemm_source(m: int, k: int, n: int, tile: int, block_rows: int) -> str:
@@ -124,6 +127,42 @@ def mixed_source(count: int, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def conv_kernels(count: int = CONV_LAYERS) -> list[tuple[object, dict]]:
+    """(program, zero inputs) of resnet18's first `count` distinct 224x224 int8 conv layers (+ Relu) as implicit GEMM
+    kernels, built as the planner builds candidates (`build_kernel`) and fed as `execute.timing_cycles` feeds them."""
+    from bench.bench_conv import conv_layers
+    from fusion.engine.context import ModelContext
+    from fusion.engine.kernel import build_kernel
+    from fusion.engine.plan import Group
+    from fusion.quant.calibrate import calibrate
+    from simulator.config import load_config
+
+    out = []
+    for _, graph, _ in conv_layers("resnet18", "full")[:count]:
+        x = np.random.default_rng(0).standard_normal(graph.types["x"].shape).astype(np.float32)
+        mc = ModelContext(graph, load_config("base"), "int8", calibrate(graph, [{"x": x}]))
+        kernel = build_kernel(mc, Group(tuple(n.name for n in graph.nodes), "implicit_gemm"))
+        shapes, dtypes = dict(kernel.guard.shapes), dict(kernel.guard.dtypes)
+        inputs = {kernel.symbols[v]: np.zeros(shapes[v], dtype=dtypes[v]) for v in kernel.inputs}
+        out.append((kernel.program, inputs))
+    return out
+
+
+class _Sum:
+    """Counters of several runs summed field by field (a row of several programs)."""
+
+    def __init__(self, results: list) -> None:
+        for name in ("instret", "cycle", "macs"):
+            setattr(self, name, sum(getattr(r.counters, name) for r in results))
+
+
+def _measure_all(programs: list[tuple[object, dict]], repeats: int = 5, timing_only: bool = False) -> tuple:
+    """`_measure` over several programs: summed best wall and CPU seconds, the summed counters, the results."""
+    runs = [_measure(obj, "base", inputs, repeats, timing_only) for obj, inputs in programs]
+    results = [r for _, _, r in runs]
+    return sum(w for w, _, _ in runs), sum(c for _, c, _ in runs), _Sum(results), results
+
+
 def _measure(
     obj, config: str, inputs: dict, repeats: int = 5, timing_only: bool = False
 ) -> tuple[float, float, object]:
@@ -137,7 +176,11 @@ def _measure(
     return best_wall, best_cpu, result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-conv", action="store_true", help="skip the resnet18 conv kernels")
+    args = parser.parse_args(argv)
     rows = []
     rng = np.random.default_rng(1)
     a = rng.integers(-128, 128, (512, 512), dtype=np.int8)
@@ -158,6 +201,17 @@ def main() -> None:
         wall, cpu, timed = _measure(obj, "base", inputs, timing_only=True)
         same = (timed.counters, timed.kernel_counters) == (full.counters, full.kernel_counters)
         rows.append((f"{name}, timing only", timed.counters, wall, cpu, "counters " + ("equal" if same else "DIFFER")))
+    if not args.no_conv:
+        convs = conv_kernels()
+        name = f"resnet18 224 int8, {len(convs)} conv kernels (implicit GEMM), base"
+        wall, cpu, total, full_runs = _measure_all(convs)
+        rows.append((name, total, wall, cpu, None))
+        wall, cpu, total, timed_runs = _measure_all(convs, timing_only=True)
+        same = all(
+            (t.counters, t.kernel_counters) == (f.counters, f.kernel_counters)
+            for t, f in zip(timed_runs, full_runs, strict=True)
+        )
+        rows.append((f"{name}, timing only", total, wall, cpu, "counters " + ("equal" if same else "DIFFER")))
 
     table = Table(title="simulator speed (best of 5; rates per wall second)")
     columns = ("program", "instructions", "sim cycles", "wall s", "cpu s", "instr/s", "cycles/s", "MACs/s", "bit-exact")
@@ -168,7 +222,8 @@ def main() -> None:
         "",
         f"Machine: {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores. "
-        "Command: `python bench/bench_simulator.py` (best of 5; times include decoding and setup; rates per wall s).",
+        "Command: `python bench/bench_simulator.py` (best of 5 per program; times include decoding and setup; "
+        "rates per wall s).",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
@@ -193,7 +248,7 @@ def main() -> None:
         "(SCALE-Sim 3.0 takes ~78 s for it, ~10k simulated cycles/s).",
     ]
     Console().print(table)
-    RESULTS.write_text("\n".join(md) + "\n")
+    args.out.write_text("\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

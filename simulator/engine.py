@@ -224,7 +224,10 @@ class Engine:
             self.advance(now)
         while len(queue) >= self.depth:
             head = queue[0]
-            self.wait_for(head)
+            if head.start < 0:  # (`wait_for`, inline)
+                self.advance(INF, head)
+                if head.start < 0:
+                    raise self._stuck(f"the instruction at pc {head.pc} can never start")
             if head.start > now:
                 op.stats[S_QUEUE] += head.start - now
                 now = head.start
@@ -345,7 +348,7 @@ class Engine:
         u = op.unit
         owner, until = self.bank_owner, self.bank_until
         if u == MATRIX:  # overlapping instructions: each bank is held until the latest of them finishes
-            self.free[u] = self.matrix.results()
+            self.free[u] = INF if self.matrix.open else self.matrix.done  # (`MatrixPipe.results`, inline)
             for b in op.banks:
                 if owner[b] != u or until[b] < finish:
                     owner[b], until[b] = u, finish
