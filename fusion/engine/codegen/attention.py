@@ -710,11 +710,17 @@ def _orders(cx: LowerContext, parts: list[list[tuple[Unit, list]]]) -> list[list
 
 def _recorded(head: list[tuple[Unit, list[Callable]]], r: int) -> list:
     """Stage run r of a head as instructions, with its tokens: popped from the previous run's unit first, pushed
-    to the next run's unit last."""
+    to the next run's unit last. Runs with no work at the head's end (a head that stores nothing) take no
+    tokens: a push waits for every result before it, for nothing."""
+    end = len(head)
+    while end > 1 and not head[end - 1][1]:
+        end -= 1
+    if r >= end:
+        return []
     unit, fns = head[r]
     calls = [attention_order.token(head[r - 1][0], unit, False)] if r else []
     calls += attention_order.record(fns)
-    return calls + ([attention_order.token(unit, head[r + 1][0], True)] if r + 1 < len(head) else [])
+    return calls + ([attention_order.token(unit, head[r + 1][0], True)] if r + 1 < end else [])
 
 
 def _hand_on(cfg: MachineConfig, head: list[tuple[Unit, list]]) -> list[tuple[Unit, list]]:

@@ -19,7 +19,7 @@ from fusion.engine.execute import run_kernel
 from fusion.engine.kernel import try_build
 from fusion.engine.plan import Group
 from fusion.lower.views import dense
-from isa.enums import DType
+from isa.enums import DType, Unit
 from simulator.run import simulate
 
 
@@ -121,3 +121,15 @@ def test_the_output_projection_stores_y_whole_when_that_is_cheaper():
     y = dense(0, (128, 64), DType.i8)
     assert stores_whole(mc.config, y, 17, 64, 1) and stores_whole(mc.config, y, 128, 64, 1)
     assert not stores_whole(mc.config, dense(0, (17, 16), DType.i8), 17, 16, 1)
+
+
+def test_only_the_head_that_stores_hands_its_step_to_the_store_unit():
+    """With the output projection the last head alone stores Y: the first head's matrix work ends with no token to
+    the store unit (a push waits for every result before it, for nothing), so one pop on the store unit."""
+    shape = AttentionShape(seq=17, heads=2, head_dim=32, scale="none", prescale=True, fused_qkv=True)
+    graph, inputs = attention_graph(shape)
+    mc = context(graph, inputs, "int8")
+    (match,) = [m for m in find_projected_attention(graph) if m.out_projection is not None]
+    _, program, _ = build(mc, match.nodes(graph))
+    tokens = [i.values for i in program.instructions() if i.mnemonic in ("sync.push", "sync.pop")]
+    assert tokens.count((int(Unit.matrix), int(Unit.store))) == 2  # one push, one pop
