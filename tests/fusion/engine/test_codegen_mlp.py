@@ -22,6 +22,7 @@ from fusion.graph.ir import Graph
 from fusion.graph.ops import OpType
 from fusion.lower.compiler import plan_dram
 from fusion.lower.context import LowerContext
+from isa.enums import Unit
 
 
 def mlp_graph(m: int, d: int, h: int, act: str, post_ln: bool, seed: int = 0, views: bool = False) -> Graph:
@@ -165,3 +166,29 @@ def test_the_output_panels_are_drained_into_their_columns_in_place(dtype: str, d
     assert sum(op == "mx.drain.s" for op, _ in program) == d // n
     stitched = [f for op, f in program if op == "v.copy" and f["n"] <= n]  # a copy of at most a panel's row
     assert len(stitched) == (m if partial else 0)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp32"])
+@pytest.mark.parametrize("post_ln", [False, True])
+def test_the_epilogue_starts_on_the_drained_rows_alone(dtype: str, post_ln: bool) -> None:
+    """The epilogue chain's operands already on chip (the kept residual sum, the parameter rows) are loaded into
+    vector registers after the last activation chain, while the matrix unit runs the last GEMM2: after the drains'
+    token the vector unit loads the drained rows alone before its first result."""
+    m, d = 17, 64
+    graph = mlp_graph(m, d, 128, "gelu", post_ln, seed=m)
+    (match,) = find_mlps(graph)
+    nodes = max(match.variants(graph), key=len)
+    rng = np.random.default_rng(d)
+    inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(nodes, "mlp"), inputs)  # race-checked
+    for value in kernel.outputs:
+        assert_reference(run.outputs, env, value, dtype, 1e-5)
+    program = [(i.mnemonic, i.by_name()) for i in kernel.program.instructions()]
+    drained = max(
+        i
+        for i, (op, f) in enumerate(program)
+        if op == "sync.pop" and (f["src"], f["dst"]) == (Unit.matrix, Unit.vector)
+    )
+    first = next(i for i in range(drained, len(program)) if program[i][0] == "vc.st")
+    assert [op for op, _ in program[drained:first]].count("vc.ld") == 1
