@@ -12,6 +12,7 @@ import gc
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from assembler.program import (
     Zero,
 )
 from assembler.texts import TextCache
-from isa import BY_MNEMONIC, INSTRUCTIONS, DType, InstructionSpec, Kind
+from isa import BY_MNEMONIC, INSTRUCTIONS, DType, Field, InstructionSpec, Kind
 from isa.encoding import encode_fields
 
 NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
@@ -331,7 +332,7 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
     general: list[np.ndarray] = []
     for row in np.flatnonzero(np.diff(ends, prepend=0)):
         at = order[ends[row - 1] if row else 0 : ends[row]]
-        encoded, plain = _encode_row(INSTRUCTIONS[row], [args[i] for i in at.tolist()])
+        encoded, plain = _encode_row(INSTRUCTIONS[row], list(map(args.__getitem__, at.tolist())), at, state.labels)
         words[at[plain]] = encoded[plain]
         general.append(at[~plain])
     text_len = len(rows)
@@ -356,19 +357,39 @@ def _general_word(state: _Linker, spec: InstructionSpec, args: tuple, loc: Any, 
     return encode_fields(spec, values)
 
 
-def _encode_row(spec: InstructionSpec, args: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
-    """The words of instructions of one ISA row and which of them were plain (every operand as `_plain_operands`
-    takes it: an int of the field's range, or an allowed enum name); the others are left to the general path."""
+def _encode_row(
+    spec: InstructionSpec, args: list[tuple], pcs: np.ndarray, labels: dict[str, tuple[Section, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The words of instructions of one ISA row at `pcs` and which of them were plain (every operand as
+    `_plain_operands` takes it: an int of the field's range, an allowed enum name, or a target naming a text
+    label, `_target_column`); the others are left to the general path."""
     count = len(args)
     words = np.full(count, spec.match, dtype=np.uint64)
     plain = np.ones(count, dtype=bool)
     if count and set(map(len, args)) != {len(spec.fields)}:
         return words, ~plain  # (the general path reports the operand count)
     for fld, accepts, column in zip(spec.fields, _plain_operands(spec.mnemonic), zip(*args, strict=True), strict=True):
-        values, ok = _plain_column(accepts, column)
+        if fld.kind in TARGET_KINDS:
+            values, ok = _target_column(fld, column, pcs, labels)
+        else:
+            values, ok = _plain_column(accepts, column)
         plain &= ok
         words |= (values.astype(np.uint64) & np.uint64((1 << fld.width) - 1)) << np.uint64(fld.lo)
     return words, plain
+
+
+def _target_column(
+    fld: Field, column: tuple, pcs: np.ndarray, labels: dict[str, tuple[Section, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Targets of many instructions at `pcs` as pc-relative field values, and which are plain: a name of a text
+    label (a builder's loop ends and branches), in the field's range, a loop end after its loop. Anything else
+    (numbers, .equ and data symbols, expressions, every problem) takes the general path (`field_value`)."""
+    found = [labels.get(v) if type(v) is str else None for v in column]
+    known = np.array([at is not None and at[0] is Section.text for at in found], dtype=bool)
+    values = np.array([at[1] if ok else 0 for at, ok in zip(found, known.tolist(), strict=True)], dtype=np.int64) - pcs
+    lo, hi = fld.value_range
+    ok = known & (values >= max(lo, 1 if fld.kind is Kind.loop_end else lo)) & (values <= hi)
+    return values, ok
 
 
 def _plain_column(accepts: tuple[int, int] | dict[str, int] | None, column: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -387,7 +408,7 @@ def _plain_column(accepts: tuple[int, int] | dict[str, int] | None, column: tupl
             return values, (values >= accepts[0]) & (values <= accepts[1])
         typed = [v if type(v) is int and accepts[0] <= v <= accepts[1] else None for v in column]
     elif types == {str}:
-        values = np.array([accepts.get(v, -1) for v in column], dtype=np.int64)
+        values = np.array(list(map(accepts.get, column, repeat(-1))), dtype=np.int64)
         return values, values >= 0
     else:
         typed = [accepts.get(v) if type(v) is str else None for v in column]

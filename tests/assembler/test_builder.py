@@ -216,3 +216,32 @@ def test_an_instruction_emitted_in_a_loop_is_reported_at_the_line_of_its_call() 
         b.build()
     assert [d.line for d in info.value.diagnostics] == lines
     assert all(d.file == __file__ for d in info.value.diagnostics)
+
+
+def test_targets_naming_text_labels_encode_like_text() -> None:
+    """Loop ends and branches naming text labels (the linker's vectorised path), forward and backward, beside a
+    target the general path takes (an absolute index), give the text path's words."""
+    source = """
+top:    loopi 2, end
+        addi x1, x1, 1
+end:    beq x1, x2, top
+        bne x1, x2, done
+        jal x3, 1
+done:   halt
+"""
+    b = ProgramBuilder()
+    b.label("top")
+    b.loopi(2, "end").addi(1, 1, 1)
+    b.label("end")
+    b.beq(1, 2, "top").bne(1, 2, "done").jal(3, 1)
+    b.label("done")
+    b.halt()
+    assert b.build() == assemble(source)
+
+
+def test_a_loop_end_before_its_loop_is_reported() -> None:
+    b = ProgramBuilder()
+    b.label("back")
+    b.nop().loopi(2, "back")
+    with pytest.raises(AssemblyError, match="must come after the loop instruction"):
+        b.build()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
-from operator import sub
+from operator import itemgetter, sub
 
 from fusion.lower.emitter import Emitter
 
@@ -20,12 +20,13 @@ Item = tuple[Op, ...]
 MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
 MAX_TRIPS = 0xFFFF  # `loopi`'s count field
 MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
+_NAME_REST, _VALUES = itemgetter(0, 2), itemgetter(1)  # an op's instruction and other operands; its register values
 
 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
-    shapes = [tuple([(name, len(values), rest) for name, values, rest in item]) for item in items]
+    shapes = [_shape(item) for item in items]
     flat = [_values(item) for item in items]
     i = 0
     while i < len(items):
@@ -55,9 +56,12 @@ def steps(first: Item, second: Item) -> tuple[int, ...]:
 
 
 def _values(item: Item) -> tuple[int, ...]:
-    if len(item) == 1:
-        return item[0][1]
-    return tuple(chain.from_iterable([values for _, values, _ in item]))
+    return tuple(chain.from_iterable(map(_VALUES, item)))
+
+
+def _shape(item: Item) -> tuple:
+    """What items of one run share: their instructions, other operands and register operand counts."""
+    return (*map(_NAME_REST, item), *map(len, map(_VALUES, item)))
 
 
 def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
@@ -88,32 +92,36 @@ def _loop(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> bool:
     `loopi` over the others, each stepping a register (`addi`) just before its first use: the matrix unit's first
     instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). False,
     nothing emitted: the run needs more registers than a loop may hold."""
-    keys = list(zip(_values(item), step, strict=True))
-    if len(set(keys)) > MAX_REGS:
+    keys = list(zip(_values(item), step, strict=True))  # (value, step): one register each
+    if len(keys) > MAX_REGS and len(set(keys)) > MAX_REGS:
         return False
-    b = em.b
-    ops, k = [], 0
+    b, claim, held = em.b, em.claim, em.regs
     regs: dict[tuple[int, int], int] = {}
+    reg = regs.__getitem__
+    ops, k = [], 0
     for name, values, rest in item:
         used = keys[k : k + len(values)]
         k += len(values)
         method = getattr(b, name)
         ops.append((method, used, rest))
+        fixed = []
         for key in used:
-            if key[1] and key not in regs:
-                regs[key] = em.claim(key[0])
-        fixed = [v for v, d in used if not d]
+            if not key[1]:
+                fixed.append(key)
+            elif key not in regs:
+                regs[key] = claim(key[0])
         if fixed:
-            regs.update(zip([(v, 0) for v in fixed], em.regs(*fixed), strict=True))
-        method(*[regs[key] for key in used], *rest)
+            regs.update(zip(fixed, held(*[v for v, _ in fixed]), strict=True))
+        method(*map(reg, used), *rest)
     end = em.local_label("taps")
     b.loopi(count - 1, end)
-    stepped: set[tuple[int, int]] = set()
+    addi, stepped = b.addi, set()
     for method, used, rest in ops:
         for key in used:
             if key[1] and key not in stepped:
                 stepped.add(key)
-                b.addi(regs[key], regs[key], key[1])
-        method(*[regs[key] for key in used], *rest)
+                r = regs[key]
+                addi(r, r, key[1])
+        method(*map(reg, used), *rest)
     b.label(end)
     return True
