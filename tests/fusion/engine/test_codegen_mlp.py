@@ -154,15 +154,7 @@ def test_the_output_panels_are_drained_into_their_columns_in_place(dtype: str, d
     m = 17
     graph = mlp_graph(m, d, 64, "gelu", False, seed=d)
     (match,) = find_mlps(graph)
-    nodes = min(match.variants(graph), key=len)
-    rng = np.random.default_rng(d)
-    inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
-    mc = context(graph, inputs, dtype)
-    kernel, run, env = run_group(mc, Group(nodes, "mlp", tile_m=m), inputs)  # one row block, race-checked
-    for value in kernel.outputs:
-        assert_reference(run.outputs, env, value, dtype, 1e-5)
-    n = mc.config.array_size
-    program = [(i.mnemonic, i.by_name()) for i in kernel.program.instructions()]
+    program, n = _one_block(graph, min(match.variants(graph), key=len), m, d, dtype)
     assert sum(op == "mx.drain.s" for op, _ in program) == d // n
     stitched = [f for op, f in program if op == "v.copy" and f["n"] <= n]  # a copy of at most a panel's row
     assert len(stitched) == (m if partial else 0)
@@ -177,14 +169,7 @@ def test_the_epilogue_starts_on_the_drained_rows_alone(dtype: str, post_ln: bool
     m, d = 17, 64
     graph = mlp_graph(m, d, 128, "gelu", post_ln, seed=m)
     (match,) = find_mlps(graph)
-    nodes = max(match.variants(graph), key=len)
-    rng = np.random.default_rng(d)
-    inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
-    mc = context(graph, inputs, dtype)
-    kernel, run, env = run_group(mc, Group(nodes, "mlp"), inputs)  # race-checked
-    for value in kernel.outputs:
-        assert_reference(run.outputs, env, value, dtype, 1e-5)
-    program = [(i.mnemonic, i.by_name()) for i in kernel.program.instructions()]
+    program, _ = _one_block(graph, max(match.variants(graph), key=len), m, d, dtype)
     drained = max(
         i
         for i, (op, f) in enumerate(program)
@@ -192,3 +177,15 @@ def test_the_epilogue_starts_on_the_drained_rows_alone(dtype: str, post_ln: bool
     )
     first = next(i for i in range(drained, len(program)) if program[i][0] == "vc.st")
     assert [op for op, _ in program[drained:first]].count("vc.ld") == 1
+
+
+def _one_block(graph: Graph, nodes: tuple[str, ...], m: int, d: int, dtype: str) -> tuple[list, int]:
+    """The group as one row block, run race-checked against the reference: its instructions (mnemonic, fields)
+    and the array size."""
+    rng = np.random.default_rng(d)
+    inputs = {v: rng.standard_normal((1, m, d)).astype(np.float32) for v in ("x", "r")}
+    mc = context(graph, inputs, dtype)
+    kernel, run, env = run_group(mc, Group(nodes, "mlp", tile_m=m), inputs)
+    for value in kernel.outputs:
+        assert_reference(run.outputs, env, value, dtype, 1e-5)
+    return [(i.mnemonic, i.by_name()) for i in kernel.program.instructions()], mc.config.array_size
