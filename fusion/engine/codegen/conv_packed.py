@@ -18,10 +18,18 @@ computes every padded position and drops the ones between kept pixels. This sche
 
 The weights, [kh * kw * C/group, Cout] with (kh, kw, c) rows, are packed at compile time in Cout-tile panels
 (`pack_panels`): each A tile's K rows of one Cout tile are one contiguous run. Loop order per band of output
-rows: the A tiles stay resident while every Cout tile's weights stream past (when all of K does not fit beside
-them, K is cut into groups whose A tiles each step loads again); the drain applies bias, residual, activation and
-requantization per output row into a dense [rows * OW, Cout tile] tile stored to a DRAM scratch, brought back
-as NCHW by transposing loads.
+rows: the A tiles stay resident while every Cout tile's weights stream past; the drain applies bias, residual,
+activation and requantization per output row into a dense [rows * OW, Cout tile] tile stored to a DRAM scratch,
+brought back as NCHW by transposing loads. Where the A tiles live, best first:
+
+- X whole on chip (`Tiling.whole`, when X fits the rotating slots' banks): phase 1 writes X there instead of to
+  DRAM, and every A tile is read in place by `mx.mm.s` (rows stride_w * C elements apart); the steps' tiles sit
+  in the spare bank, and K is cut into groups only for the weights;
+- a band's windows of X (`windows`: one run per row phase and channel block, loaded once per band), read in
+  place the same way: kernel rows and taps overlap in X, so this reads each element about once where a packed A
+  tile per piece read it kh * kw / (stride_h * stride_w) times;
+- a packed A tile per piece loaded by one strided DMA (when a band's windows do not fit: K groups whose A tiles
+  each step loads again).
 """
 
 from __future__ import annotations

@@ -218,3 +218,53 @@ def test_a_weight_fitting_beside_the_bands_a_tiles_is_read_once_per_slot() -> No
     assert tiling.resident and len(spans) > 3
     a_tiles = sum(stream_rows(s, r) for r in spans) * 147
     assert run.dram_read_bytes <= 3 * 96 * 96 * 4 + a_tiles + 3 * 64 * 147 + len(spans) * 64 * 12 + 64 * 48 * 48
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (2, 256, 64, (10, 10), (3, 3), (2, 2)),  # two images, K groups (int8 whole, fp32 windows do not fit)
+        (1, 512, 32, (6, 6), (3, 3), (1, 1)),  # fp32: X whole with 15 K groups of weights
+        (2, 64, 48, (12, 12), (3, 3), (2, 2)),
+        (1, 8, 16, (9, 11), (3, 3), (1, 2)),  # stride_h 1, stride_w 2, odd padded width: X rows apart
+    ],
+)
+def test_a_tiles_read_in_place_match_the_reference(dtype: str, case: tuple) -> None:
+    """The A tiles read in place by mx.mm.s, from X whole on chip (written there by the channels-last phase) or
+    from a band's windows: several images, K groups, a stride on one axis only. Race-checked, bit-exact int8."""
+    n, c, cout, spatial, kernel, strides = case
+    graph, names = conv_graph(n, c, cout, spatial, kernel, strides, (1, 1), (1, 1, 1, 1), 1, True)
+    _check(graph, names, dtype)
+
+
+def test_x_whole_on_chip_is_never_stored_the_weight_read_once() -> None:
+    """int8, a 7x7/2 stem on 3 channels over 96x96 pixels: X (both row phases, 3 channels) fits the slots' banks,
+    so the channels-last phase writes it on chip and bands read their A tiles there. DRAM writes are the output
+    scratch and the output only; reads the float input, the weight once, the bias and requantizer table per band
+    and the scratch read back."""
+    graph, names = conv_graph(1, 3, 64, (96, 96), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 1, True)
+    mc, run, _ = _check(graph, names, "int8")
+    s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
+    tiling = choose_tiling(mc.config, s, DType.i8, DType.i8, False)
+    assert tiling.whole
+    bands = -(-s.out[0] // tiling.rows)
+    out = 64 * 48 * 48
+    assert run.dram_write_bytes == 2 * out
+    assert run.dram_read_bytes <= 3 * 96 * 96 * 4 + 64 * 147 + bands * 64 * 12 + out
+
+
+def test_a_bands_windows_read_each_element_of_x_about_once() -> None:
+    """fp32, 3x3/2 on 16 channels over 56x56 pixels: X (0.21 MB) does not fit on chip and a band's packed A tiles
+    would read it 9/4 times; its windows (one run per row phase) read the band's rows once, so X is read about
+    once plus a row per phase per band."""
+    graph, names = conv_graph(1, 16, 32, (56, 56), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1, True)
+    mc, run, _ = _check(graph, names, "fp32")
+    s = conv_shape(graph, mc.config, graph.node("conv"), packed=True)
+    tiling = choose_tiling(mc.config, s, DType.f32, DType.f32, False)
+    assert tiling.resident and not tiling.whole
+    bands = -(-s.out[0] // tiling.rows)
+    row = s.phase_width * 16 * 4
+    x = s.strides[0] * s.phase_rows * row
+    weights, out = 9 * 16 * 32 * 4, 32 * 28 * 28 * 4
+    assert run.dram_read_bytes <= 16 * 56 * 56 * 4 + x + 2 * bands * row + bands * (weights + 32 * 12) + out
