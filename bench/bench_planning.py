@@ -6,8 +6,10 @@ kernels simulated while planning, pipelined pairs), `JIT s` the planned kernels 
 the kernels simulated while planning and their host seconds, all three in CPU seconds of the process (the
 machine is shared with other jobs; alone, wall time is the same), `wall s` plan + JIT in wall seconds, `peak RSS`
 the child's maximum resident set after its first call (plan + JIT + one simulated run), `cycles` the plan's
-simulated cycles and `plan` a digest of the plan (its groups, schedules, predictions, reasons, refusals and
-pipelined pairs): what a planning speed-up must not change. Dispatch: the median host time of a cache-hit
+simulated cycles, `plan` a digest of the plan (its groups, schedules, predictions, reasons, refusals and
+pipelined pairs) and `chosen` a digest of the kernels it runs (groups with their schedules, pipelined pairs): what a
+planning speed-up must not change (one that only measures or builds less may change `plan`'s reasons and listed
+alternatives, never `chosen`). Dispatch: the median host time of a cache-hit
 dispatch per kernel over warm calls of
 a bundled model and a zoo model, wall and thread CPU time (the CPU figure does not see this shared machine's
 other jobs).
@@ -98,11 +100,13 @@ def plan_child(name: str, size: str, dtype: str, run: str = "run") -> dict:
         cycles, plan = None, planned_only.args[0]
     measured = plan.measured
     digest = hashlib.sha256(repr((plan.choices, plan.rejected, plan.pipelined)).encode()).hexdigest()[:12]
+    chosen = hashlib.sha256(repr(([c.group for c in plan.choices], plan.pipelined)).encode()).hexdigest()[:12]
     return {
         "plan_s": engine.plan_seconds,
         "jit_s": engine.compile_seconds,
         "wall_s": sum(walls),
         "plan": digest,
+        "chosen": chosen,
         "first_call_s": time.perf_counter() - start,
         "measured": None if measured is None else [measured.kernels, measured.seconds],
         "pairs": len(plan.pipelined),
@@ -219,6 +223,7 @@ def _plan_cells(r: dict) -> list[str]:
         f"{r['peak_rss_mb']:.0f}",
         "not run" if r["cycles"] is None else f"{r['cycles']:,}",
         f"`{r['plan']}`",
+        f"`{r['chosen']}`",
     ]
 
 
@@ -245,7 +250,7 @@ def main() -> None:
     trees = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     start = time.perf_counter()
     head = ["model", "dtype", "plan s (CPU)", "JIT s (CPU)", "wall s", "measured kernels / s", "pairs", "peak RSS MB"]
-    head += ["cycles", "plan"]
+    head += ["cycles", "plan", "chosen"]
     plans = [(name, size, dtype) for name, size, dtype in (m.split(":") for m in filter(None, args.models.split(",")))]
     mode = "plan" if args.no_run else "run"
     if not 1 <= args.repeat <= MAX_REPEAT:
@@ -268,7 +273,8 @@ def main() -> None:
         + ("planning and JIT; `--no-run`: no simulated run, no cycles" if args.no_run else "planning, JIT and one run")
         + "). `wall s`: plan + JIT in wall seconds; `measured`: kernels simulated while "
         "planning and their host seconds; `pairs`: pipelined pairs taken; `cycles`: the plan's simulated cycles; "
-        "`plan`: digest of the plan (groups, schedules, predictions, reasons, pairs).\n\n"
+        "`plan`: digest of the plan (groups, schedules, predictions, reasons, pairs); `chosen`: digest of the "
+        "kernels it runs (groups with their schedules, pairs).\n\n"
         + "\n".join(lines)
         + "\n\nCache-hit dispatch (median over "
         f"{WARM_CALLS} warm calls, host execution, simulation excluded):\n\n" + "\n".join(dlines) + "\n"

@@ -703,12 +703,15 @@ def plan_dynamic(
             continue
         base = sum(p.score for p in parts)
         scored.append((fusion_gain(ev, best, parts, threshold), base, best, alts, cand))
-    scored = _settle_rivals(ev, scored, alone)
-    scored.sort(key=lambda s: -s[0])
+    rivals = _uncertain_rivals(scored, alone)
+    settled: set[int] = set()  # candidates whose gain is measured (`_measured_gain`)
+    pending = sorted(range(len(scored)), key=lambda i: (-scored[i][0], i))
     by_name = {n.name: n for n in mc.graph.nodes}
     planned: dict[str, tuple[Node, ...]] = {}  # the picked groups' nodes, by node
     picked: dict[str, GroupChoice] = {}
-    for gain, base, best, alts, cand in scored:
+    while pending:
+        i = pending.pop(0)
+        gain, base, best, alts, cand = scored[i]
         if gain <= threshold * base:
             rejected.append(
                 (best.group.nodes, f"gain {gain:.0f} (score, predicted or measured) is below the threshold")
@@ -720,6 +723,15 @@ def plan_dynamic(
         ordered = no_cycle_through_outside(mc.graph, members, planned)  # the groups keep an order to run in
         if not ordered:
             rejected.append((best.group.nodes, f"with the groups taken before it: {ordered.reason}"))
+            continue
+        # rivals still free that might deserve the nodes first: their gains and this one's measured, then re-sorted
+        contest = [j for j in rivals.get(i, ()) if j in pending and planned.keys().isdisjoint(scored[j][4].nodes)]
+        unsettled = [k for k in (i, *contest) if k not in settled] if contest else []
+        if unsettled:
+            for k in unsettled:
+                scored[k] = (_measured_gain(ev, scored[k], alone), *scored[k][1:])
+            settled.update(unsettled)
+            pending = sorted([i, *pending], key=lambda k: (-scored[k][0], k))
             continue
         planned.update(dict.fromkeys(best.group.nodes, members))
         picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"gain {gain:.0f} (score)")
@@ -766,13 +778,15 @@ def _core_spread(fused: Evaluated, core_cycles: float) -> float:
     return relative * abs(fused.cycles - core_cycles)
 
 
-def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> list:
-    """Candidates sharing nodes compete (the larger gain is taken first): where the expected regret of that order,
-    from the gains' predicted spreads, is at least REGRET_FLOOR of the separate score, both gains are measured.
-    A node both candidates hold adds its single kernel's score to both gains, so its error cancels in their
-    difference: each gain's spread is its fused kernel's plus those of its nodes the other does not hold. Two
-    fused kernels of one strategy and schedule, one's nodes within the other's, share their core the same way
-    (`_core_spread`): only their difference in predicted cycles is uncertain."""
+def _uncertain_rivals(scored: list, alone: Mapping[str, tuple]) -> dict[int, set[int]]:
+    """Candidates sharing nodes compete (the larger gain is taken first): by candidate (its index in `scored`),
+    the rivals where the expected regret of that order, from the gains' predicted spreads, is at least
+    REGRET_FLOOR of the separate score. `plan_dynamic` measures both gains only when the order decides something:
+    when one is about to be taken and the other is still free (a rival already beaten to its nodes, or taken,
+    needs no measurement). A node both candidates hold adds its single kernel's score to both gains, so its error
+    cancels in their difference: each gain's spread is its fused kernel's plus those of its nodes the other does
+    not hold. Two fused kernels of one strategy and schedule, one's nodes within the other's, share their core
+    the same way (`_core_spread`): only their difference in predicted cycles is uncertain."""
 
     def own(s: tuple, other: tuple) -> float:
         return sum(alone[n][0].sd for n in s[4].nodes if n not in other[4].nodes)
@@ -786,23 +800,28 @@ def _settle_rivals(ev: Evaluator, scored: list, alone: Mapping[str, tuple]) -> l
             return math.hypot(_core_spread(larger, smaller.cycles) + own(a, b), own(b, a))
         return math.hypot(fa.sd + own(a, b), fb.sd + own(b, a))
 
-    finite = [s for s in scored if s[1] != float("inf")]
-    uncertain: set[int] = set()
-    for i, a in enumerate(finite):
-        for j, b in enumerate(finite[i + 1 :], i + 1):
+    finite = [i for i, s in enumerate(scored) if s[1] != float("inf")]
+    rivals: dict[int, set[int]] = {}
+    for x, i in enumerate(finite):
+        for j in finite[x + 1 :]:
+            a, b = scored[i], scored[j]
             if set(a[4].nodes).isdisjoint(b[4].nodes):
                 continue
             first, second = (a, b) if a[0] >= b[0] else (b, a)
             regret = expected_regret(-first[0], spread(first, second), -second[0], 0.0)
             if regret >= REGRET_FLOOR * min(a[1], b[1]):
-                uncertain.update((i, j))
-    settled = []
-    for i, s in enumerate(finite):
-        parts = [alone[n][0] for n in s[4].nodes]
-        measurable = i in uncertain and not any(_skips(e.group) for e in (s[2], *parts))
-        gain = sum(map(ev.measured_score, parts)) - ev.measured_score(s[2]) if measurable else s[0]
-        settled.append((gain, *s[1:]))
-    return settled + [s for s in scored if s[1] == float("inf")]
+                rivals.setdefault(i, set()).add(j)
+                rivals.setdefault(j, set()).add(i)
+    return rivals
+
+
+def _measured_gain(ev: Evaluator, s: tuple, alone: Mapping[str, tuple]) -> float:
+    """A scored candidate's gain with its kernels simulated (each once, on zero inputs); the predicted one when a
+    kernel is zero-skip (its timing depends on the data)."""
+    parts = [alone[n][0] for n in s[4].nodes]
+    if any(_skips(e.group) for e in (s[2], *parts)):
+        return s[0]
+    return sum(map(ev.measured_score, parts)) - ev.measured_score(s[2])
 
 
 def _regions(graph: Graph, names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:

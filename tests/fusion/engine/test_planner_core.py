@@ -1,6 +1,6 @@
 """A fused kernel's core (`planner._core_spread`): the parts of its own strategy and schedule (a conv alone, against
 the conv with the Relu its drain absorbs) share its loop nest, so the model's error on them cancels in the gain and
-only the rest decides whether `fusion_gain` and `_settle_rivals` measure."""
+only the rest decides whether `fusion_gain` measures and `_uncertain_rivals` pairs them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from test_planner_rivals import Counting as RivalCounting
 
 from fusion.engine.candidates import Candidate
 from fusion.engine.plan import Group
-from fusion.engine.planner import REGRET_FLOOR, Evaluated, _settle_rivals, fusion_gain
+from fusion.engine.planner import REGRET_FLOOR, Evaluated, _uncertain_rivals, fusion_gain
 
 SPREAD = 0.10  # the conv's relative spread
 
@@ -69,9 +69,9 @@ def test_a_shared_core_is_measured_only_when_the_rest_is_uncertain(extra: float,
         assert bool(_gain("implicit_gemm", extra, relu_sd)) == (regret >= floor)
 
 
-def _rivals(extra: float, relu_sd: float, strategies: tuple[str, str]) -> list[tuple[str, ...]]:
-    """conv + add and conv + add + relu (the latter `extra` cycles slower), of these strategies, as rivals: what
-    `_settle_rivals` measured."""
+def _rivals(extra: float, relu_sd: float, strategies: tuple[str, str]) -> bool:
+    """conv + add and conv + add + relu (the latter `extra` cycles slower), of these strategies, as rivals: whether
+    `_uncertain_rivals` pairs them (to measure)."""
     alone = {
         "conv": (_evaluated(("conv",), "unfused", 600_000.0, 90_000.0), [], ""),
         "add": (_evaluated(("add",), "unfused", 20_000.0, 3_000.0), [], ""),
@@ -83,9 +83,7 @@ def _rivals(extra: float, relu_sd: float, strategies: tuple[str, str]) -> list[t
         base = sum(alone[n][0].score for n in nodes)
         fused = _evaluated(nodes, strategy, cycles, SPREAD * cycles)
         scored.append((base - cycles, base, fused, [], Candidate(nodes, "conv")))
-    ev = Counting()
-    _settle_rivals(ev, scored, alone)
-    return ev.measured
+    return bool(_uncertain_rivals(scored, alone))
 
 
 def test_nested_rivals_of_one_schedule_share_their_core() -> None:

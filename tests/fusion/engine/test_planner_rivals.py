@@ -1,15 +1,16 @@
-"""Rival candidates (`planner._settle_rivals`): two candidates sharing nodes are measured when the order of their
-gains is uncertain. A node both hold adds its single kernel's score to both gains, so its error cannot change
+"""Rival candidates (`planner._uncertain_rivals`): two candidates sharing nodes are rivals to measure when the order
+of their gains is uncertain. A node both hold adds its single kernel's score to both gains, so its error cannot change
 that order: how uncertain the shared nodes are must not decide what is measured."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fusion.engine.candidates import Candidate
 from fusion.engine.plan import Group
-from fusion.engine.planner import Evaluated, _settle_rivals
+from fusion.engine.planner import Evaluated, _measured_gain, _uncertain_rivals
 
 
 class Counting:
@@ -28,8 +29,8 @@ def _evaluated(nodes: tuple[str, ...], score: float, sd: float) -> Evaluated:
     return Evaluated(Group(nodes, strategy), lambda: None, None, score, 0.0, score, sd)
 
 
-def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> list[tuple[str, ...]]:
-    """Candidates (a, b) and (a, b, c) with the given predicted gains: the groups `_settle_rivals` measured."""
+def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> bool:
+    """Candidates (a, b) and (a, b, c) with the given predicted gains: whether `_uncertain_rivals` pairs them."""
     alone = {
         "a": (_evaluated(("a",), 4000.0, shared_sd), [], ""),
         "b": (_evaluated(("b",), 3000.0, shared_sd), [], ""),
@@ -40,12 +41,11 @@ def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> list
         base = sum(alone[n][0].score for n in nodes)
         fused = _evaluated(nodes, base - gain, 10.0)
         scored.append((gain, base, fused, [], Candidate(nodes, "chain")))
-    ev = Counting()
-    settled = _settle_rivals(ev, scored, alone)
-    measured = bool(ev.measured)
-    for (gain, *_), (new, *_) in zip(scored, settled, strict=True):
-        assert new != gain if measured else new == gain  # a measured gain is the measured scores' (+1 per part)
-    return ev.measured
+    rivals = _uncertain_rivals(scored, alone)
+    assert rivals in ({}, {0: {1}, 1: {0}})  # a pair, both ways
+    for s in scored:  # a measured gain is the measured scores' (+1 per part, +1 for the fused kernel)
+        assert _measured_gain(Counting(), s, alone) == pytest.approx(s[0] + len(s[4].nodes) - 1)
+    return bool(rivals)
 
 
 def test_rivals_are_measured_when_a_node_only_one_holds_is_uncertain() -> None:
