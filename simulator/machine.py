@@ -119,7 +119,7 @@ class Machine:
         self.x = [0] * NUM_XREGS
         self.v: list[np.ndarray | None] = [None] * NUM_VREGS
         self.mem = Memory(cfg, obj)
-        self._local = self.mem.local
+        self._resolved = self.mem.resolved  # (`read_local`, `written` look an access up here before `Memory.local`)
         self._banks = self.mem.banks_of_mask  # (`unit_op` looks a mask up here before asking `Memory.banks`)
         self.trace: list[tuple[int, int, int, int]] | None = [] if trace else None
         self.engine = Engine(cfg, self.trace)
@@ -172,7 +172,8 @@ class Machine:
         return row
 
     def read_local(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
-        view, mask, is_acc, shadow = self._local(addr, count, dtype)
+        found = self._resolved.get((addr, count, dtype))
+        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype) if found is None else found
         self.mask |= mask
         row[S_ACC_RD if is_acc else S_SPAD_RD] += view.nbytes
         if self.races is not None:
@@ -194,7 +195,8 @@ class Machine:
     def written(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
         """A write of `count` elements at `addr` as the timing sees it (banks, bytes, races); returns the view to
         fill (`write_local`; left as it is when values are off)."""
-        view, mask, is_acc, shadow = self._local(addr, count, dtype)
+        found = self._resolved.get((addr, count, dtype))
+        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype) if found is None else found
         self.mask |= mask
         row[S_ACC_WR if is_acc else S_SPAD_WR] += view.nbytes
         if self.races is not None:

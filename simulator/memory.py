@@ -38,7 +38,7 @@ class Memory:
         self._acc_bank_bytes = cfg.acc_bank_bytes
         self._acc_bank0 = cfg.spad_banks
         self.banks_of_mask: dict[int, tuple[int, ...]] = {}  # see `banks`
-        self._resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
+        self.resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
         self._strided: dict[tuple[int, int, int, int, np.dtype, bool], tuple[np.ndarray, int, bool, np.ndarray]] = {}
         # one typed view of each local memory per element type: an access is then a single slice
         self._typed = {
@@ -52,13 +52,13 @@ class Memory:
         Resolved accesses are kept (a kernel touches few distinct buffers, each many times); the view is of the
         memory itself, so a kept one reads and writes what a new one would."""
         key = (addr, count, dtype)
-        found = self._resolved.get(key)
+        found = self.resolved.get(key)
         if found is not None:
             return found
         found = self._resolve(addr, count, dtype)
-        if len(self._resolved) >= RESOLVED_ACCESSES:
-            self._resolved.clear()
-        self._resolved[key] = found
+        if len(self.resolved) >= RESOLVED_ACCESSES:
+            self.resolved.clear()
+        self.resolved[key] = found
         return found
 
     def _resolve(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int]:
