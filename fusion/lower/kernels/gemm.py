@@ -389,7 +389,7 @@ def _whole_k(cfg: MachineConfig, g: Gemm, tiling: Tiling, progress: _Progress) -
             if a_resident and g.a.quantize_scale is not None:
                 for size in a_elems:
                     arena.tile(size)
-            a_parts = [g.a.part(i0, rows, k0, kb) for k0, kb in ks]
+            a_parts = [g.a.part(i0, rows, k0, kb) for k0, kb in ks] if first == 0 or not a_resident else []
             loads: list = []
             quants: list[Emit] = []
             if a_resident:
@@ -483,10 +483,11 @@ def _chunk_step(
             prepare(em)
 
     def matmul(em: Emitter) -> None:
+        b, size, name = em.b, dt.size, dt.name
         for c in columns:
             for index, (a_addr, (k0, kb)) in enumerate(zip(chunk.a.ready, chunk.slices, strict=True)):
-                em.b.mx_preload(em.reg(c.b + k0 * c.cols * dt.size), kb, c.cols, dt.name)
-                mm = em.b.mx_mm if index == 0 and chunk.first else em.b.mx_mma
+                b.mx_preload(em.reg(c.b + k0 * c.cols * size), kb, c.cols, name)
+                mm = b.mx_mm if index == 0 and chunk.first else b.mx_mma
                 mm(*em.regs(c.acc, a_addr), rows)
 
     def epilogue(em: Emitter) -> None:

@@ -31,7 +31,9 @@ def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     i = 0
     while i < len(items):
         j = _run_end(shapes, flat, i)
-        emit_run(em, items[i], tuple(map(sub, flat[i + 1], flat[i])) if j > i + 1 else (), j - i)
+        step = tuple(map(sub, flat[i + 1], flat[i])) if j > i + 1 else ()
+        if not (j - i >= MIN_LOOP and _loop(em, items[i], flat[i], step, j - i)):
+            _unrolled(em, items[i], step, j - i)
         i = j
 
 
@@ -39,8 +41,11 @@ def emit_run(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None
     """`count` items: `item`, then each with its register operand values (in order) stepped by `step` from the
     one before, as a hardware loop when it is worth one (a generator that knows its run asks this directly,
     without building every item)."""
-    if count >= MIN_LOOP and _loop(em, item, step, count):
-        return
+    if not (count >= MIN_LOOP and _loop(em, item, _values(item), step, count)):
+        _unrolled(em, item, step, count)
+
+
+def _unrolled(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None:
     b, regs = em.b, em.regs
     for i in range(count):
         for name, values, rest in _stepped(item, step, i) if i else item:
@@ -87,12 +92,12 @@ def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
     return j + 1
 
 
-def _loop(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> bool:
-    """`run`: its first item unrolled, the values that step in registers of its own (`Emitter.claim`), then one
-    `loopi` over the others, each stepping a register (`addi`) just before its first use: the matrix unit's first
-    instruction issues as early as unrolled, and the loop costs one issue slot more (its `loopi`). False,
-    nothing emitted: the run needs more registers than a loop may hold."""
-    keys = list(zip(_values(item), step, strict=True))  # (value, step): one register each
+def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...], count: int) -> bool:
+    """`run` (`values`: its first item's register operand values): its first item unrolled, the values that step
+    in registers of its own (`Emitter.claim`), then one `loopi` over the others, each stepping a register (`addi`)
+    just before its first use: the matrix unit's first instruction issues as early as unrolled, and the loop costs
+    one issue slot more (its `loopi`). False, nothing emitted: the run needs more registers than a loop may hold."""
+    keys = list(zip(values, step, strict=True))  # (value, step): one register each
     if len(keys) > MAX_REGS and len(set(keys)) > MAX_REGS:
         return False
     b, claim, held = em.b, em.claim, em.regs
