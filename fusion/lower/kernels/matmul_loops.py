@@ -9,8 +9,7 @@ issues the same matrix instructions in the same order; its `addi`s take the issu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
-from operator import itemgetter, sub
+from operator import sub
 
 from fusion.lower.emitter import Emitter
 
@@ -20,7 +19,6 @@ Item = tuple[Op, ...]
 MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
 MAX_TRIPS = 0xFFFF  # `loopi`'s count field
 MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
-_NAME_REST, _VALUES = itemgetter(0, 2), itemgetter(1)  # an op's instruction and other operands; its register values
 
 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
@@ -61,12 +59,15 @@ def steps(first: Item, second: Item) -> tuple[int, ...]:
 
 
 def _values(item: Item) -> tuple[int, ...]:
-    return tuple(chain.from_iterable(map(_VALUES, item)))
+    out: tuple[int, ...] = ()
+    for op in item:
+        out += op[1]
+    return out
 
 
 def _shape(item: Item) -> tuple:
     """What items of one run share: their instructions, other operands and register operand counts."""
-    return (*map(_NAME_REST, item), *map(len, map(_VALUES, item)))
+    return tuple([(name, len(values), rest) for name, values, rest in item])
 
 
 def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
