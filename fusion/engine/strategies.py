@@ -23,7 +23,7 @@ import numpy as np
 from fusion.engine.bounds import gemm_bound, swapped_bound
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.attention import attention_forms, attention_steps, group_match
-from fusion.engine.codegen.attention_proj import pack_projection_weights
+from fusion.engine.codegen.attention_proj import k_scratch, pack_projection_weights, round_trips, sides
 from fusion.engine.codegen.chain import CHAIN_OPS, chain_steps
 from fusion.engine.codegen.conv import QUANTIZED, TAPS, conv_phases, conv_shape, pack_band_taps, quantized_bytes
 from fusion.engine.codegen.conv import scratch_bytes as conv_scratch_bytes
@@ -312,10 +312,17 @@ def _patch_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) 
 
 def _attention_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """The positions a generated mask is computed from (`codegen.attention`); with the Q/K/V projections taken in,
-    their weights packed per head (`codegen.attention_proj`)."""
+    their weights packed per head (`codegen.attention_proj`) and, where K round-trips through DRAM
+    (`attention_proj.round_trips`), its scratch buffer."""
     match = group_match(sub, sub.nodes)  # an output projection is only ever taken in with the Q/K/V ones
-    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size) if match.projections else {}
-    return {**attention_forms(sub), **packed}, {}
+    if not match.projections:
+        return attention_forms(sub), {}
+    k = sides(sub, match)[1]
+    trip = round_trips(sub, match, storage_dtype(sub, mc.qplan, k.x), mc.int8)
+    packed = pack_projection_weights(sub, match, forms, mc.int8, mc.config.array_size, trip)
+    key, shape = k_scratch(sub, match)
+    scratch = {key: math.prod(shape) * (1 if mc.int8 else 4)} if trip else {}
+    return {**attention_forms(sub), **packed}, scratch
 
 
 # --- candidate rules and schedule spaces -------------------------------------------------------------------

@@ -519,7 +519,8 @@ def _fill_kt(buf: Buffer, op: HeadOperand, part: View, work: dict[str, list]) ->
 
 
 def _work() -> dict[str, list]:
-    return {"loads": [], "xquants": [], "project": [], "scales": [], "quants": [], "copies": []}
+    keys = ("loads", "xquants", "project", "scales", "quants", "copies", "kstore", "kload")
+    return {key: [] for key in keys}
 
 
 def _block_loads(work: dict[str, list]) -> list:
@@ -620,10 +621,13 @@ def _projected_operands(
     ktiles = k_slices(p.sk, n)
     k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
     v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
-    loads, quants, emit, weights = attention_proj.step_projection(
+    loads, quants, emit, weights, round_trip = attention_proj.step_projection(
         arena, p.proj, block, p.sk, n, list(gt.proj_accs), shared
     )
     head["loads"] += loads
+    kst, kld = round_trip([kb.raw[0] for kb in k_bufs])
+    head["kstore"] += kst
+    head["kload"] += kld
     head["xquants"] += quants
     tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
     head["project"].append(lambda em: emit(em, tiles))
@@ -680,7 +684,8 @@ def _grouped_step(
     them to start. One block: the pipeline's step, its stages one segment each."""
     n = cx.config.array_size
     gt = _group_tiles(cx.config, arenas[0], p, t, blocks[0][2], n)
-    parts = [_head_stages(cx, match, p, a, b, t, gt) for a, b in zip(arenas, blocks, strict=True)]
+    alone = len(blocks) == 1
+    parts = [_head_stages(cx, match, p, a, b, t, gt, alone) for a, b in zip(arenas, blocks, strict=True)]
     if len(parts) == 1:
         ((stages, stores),) = parts
         return Step([], [(u, _run(fns)) for u, fns in _runs([stages])[0]], stores)
@@ -794,6 +799,7 @@ def _head_stages(
     block: tuple[int, int, int],
     t: Tiling,
     gt: GroupTiles,
+    alone: bool = False,
 ) -> tuple[list[tuple[Unit, Callable | None]], list]:
     """One head's block of m query rows: its stages (unit, emit or None), the same units for every block, and its
     stores. Q, each key tile's K^T and V loaded with one DMA each (or computed: `codegen.attention_proj`), split
@@ -899,12 +905,15 @@ def _head_stages(
     if not streamed:  # K and V with the step's first loads: prefetched under the previous step
         for key in head:
             head[key] += k_work[0][key] + v_work[0][key]
-    # a streamed step loads inside its segments: it must not start with loads, which the pipeline would issue
-    # under the previous step (their hand-over tokens would then pair with this step's later loads)
-    compute: list = [(Unit.scalar, _run([]))] if streamed else []
+    # a streamed step (or a step alone loading its K back from DRAM) loads inside its segments: it must not start
+    # with loads, which the pipeline would issue under the previous step (their hand-over tokens would then pair
+    # with this step's later loads)
+    compute: list = [(Unit.scalar, _run([]))] if streamed or (alone and head["kload"]) else []
     compute.append((Unit.load, _run(head["loads"]) if head["loads"] else None))
     compute.append((Unit.vector, _quantizer(head["xquants"]) if head["xquants"] else None))
     compute.append((Unit.matrix, _run(head["project"]) if head["project"] else None))
+    if head["kstore"]:  # K round-trips through DRAM (`attention_proj.round_trips`), loaded back transposed
+        compute += [(Unit.store, _run(head["kstore"])), (Unit.load, _run(head["kload"]))]
     compute.append((Unit.vector, _prepare(head) if _busy(head) else None))
     for b in range(len(kblocks)):
         compute += _block_loads(k_work[b]) if streamed else []

@@ -219,6 +219,8 @@ def estimate(cfg: MachineConfig, calls: Sequence[Call]) -> int:
         start = max(issue, at.get(c.unit, 0))
         if c.name == "sync_pop":
             k = popped.get(c.args, 0)
+            if k >= len(pushed.get(c.args, [])):  # a pop before its push: this order cannot run (a head's loads
+                return INF  # of K^T, waiting for its K's store, all issued before its compute)
             start = max(start, pushed[c.args][k])
             popped[c.args] = k + 1
         elif c.unit is Unit.matrix and (c.name in DRAIN_ROWS or c.name == "sync_push"):

@@ -13,7 +13,10 @@ tiles the loads would have filled:
   as the unfused MatMul drains) as the dense m x chunk tile the attention reads;
 - K_h^T (d x keys) = W_k[:, cols]^T @ X^T: the transposed orientation (W_k^T's rows streamed, X^T's key tiles
   preloaded, one transposing `dma.ldt` per key tile), so K^T is drained as the dense d x key-tile tile the scores
-  preload: the same int32 sums as X @ W_k, hence the same requantized values;
+  preload: the same int32 sums as X @ W_k, hence the same requantized values; or, where that moves no more DRAM
+  bytes (`round_trips`: int8 K from a float activation), K (keys x d) as Q, stored to a DRAM scratch buffer and
+  loaded back one transposing `dma.ldt` per key tile (the matrix unit streams the keys instead of d rows per key
+  tile, and no transposed activation is loaded);
 - V_h (keys x dv) as Q, over every key row.
 
 Each output tile accumulates in its own accumulator region when they fit (every matmul issued back to back, the
@@ -56,7 +59,7 @@ from fusion.engine.attention_match import (
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.errors import CodegenError
 from fusion.graph.ir import Graph
-from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key
+from fusion.lower.context import CONST_F32, CONST_I8, LowerContext, const_key, temp_key
 from fusion.lower.emitter import Emitter, f32_bits
 from fusion.lower.kernels.matrix import requant
 from fusion.lower.local_alloc import DEPTH, TileArena, slot
@@ -148,22 +151,26 @@ def _blocks(q: Side, k: Side, v: Side, o: Side | None = None) -> tuple[np.ndarra
 @dataclass(frozen=True)
 class TileLayout:
     """Offsets (elements) of one head's packed weight tiles: W_q's (value chunk e, K chunk c) tiles (kc x ec),
-    W_k^T's K chunks (d x kc), W_v's tiles as W_q's."""
+    W_k^T's K chunks (d x kc) or W_k's tiles (K's round trip), W_v's tiles as W_q's."""
 
     q: dict[tuple[int, int], int]
-    kt: dict[int, int]
+    kt: dict[int, int]  # W_k^T's K chunks (d x kc), K^T computed transposed
+    k: dict[tuple[int, int], int]  # or W_k's tiles as W_q's, K computed as Q and transposed through DRAM
     v: dict[tuple[int, int], int]
     size: int
     o: dict[tuple[int, int], int]  # W_o's rows of the head: (output chunk, value chunk) tiles (kc x ec)
 
 
-def tile_layout(kd: int, d: int, dv: int, n: int, dout: int = 0) -> TileLayout:
+def tile_layout(kd: int, d: int, dv: int, n: int, dout: int = 0, trip: bool = False) -> TileLayout:
     at = 0
-    q, kt, v, o = {}, {}, {}, {}
+    q, kt, k, v, o = {}, {}, {}, {}, {}
     for e0, ec in k_slices(d, n):
         for c0, kc in k_slices(kd, n):
             q[(e0, c0)], at = at, at + kc * ec
-    for c0, kc in k_slices(kd, n):
+    for e0, ec in k_slices(d, n) if trip else ():
+        for c0, kc in k_slices(kd, n):
+            k[(e0, c0)], at = at, at + kc * ec
+    for c0, kc in k_slices(kd, n) if not trip else ():
         kt[c0], at = at, at + d * kc
     for e0, ec in k_slices(dv, n):
         for c0, kc in k_slices(kd, n):
@@ -171,19 +178,40 @@ def tile_layout(kd: int, d: int, dv: int, n: int, dout: int = 0) -> TileLayout:
     for e0, ec in k_slices(dout, n):
         for c0, kc in k_slices(dv, n):
             o[(e0, c0)], at = at, at + kc * ec
-    return TileLayout(q, kt, v, at, o)
+    return TileLayout(q, kt, k, v, at, o)
 
 
-def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int):
+def round_trips(graph: Graph, match: AttentionMatch, x_dt: DType, int8: bool) -> bool:
+    """Whether K is computed as Q is (keys x d) and transposed through a DRAM scratch buffer (stored, loaded back
+    by `dma.ldt`) instead of as K^T = W_k^T @ X^T: where the round trip moves no more DRAM bytes than the
+    transposed activation (`x_dt`, the key rows' dtype in DRAM) it spares, so a load-bound kernel gets no more
+    traffic, while the matrix unit streams the keys (sk rows per d chunk) instead of d rows per key tile (a tile of
+    one key costs as much as one of N)."""
+    k = sides(graph, match)[1]
+    kd = graph.types[k.x].shape[-1]
+    return 2 * len(k.rows) * k.width * (1 if int8 else 4) <= len(np.unique(k.rows)) * kd * x_dt.size
+
+
+def k_scratch(graph: Graph, match: AttentionMatch) -> tuple[str, tuple[int, int, int]]:
+    """The DRAM scratch buffer K round-trips through (`round_trips`): its key and shape (a region of keys x d per
+    buffer slot: the steps in flight at once never share one)."""
+    k = sides(graph, match)[1]
+    sk = graph.types[operand_values(graph, match)[1]].shape[-1]
+    return temp_key(graph.node(k.node), 0), (DEPTH, sk, k.width)
+
+
+def pack_projection_weights(
+    graph: Graph, match: AttentionMatch, forms: Mapping[str, np.ndarray], int8: bool, n: int, trip: bool
+):
     """{form key: the packed weights}: per distinct column block, its `tile_layout` (device dtype: int8 or f32),
-    with the head's rows of W_o when the output projection is taken in too."""
+    with the head's rows of W_o when the output projection is taken in too; `trip`: `round_trips`."""
     o = out_side(graph, match)
     form = CONST_I8 if int8 else CONST_F32
     q, k, v = sides(graph, match)
     w = [np.asarray(forms[const_key(graph.node(s.node).inputs[1], form)]) for s in (q, k, v)]
     wo = np.asarray(forms[const_key(graph.node(o.node).inputs[1], form)]) if o is not None else None
     kd = w[0].shape[0]
-    lay = tile_layout(kd, q.width, v.width, n, o.width if o is not None else 0)
+    lay = tile_layout(kd, q.width, v.width, n, o.width if o is not None else 0, trip)
     distinct, _ = _blocks(q, k, v, o)
     out = np.zeros((len(distinct), lay.size), dtype=w[0].dtype)
     for b, (qc, kc0, vc, *oc) in enumerate(distinct):
@@ -195,6 +223,9 @@ def pack_projection_weights(graph: Graph, match: AttentionMatch, forms: Mapping[
             out[b, at : at + tile.size] = tile.reshape(-1)
         for c0, at in lay.kt.items():
             tile = w[1][c0 : c0 + n, kc0 : kc0 + k.width].T
+            out[b, at : at + tile.size] = tile.reshape(-1)
+        for (e0, c0), at in lay.k.items():
+            tile = w[1][c0 : c0 + n, kc0 + e0 : kc0 + min(e0 + n, k.width)]
             out[b, at : at + tile.size] = tile.reshape(-1)
         for (e0, c0), at in lay.v.items():
             tile = w[2][c0 : c0 + n, vc + e0 : vc + min(e0 + n, v.width)]
@@ -286,16 +317,17 @@ class Projection:
     mm_dt: DType
     acc_slot: int  # bytes of one accumulator buffer slot
     config: MachineConfig
+    kscratch: View | None  # K's round trip (`round_trips`): (buffer slot, keys, d) in DRAM; None: K^T computed
 
     def whole_rows(self, side: int, rows: int) -> bool:
-        """Whether a side's (0: Q, 2: V) rows of the activation are read by one DMA (quantized whole by one `v.qnt`
-        when they are float on the int8 path) and the matrix unit reads each K chunk in place (`mx.mm.s`, row
-        stride kd elements), instead of one DMA per chunk (a DRAM latency each)."""
+        """Whether a side's (0: Q, 1: K, 2: V) rows of the activation are read by one DMA (quantized whole by one
+        `v.qnt` when they are float on the int8 path) and the matrix unit reads each K chunk in place (`mx.mm.s`,
+        row stride kd elements), instead of one DMA per chunk (a DRAM latency each)."""
         cfg, x, n = self.config, self.xs[side], self.config.array_size
         chunks = k_slices(self.kd, n)
         if len(chunks) == 1:
             return False
-        stride = x.strides[0] * (self.q if side == 0 else self.v).step
+        stride = x.strides[0] * (self.q, self.k, self.v)[side].step
         chunked = sum(dma_cycles(cfg, rows, kc * x.dtype.size, stride) for _, kc in chunks)
         return dma_cycles(cfg, rows, self.kd * x.dtype.size, stride) < chunked
 
@@ -333,7 +365,8 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
         raise CodegenError(f"node {match.softmax!r}: the projections' activations differ in width")
     n = cx.config.array_size
     o = out_side(g, match)
-    lay = tile_layout(kd, q.width, v.width, n, o.width if o is not None else 0)
+    trip = round_trips(g, match, xs[1].dtype, cx.int8)
+    lay = tile_layout(kd, q.width, v.width, n, o.width if o is not None else 0, trip)
     distinct, which = _blocks(q, k, v, o)
     mm_dt = DType.i8 if cx.int8 else DType.f32
     key = weights_key(g, match)
@@ -341,9 +374,10 @@ def projection(cx: LowerContext, match: AttentionMatch) -> Projection:
         raise CodegenError(f"node {match.softmax!r}: the kernel's DRAM image has no packed projection weights")
     weights = dense(cx.addresses[key], (len(distinct), lay.size), mm_dt)
     acc_slot = TileArena(cx.config, 0).acc.size
-    return Projection(
-        q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot, cx.config
-    )
+    skey, sshape = k_scratch(g, match)
+    kscratch = dense(cx.addresses[skey], sshape, outs[1]) if trip else None
+    fields = (q, k, v, tuple(xs), tuple(quants), tuple(reqs), tuple(outs), weights, which, lay, kd, mm_dt, acc_slot)
+    return Projection(*fields, cx.config, kscratch)
 
 
 def out_tiles(op: OutProjection, m: int, n: int) -> list[int]:
@@ -412,6 +446,10 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
     rows_tiles(2, sk)
     if not p.shares_rows():
         rows_tiles(0, sq_rows)
+    if p.kscratch is not None:
+        if not p.keys_in_rows():
+            rows_tiles(1, sk)
+        return out
     for _, bk in k_slices(sk, n):
         if bk == 1 and p.keys_in_rows():
             continue
@@ -423,7 +461,10 @@ def activation_tiles(p: Projection, sq_rows: int, sk: int, n: int) -> list[int]:
 def _products(p: Projection, m: int, sk: int, n: int) -> list[tuple[int, int, int, int]]:
     """The step's output tiles in order: (side 0/1/2, index among the side's tiles, rows, cols)."""
     q = [(0, i, m, ec) for i, (_, ec) in enumerate(k_slices(p.q.width, n))]
-    k = [(1, j, p.k.width, bk) for j, (_, bk) in enumerate(k_slices(sk, n))]
+    if p.kscratch is not None:
+        k = [(1, i, sk, ec) for i, (_, ec) in enumerate(k_slices(p.k.width, n))]
+    else:
+        k = [(1, j, p.k.width, bk) for j, (_, bk) in enumerate(k_slices(sk, n))]
     return q + k + [(2, i, sk, ec) for i, (_, ec) in enumerate(k_slices(p.v.width, n))]
 
 
@@ -444,7 +485,7 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
     h, i0, m = block
 
     def rows_tiles(side: int, row0: int, rows: int) -> list[tuple[int, int]]:
-        x, quantize, step = p.xs[side], p.quantize[side], (p.q if side == 0 else p.v).step
+        x, quantize, step = p.xs[side], p.quantize[side], (p.q, p.k, p.v)[side].step
         es = 1 if quantize is not None else x.dtype.size
         if p.whole_rows(side, rows):  # one DMA (and v.qnt) of the rows; each chunk read in place
             raw = arena.tile(rows * p.kd * x.dtype.size)
@@ -472,6 +513,8 @@ def _activation(arena, p: Projection, block: tuple[int, int, int], sk: int, n: i
         xq = [(a + i0 * stride, stride) for a, stride in xv]
     else:
         xq = rows_tiles(0, int(p.q.rows[h]) + i0 * p.q.step, m)
+    if p.kscratch is not None:
+        return xq, xv if p.keys_in_rows() else rows_tiles(1, int(p.k.rows[h]), sk), xv
     xk = []
     xk_view = p.xs[1]
     xdt = xk_view.dtype.name
@@ -507,9 +550,10 @@ def step_projection(
     arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, accs: list[int], shared: TileArena | None = None
 ) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None], int]:
     """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
-    (loads, quants, emit, the weights' tile) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q (m x chunk
-    tiles), K^T (d x key-tile tiles) and V (keys x chunk tiles) into the attention's buffers, through `accs` (the
-    step's accumulator tiles, sized by `acc_bytes`; the matrix unit drains them before another head's products).
+    (loads, quants, emit, the weights' tile, round_trip) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q
+    (m x chunk tiles), K^T (d x key-tile tiles; or K, keys x d, with the round trip) and V (keys x chunk tiles)
+    into the attention's buffers, through `accs` (the step's accumulator tiles, sized by `acc_bytes`; the matrix
+    unit drains them before another head's products); round_trip(kt_tiles): K's store and its loads back.
     `shared` (`shared_arena`): the activation tiles are there, loaded by the first head's step only."""
     h, i0, m = block
     loads: list = []
@@ -524,15 +568,19 @@ def step_projection(
     es = p.mm_dt.size
     lay, kchunks = p.layout, k_slices(p.kd, n)
     qcols, vcols = [e0 for e0, _ in k_slices(p.q.width, n)], [e0 for e0, _ in k_slices(p.v.width, n)]
+    kcols = [e0 for e0, _ in k_slices(p.k.width, n)]
+    kes, kdt = p.out_dt[1].size, p.out_dt[1].name
+    trip = p.kscratch is not None
+    kn = arena.tile(sk * p.k.width * kes) if trip else 0  # K (keys x d), round-tripped through DRAM
 
     def operands(side: int, i: int, r0: int) -> list[tuple[int, int, int, int]]:
         """(A rows address, bytes between A's rows, preloaded tile address, kc) per K chunk of output tile i of a
         side, from row r0."""
-        if side == 1:  # K^T: W_k^T's rows streamed over X^T's key tile
+        if side == 1 and not trip:  # K^T: W_k^T's rows streamed over X^T's key tile
             return [
                 (w + (lay.kt[c0] + r0 * kc) * es, kc * es, b, kc) for (c0, kc), b in zip(kchunks, xk[i], strict=True)
             ]
-        x, at, e0 = (xq, lay.q, qcols[i]) if side == 0 else (xv, lay.v, vcols[i])
+        x, at, e0 = ((xq, lay.q, qcols[i]), (xk, lay.k, kcols[i] if trip else 0), (xv, lay.v, vcols[i]))[side]
         return [(a + r0 * st, st, w + at[(e0, c0)] * es, kc) for (a, st), (c0, kc) in zip(x, kchunks, strict=True)]
 
     def emit(em: Emitter, outs: tuple[list[int], list[int], list[int]]) -> None:
@@ -552,18 +600,38 @@ def step_projection(
         if len(accs) == len(tiles):  # a region per tile: every product, then every drain
             for acc, (side, i, rows, cols) in zip(accs, tiles, strict=True):
                 products(acc, side, i, 0, rows, cols)
+
+        def drain(acc: int, side: int, i: int, r0: int, rows: int, cols: int) -> None:
+            if side == 1 and trip:  # K's columns of its dense rows (`mx.drain.s`, row stride d)
+                row = p.k.width * kes
+                em.b.mx_drain_s(*em.regs(kn + r0 * row + kcols[i] * kes, acc, row), rows, cols)
+            else:
+                em.b.mx_drain(*em.regs(outs[side][i] + r0 * cols * p.out_dt[side].size, acc), rows, cols)
+
         for t, (side, i, rows, cols) in enumerate(tiles):
             if t == 0 or tiles[t - 1][0] != side:
                 drain_cfg(side)
-            out = outs[side][i]
             if len(accs) == len(tiles):
-                em.b.mx_drain(*em.regs(out, accs[t]), rows, cols)
+                drain(accs[t], side, i, 0, rows, cols)
                 continue
             for r0, pr in k_slices(rows, PIECE_ROWS):
                 products(accs[0], side, i, r0, pr, cols)
-                em.b.mx_drain(*em.regs(out + r0 * cols * p.out_dt[side].size, accs[0]), pr, cols)
+                drain(accs[0], side, i, r0, pr, cols)
 
-    return loads, quants, emit, w
+    def round_trip(kt_tiles: list[int]) -> tuple[list, list]:
+        """The store of K to the step's buffer slot's region of the scratch (a later step in the slot reuses it
+        after this one), and the transposing loads of its key tiles into `kt_tiles`; none without the trip."""
+        if not trip:
+            return [], []
+        here = p.kscratch.slice(0, arena.spad.base // arena.spad.size, 1).reshaped((sk, p.k.width))
+        row = p.k.width * kes
+        back = [
+            lambda em, a=a, j0=j0, bk=bk: em.b.dma_ldt(*em.regs(a, here.address + j0 * row, row), bk, p.k.width, kdt)
+            for (j0, bk), a in zip(k_slices(sk, n), kt_tiles, strict=True)
+        ]
+        return [lambda em: em.dma_store(kn, here)], back
+
+    return loads, quants, emit, w, round_trip
 
 
 def check_heads(p: Projection, d: int, dv: int) -> None:

@@ -23,11 +23,12 @@ from simulator.run import simulate
 
 def build(mc, names):
     """The attention group's program over its own DRAM image (constants, the generated mask's positions, the
-    packed weights of projections taken in)."""
+    packed weights of projections taken in, the scratch K round-trips through)."""
     sub = mc.subgraph(names)
     forms = constant_forms(sub, mc.qplan)
-    forms.update(REGISTRY["attention_proj"].dram_forms(mc, sub, forms)[0])  # the strategies' own forms
-    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch={})
+    more, scratch = REGISTRY["attention_proj"].dram_forms(mc, sub, forms)  # the strategies' own forms, scratch
+    forms.update(more)
+    data, addresses, _ = plan_dram(sub, mc.qplan, mc.config, forms, whole_program=True, scratch=scratch)
     shapes = tuple((v, sub.types[v].shape) for v in sub.inputs)
     guard = Guard(shapes, storage_dtypes(mc, sub, sub.inputs), "any", mc.config_hash)
 

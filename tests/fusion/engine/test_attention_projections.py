@@ -72,15 +72,15 @@ def test_projected_attention_equals_the_reference(shape, dtype, out):
 
 @pytest.mark.parametrize("out", [False, True])
 def test_the_dram_traffic_is_the_activation_the_packed_weights_and_the_output(out):
-    """int8 ViT-like self-attention: the float activation once for all heads (its rows and its first key tile
-    transposed, kept in the spare bank by the first head's step; the 17th key's tile of one key is its row, read
-    in place), per head step that head's packed W_q, W_k^T, W_v (and its rows of W_o); the int8 output once (the
-    merged heads, or their projection); Q, K, V and (out) the merged heads never."""
+    """int8 ViT-like self-attention: the float activation's rows once for all heads (kept in the spare bank by the
+    first head's step), per head step that head's packed W_q, W_k, W_v (and its rows of W_o) and its int8 K
+    (17 x 32) stored to the scratch and loaded back transposed; the int8 output once (the merged heads, or their
+    projection); Q, V and (out) the merged heads never."""
     shape = AttentionShape(seq=17, heads=2, head_dim=32, scale="none", prescale=True, fused_qkv=True)
     result, _, _ = run(shape, "int8", out)
-    x_bytes, w_bytes = 17 * 64 * 4, 3 * 64 * 32 + (32 * 64 if out else 0)
-    assert result.counters.dram_read_bytes == x_bytes + 16 * 64 * 4 + 2 * w_bytes
-    assert result.counters.dram_write_bytes == 17 * 64
+    x_bytes, w_bytes, k_bytes = 17 * 64 * 4, 3 * 64 * 32 + (32 * 64 if out else 0), 17 * 32
+    assert result.counters.dram_read_bytes == x_bytes + 2 * (w_bytes + k_bytes)
+    assert result.counters.dram_write_bytes == 17 * 64 + 2 * k_bytes
 
 
 def test_a_head_beyond_one_buffer_slot_is_refused_clearly():
@@ -114,8 +114,9 @@ def test_the_output_projection_stores_y_whole_when_that_is_cheaper():
     (match,) = [m for m in find_projected_attention(graph) if m.out_projection is not None]
     _, program, _ = build(mc, match.nodes(graph))
     mnemonics = [i.mnemonic for i in program.instructions()]
-    # Y's four chunks, and each head's two key tiles' scores (17 keys) drained into their columns of whole rows
-    assert mnemonics.count("dma.st") == 1 and mnemonics.count("mx.drain.s") == 4 + 2 * 2
+    # Y's four chunks, each head's two key tiles' scores (17 keys) and its K's two chunks of 16 columns drained
+    # into their columns of whole rows; one store of Y (and each head's K to the scratch)
+    assert mnemonics.count("dma.st") == 1 + 2 and mnemonics.count("mx.drain.s") == 4 + 2 * 2 + 2 * 2
     _, got, want = run(shape, "int8", out=True)
     assert_matches(got, want, "int8")
     y = dense(0, (128, 64), DType.i8)
@@ -132,4 +133,5 @@ def test_only_the_head_that_stores_hands_its_step_to_the_store_unit():
     (match,) = [m for m in find_projected_attention(graph) if m.out_projection is not None]
     _, program, _ = build(mc, match.nodes(graph))
     tokens = [i.values for i in program.instructions() if i.mnemonic in ("sync.push", "sync.pop")]
-    assert tokens.count((int(Unit.matrix), int(Unit.store))) == 2  # one push, one pop
+    # Y's push and pop, and each head's K handed to the store unit (to the scratch) and loaded back
+    assert tokens.count((int(Unit.matrix), int(Unit.store))) == 2 + 2 * 2
