@@ -749,8 +749,9 @@ def plan_dynamic(
 def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], threshold: float) -> float:
     """The score the fused kernel saves over its nodes' best single kernels (less the overlap their boundaries
     would gain in one program, `Evaluator.overlap`): predicted, or measured (each kernel simulated once on zero
-    inputs) when the expected regret of the decision the prediction makes (fuse when the
-    gain exceeds `threshold` of the separate score) is at least REGRET_FLOOR of that score. The parts of the
+    inputs, the fused one only as far as it could still pass the threshold) when the expected regret of the
+    decision the prediction makes (fuse when the gain exceeds `threshold` of the separate score) is at least
+    REGRET_FLOOR of that score. The parts of the
     fused kernel's own strategy and schedule are its core (`_core_spread`): their error is the fused kernel's too
     and cancels in the gain. Zero-skip kernels, whose timing depends on the data, are never measured."""
     base = sum(p.score for p in parts) - ev.parts_overlap(parts)
@@ -764,7 +765,13 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
         regret = expected_regret(base, base_sd, fused.score, fused_sd)
     if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
         return gain
-    return sum(map(ev.measured_score, parts)) - ev.parts_overlap(parts) - ev.measured_score(fused)
+    separate = sum(map(ev.measured_score, parts)) - ev.parts_overlap(parts)
+    traffic, passing = ev.priced_traffic(fused.features), threshold * sum(p.score for p in parts)
+    # the fused kernel simulated only as far as it could still pass the threshold: past it, it is not taken
+    # whatever it measures (`plan_dynamic`), so its exact cycles decide nothing
+    budget = below(separate - traffic - passing) + 1  # + 1: float rounding, compared by the caller
+    cycles = ev.measured_within(fused, budget)
+    return separate - traffic - cycles if cycles is not None else min(separate - traffic - budget, passing)
 
 
 def _core_spread(fused: Evaluated, core_cycles: float) -> float:

@@ -23,6 +23,18 @@ class Counting(RivalCounting):
     def parts_overlap(self, parts: list[Evaluated]) -> float:
         return 0.0
 
+    def priced_traffic(self, features: object) -> float:
+        return 0.0
+
+    def measured_within(self, e: Evaluated, budget: int) -> float | None:
+        self.budgets.append(budget)
+        score = self.measured_score(e)
+        return score if score <= budget else None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.budgets: list[int] = []
+
 
 def _evaluated(nodes: tuple[str, ...], strategy: str, cycles: float, sd: float) -> Evaluated:
     return Evaluated(Group(nodes, strategy), lambda: None, None, cycles, 0.0, cycles, sd)
@@ -48,6 +60,18 @@ def test_the_core_error_cancels_in_the_gain() -> None:
     assert _gain("implicit_packed", 100.0, relu_sd=1500.0) == [("conv",), ("relu",), ("conv", "relu")]
     # the part outside the core is what is uncertain -> measured
     assert _gain("implicit_gemm", 100.0, relu_sd=40_000.0)
+
+
+def test_a_fused_kernel_is_simulated_only_as_far_as_it_could_pass_the_threshold() -> None:
+    """conv + relu measured (another strategy) 20k cycles slower than the conv and relu apart (510,002 measured):
+    simulated under a budget of the separate cycles less the threshold, and rejected whatever it measures."""
+    conv = _evaluated(("conv",), "implicit_gemm", 500_000.0, SPREAD * 500_000)
+    relu = _evaluated(("relu",), "unfused", 10_000.0, 1500.0)
+    fused = _evaluated(("conv", "relu"), "implicit_packed", 530_000.0, SPREAD * 530_000)
+    ev = Counting()
+    gain = fusion_gain(ev, fused, [conv, relu], 0.01)
+    assert ev.budgets == [510_002 - 5_100]  # the whole cycles below it, + 1 for float rounding
+    assert gain <= 0.01 * 510_000.0
 
 
 @given(extra=st.floats(0.0, 9_000.0), relu_sd=st.floats(0.0, 20_000.0))
