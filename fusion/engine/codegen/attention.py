@@ -436,10 +436,11 @@ def _fill_region(buf: Buffer, op: HeadOperand, part: View, n: int, work: dict[st
         work["copies"].append(lambda em: _split_columns(em, src, list(buf.chunks), rows, cols, n, dt))
 
 
-def _alloc_kt(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int = 0) -> Buffer:
-    """Dense rows x cols tiles, one per column chunk of at most n (n = 0: one tile), loaded as they are read."""
+def _alloc_kt(arena: TileArena, op: HeadOperand, rows: int, cols: int, n: int = 0, row: int | None = None) -> Buffer:
+    """Dense rows x cols tiles, one per column chunk of at most n (n = 0: one tile), loaded as they are read;
+    `row`: the one tile is already there (a computed K's row, `attention_proj.KTrip`)."""
     widths = [c for _, c in k_slices(cols, n)] if n else [cols]
-    raw = tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
+    raw = (row,) if row is not None else tuple(arena.tile(rows * w * op.dtype.size) for w in widths)
     quant = tuple(arena.tile(rows * w) for w in widths) if op.quantize is not None else None
     return Buffer(raw, quant, quant or raw)
 
@@ -619,15 +620,17 @@ def _projected_operands(
     """`_step_operands` when Q, K^T and V are computed (`codegen.attention_proj`): the same buffers, filled by the
     projections (one key block: a whole head's K and V) and then transformed as loaded ones are."""
     ktiles = k_slices(p.sk, n)
-    k_bufs = [_alloc_kt(arena, p.k, p.d, bk) for _, bk in ktiles]
-    v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
-    loads, quants, emit, weights, round_trip = attention_proj.step_projection(
+    loads, quants, emit, weights, trip = attention_proj.step_projection(
         arena, p.proj, block, p.sk, n, list(gt.proj_accs), shared
     )
+    # a key tile K's round trip reads in place (K's row) is transformed from there as a loaded one would be
+    in_place = trip.in_place() if trip is not None else [None] * len(ktiles)
+    k_bufs = [_alloc_kt(arena, p.k, p.d, bk, row=a) for (_, bk), a in zip(ktiles, in_place, strict=True)]
+    v_bufs = _alloc_v(arena, p.v, ktiles, p.dv, n, t)
     head["loads"] += loads
-    kst, kld = round_trip([kb.raw[0] for kb in k_bufs])
-    head["kstore"] += kst
-    head["kload"] += kld
+    if trip is not None:
+        loaded = [kb.raw[0] if a is None else None for kb, a in zip(k_bufs, in_place, strict=True)]
+        head["kstore"], head["kload"] = trip.calls(loaded)
     head["xquants"] += quants
     tiles = (list(q_buf.raw), [kb.raw[0] for kb in k_bufs], list(v_bufs[0].raw))
     head["project"].append(lambda em: emit(em, tiles))

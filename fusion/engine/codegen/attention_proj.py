@@ -546,14 +546,44 @@ def shared_arena(cfg: MachineConfig, p: Projection, m: int, sq: int, sk: int) ->
     return spare if spare is not None and spare.fits(activation_tiles(p, m, sk, n)) else None
 
 
+@dataclass(frozen=True)
+class KTrip:
+    """A step's K round trip (`round_trips`): K (keys x d, at `kn`) stored to the step's buffer slot's region of
+    the scratch (a later step in the slot reuses it after this one) and its key tiles loaded back transposed; a
+    tile of one key (d x 1) is K's row, read in place."""
+
+    kn: int
+    here: View  # (1, keys, d) in DRAM
+    sk: int
+    n: int
+
+    def in_place(self) -> list[int | None]:
+        """Per key tile: the address it is read at in place, or None (loaded back)."""
+        row = self.here.shape[-1] * self.here.dtype.size
+        return [self.kn + j0 * row if bk == 1 else None for j0, bk in k_slices(self.sk, self.n)]
+
+    def calls(self, kt_tiles: list[int | None]) -> tuple[list, list]:
+        """The store of K, and the transposing loads of its key tiles into `kt_tiles` (None: read in place); none
+        when every tile is read in place (one key)."""
+        d, dt = self.here.shape[-1], self.here.dtype
+        here = self.here.reshaped((self.sk, d))
+        row = d * dt.size
+        back = [
+            lambda em, a=a, j0=j0, bk=bk: em.b.dma_ldt(*em.regs(a, here.address + j0 * row, row), bk, d, dt.name)
+            for (j0, bk), a in zip(k_slices(self.sk, self.n), kt_tiles, strict=True)
+            if a is not None
+        ]
+        return ([lambda em: em.dma_store(self.kn, here)], back) if back else ([], [])
+
+
 def step_projection(
     arena, p: Projection, block: tuple[int, int, int], sk: int, n: int, accs: list[int], shared: TileArena | None = None
 ) -> tuple[list, list, Callable[[Emitter, tuple[list[int], list[int], list[int]]], None], int]:
     """Allocate and fill (loads, quantizations) the activation and weight tiles of head block (h, i0, m); returns
-    (loads, quants, emit, the weights' tile, round_trip) where emit(em, (q_tiles, kt_tiles, v_tiles)) computes Q
-    (m x chunk tiles), K^T (d x key-tile tiles; or K, keys x d, with the round trip) and V (keys x chunk tiles)
-    into the attention's buffers, through `accs` (the step's accumulator tiles, sized by `acc_bytes`; the matrix
-    unit drains them before another head's products); round_trip(kt_tiles): K's store and its loads back.
+    (loads, quants, emit, the weights' tile, K's round trip or None) where emit(em, (q_tiles, kt_tiles, v_tiles))
+    computes Q (m x chunk tiles), K^T (d x key-tile tiles; or K, keys x d, with the round trip) and V (keys x
+    chunk tiles) into the attention's buffers, through `accs` (the step's accumulator tiles, sized by `acc_bytes`;
+    the matrix unit drains them before another head's products).
     `shared` (`shared_arena`): the activation tiles are there, loaded by the first head's step only."""
     h, i0, m = block
     loads: list = []
@@ -569,7 +599,7 @@ def step_projection(
     lay, kchunks = p.layout, k_slices(p.kd, n)
     qcols, vcols = [e0 for e0, _ in k_slices(p.q.width, n)], [e0 for e0, _ in k_slices(p.v.width, n)]
     kcols = [e0 for e0, _ in k_slices(p.k.width, n)]
-    kes, kdt = p.out_dt[1].size, p.out_dt[1].name
+    kes = p.out_dt[1].size
     trip = p.kscratch is not None
     kn = arena.tile(sk * p.k.width * kes) if trip else 0  # K (keys x d), round-tripped through DRAM
 
@@ -618,20 +648,8 @@ def step_projection(
                 products(accs[0], side, i, r0, pr, cols)
                 drain(accs[0], side, i, r0, pr, cols)
 
-    def round_trip(kt_tiles: list[int]) -> tuple[list, list]:
-        """The store of K to the step's buffer slot's region of the scratch (a later step in the slot reuses it
-        after this one), and the transposing loads of its key tiles into `kt_tiles`; none without the trip."""
-        if not trip:
-            return [], []
-        here = p.kscratch.slice(0, arena.spad.base // arena.spad.size, 1).reshaped((sk, p.k.width))
-        row = p.k.width * kes
-        back = [
-            lambda em, a=a, j0=j0, bk=bk: em.b.dma_ldt(*em.regs(a, here.address + j0 * row, row), bk, p.k.width, kdt)
-            for (j0, bk), a in zip(k_slices(sk, n), kt_tiles, strict=True)
-        ]
-        return [lambda em: em.dma_store(kn, here)], back
-
-    return loads, quants, emit, w, round_trip
+    trip_ = KTrip(kn, p.kscratch.slice(0, arena.spad.base // arena.spad.size, 1), sk, n) if trip else None
+    return loads, quants, emit, w, trip_
 
 
 def check_heads(p: Projection, d: int, dv: int) -> None:

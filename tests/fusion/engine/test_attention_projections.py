@@ -70,16 +70,19 @@ def test_projected_attention_equals_the_reference(shape, dtype, out):
     assert_matches(got, want, dtype)
 
 
+@pytest.mark.parametrize("prescale", [True, False])
 @pytest.mark.parametrize("out", [False, True])
-def test_the_dram_traffic_is_the_activation_the_packed_weights_and_the_output(out):
+def test_the_dram_traffic_is_the_activation_the_packed_weights_and_the_output(out, prescale):
     """int8 ViT-like self-attention: the float activation's rows once for all heads (kept in the spare bank by the
     first head's step), per head step that head's packed W_q, W_k, W_v (and its rows of W_o) and its int8 K
-    (17 x 32) stored to the scratch and loaded back transposed; the int8 output once (the merged heads, or their
-    projection); Q, V and (out) the merged heads never."""
-    shape = AttentionShape(seq=17, heads=2, head_dim=32, scale="none", prescale=True, fused_qkv=True)
-    result, _, _ = run(shape, "int8", out)
+    (17 x 32) stored to the scratch and loaded back transposed, but for the 17th key's tile, K's row read in place
+    (pre-scaled and requantized from there when K is: a tile as loaded); the int8 output once (the merged heads, or
+    their projection); Q, V and (out) the merged heads never."""
+    shape = AttentionShape(seq=17, heads=2, head_dim=32, scale="none", prescale=prescale, fused_qkv=True)
+    result, got, want = run(shape, "int8", out)
+    assert_matches(got, want, "int8")
     x_bytes, w_bytes, k_bytes = 17 * 64 * 4, 3 * 64 * 32 + (32 * 64 if out else 0), 17 * 32
-    assert result.counters.dram_read_bytes == x_bytes + 2 * (w_bytes + k_bytes)
+    assert result.counters.dram_read_bytes == x_bytes + 2 * (w_bytes + 16 * 32)
     assert result.counters.dram_write_bytes == 17 * 64 + 2 * k_bytes
 
 
