@@ -145,9 +145,10 @@ def unit_times(f: KernelFeatures, cfg: MachineConfig) -> UnitTimes:
     stepped = f.steps > 0  # a kernel without steps runs its stages in series: nothing to tell apart
     head = _dma_time(cfg, f.head_loads, f.head_load_bursts) if stepped and f.head_loads else 0
     head_vector = _vector_time(cfg, f.head_vector_instrs, f.head_vector_elems, 0) if stepped else 0
-    # the first step's own loads after a prologue's head hold the first step back unless vector work prepares its
-    # operands meanwhile (an int8 quantization, an MLP's LayerNorm: they stream beside it)
-    lead = _dma_time(cfg, f.lead_loads, f.lead_load_bursts) if head and f.lead_loads and not head_vector else 0
+    # the first step's own loads after the head hold the first step back, beside any vector prologue (`lead`: an
+    # A-stationary GEMM's first step after its resident A, a weight tile the matrix unit takes beside the
+    # activation's quantization; none where the vector unit prepares the first step's operands meanwhile)
+    lead = _dma_time(cfg, f.lead_loads, f.lead_load_bursts) if head and f.lead_loads else 0
     loads = (f.load_bursts - f.serial_load_bursts - (f.head_load_bursts if head else 0)) * burst
     piped_bytes = loads + (f.store_bursts - f.serial_store_bursts) * burst
     return UnitTimes(

@@ -205,6 +205,21 @@ def _first_step_token(
     return int(tokens[0]) if tokens.size else 0
 
 
+def _beside(tokens: np.ndarray, category: np.ndarray, src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether the load unit's first token goes to the vector unit and its next one, with no wait of the load unit
+    between, to the matrix unit, which takes it before its first preload or matmul: those loads stream beside the
+    vector unit's prologue and the first step waits for both (a matrix unit first fed by the vector unit alone, A
+    and B cut into tiles, takes the load unit's token later)."""
+    matrix = int(Unit.matrix)
+    if tokens.size < 2 or dst[tokens[0]] != int(Unit.vector) or dst[tokens[1]] != matrix:
+        return False
+    if ((category[tokens[0] : tokens[1]] == POP) & (dst[tokens[0] : tokens[1]] == int(Unit.load))).any():
+        return False
+    takes = np.flatnonzero((category == POP) & (src == int(Unit.load)) & (dst == matrix))
+    work = np.flatnonzero((category == PRELOAD) | (category == MATMUL))
+    return bool(takes.size and work.size and takes[0] < work[0])
+
+
 def loop_order(group: Group, has_matmul: bool) -> str:
     """The GEMM loop order (outer to inner) the schedule runs, so cost models can tell the orders apart: "mn"
     streams A's row tiles under each preloaded weight tile (the default), "nm" keeps A resident (A-stationary:
@@ -246,26 +261,28 @@ def program_counts(text: Sequence[int], config: MachineConfig) -> dict[str, int]
     phase = np.cumsum(category == FENCE)
     stepped = _stepped(category, phase, dst, main)
     serial = ~stepped
-    # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in;
-    # and where that token hands a prologue back (an A-stationary GEMM's resident A), the first step's own loads
-    # after it, up to the load unit's first token that feeds a step (the lead: beside the prologue's vector work)
-    tokens = np.flatnonzero(_PUSH[kind] & (src == int(Unit.load)) & stepped)
-    first = int(tokens[0]) if tokens.size else len(words)
-    head = ~store & stepped[dma] & (dma < first)
-    lead = (
-        ~store
-        & stepped[dma]
-        & (dma > first)
-        & (dma < _first_step_token(tokens, kind, (category == POP) & stepped, src, dst, main))
-    )
-    # and the vector work that prepares the main unit's first operands (an int8 GEMM's quantization of A, A cut
-    # into k-slice tiles): the vector unit's passes before its first token into the main unit, when that token
-    # comes before it first waits for the main unit (attention's softmax waits for the scores: not a head)
+    # the vector work that prepares the main unit's first operands (an int8 GEMM's quantization of A, A cut into
+    # k-slice tiles): the vector unit's passes before its first token into the main unit, when that token comes
+    # before it first waits for the main unit (attention's softmax waits for the scores: not a head)
     vector = int(Unit.vector)
     into = np.flatnonzero(_PUSH[kind] & (src == vector) & (dst == main) & stepped) if main != vector else []
     waits = np.flatnonzero((category == POP) & (dst == vector) & (src == main) & stepped)
     prologue = len(into) > 0 and (not waits.size or into[0] < waits[0])
     vector_head = passes & stepped & (np.arange(len(words)) < into[0]) if prologue else np.zeros_like(passes)
+    # the pipelined phases' loads the load unit issues before its first token: no step starts before they are in.
+    # The lead, the first step's own loads after them: where that token hands a prologue back (an A-stationary
+    # GEMM's resident A), up to the load unit's first token that feeds a step; where it hands the vector unit a
+    # prologue (`vector_head`), the loads of the load unit's next token when the matrix unit waits for them too
+    # (`_beside`: the weight tile the matrix unit waits for beside the quantization of the activation);
+    # otherwise none (the vector unit prepares the first step's operands meanwhile)
+    tokens = np.flatnonzero(_PUSH[kind] & (src == int(Unit.load)) & stepped)
+    first = int(tokens[0]) if tokens.size else len(words)
+    head = ~store & stepped[dma] & (dma < first)
+    if vector_head.any():
+        end = int(tokens[1]) if _beside(tokens, category, src, dst) else first
+    else:
+        end = _first_step_token(tokens, kind, (category == POP) & stepped, src, dst, main)
+    lead = ~store & stepped[dma] & (dma > first) & (dma < end)
     loads, stores = part(~store), part(store)
     heads, leads, serial_loads, serial_stores = (
         part(head),

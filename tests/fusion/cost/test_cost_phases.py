@@ -55,6 +55,20 @@ def test_unit_times_pay_the_head_alone_and_unpipelined_phases_in_series() -> Non
     assert replace(contended, steps=1).cycles == shared.cycles + (600 + 300) * 3 / 4  # one step: all in series
 
 
+def _vector_prologue(program, serial: list[bool], pushes, main) -> bool:
+    """Whether the vector unit passes before its first token into the main unit, which comes before it first waits
+    for the main unit (the features' `head_vector`)."""
+    into = [pc for pc, src, dst in pushes if src == Unit.vector and dst == main and main != Unit.vector]
+    waits = [
+        pc
+        for pc, ins in enumerate(program)
+        if ins.mnemonic == "sync.pop" and not serial[pc] and (ins.field("src"), ins.field("dst")) == (main, Unit.vector)
+    ]
+    if not into or (waits and waits[0] < into[0]):
+        return False
+    return any(ins.spec.timing in PASSES and not serial[pc] for pc, ins in enumerate(program[: into[0]]))
+
+
 def _load_tokens(program, serial: list[bool], main) -> tuple[int, int]:
     """The load unit's first pipelined token and its first that feeds a step: one not into the vector unit, or into
     the vector unit when the vector unit's next token after popping it (first in, first out) does not hand it back
@@ -75,6 +89,24 @@ def _load_tokens(program, serial: list[bool], main) -> tuple[int, int]:
     ours = [(pc, dst) for pc, src, dst in pushes if src == Unit.load]
     if not ours:
         return len(program), 0
+    if _vector_prologue(program, serial, pushes, main):
+        # beside the vector unit's prologue: the next token's loads when it goes to the main unit, no wait between
+        waits = (
+            any(
+                ins.mnemonic == "sync.pop" and ins.field("dst") == Unit.load for ins in program[ours[0][0] : ours[1][0]]
+            )
+            if len(ours) > 1
+            else True
+        )
+        takes = [
+            pc
+            for pc, ins in enumerate(program)
+            if ins.mnemonic == "sync.pop" and (ins.field("src"), ins.field("dst")) == (Unit.load, Unit.matrix)
+        ]
+        work = [pc for pc, ins in enumerate(program) if ins.spec.timing in ("preload", "matmul", "matmul_stream")]
+        taken = bool(takes and work and takes[0] < work[0])
+        beside = not waits and taken and ours[0][1] == Unit.vector and ours[1][1] == Unit.matrix
+        return ours[0][0], ours[1][0] if beside else ours[0][0]
     for handed, (pc, dst) in enumerate(ours):
         onward = [d for p, s, d in pushes if s == Unit.vector and handed < len(pops) and p > pops[handed]]
         if dst != Unit.vector or main == Unit.vector or not onward or onward[0] != Unit.load:
