@@ -769,6 +769,8 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
     traffic, passing = ev.priced_traffic(fused.features), threshold * sum(p.score for p in parts)
     # the fused kernel simulated only as far as it could still pass the threshold: past it, it is not taken
     # whatever it measures (`plan_dynamic`), so its exact cycles decide nothing
+    if not separate - traffic - passing > 0:  # cannot pass at any cycle count (or overlap hides everything)
+        return min(separate - traffic, passing)
     budget = below(separate - traffic - passing) + 1  # + 1: float rounding, compared by the caller
     cycles = ev.measured_within(fused, budget)
     return separate - traffic - cycles if cycles is not None else min(separate - traffic - budget, passing)
