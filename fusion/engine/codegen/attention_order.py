@@ -323,14 +323,16 @@ def hoist_preloads(calls: Sequence[Call]) -> list[Call]:
     the order (so the pop never waits on what the drains or the tokens after them release) and no other pop of
     its pair is crossed (pops of a pair take their tokens in order)."""
     out = list(calls)
+    analysed = None  # (tokens, writes) of `out` as it is: recomputed only after a move
     i = 0
     while i < len(out):
-        if out[i].name != "mx_preload":
+        if out[i].name != "mx_preload" or not _after_hoistable(out, i):
             i += 1
             continue
         lo, hi = _preload_reads(out[i])
-        match, pushes = _tokens(out)
-        writes = _spad_writes(out)
+        if analysed is None:
+            analysed = _tokens(out), _spad_writes(out)
+        (match, pushes), writes = analysed
         to, carried, moved = i, [], []
         for j in range(i - 1, -1, -1):
             x = out[j]
@@ -350,5 +352,14 @@ def hoist_preloads(calls: Sequence[Call]) -> list[Call]:
             block = [out[k] for k in sorted(moved)] + [out[i]]
             rest = [c for k, c in enumerate(out) if k not in moved and k != i]
             out = rest[:to] + block + rest[to:]
+            analysed = None
         i += 1
     return out
+
+
+def _after_hoistable(calls: Sequence[Call], i: int) -> bool:
+    """Whether the matrix unit's instruction before index `i` could be crossed (a drain, configuration or token)."""
+    for j in range(i - 1, -1, -1):
+        if calls[j].unit is Unit.matrix:
+            return calls[j].name in HOISTABLE
+    return False
