@@ -126,14 +126,10 @@ class ConvShape:
             return [(p, min(width, oh * ow - p)) for p in range(0, oh * ow, width)]
         return [(r * ow + j, min(width, ow - j)) for r in range(oh) for j in range(0, ow, width)]
 
-    def window(self, tap: int, p0: int, cols: int) -> tuple[int, np.ndarray]:
-        """(plane index of the run's first tap element, which of the run's positions read inside the image)."""
-        starts, valid = self.windows((tap,), p0, cols)
-        return starts[0], valid[0]
-
     def windows(self, taps: Sequence[int], p0: int, cols: int) -> tuple[list[int], np.ndarray]:
-        """`window` of several taps at once, as (first plane indices, in-image flags [taps, cols]): a panel has
-        a window per (tap, channel run), a panel per column block, so one numpy pass per panel, not per tap."""
+        """Per tap, (plane index of the run's first tap element, which of the run's positions read inside the
+        image), as (first plane indices, in-image flags [taps, cols]): a panel has a window per (tap, channel
+        run), a panel per column block, so one numpy pass per panel, not per tap."""
         f = self.f
         kh, kw = np.divmod(np.asarray(taps, np.int64), f.kernel[1])
         oh, ow = np.divmod(p0 + np.arange(cols), f.out[1])

@@ -113,8 +113,8 @@ def test_runs_cross_output_rows_only_where_the_input_has_their_pitch() -> None:
     assert same.flat and same.runs(16) == [(0, 16), (16, 16), (32, 4)]
     strided = ConvShape(lifted(1, 4, (6, 6), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), (3, 3)), 1)
     assert not strided.flat and strided.runs(16) == [(0, 3), (3, 3), (6, 3)]
-    start, valid = strided.window(0, 3, 3)  # tap (0, 0), output row 1: input row 1, columns -1, 1, 3
-    assert start == 5 and list(valid) == [False, True, True]
+    starts, valid = strided.windows((0,), 3, 3)  # tap (0, 0), output row 1: input row 1, columns -1, 1, 3
+    assert starts == [5] and list(valid[0]) == [False, True, True]
 
 
 def test_weights_are_packed_tap_major() -> None:
