@@ -56,7 +56,9 @@ def decode_words(words: Sequence[int]) -> dict[int, Decoded]:
         if excess > 0:  # the oldest entries go first
             for old in list(islice(_table, excess)):
                 del _table[old]
-    return {w: found if found is not None else fresh[w] for w, found in zip(distinct, known, strict=True)}
+    table = dict(zip(distinct, known, strict=True))
+    table.update(fresh)  # (the missing words' None replaced)
+    return table
 
 
 def _decode_missing(words: list[int]) -> dict[int, Decoded]:
@@ -80,8 +82,9 @@ def _decode_missing(words: list[int]) -> dict[int, Decoded]:
         at = at[ok]
         clean[at] = True
         operands = zip(*(v[ok].tolist() for v in values), strict=True) if spec.fields else repeat((), len(at))
-        for i, ins in zip(at.tolist(), map(Instruction, repeat(spec), operands), strict=True):
-            out[words[i]] = (ins, spec.unit if spec.unit is not None else instruction_unit(ins))
+        decoded_row = list(map(Instruction, repeat(spec), operands))
+        units = repeat(spec.unit) if spec.unit is not None else map(instruction_unit, decoded_row)
+        out.update(zip(array[at].tolist(), zip(decoded_row, units)))  # (dict.update over zips: no loop in Python)
     for i in np.flatnonzero(~clean).tolist():
         ins = decode(words[i])  # raises EncodingError for an illegal word
         out[words[i]] = (ins, instruction_unit(ins))

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -41,46 +43,70 @@ LOOP_END_FIELD = {s.mnemonic: f.name for s in INSTRUCTIONS for f in s.fields if 
 # instructions that steer control flow or set a register by a value read from memory (the table's `reads_data`): a
 # program holding one is simulated with its values even when only its timing is asked for (`Machine(timing_only=True)`)
 READS_DATA = frozenset(s.mnemonic for s in INSTRUCTIONS if s.reads_data)
+FUSION = frozenset(s.mnemonic for s in INSTRUCTIONS if s.extension is Extension.fusion)  # (`counters` split on it)
 
 
 @dataclass(frozen=True)
 class DecodedText:
-    """A program's text decoded: per pc its instruction (None: an illegal word) and unit, the decode errors by pc,
-    the pcs hardware loops jump back from (their ends), whether any instruction reads data into control
-    (`READS_DATA`), and per pc whether its instruction is of the fusion extension (the counters split on it)."""
+    """A program's text decoded: each distinct word's instruction (None: an illegal word) and unit (`table`), the
+    decode errors by pc, the pcs hardware loops jump back from (their ends), whether any instruction reads data
+    into control (`READS_DATA`), and per pc whether its instruction is of the fusion extension (the counters split
+    on it). Nothing else is per pc: a run looks up the words it reaches (`instruction`), and a planning run of a
+    kernel unrolled into hundreds of thousands of words reaches each once."""
 
-    instructions: list[Instruction | None]
-    units: list[Unit]
+    text: Sequence[int]
+    table: dict[int, tuple[Instruction | None, Unit]]
     errors: dict[int, str]
     loop_ends: frozenset[int]
     reads_data: bool
     fusion: np.ndarray
 
+    def instruction(self, pc: int) -> tuple[Instruction | None, Unit]:
+        """The instruction (None: an illegal word) and unit at `pc`."""
+        return self.table[self.text[pc]]
+
+    @cached_property
+    def instructions(self) -> list[Instruction | None]:
+        """Per pc, its instruction (None: an illegal word)."""
+        table = self.table
+        return [table[w][0] for w in self.text]
+
 
 def decode_text(text: Sequence[int]) -> DecodedText:
-    """Each distinct word decoded once (`simulator.decode`: a program repeats many of its words), then mapped to
-    its pcs without a Python loop over the text; the pcs of illegal words and of loops are looked up only when
-    the text holds some; the fusion flags by numpy over the words, from the distinct words that are fusion
-    instructions (a test per pc took as long as the rest of a run's counters)."""
+    """Each distinct word decoded once (`simulator.decode`: a program repeats many of its words); the pcs of illegal
+    words and of loops are looked up only when the text holds some; the fusion flags by numpy over the words, from
+    the distinct words that are fusion instructions (a test per pc took as long as the rest of a run's counters)."""
     try:
-        table: dict[int, tuple[Instruction | None, Unit]] = dict(decode_words(text))
+        table: dict[int, tuple[Instruction | None, Unit]] = decode_words(text)
         errors: dict[int, str] = {}
     except EncodingError:
         table, errors = _with_illegal(text)
-    pairs = list(map(table.__getitem__, text))
-    loops = {
-        w: i.field(LOOP_END_FIELD[i.spec.mnemonic])
-        for w, (i, _) in table.items()
-        if i is not None and i.spec.mnemonic in LOOP_END_FIELD
-    }
+    mnemonics = set(map(_mnemonic, filter(None, map(_first, table.values()))))  # (the word passes run in C)
+    loops = (
+        {
+            w: i.field(LOOP_END_FIELD[i.spec.mnemonic])
+            for w, (i, _) in table.items()
+            if i is not None and i.spec.mnemonic in LOOP_END_FIELD
+        }
+        if not mnemonics.isdisjoint(LOOP_END_FIELD)
+        else {}
+    )
+    fusion = (
+        [w for w, (i, _) in table.items() if i is not None and i.spec.extension is Extension.fusion]
+        if not mnemonics.isdisjoint(FUSION)
+        else []
+    )
     return DecodedText(
-        [ins for ins, _ in pairs],
-        [unit for _, unit in pairs],
+        text,
+        table,
         {pc: errors[w] for pc, w in enumerate(text) if w in errors} if errors else {},
         frozenset(pc + loops[w] for pc, w in enumerate(text) if w in loops) if loops else frozenset(),
-        any(i is not None and i.spec.mnemonic in READS_DATA for i, _ in table.values()),
-        _fusion_pcs(text, [w for w, (i, _) in table.items() if i is not None and i.spec.extension is Extension.fusion]),
+        not mnemonics.isdisjoint(READS_DATA),
+        _fusion_pcs(text, fusion),
     )
+
+
+_first, _mnemonic = itemgetter(0), attrgetter("spec.mnemonic")
 
 
 def _fusion_pcs(text: Sequence[int], words: list[int]) -> np.ndarray:
@@ -137,15 +163,16 @@ class Machine:
         self.halt_cycle = -1
         n = len(obj.text)
         text = decode_text(obj.text)
-        self.instructions, self.units, self.decode_errors = text.instructions, text.units, text.errors
+        self.text, self.decode_errors = text, text.errors
         self.fusion = text.fusion  # per pc: a fusion-extension instruction (`counters.snapshot`)
+        # per pc its unit, set when its step is built (a pc never reached counts nothing: `counters.snapshot`)
+        self.units: list[int] = [Unit.scalar] * (n + 1)
         # value semantics, off when only the timing is asked for (`timing_only`) and no value read can change what
         # runs (`READS_DATA`; recorded transactions need values): the units then do every access's bookkeeping
         # (banks, bytes, races) and timing as with values, but compute and move no data
         self.values = not timing_only or text.reads_data or record_transactions
         self.count = [0] * (n + 1)
         self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
-        self.units.append(Unit.scalar)
         self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe, cfg.max_cycles) if checked else None
         # each step is built when first reached (`_step`): a run stopped by its cycle budget builds no more than
         # it ran, and straight-line code builds each step once, as before
@@ -158,11 +185,18 @@ class Machine:
         # straight-line code builds a step per instruction run, so the others skip those tests
         self._wrapped = self._loop_ends | self._entered.keys() | set(range(WATCHDOG_EVERY, n, WATCHDOG_EVERY))
 
+    @property
+    def instructions(self) -> list[Instruction | None]:
+        """Per pc, its instruction (None: an illegal word)."""
+        return self.text.instructions
+
     # --- helpers for instruction builders -----------------------------------------------------------
     def describe(self, pc: int) -> str:
-        if 0 <= pc < len(self.instructions) and self.instructions[pc] is not None:
-            return format_instruction(self.instructions[pc], pc)
-        return "<no instruction>" if pc >= len(self.instructions) else f".word {self.obj.text[pc]:#018x}"
+        n = len(self.obj.text)
+        ins = self.text.instruction(pc)[0] if 0 <= pc < n else None
+        if ins is not None:
+            return format_instruction(ins, pc)
+        return "<no instruction>" if pc >= n else f".word {self.obj.text[pc]:#018x}"
 
     def row(self, pc: int) -> list[int]:
         """The statistics row of `pc` (see simulator.engine's S_* fields), allocated on first use."""
@@ -282,8 +316,8 @@ class Machine:
         """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped, innermost first, by
         a hardware loop's end, the kernels entered there, a watchdog checkpoint (every WATCHDOG_EVERY instructions
         of the text: see the constant) and, in checked mode, the race checker."""
-        n = len(self.instructions)
-        ins = self.instructions[pc] if pc < n else None
+        n = len(self.obj.text)
+        ins, self.units[pc] = self.text.instruction(pc) if pc < n else (None, Unit.scalar)
         if ins is not None:
             step = BUILDERS[ins.spec.mnemonic](self, pc, ins)
         elif pc == n:

@@ -183,7 +183,7 @@ def _result(m: Machine, trace: bool, outputs: bool) -> RunResult:
     snap = snapshot(m)
     kernels = m.obj.kernels
     transactions = tuple(
-        Transaction(pc, m.instructions[pc].mnemonic, operands, result, op.finish - op.start, op.start)
+        Transaction(pc, m.text.instruction(pc)[0].mnemonic, operands, result, op.finish - op.start, op.start)
         for op, pc, operands, result in (m.transactions or [])
     )
     return RunResult(
