@@ -90,37 +90,55 @@ def alias_roots(graph: Graph) -> dict[str, str]:
     return roots
 
 
-def constant_forms(graph: Graph, plan: QuantPlan | None, conv_taps: bool = True) -> dict[str, np.ndarray]:
+def constant_forms(
+    graph: Graph, plan: QuantPlan | None, conv_taps: bool = True, memo: dict | None = None
+) -> dict[str, np.ndarray]:
     """Every constant as the kernels read it: float32, or (int8 path) pre-quantized matrix operands and biases;
     with `conv_taps`, each Conv weight also tap-major as the baseline conv kernel reads it (a fused conv kernel
-    reads its own packing instead: without it, its DRAM image neither carries nor slab-packs that copy)."""
+    reads its own packing instead: without it, its DRAM image neither carries nor slab-packs that copy).
+    `memo` (one per model and plan, its graph's subgraphs passed here): each node's forms kept by (node,
+    `conv_taps`), so a planner quantizes and packs a weight once, not once per candidate kernel holding it."""
     forms: dict[str, np.ndarray] = {}
     for node in graph.nodes:
-        if node.op == OpType.Trilu:
-            out = node.outputs[0]
-            masks = where_masks(trilu_mask(node, graph.types[out].shape))
-            forms.update({const_key(out, form): mask for form, mask in masks.items()})
-        for pos, value in enumerate(node.inputs):
-            if not graph.is_constant(value):
-                continue
-            data = np.asarray(graph.constants[value])
-            if conv_taps and node.op == OpType.Conv and pos == 1 and packs(data.shape):  # the baseline's tap-major
-                stored = data if plan is None else plan.matrix[node.name].quantize_weight(data)
-                forms[const_key(value, taps_form(plan is not None))] = pack_weight(stored)
-            if plan is not None and node.op in MATRIX_OPS and pos < 2:
-                q = plan.matrix[node.name]
-                quantized = quantize_tensor(data, q.input_scale) if pos == 0 else q.quantize_weight(data)
-                forms[const_key(value, CONST_I8)] = quantized
-                if pos == 1 and q.per_channel and not q.dequantize:
-                    forms[const_key(value, CONST_RQNT)] = q.requant_table()
-                if pos == 1 and q.dequantize:
-                    forms[const_key(value, dequant_form(node.name))] = q.dequant_scales()
-            elif plan is not None and node.op in MATRIX_OPS and pos == 2:
-                forms[const_key(value, bias_form(node.name))] = plan.matrix[node.name].quantize_bias(data)
-            elif node.op == OpType.Where and pos == 0:
-                forms.update({const_key(value, form): mask for form, mask in where_masks(data).items()})
-            elif data.dtype == np.float32:
-                forms[const_key(value, CONST_F32)] = data
+        if memo is None:
+            forms.update(_node_forms(graph, plan, node, conv_taps))
+            continue
+        key = (node.name, conv_taps)
+        part = memo.get(key)
+        if part is None:
+            part = memo.setdefault(key, _node_forms(graph, plan, node, conv_taps))
+        forms.update(part)
+    return forms
+
+
+def _node_forms(graph: Graph, plan: QuantPlan | None, node: Node, conv_taps: bool) -> dict[str, np.ndarray]:
+    """`constant_forms` of one node's constants."""
+    forms: dict[str, np.ndarray] = {}
+    if node.op == OpType.Trilu:
+        out = node.outputs[0]
+        masks = where_masks(trilu_mask(node, graph.types[out].shape))
+        forms.update({const_key(out, form): mask for form, mask in masks.items()})
+    for pos, value in enumerate(node.inputs):
+        if not graph.is_constant(value):
+            continue
+        data = np.asarray(graph.constants[value])
+        if conv_taps and node.op == OpType.Conv and pos == 1 and packs(data.shape):  # the baseline's tap-major
+            stored = data if plan is None else plan.matrix[node.name].quantize_weight(data)
+            forms[const_key(value, taps_form(plan is not None))] = pack_weight(stored)
+        if plan is not None and node.op in MATRIX_OPS and pos < 2:
+            q = plan.matrix[node.name]
+            quantized = quantize_tensor(data, q.input_scale) if pos == 0 else q.quantize_weight(data)
+            forms[const_key(value, CONST_I8)] = quantized
+            if pos == 1 and q.per_channel and not q.dequantize:
+                forms[const_key(value, CONST_RQNT)] = q.requant_table()
+            if pos == 1 and q.dequantize:
+                forms[const_key(value, dequant_form(node.name))] = q.dequant_scales()
+        elif plan is not None and node.op in MATRIX_OPS and pos == 2:
+            forms[const_key(value, bias_form(node.name))] = plan.matrix[node.name].quantize_bias(data)
+        elif node.op == OpType.Where and pos == 0:
+            forms.update({const_key(value, form): mask for form, mask in where_masks(data).items()})
+        elif data.dtype == np.float32:
+            forms[const_key(value, CONST_F32)] = data
     return forms
 
 

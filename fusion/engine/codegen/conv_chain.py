@@ -550,6 +550,7 @@ class _Kernel:
 
         def matmul(em: Emitter) -> None:
             opened = not t.opens
+            run_step = None  # a run's step: `even` blocks step alike, and a tap moves them all alike
             for kh in range(s.kernel[0]):
                 for kw in range(s.kernel[1]):
                     rest = chunk
@@ -557,8 +558,10 @@ class _Kernel:
                         emit_items(em, [item(kh, kw, *chunk[0], "mx_mm")])
                         rest, opened = chunk[1:], True
                     if even and len(rest) > 1:
-                        first, second = item(kh, kw, *rest[0], "mx_mma"), item(kh, kw, *rest[1], "mx_mma")
-                        emit_run(em, first, steps(first, second), len(rest))
+                        first = item(kh, kw, *rest[0], "mx_mma")
+                        if run_step is None:
+                            run_step = steps(first, item(kh, kw, *rest[1], "mx_mma"))
+                        emit_run(em, first, run_step, len(rest))
                     else:
                         emit_items(em, [item(kh, kw, *block, "mx_mma") for block in rest])
             if not last_chunk:
