@@ -48,11 +48,21 @@ _BINARY_WIDE: dict[str, Callable[[np.ndarray, np.ndarray | int], np.ndarray]] = 
 BINARY_OPS = frozenset(_BINARY_WIDE) | {"sll", "srl", "sra"}
 
 
-def binary(op_name: str, a: np.ndarray, b: np.ndarray | int | float, dtype: DType) -> np.ndarray:
-    """`a OP b` elementwise in `dtype` (b broadcasts)."""
+def check_binary(op_name: str, dtype: DType) -> None:
+    """The faults of `binary` that do not depend on the operands (its result is always of `dtype`)."""
     if op_name in ("sll", "srl", "sra"):
         if dtype is DType.f32:
             raise Fault(f"{op_name} needs an integer dtype, got f32")
+    elif op_name not in _BINARY_WIDE:
+        raise Fault(f"unknown vector operation {op_name!r}")
+    elif op_name == "div" and dtype is not DType.f32:
+        raise Fault(f"div needs dtype f32, got {dtype.name}")
+
+
+def binary(op_name: str, a: np.ndarray, b: np.ndarray | int | float, dtype: DType) -> np.ndarray:
+    """`a OP b` elementwise in `dtype` (b broadcasts)."""
+    check_binary(op_name, dtype)
+    if op_name in ("sll", "srl", "sra"):
         if op_name == "srl":
             return _srl(a, b, dtype)
         if op_name == "sra":
@@ -60,11 +70,7 @@ def binary(op_name: str, a: np.ndarray, b: np.ndarray | int | float, dtype: DTyp
         if dtype is DType.i8:
             return sat8(np.left_shift(a.astype(_I32), _shift_amount(b, dtype)))
         return np.left_shift(a, np.asarray(_shift_amount(b, dtype), dtype=_I32))
-    fn = _BINARY_WIDE.get(op_name)
-    if fn is None:
-        raise Fault(f"unknown vector operation {op_name!r}")
-    if op_name == "div" and dtype is not DType.f32:
-        raise Fault(f"div needs dtype f32, got {dtype.name}")
+    fn = _BINARY_WIDE[op_name]
     if dtype is DType.f32:
         with np.errstate(all="ignore"):
             return fn(a, np.asarray(b, dtype=_F32)).astype(_F32, copy=False)
@@ -100,17 +106,22 @@ _UNARY_F32: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 UNARY_OPS = frozenset(_UNARY_F32)
 
 
+def unary_function(op_name: str, dtype: DType) -> Callable[[np.ndarray], np.ndarray]:
+    """The function of `unary` (its result is always of `dtype`); a fault for an op `dtype` does not have."""
+    fn = (_UNARY_F32 if dtype is DType.f32 else _UNARY_INT).get(op_name)
+    if fn is None:
+        if dtype is DType.f32:
+            raise Fault(f"unknown vector operation {op_name!r}")
+        raise Fault(f"{op_name} needs dtype f32, got {dtype.name}")
+    return fn
+
+
 def unary(op_name: str, a: np.ndarray, dtype: DType) -> np.ndarray:
     """`OP(a)` elementwise; transcendental ops exist only for f32."""
+    fn = unary_function(op_name, dtype)
     if dtype is DType.f32:
-        fn = _UNARY_F32.get(op_name)
-        if fn is None:
-            raise Fault(f"unknown vector operation {op_name!r}")
         with np.errstate(all="ignore"):
             return fn(a).astype(_F32, copy=False)
-    fn = _UNARY_INT.get(op_name)
-    if fn is None:
-        raise Fault(f"{op_name} needs dtype f32, got {dtype.name}")
     if dtype is DType.i8 and op_name in ("neg", "abs"):
         return sat8(fn(a.astype(_I32)))
     return fn(a)
@@ -124,10 +135,16 @@ def reduce_output_dtype(op_name: str, dtype: DType) -> DType:
     return DType.i32 if (op_name == "rsum" and dtype is DType.i8) else dtype
 
 
+def reduce_rows(size: int, period: int) -> int:
+    """The rows (output elements) of a reduction of `size` elements by `period`; a fault if they do not split."""
+    if period <= 0 or size % period:
+        raise Fault(f"{size} elements do not split into rows of period {period}")
+    return size // period
+
+
 def reduce(op_name: str, a: np.ndarray, period: int, dtype: DType) -> np.ndarray:
     """Reduce each row of `period` elements of the flat `a` to one element."""
-    if period <= 0 or a.size % period:
-        raise Fault(f"{a.size} elements do not split into rows of period {period}")
+    reduce_rows(a.size, period)
     rows = a.reshape(-1, period)
     if op_name == "rsum":
         out = reduce_output_dtype(op_name, dtype).numpy

@@ -51,6 +51,13 @@ def _finish(
     m.submit(op)
 
 
+def _timed(m: Machine, pc: int, row: list[int], dur: int, dest: int, n: int, dtype: np.dtype) -> None:
+    """Timing only (no values): the accesses of writing an `n`-element result of `dtype`, and the queued
+    instruction, as `_finish` makes them, without the result."""
+    m.written(dest, n, dtype, row)
+    m.submit(m.unit_op(VECTOR, pc, dur, row))
+
+
 def binary(op_name: str, mode: int) -> Builder:
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         f = ins.by_name()
@@ -61,21 +68,28 @@ def binary(op_name: str, mode: int) -> Builder:
         whole_rows = period > 0 and n % period == 0
         b_count = -1 if not whole_rows else (period if mode == MODE_VR else n // period)
 
+        values = m.values
+
         def step() -> int:
             a = m.read_local(x[rs1], n, npdt, row)
             if mode == MODE_VV:
                 b = m.read_local(x[rs2], n, npdt, row)
-                result = sem.binary(op_name, a, b, dt)
             elif mode == MODE_VS:
                 b = scalar_operand(x[rs2], dt)
-                result = sem.binary(op_name, a, b, dt)
             else:
                 if b_count < 0:
                     raise Fault(f"n={n} is not a whole number of rows of period {period}")
                 b = m.read_local(x[rs2], b_count, npdt, row)
                 shaped, bb = broadcast_rows(a, b, mode)
-                result = sem.binary(op_name, shaped, bb, dt).reshape(-1)
             row[vops] += n
+            if not values:  # (the result: n elements of dt)
+                sem.check_binary(op_name, dt)
+                _timed(m, pc, row, dur, x[rd], n, npdt)
+                return nxt
+            if mode <= MODE_VS:
+                result = sem.binary(op_name, a, b, dt)
+            else:
+                result = sem.binary(op_name, shaped, bb, dt).reshape(-1)
             _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "b": np.copy(b)})
             return nxt
 
@@ -90,8 +104,15 @@ def unary(op_name: str) -> Builder:
         dt = DType(dtype)
         x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
 
+        values = m.values
+
         def step() -> int:
             a = m.read_local(x[rs1], n, dt.numpy, row)
+            if not values:  # (the result: n elements of dt)
+                sem.unary_function(op_name, dt)
+                row[vops] += n
+                _timed(m, pc, row, dur, x[rd], n, dt.numpy)
+                return nxt
             result = sem.unary(op_name, a, dt)
             row[vops] += n
             _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy()})
@@ -108,8 +129,15 @@ def reduce(op_name: str) -> Builder:
         dt = DType(dtype)
         x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
 
+        values, out = m.values, sem.reduce_output_dtype(op_name, dt).numpy
+
         def step() -> int:
             a = m.read_local(x[rs1], n, dt.numpy, row)
+            if not values:  # (the result: a row's reduction per row)
+                rows = sem.reduce_rows(n, period)
+                row[vops] += n
+                _timed(m, pc, row, dur, x[rd], rows, out)
+                return nxt
             result = sem.reduce(op_name, a, period, dt)
             row[vops] += n
             _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "period": period})
@@ -142,8 +170,14 @@ def convert(m: Machine, pc: int, ins: Instruction) -> Step:
     x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
     vops = vops_field(DType.f32 if DType.f32 in (src, dst) else src)
 
+    values = m.values
+
     def step() -> int:
         a = m.read_local(x[rs1], n, src.numpy, row)
+        if not values:  # (the result: n elements of dst)
+            row[vops] += n
+            _timed(m, pc, row, dur, x[rd], n, dst.numpy)
+            return nxt
         result = sem.convert(a, src, dst)
         row[vops] += n
         _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy()})
@@ -176,8 +210,14 @@ def to_int8(kind: str) -> Builder:
         rd, rs1, rs2, n, shift = f["rd"], f["rs1"], f["rs2"], f["n"], f.get("shift", 0)
         x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(src)
 
+        values = m.values
+
         def step() -> int:
             a = m.read_local(x[rs1], n, src.numpy, row)
+            if not values:  # (the result: n int8 elements)
+                row[vops] += n
+                _timed(m, pc, row, dur, x[rd], n, DType.i8.numpy)
+                return nxt
             params = decode(x[rs2], shift)
             result = convert(a, *params.values())
             row[vops] += n

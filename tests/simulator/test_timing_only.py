@@ -97,6 +97,13 @@ def blocks(draw, state: dict) -> list[str]:
         ops = [f"v.add x12, x13, x14, {n}, {dt}", f"v.relu x12, x13, {n}, {dt}"]
         period = draw(st.integers(1, 8))
         ops += [f"v.rqnt.vr x12, x13, x15, {n}, {period}", f"v.rqnt.vc x12, x13, x15, {n}, {period}"]
+        # every vector family (a period that does not split n faults in both runs alike)
+        dt2 = draw(st.sampled_from(["i8", "i32", "f32"]))
+        ops += [f"v.mul.vs x12, x13, x14, {n}, {dt}", f"v.mul.vr x12, x13, x14, {n}, {period}, {dt}"]
+        ops += [f"v.add.vc x12, x13, x14, {n}, {period}, {dt}", f"v.rsum x12, x13, {n}, {period}, {dt}"]
+        ops += [f"v.rmax x12, x13, {n}, {period}, {dt}", f"v.clip x12, x13, x14, x15, {n}, {dt}"]
+        ops += [f"v.cvt x12, x13, {n}, {dt}, {dt2}", f"v.rqnt x12, x13, x14, 7, {n}", f"v.qnt x12, x13, x14, {n}"]
+        ops += [f"v.neg x12, x13, {n}, {dt}", f"v.copy x12, x13, {n}, {dt}"] + [f"v.exp x12, x13, {n}, f32"]
         table = SPAD + 4 * draw(st.integers(0, (CFG.spad_bytes - SPAD) // 4 - 2 * n))
         return [f"li x12, {d}", f"li x13, {a}", f"li x14, {b}", f"li x15, {table}", draw(st.sampled_from(ops))]
     if kind == "sync":
@@ -125,7 +132,7 @@ def programs(draw) -> str:
     return "\n".join([*lines, "halt", ".endkernel", ".data", f"D: .zero {DRAM}", ""])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(programs(), st.integers(0, 2**32 - 1))
 def test_timing_only_counts_what_the_full_simulation_counts(source: str, seed: int) -> None:
     data = np.random.default_rng(seed).integers(-128, 128, DRAM, dtype=np.int8)
@@ -142,3 +149,34 @@ def test_values_are_off_only_when_no_value_steers_control() -> None:
     assert simulate(gemm, CFG, timing_only=True).outputs == {} and simulate(gemm, CFG).outputs.keys() == {"c"}
     with pytest.raises(DynfuseError, match="cannot record transactions"):
         simulate(plain, CFG, timing_only=True, record_transactions=True)
+
+
+VECTOR_FORMS = [
+    "v.add x12, x13, x14, {n}, {dt}",
+    "v.mul.vs x12, x13, x14, {n}, {dt}",
+    "v.mul.vr x12, x13, x14, {n}, {period}, {dt}",
+    "v.add.vc x12, x13, x14, {n}, {period}, {dt}",
+    "v.rsum x12, x13, {n}, {period}, {dt}",
+    "v.rmax x12, x13, {n}, {period}, {dt}",
+    "v.clip x12, x13, x14, x15, {n}, {dt}",
+    "v.cvt x12, x13, {n}, {dt}, i32",
+    "v.cvt x12, x13, {n}, {dt}, i8",
+    "v.neg x12, x13, {n}, {dt}",
+    "v.relu x12, x13, {n}, {dt}",
+    "v.rqnt x12, x13, x14, 7, {n}",
+    "v.qnt x12, x13, x14, {n}",
+]
+
+
+@pytest.mark.parametrize("form", VECTOR_FORMS)
+@pytest.mark.parametrize("dt", ["i8", "i32", "f32"])
+@pytest.mark.parametrize("period", [4, 5])  # 5 does not split n = 48: a fault in both runs
+def test_timing_only_vector_results_have_the_full_results_size_and_type(form: str, dt: str, period: int) -> None:
+    """Each vector form's result written without values: as many bytes, in the same banks, as the full run's."""
+    op = form.format(n=48, period=period, dt=dt)
+    source = "\n".join(
+        [".kernel k", f".input d: i8[{DRAM}] @ D", "li x12, 1024", "li x13, 4096", "li x14, 8192", "li x15, 3", op]
+        + ["halt", ".endkernel", ".data", f"D: .zero {DRAM}", ""]
+    )
+    data = np.zeros(DRAM, dtype=np.int8)
+    assert outcome(source, data, True) == outcome(source, data, False)
