@@ -7,6 +7,7 @@ fails, naming what is missing. No dispatch by name reflection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from simulator.timing import TIMING_RULES
 from simulator.units import chain, dma, matrix, scalar, vector
 
 if TYPE_CHECKING:
-    from simulator.machine import Builder
+    from simulator.machine import Builder, Machine
 
 
 def _vector_family(prefix: str, module: ModuleType) -> dict[str, Builder]:
@@ -82,6 +83,12 @@ BUILDERS: dict[str, Builder] = {
     "vc.lds": chain.chain_stream,
     **_vector_family("vc", chain),
 }
+
+
+# instructions run at once the first time a pc is reached, without a step (`Machine._first`): a step is built for
+# such a pc only when it is reached again (a loop or a branch back); these are the most frequent ones in
+# straight-line code, whose step would cost more to build than the instruction costs to run
+RUN_ONCE: dict[str, Callable[[Machine, int, Instruction], int]] = {"li": scalar.li_now}
 
 
 def instruction_unit(ins: Instruction) -> Unit:

@@ -25,7 +25,7 @@ from isa.enums import Extension, Unit
 from isa.fields import NUM_VREGS, NUM_XREGS, Kind
 from simulator.config import MachineConfig
 from simulator.decode import decode_words, decoded
-from simulator.dispatch import BUILDERS
+from simulator.dispatch import BUILDERS, RUN_ONCE
 from simulator.engine import DMA, PLAIN, S_ACC_RD, S_ACC_WR, S_SPAD_RD, S_SPAD_WR, STAT_FIELDS, Engine, Op
 from simulator.errors import Fault, SimulatorTrap
 from simulator.memory import Memory
@@ -164,6 +164,7 @@ class Machine:
         n = len(obj.text)
         text = decode_text(obj.text)
         self.text, self.decode_errors = text, text.errors
+        self._n, self._words, self._table = n, text.text, text.table  # (`_step` looks each reached pc up)
         self.fusion = text.fusion  # per pc: a fusion-extension instruction (`counters.snapshot`)
         # per pc its unit, set when its step is built (a pc never reached counts nothing: `counters.snapshot`)
         self.units: list[int] = [Unit.scalar] * (n + 1)
@@ -176,7 +177,7 @@ class Machine:
         self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe, cfg.max_cycles) if checked else None
         # each step is built when first reached (`_step`): a run stopped by its cycle budget builds no more than
         # it ran, and straight-line code builds each step once, as before
-        self.steps: list[Step | None] = [None] * (n + 1)
+        self.steps: list[Step | bool | None] = [None] * (n + 1)  # False: run once without a step (`_first`)
         self._loop_ends = text.loop_ends
         self._entered: dict[int, list[int]] = {}  # pc -> the kernels starting there, in order
         for k, kernel in enumerate(obj.kernels):
@@ -298,9 +299,11 @@ class Machine:
         steps, count, build, pc = self.steps, self.count, self._step, 0
         try:
             if self.trace is None:
+                first = self._first
                 while pc >= 0:
                     count[pc] += 1
-                    pc = (steps[pc] or build(pc))()
+                    step = steps[pc]
+                    pc = step() if step else first(pc)
             else:
                 trace = self.trace
                 while pc >= 0:
@@ -312,12 +315,26 @@ class Machine:
         except Fault as fault:
             raise SimulatorTrap(pc, self.describe(pc), self.now, fault.reason) from None
 
+    def _first(self, pc: int) -> int:
+        """Run `pc` reached with no step built: a `RUN_ONCE` instruction the first time at once (marked False), unless
+        its step must be wrapped (see `_step`) or the race checker watches it; any other, or one reached again, by
+        building its step (kept) and running it."""
+        if self.steps[pc] is None and pc < self._n and pc not in self._wrapped and self.races is None:
+            ins, unit = self._table[self._words[pc]]
+            if ins is not None:
+                now = RUN_ONCE.get(ins.spec.mnemonic)
+                if now is not None:
+                    self.units[pc] = unit
+                    self.steps[pc] = False
+                    return now(self, pc, ins)
+        return self._step(pc)()
+
     def _step(self, pc: int) -> Step:
         """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped, innermost first, by
         a hardware loop's end, the kernels entered there, a watchdog checkpoint (every WATCHDOG_EVERY instructions
         of the text: see the constant) and, in checked mode, the race checker."""
-        n = len(self.obj.text)
-        ins, self.units[pc] = self.text.instruction(pc) if pc < n else (None, Unit.scalar)
+        n = self._n
+        ins, self.units[pc] = self._table[self._words[pc]] if pc < n else (None, Unit.scalar)
         if ins is not None:
             step = BUILDERS[ins.spec.mnemonic](self, pc, ins)
         elif pc == n:

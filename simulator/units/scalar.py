@@ -53,6 +53,16 @@ def li(m: Machine, pc: int, ins: Instruction) -> Step:
     return step
 
 
+def li_now(m: Machine, pc: int, ins: Instruction) -> int:
+    """`li` run once without a step (`Machine._first`): straight-line code runs most of its `li`s once each."""
+    rd, value = ins.values
+    x = m.x
+    x[rd] = wrap32(value)
+    x[0] = 0
+    m.now += scalar_cycles(m.cfg)
+    return pc + 1
+
+
 def _jump_target(m: Machine, target: int) -> int:
     if not 0 <= target <= len(m.obj.text):
         raise Fault(f"jump target {target} is outside the program [0, {len(m.obj.text)})")

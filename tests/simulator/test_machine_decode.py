@@ -65,3 +65,14 @@ def test_a_stopped_run_builds_only_the_steps_it_reached() -> None:
     with pytest.raises(SimulatorTrap, match="watchdog") as trap:
         m.run()
     assert [pc for pc, step in enumerate(m.steps) if step is not None] == list(range(trap.value.pc + 1))
+
+
+def test_li_runs_once_without_a_step_and_gets_one_when_reached_again() -> None:
+    body = "nop\nli x1, 5\nloopi 3, end\nli x2, 7\naddi x3, x3, 1\nend: nop\nli x4, -1\nhalt"
+    obj = assemble(f".kernel k\n{body}\n.endkernel\n")  # (pc 0: the kernel's entry, pc 5: the loop's end)
+    m = Machine(obj, load_config("tiny"))
+    m.run()
+    assert m.steps[1] is False and m.steps[6] is False  # run once each: no step
+    assert callable(m.steps[3]) and m.x[1:5] == [5, 7, 3, -1]  # in the loop body: built when reached again
+    traced = simulate(obj, "tiny", trace=True)  # (the traced run builds every step)
+    assert simulate(obj, "tiny").counters == traced.counters
