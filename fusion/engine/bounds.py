@@ -8,14 +8,17 @@ which bounds the analytic model's prediction and the simulated cycles from below
 above the best prediction so far is never built (branch and bound). Other strategies get
 bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`).
 
-`cycle_bound` bounds a built kernel's simulated cycles from its counted program, so a measurement that only
+`cycle_bound` bounds a built kernel's simulated cycles from its counted program (the busiest unit's least busy
+time, `unit_bounds`: an unfused Relu is DRAM time, an unfused conv the load unit's), so a measurement that only
 matters under a budget (`planner.Evaluator.measured_within`: the plan guard's rivals, `settle`'s) is not simulated
-when the bound is already past it.
+when the bound is already past it (tests/fusion/engine/test_bounds_property.py holds it below the simulator).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +27,9 @@ from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.codegen.swapped import matrix_head
 from fusion.engine.context import ModelContext
 from fusion.engine.plan import Group
+from isa import INSTRUCTIONS
 from simulator import timing
+from simulator.config import MachineConfig
 
 if TYPE_CHECKING:  # fusion.cost imports the strategies, which import this module
     from fusion.cost.interface import KernelFeatures
@@ -73,13 +78,99 @@ def swapped_bound(mc: ModelContext, group: Group) -> float:
     return _cycles(mc, k_slices, n * k_slices)
 
 
+@cache
+def _latencies() -> tuple[int, int, int]:
+    """The least ISA-table latency of a vector pass, of a chain op and of a drain (as `features` counts them):
+    each adds at least that to its unit's time."""
+    from fusion.engine.features import CHAIN_TIMINGS, PASS_TIMINGS  # (features -> strategies -> this module)
+
+    def least(timings: frozenset[str]) -> int:
+        return min((spec.latency for spec in INSTRUCTIONS if spec.timing in timings), default=0)
+
+    return least(PASS_TIMINGS), least(CHAIN_TIMINGS), least(frozenset({"drain"}))
+
+
+@dataclass(frozen=True)
+class UnitBounds:
+    """Lower bounds on the busy time of each unit (and the DRAM channel) from a kernel's counted instructions, by
+    the rules of `simulator.timing` as `simulator.engine` applies them; the kernel takes at least the largest."""
+
+    issue: int  # the scalar unit issues every instruction, `scalar_cycles` each
+    load: int  # a DMA holds its unit from its start to its data's end: `dram_latency` + its bursts' transfer
+    store: int
+    channel: int  # every burst crosses the one DRAM channel, after the first access's latency
+    vector: int  # a pass: ceil(n / lanes) beats + its pipeline; a chain op: its pipeline (one at a time)
+    matrix: int  # preloads in turn on the weight port, rows one per cycle, waits for results, drains
+    phased: int  # fenced phases run one after another: the pipelined phases' busiest DMA or vector unit + the
+    # serial phases' busiest
+
+    @property
+    def cycles(self) -> int:
+        return max(self.issue, self.load, self.store, self.channel, self.vector, self.matrix, self.phased)
+
+
+def _dma(cfg: MachineConfig, transfers: int, bursts: int) -> int:
+    """A DMA unit's least busy time for `transfers` transfers of `bursts` bursts in all: each waits the DRAM
+    latency, then moves its bursts (`timing.dma_transfer_cycles`: a ceiling per transfer, at least the sum's)."""
+    return transfers * cfg.dram_latency + _ceil(bursts * cfg.burst_bytes, cfg.dram_bytes_per_cycle)
+
+
+def _vector(cfg: MachineConfig, passes: int, elems: int, chain_ops: int) -> int:
+    pass_latency, chain_latency, _ = _latencies()
+    return _ceil(elems, cfg.vector_lanes) + passes * pass_latency + chain_ops * chain_latency
+
+
+def _matrix(cfg: MachineConfig, feats: KernelFeatures) -> int:
+    """The matrix unit in program order (`engine.MatrixPipe`): preloads one after another, rows one per cycle; an
+    instruction waiting for every earlier result right after a matmul (`matrix_segments`) starts only once that
+    matmul's last row is out (2N - 1 after it entered), and a drain holds the whole unit for its rows and
+    pipeline, so a later preload or matmul starts after it. The last results are out 2N - 1 after the last row."""
+    preloads, rows = feats.preloads, feats.matmul_rows
+    base = timing.matrix_lower_bound(cfg, preloads, rows)
+    drains = feats.drain_rows + feats.drains * _latencies()[2]
+    skew = timing.matmul_cycles(cfg, 0)
+    streamed = rows + max(feats.matrix_segments, 1) * skew if rows else 0
+    return max(base, preloads * timing.preload_cycles(cfg) + drains, streamed + drains)
+
+
+def unit_bounds(cfg: MachineConfig, feats: KernelFeatures) -> UnitBounds:
+    """Every unit's lower bound (`UnitBounds`) for a kernel whose counted instructions are the executed ones."""
+    dma = feats.dma_loads + feats.dma_stores
+    load = _dma(cfg, feats.dma_loads, feats.load_bursts)
+    store = _dma(cfg, feats.dma_stores, feats.store_bursts)
+    vector = _vector(cfg, feats.vector_instrs, feats.vector_pass_elems, feats.chain_ops)
+    serial = (
+        _dma(cfg, feats.serial_loads, feats.serial_load_bursts),
+        _dma(cfg, feats.serial_stores, feats.serial_store_bursts),
+        _vector(cfg, feats.serial_vector_instrs, feats.serial_vector_elems, feats.serial_chain_ops),
+    )
+    pipelined = (
+        _dma(cfg, feats.dma_loads - feats.serial_loads, feats.load_bursts - feats.serial_load_bursts),
+        _dma(cfg, feats.dma_stores - feats.serial_stores, feats.store_bursts - feats.serial_store_bursts),
+        _vector(
+            cfg,
+            feats.vector_instrs - feats.serial_vector_instrs,
+            feats.vector_pass_elems - feats.serial_vector_elems,
+            feats.chain_ops - feats.serial_chain_ops,
+        ),
+    )
+    return UnitBounds(
+        issue=feats.instructions * timing.scalar_cycles(cfg),
+        load=load,
+        store=store,
+        channel=(cfg.dram_latency if dma else 0) + _dma(cfg, 0, feats.load_bursts + feats.store_bursts),
+        vector=vector,
+        matrix=_matrix(cfg, feats),
+        phased=max(pipelined) + max(serial),
+    )
+
+
 def cycle_bound(mc: ModelContext, feats: KernelFeatures) -> int:
     """A lower bound on the simulated cycles of a kernel whose program runs without zero tests (every generator
     but the zero-skip ones emits no branch; the conv generators' `loopi` bodies are counted as they issue,
-    `features.program_counts`), so its counted instructions are the executed ones: the scalar unit issues each at
-    least `scalar_cycles` apart, and the matrix unit takes its preloads and matmul rows
-    (`timing.matrix_lower_bound`). 0 for a kernel that tests tiles."""
+    `features.program_counts`), so its counted instructions are the executed ones: the busiest unit's least busy
+    time (`unit_bounds`: the scalar issue, the DMA units and the DRAM channel, the vector and matrix units). 0 for
+    a kernel that tests tiles."""
     if feats.zero_tests:
         return 0
-    issue = feats.instructions * timing.scalar_cycles(mc.config)
-    return max(issue, timing.matrix_lower_bound(mc.config, feats.preloads, feats.matmul_rows))
+    return unit_bounds(mc.config, feats).cycles

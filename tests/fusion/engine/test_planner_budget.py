@@ -45,9 +45,11 @@ def test_a_kernel_is_measured_exactly_within_its_budget_and_stopped_past_it() ->
     cycles = exact.measured_cycles(exact.evaluate(group))
     ev = Evaluator(mc, AnalyticCostModel(), {})
     e = ev.evaluate(group)
-    assert ev.measured_within(e, cycles // 4) is None
-    assert ev.stopped == 1  # the watchdog stopped it: a long straight-line kernel, stopped at a quarter
-    assert ev.measured_within(e, cycles // 8) is None and ev.stopped == 1  # known to exceed: not simulated again
+    budget = (ev.cycle_bound(e) + cycles) // 2  # past its lower bound (so simulated) but short of its cycles
+    assert ev.cycle_bound(e) < budget < cycles
+    assert ev.measured_within(e, budget) is None
+    assert ev.stopped == 1  # the watchdog stopped it
+    assert ev.measured_within(e, budget - 1) is None and ev.stopped == 1  # known to exceed: not simulated again
     assert ev.measurement().kernels == 1
     assert ev.measured_within(e, cycles - 1) is None
     assert ev.measured_cycles(e) == cycles  # a stopped run leaves no wrong count behind
