@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache, lru_cache
 from itertools import product
 from operator import mul
@@ -22,7 +22,7 @@ MAX_COLS = 4095  # `cols` field
 SPLITS_KEPT = 4096  # distinct view layouts whose DMA split `transfers` keeps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class View:
     """`shape` elements of `dtype` at DRAM `address` + sum(index * stride) (strides in bytes, 0 = broadcast)."""
 
@@ -30,6 +30,14 @@ class View:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     dtype: DType
+
+    def __init__(self, address: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType) -> None:
+        """Sets the slots directly: half the cost of a frozen dataclass's `__init__` (`object.__setattr__` per
+        field), and a kernel generator makes hundreds of thousands of views."""
+        _VIEW_SET[0](self, address)
+        _VIEW_SET[1](self, shape)
+        _VIEW_SET[2](self, strides)
+        _VIEW_SET[3](self, dtype)
 
     @property
     def size(self) -> int:
@@ -104,6 +112,14 @@ class View:
         return View(self.address, shape, tuple(0 if d == 1 else next(found) for d in shape), self.dtype)
 
 
+def _slot_setters(cls: type) -> tuple:
+    """The `__set__` of each field's slot of a frozen slots dataclass, in field order (its fast `__init__`)."""
+    return tuple(getattr(cls, f.name).__set__ for f in fields(cls))
+
+
+_VIEW_SET = _slot_setters(View)
+
+
 def dense(address: int, shape: Sequence[int], dtype: DType) -> View:
     shape = tuple(int(d) for d in shape)
     strides, step = [], dtype.size
@@ -131,7 +147,7 @@ def merge_dims(views: Sequence[View]) -> tuple[View, ...]:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Transfer:
     """One dma.ld / dma.st: rows x cols elements, DRAM row stride in bytes, at element offset `local` of the tile."""
 
@@ -140,6 +156,17 @@ class Transfer:
     cols: int
     stride: int
     local: int
+
+    def __init__(self, dram: int, rows: int, cols: int, stride: int, local: int) -> None:
+        """Sets the slots directly (as `View`: one per DMA a kernel emits)."""
+        _TRANSFER_SET[0](self, dram)
+        _TRANSFER_SET[1](self, rows)
+        _TRANSFER_SET[2](self, cols)
+        _TRANSFER_SET[3](self, stride)
+        _TRANSFER_SET[4](self, local)
+
+
+_TRANSFER_SET = _slot_setters(Transfer)
 
 
 def transfers(view: View) -> list[Transfer]:

@@ -103,22 +103,20 @@ def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...
         return False
     b, claim, held = em.b, em.claim, em.regs
     regs: dict[tuple[int, int], int] = {}
-    reg = regs.__getitem__
     ops, k = [], 0
-    for name, values, rest in item:
-        used = keys[k : k + len(values)]
-        k += len(values)
+    for name, vals, rest in item:
+        used = keys[k : k + len(vals)]
+        k += len(vals)
         method = getattr(b, name)
         ops.append((method, used, rest))
-        fixed = []
-        for key in used:
-            if not key[1]:
-                fixed.append(key)
-            elif key not in regs:
-                regs[key] = claim(key[0])
+        fixed = [key for key in used if not key[1]]
+        if len(fixed) < len(used):
+            for key in used:
+                if key[1] and key not in regs:
+                    regs[key] = claim(key[0])
         if fixed:
             regs.update(zip(fixed, held(*[v for v, _ in fixed]), strict=True))
-        method(*map(reg, used), *rest)
+        method(*[regs[key] for key in used], *rest)
     end = em.local_label("taps")
     b.loopi(count - 1, end)
     addi, stepped = b.addi, set()
@@ -128,6 +126,6 @@ def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...
                 stepped.add(key)
                 r = regs[key]
                 addi(r, r, key[1])
-        method(*map(reg, used), *rest)
+        method(*[regs[key] for key in used], *rest)
     b.label(end)
     return True
