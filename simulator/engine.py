@@ -196,8 +196,10 @@ class Engine:
         self.queues: list[deque[Op]] = [deque() for _ in Unit]
         self.free = [0] * len(Unit)
         self.cand: list[float | None] = [None] * len(Unit)
-        # the earliest queued start (unit, cycle; unit -1: none can start) while no candidate or queue head changes
-        self.scan: tuple[int, float] | None = None
+        # the earliest queued start (cycle; None: not known) and its unit (-1: none can start), kept while no candidate
+        # or queue head changes
+        self.scan_t: float | None = None
+        self.scan_u = -1
         nbanks = cfg.spad_banks + cfg.acc_banks
         self.bank_owner = [-1] * nbanks
         self.bank_until = [0] * nbanks
@@ -219,8 +221,8 @@ class Engine:
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""
         queue = self.queues[op.unit]
-        scan = self.scan  # (advance(now) when something may start by now: not when the kept scan says none can)
-        if self.pending and (scan is None or scan[1] <= now):
+        scan_t = self.scan_t  # (advance(now) when something may start by now: not when the kept scan says none can)
+        if self.pending and (scan_t is None or scan_t <= now):
             self.advance(now)
         while len(queue) >= self.depth:
             head = queue[0]
@@ -235,7 +237,7 @@ class Engine:
         op.issue = now
         queue.append(op)
         if len(queue) == 1:  # a new head: the earliest start may change
-            self.scan = None
+            self.scan_t = None
         self.pending += 1
         return now
 
@@ -268,7 +270,8 @@ class Engine:
         once that one has started)."""
         queues, cand, candidate, start = self.queues, self.cand, self._candidate, self._start
         while self.pending:
-            if self.scan is None:
+            best_t = self.scan_t
+            if best_t is None:
                 best, best_t = -1, INF
                 for u in QUEUED_UNITS:
                     queue = queues[u]
@@ -278,9 +281,9 @@ class Engine:
                             c = cand[u] = candidate(u, queue[0])
                         if c < best_t:
                             best, best_t = u, c
-                self.scan = best, best_t
+                self.scan_u, self.scan_t = best, best_t
             else:
-                best, best_t = self.scan
+                best = self.scan_u
             if best < 0 or best_t > limit:
                 return
             start(best, int(best_t))
@@ -360,7 +363,7 @@ class Engine:
                 owner[b], until[b] = u, finish
         cand = self.cand
         cand[u] = None
-        self.scan = None
+        self.scan_t = None
         for v in QUEUED_UNITS:
             c = cand[v]
             if c is not None and (c == INF or self.queues[v][0].mask & op.mask):

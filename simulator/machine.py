@@ -319,20 +319,20 @@ class Machine:
         """Run `pc` reached with no step built: a `RUN_ONCE` instruction the first time at once (marked False), unless
         its step must be wrapped (see `_step`) or the race checker watches it; any other, or one reached again, by
         building its step (kept) and running it."""
-        if self.steps[pc] is None and pc < self._n and pc not in self._wrapped and self.races is None:
-            ins, unit = self._table[self._words[pc]]
-            if ins is not None:
-                now = RUN_ONCE.get(ins.spec.mnemonic)
-                if now is not None:
-                    self.units[pc] = unit
-                    self.steps[pc] = False
-                    return now(self, pc, ins)
-        return self._step(pc)()
+        if pc >= self._n:
+            return self._step(pc)()
+        ins, self.units[pc] = self._table[self._words[pc]]
+        if ins is None:
+            return self._step(pc)()
+        mnemonic = ins.spec.mnemonic
+        now = RUN_ONCE.get(mnemonic)
+        if now is not None and self.steps[pc] is None and pc not in self._wrapped and self.races is None:
+            self.steps[pc] = False
+            return now(self, pc, ins)
+        return self._wrap(pc, BUILDERS[mnemonic](self, pc, ins))()
 
     def _step(self, pc: int) -> Step:
-        """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped, innermost first, by
-        a hardware loop's end, the kernels entered there, a watchdog checkpoint (every WATCHDOG_EVERY instructions
-        of the text: see the constant) and, in checked mode, the race checker."""
+        """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped (`_wrap`)."""
         n = self._n
         ins, self.units[pc] = self._table[self._words[pc]] if pc < n else (None, Unit.scalar)
         if ins is not None:
@@ -341,12 +341,18 @@ class Machine:
             step = self._fell_off(n)
         else:
             step = self._illegal(pc)
+        return self._wrap(pc, step)
+
+    def _wrap(self, pc: int, step: Step) -> Step:
+        """Keep `pc`'s step wrapped, innermost first, by a hardware loop's end, the kernels entered there, a watchdog
+        checkpoint (every WATCHDOG_EVERY instructions of the text: see the constant) and, in checked mode, the race
+        checker."""
         if pc in self._wrapped:
             if pc in self._loop_ends:
                 step = self._loop_end(pc, step)
             for k in self._entered.get(pc, ()):
                 step = self._kernel_entry(k, step)
-            if pc < n and pc and not pc % WATCHDOG_EVERY:
+            if pc < self._n and pc and not pc % WATCHDOG_EVERY:
                 step = self._watched(step)
         if self.races is not None:
             step = self._checked(self.races, self.units[pc], pc, step)
