@@ -765,7 +765,7 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
         regret = expected_regret(base, base_sd, fused.score, fused_sd)
     if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
         return gain
-    separate = sum(map(ev.measured_score, parts)) - ev.parts_overlap(parts)
+    separate = measured_separate(ev, parts)
     traffic, passing = ev.priced_traffic(fused.features), threshold * sum(p.score for p in parts)
     # the fused kernel simulated only as far as it could still pass the threshold: past it, it is not taken
     # whatever it measures (`plan_dynamic`), so its exact cycles decide nothing
@@ -824,13 +824,21 @@ def _uncertain_rivals(scored: list, alone: Mapping[str, tuple]) -> dict[int, set
     return rivals
 
 
+def measured_separate(ev: Evaluator, parts: list[Evaluated]) -> float:
+    """The score of a candidate's nodes as separate kernels, simulated (each once, on zero inputs): their measured
+    scores less the overlap their boundaries gain in one program (`Evaluator.parts_overlap`), as `fusion_gain`
+    predicts it: what a fused kernel's measured score is compared with."""
+    return sum(map(ev.measured_score, parts)) - ev.parts_overlap(parts)
+
+
 def _measured_gain(ev: Evaluator, s: tuple, alone: Mapping[str, tuple]) -> float:
-    """A scored candidate's gain with its kernels simulated (each once, on zero inputs); the predicted one when a
-    kernel is zero-skip (its timing depends on the data)."""
+    """A scored candidate's gain with its kernels simulated (`measured_separate` less the fused kernel's measured
+    score, as `fusion_gain` measures it); the predicted one when a kernel is zero-skip (its timing depends on the
+    data)."""
     parts = [alone[n][0] for n in s[4].nodes]
     if any(_skips(e.group) for e in (s[2], *parts)):
         return s[0]
-    return sum(map(ev.measured_score, parts)) - ev.measured_score(s[2])
+    return measured_separate(ev, parts) - ev.measured_score(s[2])
 
 
 def _regions(graph: Graph, names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:

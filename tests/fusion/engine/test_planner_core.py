@@ -17,11 +17,8 @@ SPREAD = 0.10  # the conv's relative spread
 
 
 class Counting(RivalCounting):
-    """The evaluator's measuring side (`test_planner_rivals.Counting`: measured = predicted + 1, counted), with no
-    boundary overlap."""
-
-    def parts_overlap(self, parts: list[Evaluated]) -> float:
-        return 0.0
+    """The evaluator's measuring side (`test_planner_rivals.Counting`: measured = predicted + 1, counted, no
+    boundary overlap), with no priced traffic."""
 
     def priced_traffic(self, features: object) -> float:
         return 0.0

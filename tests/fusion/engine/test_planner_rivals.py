@@ -14,7 +14,8 @@ from fusion.engine.planner import Evaluated, _measured_gain, _uncertain_rivals
 
 
 class Counting:
-    """The evaluator's measuring side: a measured score is the predicted one plus a known offset, counted."""
+    """The evaluator's measuring side: a measured score is the predicted one plus a known offset, counted; no
+    boundary overlap."""
 
     def __init__(self) -> None:
         self.measured: list[tuple[str, ...]] = []
@@ -22,6 +23,9 @@ class Counting:
     def measured_score(self, e: Evaluated) -> float:
         self.measured.append(e.group.nodes)
         return e.score + 1.0
+
+    def parts_overlap(self, parts: list[Evaluated]) -> float:
+        return 0.0
 
 
 def _evaluated(nodes: tuple[str, ...], score: float, sd: float) -> Evaluated:
