@@ -107,6 +107,22 @@ class ProgramBuilder:
         run.locs.append(_caller())
         return self
 
+    def emitter(self, mnemonic: str) -> Any:
+        """A function emitting `mnemonic` from positional operands in field order, every instruction located at
+        this call: for a helper that emits one kind of instruction from one line very often (the `li`s of
+        `fusion.lower.Emitter`'s registers), it skips the per-instruction caller lookup and operand binding."""
+        if mnemonic not in BY_MNEMONIC:
+            raise _call_error(f"unknown mnemonic {mnemonic!r}")
+        row, loc = ROW[mnemonic], _caller()
+
+        def emit(*args: Any) -> None:
+            run = self._open or self._run()
+            run.rows.append(row)
+            run.args.append(args)
+            run.locs.append(loc)
+
+        return emit
+
     def label(self, name: str) -> str:
         """Define `name` at the current position of the current section; returns the name."""
         self._add(ir.Label(name, _caller()))

@@ -10,7 +10,7 @@ front ends share one resolver and one encoder and give identical bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from assembler.objfile import Section
@@ -27,7 +27,7 @@ class Instr:
     cols: tuple[int, ...] = ()  # column of each arg (text only)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class InstrRun:
     """Consecutive instructions from `ProgramBuilder`, held as columns so the linker encodes them per ISA row
     with numpy instead of one Python call per word: `rows` indexes `isa.INSTRUCTIONS`, `args` and `locs` are as
@@ -39,12 +39,33 @@ class InstrRun:
     args: list[tuple[Arg, ...]]
     locs: list[Any]
 
+    def __init__(self, rows: list[int], args: list[tuple[Arg, ...]], locs: list[Any]) -> None:
+        """Sets the slots directly (a frozen dataclass's `__init__` costs twice as much; a builder opens a run
+        after every label, and a kernel's hardware loops make tens of thousands)."""
+        _RUN_SET[0](self, rows)
+        _RUN_SET[1](self, args)
+        _RUN_SET[2](self, locs)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Label:
     name: str
     loc: Any
     col: int = 0
+
+    def __init__(self, name: str, loc: Any, col: int = 0) -> None:
+        """Sets the slots directly (as `InstrRun`: one per hardware loop a generator emits)."""
+        _LABEL_SET[0](self, name)
+        _LABEL_SET[1](self, loc)
+        _LABEL_SET[2](self, col)
+
+
+def slot_setters(cls: type) -> tuple:
+    """The `__set__` of each field's slot of a frozen slots dataclass, in field order: its fast `__init__`."""
+    return tuple(getattr(cls, f.name).__set__ for f in fields(cls))
+
+
+_RUN_SET, _LABEL_SET = slot_setters(InstrRun), slot_setters(Label)
 
 
 @dataclass(frozen=True, slots=True)

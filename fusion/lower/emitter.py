@@ -39,6 +39,7 @@ class Emitter:
 
     def __init__(self, builder: ProgramBuilder) -> None:
         self.b = builder
+        self._li = builder.emitter("li")  # (a kernel loads hundreds of thousands of constants)
         # value -> register, least recently used first (a `claim`ed register: ("claimed", register) -> register)
         self._regs: OrderedDict[int | tuple[str, int], int] = OrderedDict()
         self._labels = 0  # local labels made so far (`local_label`)
@@ -61,7 +62,7 @@ class Emitter:
         else:
             _, r = held.popitem(last=False)
         held[value] = r
-        self.b.li(r, value)
+        self._li(r, value)
         return r
 
     def claim(self, value: int) -> int:
@@ -73,7 +74,7 @@ class Emitter:
         else:
             _, r = held.popitem(last=False)
         held[("claimed", r)] = r
-        self.b.li(r, value & 0xFFFFFFFF)
+        self._li(r, value & 0xFFFFFFFF)
         return r
 
     def local_label(self, prefix: str) -> str:

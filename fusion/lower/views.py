@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from itertools import product
 from operator import mul
 
+from assembler.program import slot_setters
 from fusion.lower.errors import LoweringError
 from isa.enums import DType
 
@@ -112,12 +113,7 @@ class View:
         return View(self.address, shape, tuple(0 if d == 1 else next(found) for d in shape), self.dtype)
 
 
-def _slot_setters(cls: type) -> tuple:
-    """The `__set__` of each field's slot of a frozen slots dataclass, in field order (its fast `__init__`)."""
-    return tuple(getattr(cls, f.name).__set__ for f in fields(cls))
-
-
-_VIEW_SET = _slot_setters(View)
+_VIEW_SET = slot_setters(View)
 
 
 def dense(address: int, shape: Sequence[int], dtype: DType) -> View:
@@ -166,7 +162,7 @@ class Transfer:
         _TRANSFER_SET[4](self, local)
 
 
-_TRANSFER_SET = _slot_setters(Transfer)
+_TRANSFER_SET = slot_setters(Transfer)
 
 
 def transfers(view: View) -> list[Transfer]:

@@ -72,6 +72,10 @@ class _Recorder:
 
         return record
 
+    def emitter(self, name: str) -> Callable[..., None]:
+        """As `ProgramBuilder.emitter`: its instructions recorded as any other's."""
+        return self.__getattr__(name)
+
 
 class _RecordingEmitter(Emitter):
     def __init__(self) -> None:
