@@ -84,7 +84,8 @@ def _decode_missing(words: list[int]) -> dict[int, Decoded]:
         operands = zip(*(v[ok].tolist() for v in values), strict=True) if spec.fields else repeat((), len(at))
         decoded_row = list(map(Instruction, repeat(spec), operands))
         units = repeat(spec.unit) if spec.unit is not None else map(instruction_unit, decoded_row)
-        out.update(zip(array[at].tolist(), zip(decoded_row, units)))  # (dict.update over zips: no loop in Python)
+        pairs = zip(decoded_row, units, strict=False)  # (units: repeated when the row has one)
+        out.update(zip(array[at].tolist(), pairs, strict=True))  # (dict.update over zips: no loop in Python)
     for i in np.flatnonzero(~clean).tolist():
         ins = decode(words[i])  # raises EncodingError for an illegal word
         out[words[i]] = (ins, instruction_unit(ins))

@@ -16,6 +16,8 @@ from isa.memory_map import ACC_ELEMENT_BYTES, LOCAL_ACC_BASE
 from simulator.config import MachineConfig
 from simulator.errors import Fault
 
+# numpy element type by DType value (an instruction's dtype field), without an enum call per instruction built
+NUMPY_DTYPES: tuple[np.dtype, ...] = tuple(DType(v).numpy for v in range(len(DType)))
 RESOLVED_ACCESSES = 4096  # distinct (address, count, dtype) local accesses kept resolved (then cleared)
 
 

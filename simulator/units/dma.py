@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from isa import Instruction
-from isa.enums import DType
 from simulator.engine import LOAD, S_DRAM_RD, S_DRAM_WR, STORE
+from simulator.memory import NUMPY_DTYPES
 from simulator.semantics.scalar import unsigned32
 from simulator.semantics.store import zero_tiles
 from simulator.timing import dma_cycles, dma_transfer_cycles, dma_transposed_cycles, zero_count_clear_cycles
@@ -20,7 +20,7 @@ def dma_load(transposed: bool) -> Builder:
 
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         rd, rs1, rs2, rows, cols, dtype = ins.values
-        dt = DType(dtype).numpy
+        dt = NUMPY_DTYPES[dtype]
         row_bytes, x, nxt, row, cfg = cols * dt.itemsize, m.x, pc + 1, m.row(pc), m.cfg
         lat = ins.spec.latency if transposed else 0
 
@@ -51,7 +51,7 @@ def dma_store(counting: bool) -> Builder:
 
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         rd, rs1, rs2, rows, cols, dtype = ins.values
-        dt = DType(dtype).numpy
+        dt = NUMPY_DTYPES[dtype]
         row_bytes, x, nxt, row, cfg, engine = cols * dt.itemsize, m.x, pc + 1, m.row(pc), m.cfg, m.engine
         n = cfg.array_size
 

@@ -15,6 +15,7 @@ from isa.enums import Activation, DType, EpilogueFlags
 from isa.memory_map import LOCAL_ACC_BASE
 from simulator.engine import CONFIG, MATMUL, MATRIX, PLAIN, PRELOAD, PRODUCER, S_MACS_F32, S_MACS_I8
 from simulator.errors import Fault
+from simulator.memory import NUMPY_DTYPES
 from simulator.semantics import matrix as sem
 from simulator.timing import drain_cycles, epilogue_config_cycles, matmul_cycles, preload_cycles
 
@@ -33,7 +34,7 @@ def _pipelined(kind: int, operand: int) -> int:
 
 def preload(m: Machine, pc: int, ins: Instruction) -> Step:
     rs1, rows, cols, dtype = ins.values
-    n, dt = m.cfg.array_size, DType(dtype).numpy
+    n, dt = m.cfg.array_size, NUMPY_DTYPES[dtype]
     x, nxt, row, dur = m.x, pc + 1, m.row(pc), preload_cycles(m.cfg)
 
     def step() -> int:
