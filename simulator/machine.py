@@ -144,9 +144,6 @@ class Machine:
         self.cfg = cfg
         self.x = [0] * NUM_XREGS
         self.v: list[np.ndarray | None] = [None] * NUM_VREGS
-        self.mem = Memory(cfg, obj)
-        self._resolved = self.mem.resolved  # (`read_local`, `written` look an access up here before `Memory.local`)
-        self._banks = self.mem.banks_of_mask  # (`unit_op` looks a mask up here before asking `Memory.banks`)
         self.trace: list[tuple[int, int, int, int]] | None = [] if trace else None
         self.engine = Engine(cfg, self.trace)
         self._submit = self.engine.submit
@@ -172,6 +169,9 @@ class Machine:
         # runs (`READS_DATA`; recorded transactions need values): the units then do every access's bookkeeping
         # (banks, bytes, races) and timing as with values, but compute and move no data
         self.values = not timing_only or text.reads_data or record_transactions
+        self.mem = Memory(cfg, obj, self.values)
+        self._resolved = self.mem.resolved  # (`read_local`, `written` look an access up here before `Memory.local`)
+        self._banks = self.mem.banks_of_mask  # (`unit_op` looks a mask up here before asking `Memory.banks`)
         self.count = [0] * (n + 1)
         self.stats: list[list[int] | None] = [None] * (n + 1)  # allocated for instructions that count anything
         self.races = RaceChecker(cfg.spad_bytes + cfg.acc_bytes, self.describe, cfg.max_cycles) if checked else None

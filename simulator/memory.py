@@ -22,7 +22,9 @@ RESOLVED_ACCESSES = 4096  # distinct (address, count, dtype) local accesses kept
 
 
 class Memory:
-    def __init__(self, cfg: MachineConfig, obj: ObjectFile) -> None:
+    def __init__(self, cfg: MachineConfig, obj: ObjectFile, values: bool = True) -> None:
+        """`values` False (a run without values, `Machine.values`): the data section is checked but not copied in
+        (nothing reads DRAM's values; a planning kernel's weights are megabytes)."""
         self.cfg = cfg
         self.dram = np.zeros(cfg.dram_bytes, dtype=np.uint8)
         self.spad = np.zeros(cfg.spad_bytes, dtype=np.uint8)
@@ -33,7 +35,8 @@ class Memory:
                 f"data section [{obj.data_base}, {end}) does not fit the {cfg.dram_bytes}-byte DRAM "
                 f"of config {cfg.name!r}"
             )
-        self.dram[obj.data_base : end] = np.frombuffer(obj.data, dtype=np.uint8)
+        if values:
+            self.dram[obj.data_base : end] = np.frombuffer(obj.data, dtype=np.uint8)
         self._spad_bytes = cfg.spad_bytes
         self._acc_bytes = cfg.acc_bytes
         self._spad_bank_bytes = cfg.spad_bank_bytes
