@@ -107,13 +107,15 @@ class ProgramBuilder:
         run.locs.append(_caller())
         return self
 
-    def emitter(self, mnemonic: str) -> Any:
-        """A function emitting `mnemonic` from positional operands in field order, every instruction located at
-        this call: for a helper that emits one kind of instruction from one line very often (the `li`s of
-        `fusion.lower.Emitter`'s registers), it skips the per-instruction caller lookup and operand binding."""
-        if mnemonic not in BY_MNEMONIC:
-            raise _call_error(f"unknown mnemonic {mnemonic!r}")
-        row, loc = ROW[mnemonic], _caller()
+    def emitter(self, method: str) -> Any:
+        """A function emitting the instruction of builder method `method` (`mx_preload`) from positional operands
+        in field order, every instruction located at this call: for a helper that emits one kind of instruction
+        very often (the `li`s of `fusion.lower.Emitter`'s registers), it skips the per-instruction caller lookup
+        and operand binding."""
+        row = _METHOD_ROWS.get(method)
+        if row is None:
+            raise _call_error(f"no instruction method {method!r}")
+        loc = _caller()
 
         def emit(*args: Any) -> None:
             run = self._open or self._run()
@@ -265,6 +267,7 @@ def _generated(spec: InstructionSpec) -> Any:
     return emit
 
 
+_METHOD_ROWS = {builder_method_name(spec): ROW[spec.mnemonic] for spec in INSTRUCTIONS}
 for _spec in INSTRUCTIONS:
     if hasattr(ProgramBuilder, builder_method_name(_spec)):
         raise IsaTableError(f"mnemonic {_spec.mnemonic!r} clashes with ProgramBuilder.{builder_method_name(_spec)}")

@@ -40,6 +40,7 @@ class Emitter:
     def __init__(self, builder: ProgramBuilder) -> None:
         self.b = builder
         self._li = builder.emitter("li")  # (a kernel loads hundreds of thousands of constants)
+        self._emitters: dict[str, Callable[..., None]] = {"li": self._li}  # builder method -> `emitter`
         # value -> register, least recently used first (a `claim`ed register: ("claimed", register) -> register)
         self._regs: OrderedDict[int | tuple[str, int], int] = OrderedDict()
         self._labels = 0  # local labels made so far (`local_label`)
@@ -76,6 +77,14 @@ class Emitter:
         held[("claimed", r)] = r
         self._li(r, value & 0xFFFFFFFF)
         return r
+
+    def emitter(self, method: str) -> Callable[..., None]:
+        """The builder's `emitter` of builder method `method` (positional operands in field order), one per
+        kernel: for a generator's hot loop (`matmul_loops`), whose instructions are then all located here."""
+        emit = self._emitters.get(method)
+        if emit is None:
+            emit = self._emitters[method] = self.b.emitter(method)
+        return emit
 
     def local_label(self, prefix: str) -> str:
         """A new local label (`.L`, not kept in the binary), unique in this program: numbered by this emitter, so

@@ -124,6 +124,22 @@ def test_instr_by_mnemonic_matches_generated_method() -> None:
     assert a.build() == b.build()
 
 
+def test_an_emitter_gives_its_methods_bytes_and_reports_at_the_line_that_made_it() -> None:
+    a, b = ProgramBuilder(), ProgramBuilder()
+    a.li(1, 7).v_add_vs(1, 2, 3, 64, "f32").li(2, 9)
+    li = b.emitter("li")  # the line an emitter's instructions are reported at
+    li(1, 7)
+    b.emitter("v_add_vs")(1, 2, 3, 64, "f32")
+    li(2, 9)
+    assert a.build() == b.build()
+    li(1, 1 << 40)
+    with pytest.raises(AssemblyError) as info:
+        b.build()
+    assert 'li = b.emitter("li")' in info.value.diagnostics[0].source
+    with pytest.raises(AssemblyError, match="no instruction method 'v.add.vs'"):
+        b.emitter("v.add.vs")
+
+
 def test_numpy_data_is_range_checked_and_encoded_like_text() -> None:
     values = np.arange(-128, 256, dtype=np.int32)
     b = ProgramBuilder()

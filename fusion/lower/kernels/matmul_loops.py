@@ -44,10 +44,10 @@ def emit_run(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None
 
 
 def _unrolled(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None:
-    b, regs = em.b, em.regs
+    emitter, regs = em.emitter, em.regs
     for i in range(count):
         for name, values, rest in _stepped(item, step, i) if i else item:
-            getattr(b, name)(*regs(*values), *rest)
+            emitter(name)(*regs(*values), *rest)
 
 
 def steps(first: Item, second: Item) -> tuple[int, ...]:
@@ -107,7 +107,7 @@ def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...
     for name, vals, rest in item:
         used = keys[k : k + len(vals)]
         k += len(vals)
-        method = getattr(b, name)
+        method = em.emitter(name)
         ops.append((method, used, rest))
         fixed = [key for key in used if not key[1]]
         if len(fixed) < len(used):
@@ -119,7 +119,7 @@ def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...
         method(*[regs[key] for key in used], *rest)
     end = em.local_label("taps")
     b.loopi(count - 1, end)
-    addi, stepped = b.addi, set()
+    addi, stepped = em.emitter("addi"), set()
     for method, used, rest in ops:
         for key in used:
             if key[1] and key not in stepped:
