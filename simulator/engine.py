@@ -221,8 +221,10 @@ class Engine:
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""
         queue = self.queues[op.unit]
-        scan_t = self.scan_t  # (advance(now) when something may start by now: not when the kept scan says none can)
-        if self.pending and (scan_t is None or scan_t <= now):
+        # advance(now) when something may start by now (not when the kept scan says none can), and not when the queue
+        # is full: the loop below starts, in the same time order, all that advance(now) would and then more
+        scan_t = self.scan_t
+        if self.pending and (scan_t is None or scan_t <= now) and len(queue) < self.depth:
             self.advance(now)
         while len(queue) >= self.depth:
             head = queue[0]

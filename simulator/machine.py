@@ -325,11 +325,14 @@ class Machine:
         if ins is None:
             return self._step(pc)()
         mnemonic = ins.spec.mnemonic
+        if pc in self._wrapped or self.races is not None:
+            return self._wrap(pc, BUILDERS[mnemonic](self, pc, ins))()
         now = RUN_ONCE.get(mnemonic)
-        if now is not None and self.steps[pc] is None and pc not in self._wrapped and self.races is None:
+        if now is not None and self.steps[pc] is None:
             self.steps[pc] = False
             return now(self, pc, ins)
-        return self._wrap(pc, BUILDERS[mnemonic](self, pc, ins))()
+        step = self.steps[pc] = BUILDERS[mnemonic](self, pc, ins)  # (nothing to wrap it with: `_wrap`)
+        return step()
 
     def _step(self, pc: int) -> Step:
         """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped (`_wrap`)."""
