@@ -112,7 +112,9 @@ def _place_inputs(m: Machine, inputs: dict[str, np.ndarray]) -> None:
             raise DynfuseError(f"input {name!r}: dtype {array.dtype} but the kernel declares {decl.dtype.name}")
         _check_fits(m, decl)
         if m.values:  # (without values nothing reads DRAM: `Memory`)
-            m.mem.dram[decl.address : decl.address + decl.nbytes] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+            m.mem.dram[decl.address : decl.address + decl.nbytes] = (
+                np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+            )
 
 
 def _check_fits(m: Machine, decl: TensorDecl) -> None:
