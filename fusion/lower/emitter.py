@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from assembler.builder import ProgramBuilder
 from fusion.lower.errors import LoweringError
 from fusion.lower.local_alloc import DEPTH
-from fusion.lower.views import Transfer, View, transfers
-from isa.enums import DType, Unit
+from fusion.lower.views import View, transfers
+from isa.enums import Unit
 
 SCRATCH_REGS = tuple(range(1, 32))
 UNIT_NAME = {Unit.load: "ld", Unit.matrix: "mx", Unit.vector: "vx", Unit.store: "st", Unit.scalar: "sc"}
@@ -106,23 +106,24 @@ class Emitter:
         return tuple(out)
 
     def dma_load(self, view: View, local: int) -> None:
+        dma_ld, dtype = self.emitter("dma_ld"), view.dtype
+        es, name = dtype.size, dtype.name
         for t in transfers(view):
-            loc, dram, stride = self._operands(local, t, view.dtype)
-            self.b.dma_ld(loc, dram, stride, t.rows, t.cols, view.dtype.name)
+            loc, dram, stride = self.regs(local + t.local * es, t.dram, t.stride)
+            dma_ld(loc, dram, stride, t.rows, t.cols, name)
 
     def dma_store(self, local: int, view: View) -> None:
+        dma_st, dtype = self.emitter("dma_st"), view.dtype
+        es, name = dtype.size, dtype.name
         for t in transfers(view):
-            loc, dram, stride = self._operands(local, t, view.dtype)
-            self.b.dma_st(dram, loc, stride, t.rows, t.cols, view.dtype.name)
-
-    def _operands(self, local: int, t: Transfer, dtype: DType) -> tuple[int, ...]:
-        return self.regs(local + t.local * dtype.size, t.dram, t.stride)
+            loc, dram, stride = self.regs(local + t.local * es, t.dram, t.stride)
+            dma_st(dram, loc, stride, t.rows, t.cols, name)
 
     def push(self, src: Unit, dst: Unit) -> None:
-        self.b.sync_push(UNIT_NAME[src], UNIT_NAME[dst])
+        self.emitter("sync_push")(UNIT_NAME[src], UNIT_NAME[dst])
 
     def pop(self, src: Unit, dst: Unit) -> None:
-        self.b.sync_pop(UNIT_NAME[src], UNIT_NAME[dst])
+        self.emitter("sync_pop")(UNIT_NAME[src], UNIT_NAME[dst])
 
 
 Emit = Callable[[Emitter], None]

@@ -26,10 +26,13 @@ def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
     shapes = [_shape(item) for item in items]
     flat = [_values(item) for item in items]
+    # links[i]: how item i + 1's values step from item i's; None where the two differ in shape
+    pairs = zip(flat, flat[1:], shapes, shapes[1:], strict=False)  # (each item with the next)
+    links = [tuple(map(sub, b, a)) if sb == sa else None for a, b, sa, sb in pairs]
     i = 0
     while i < len(items):
-        j = _run_end(shapes, flat, i)
-        step = tuple(map(sub, flat[i + 1], flat[i])) if j > i + 1 else ()
+        j = _run_end(links, i)
+        step = links[i] if j > i + 1 else ()
         if not (j - i >= MIN_LOOP and _loop(em, items[i], flat[i], step, j - i)):
             _unrolled(em, items[i], step, j - i)
         i = j
@@ -79,16 +82,15 @@ def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
     return tuple(out)
 
 
-def _run_end(shapes: list[tuple], flat: list[tuple[int, ...]], i: int) -> int:
-    """The end of the longest run from item i of one shape (`shapes`) whose operand values (`flat`) step by
-    constant amounts (at most MAX_TRIPS items)."""
+def _run_end(links: list[tuple[int, ...] | None], i: int) -> int:
+    """The end of the longest run from item i whose items are of one shape and whose operand values step by
+    constant amounts (`links`, `emit_items`), at most MAX_TRIPS items."""
+    step = links[i] if i < len(links) else None
     j = i + 1
-    shape = shapes[i]
-    if j == len(flat) or shapes[j] != shape:
+    if step is None:
         return j
-    step = tuple(map(sub, flat[j], flat[i]))
-    end = min(len(flat), i + MAX_TRIPS)
-    while j + 1 < end and shapes[j + 1] == shape and tuple(map(sub, flat[j + 1], flat[j])) == step:
+    end = min(len(links) + 1, i + MAX_TRIPS)
+    while j + 1 < end and links[j] == step:
         j += 1
     return j + 1
 
