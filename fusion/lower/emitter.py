@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from assembler.builder import ProgramBuilder
 from fusion.lower.errors import LoweringError
 from fusion.lower.local_alloc import DEPTH
-from fusion.lower.views import View, transfers
-from isa.enums import Unit
+from fusion.lower.views import Transfer, View, transfers
+from isa.enums import DType, Unit
 
 SCRATCH_REGS = tuple(range(1, 32))
 UNIT_NAME = {Unit.load: "ld", Unit.matrix: "mx", Unit.vector: "vx", Unit.store: "st", Unit.scalar: "sc"}
@@ -107,17 +107,18 @@ class Emitter:
 
     def dma_load(self, view: View, local: int) -> None:
         dma_ld, dtype = self.emitter("dma_ld"), view.dtype
-        es, name = dtype.size, dtype.name
         for t in transfers(view):
-            loc, dram, stride = self.regs(local + t.local * es, t.dram, t.stride)
-            dma_ld(loc, dram, stride, t.rows, t.cols, name)
+            loc, dram, stride = self._operands(local, t, dtype)
+            dma_ld(loc, dram, stride, t.rows, t.cols, dtype.name)
 
     def dma_store(self, local: int, view: View) -> None:
         dma_st, dtype = self.emitter("dma_st"), view.dtype
-        es, name = dtype.size, dtype.name
         for t in transfers(view):
-            loc, dram, stride = self.regs(local + t.local * es, t.dram, t.stride)
-            dma_st(dram, loc, stride, t.rows, t.cols, name)
+            loc, dram, stride = self._operands(local, t, dtype)
+            dma_st(dram, loc, stride, t.rows, t.cols, dtype.name)
+
+    def _operands(self, local: int, t: Transfer, dtype: DType) -> tuple[int, ...]:
+        return self.regs(local + t.local * dtype.size, t.dram, t.stride)
 
     def push(self, src: Unit, dst: Unit) -> None:
         self.emitter("sync_push")(UNIT_NAME[src], UNIT_NAME[dst])
