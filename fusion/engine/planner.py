@@ -671,11 +671,11 @@ def plan_dynamic(
     ev: Evaluator, threshold: float = 0.02, nodes: Collection[str] | None = None, guard: bool = True
 ) -> Plan:
     """Priority fusion: candidates by predicted gain in score (the nodes' best single-node schedules - fused),
-    largest first, taking those whose gain exceeds `threshold` of the separate score and whose nodes are still
-    free; every remaining node gets its best single-node schedule. GEMM-led candidates include their zero-skip
-    variants when the operand's live profile is sparse. With `nodes`, only those nodes are planned (candidates
-    inside them; no other node is built or priced) and the plan holds their groups only: local re-planning.
-    With `guard`, the plan is then checked region by region against `static` and `none` (`guard_plan`)."""
+    largest first, taking those whose gain exceeds `threshold` of the separate score (a measured one: `fusion_bar`)
+    and whose nodes are still free; every remaining node gets its best single-node schedule. GEMM-led candidates
+    include their zero-skip variants when the operand's live profile is sparse. With `nodes`, only those nodes are
+    planned (candidates inside them; no other node is built or priced) and the plan holds their groups only: local
+    re-planning. With `guard`, the plan is then checked region by region against `static` and `none` (`guard_plan`)."""
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
     scored, rejected = [], []
@@ -699,10 +699,10 @@ def plan_dynamic(
             continue
         parts = [alone[n][0] for n in cand.nodes]
         if any(p is None for p in parts):
-            scored.append((float("inf"), float("inf"), best, alts, cand))
+            scored.append((float("inf"), float("inf"), best, alts, cand, threshold))
             continue
-        base = sum(p.score for p in parts)
-        scored.append((fusion_gain(ev, best, parts, threshold), base, best, alts, cand))
+        gain, bar = fusion_gain(ev, best, parts, threshold)
+        scored.append((gain, sum(p.score for p in parts), best, alts, cand, bar))
     rivals = _uncertain_rivals(scored, alone)
     settled: set[int] = set()  # candidates whose gain is measured (`_measured_gain`)
     pending = sorted(range(len(scored)), key=lambda i: (-scored[i][0], i))
@@ -711,11 +711,9 @@ def plan_dynamic(
     picked: dict[str, GroupChoice] = {}
     while pending:
         i = pending.pop(0)
-        gain, base, best, alts, cand = scored[i]
-        if gain <= threshold * base:
-            rejected.append(
-                (best.group.nodes, f"gain {gain:.0f} (score, predicted or measured) is below the threshold")
-            )
+        gain, base, best, alts, cand, bar = scored[i]
+        if gain <= bar * base:
+            rejected.append((best.group.nodes, f"gain {gain:.0f} (score) is at most {bar:.1%} of the separate score"))
             continue
         if not planned.keys().isdisjoint(best.group.nodes):
             continue
@@ -729,7 +727,8 @@ def plan_dynamic(
         unsettled = [k for k in (i, *contest) if k not in settled] if contest else []
         if unsettled:
             for k in unsettled:
-                scored[k] = (_measured_gain(ev, scored[k], alone), *scored[k][1:])
+                gain, bar = _measured_gain(ev, scored[k], alone, threshold)
+                scored[k] = (gain, *scored[k][1:5], bar)
             settled.update(unsettled)
             pending = sorted([i, *pending], key=lambda k: (-scored[k][0], k))
             continue
@@ -746,10 +745,22 @@ def plan_dynamic(
     return guard_plan(ev, plan, region) if guard else replace(plan, measured=ev.measurement())
 
 
-def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], threshold: float) -> float:
+def fusion_bar(threshold: float, saves_cycles: bool) -> float:
+    """The share of its nodes' separate score a fusion must save to be taken: `threshold` (a margin for the cost
+    model's error, and for a fusion that trades cycles for DRAM bytes), at most REGRET_FLOOR for a measured one
+    that saves cycles too (`saves_cycles`: simulated, its timing does not depend on the values; REGRET_FLOOR, the
+    stake below which the planner measures no decision). resnet18 224: layer4.0's conv1 + Relu (gain 5,583, under
+    2% of the conv's ~320k cycles) measures as many cycles as the conv alone and saves the separate 2,447-cycle
+    Relu kernel; resnet50's conv3 + Add + Relu of layer4 (measured gains 1,604-2,178, under 2%) save bytes but
+    cost cycles, and are not taken (taken, they cost the small resnet50 22,658 cycles)."""
+    return min(threshold, REGRET_FLOOR) if saves_cycles else threshold
+
+
+def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], threshold: float) -> tuple[float, float]:
     """The score the fused kernel saves over its nodes' best single kernels (less the overlap their boundaries
-    would gain in one program, `Evaluator.overlap`): predicted, or measured (each kernel simulated once on zero
-    inputs, the fused one only as far as it could still pass the threshold) when the expected regret of the
+    would gain in one program, `Evaluator.overlap`), and the share of the separate score it must exceed
+    (`fusion_bar`): predicted, or measured (each kernel simulated once on zero inputs, the fused one only as far as
+    it could still pass its bar) when the expected regret of the
     decision the prediction makes (fuse when the gain exceeds `threshold` of the separate score) is at least
     REGRET_FLOOR of that score. The parts of the
     fused kernel's own strategy and schedule are its core (`_core_spread`): their error is the fused kernel's too
@@ -764,16 +775,21 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
     else:
         regret = expected_regret(base, base_sd, fused.score, fused_sd)
     if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
-        return gain
-    separate = measured_separate(ev, parts)
-    traffic, passing = ev.priced_traffic(fused.features), threshold * sum(p.score for p in parts)
-    # the fused kernel simulated only as far as it could still pass the threshold: past it, it is not taken
-    # whatever it measures (`plan_dynamic`), so its exact cycles decide nothing
-    if not separate - traffic - passing > 0:  # cannot pass at any cycle count (or overlap hides everything)
-        return min(separate - traffic, passing)
-    budget = below(separate - traffic - passing) + 1  # + 1: float rounding, compared by the caller
+        return gain, threshold
+    separate, apart = measured_separate(ev, parts)
+    share = sum(p.score for p in parts)
+    passing, low = threshold * share, fusion_bar(threshold, True) * share
+    traffic = ev.priced_traffic(fused.features)
+    # the fused kernel simulated only as far as it could still pass a bar: past it, it is not taken whatever it
+    # measures (`plan_dynamic`), so its exact cycles decide nothing
+    limit = max(separate - traffic - passing, min(separate - traffic - low, apart))
+    if not limit > 0:  # cannot pass at any cycle count (or overlap hides everything)
+        return min(separate - traffic, passing), threshold
+    budget = below(limit) + 1  # + 1: float rounding, compared by the caller
     cycles = ev.measured_within(fused, budget)
-    return separate - traffic - cycles if cycles is not None else min(separate - traffic - budget, passing)
+    if cycles is None:
+        return min(separate - traffic - budget, passing), threshold
+    return separate - traffic - cycles, fusion_bar(threshold, cycles <= apart)
 
 
 def _core_spread(fused: Evaluated, core_cycles: float) -> float:
@@ -824,21 +840,25 @@ def _uncertain_rivals(scored: list, alone: Mapping[str, tuple]) -> dict[int, set
     return rivals
 
 
-def measured_separate(ev: Evaluator, parts: list[Evaluated]) -> float:
-    """The score of a candidate's nodes as separate kernels, simulated (each once, on zero inputs): their measured
-    scores less the overlap their boundaries gain in one program (`Evaluator.parts_overlap`), as `fusion_gain`
-    predicts it: what a fused kernel's measured score is compared with."""
-    return sum(map(ev.measured_score, parts)) - ev.parts_overlap(parts)
+def measured_separate(ev: Evaluator, parts: list[Evaluated]) -> tuple[float, float]:
+    """The score and the cycles of a candidate's nodes as separate kernels, simulated (each once, on zero inputs):
+    their measured scores and cycles less the overlap their boundaries gain in one program
+    (`Evaluator.parts_overlap`), as `fusion_gain` predicts it: what a fused kernel's measurements are compared with."""
+    overlap = ev.parts_overlap(parts)
+    cycles = sum(map(ev.measured_cycles, parts)) - overlap
+    return cycles + sum(ev.priced_traffic(p.features) for p in parts), cycles
 
 
-def _measured_gain(ev: Evaluator, s: tuple, alone: Mapping[str, tuple]) -> float:
+def _measured_gain(ev: Evaluator, s: tuple, alone: Mapping[str, tuple], threshold: float) -> tuple[float, float]:
     """A scored candidate's gain with its kernels simulated (`measured_separate` less the fused kernel's measured
-    score, as `fusion_gain` measures it); the predicted one when a kernel is zero-skip (its timing depends on the
-    data)."""
+    score, as `fusion_gain` measures it) and its bar (`fusion_bar`): the scored ones when a kernel is zero-skip
+    (its timing depends on the data)."""
     parts = [alone[n][0] for n in s[4].nodes]
     if any(_skips(e.group) for e in (s[2], *parts)):
-        return s[0]
-    return measured_separate(ev, parts) - ev.measured_score(s[2])
+        return s[0], s[5]
+    separate, apart = measured_separate(ev, parts)
+    cycles = ev.measured_cycles(s[2])
+    return separate - cycles - ev.priced_traffic(s[2].features), fusion_bar(threshold, cycles <= apart)
 
 
 def _regions(graph: Graph, names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:

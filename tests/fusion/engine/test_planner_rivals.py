@@ -14,15 +14,21 @@ from fusion.engine.planner import Evaluated, _measured_gain, _uncertain_rivals
 
 
 class Counting:
-    """The evaluator's measuring side: a measured score is the predicted one plus a known offset, counted; no
-    boundary overlap."""
+    """The evaluator's measuring side: measured cycles are the predicted score plus a known offset, counted; no
+    priced traffic, no boundary overlap."""
 
     def __init__(self) -> None:
         self.measured: list[tuple[str, ...]] = []
 
-    def measured_score(self, e: Evaluated) -> float:
+    def measured_cycles(self, e: Evaluated) -> float:
         self.measured.append(e.group.nodes)
         return e.score + 1.0
+
+    def measured_score(self, e: Evaluated) -> float:
+        return self.measured_cycles(e)
+
+    def priced_traffic(self, features: object) -> float:
+        return 0.0
 
     def parts_overlap(self, parts: list[Evaluated]) -> float:
         return 0.0
@@ -48,7 +54,7 @@ def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> bool
     rivals = _uncertain_rivals(scored, alone)
     assert rivals in ({}, {0: {1}, 1: {0}})  # a pair, both ways
     for s in scored:  # a measured gain is the measured scores' (+1 per part, +1 for the fused kernel)
-        assert _measured_gain(Counting(), s, alone) == pytest.approx(s[0] + len(s[4].nodes) - 1)
+        assert _measured_gain(Counting(), (*s, 0.02), alone, 0.02)[0] == pytest.approx(s[0] + len(s[4].nodes) - 1)
     return bool(rivals)
 
 
