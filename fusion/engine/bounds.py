@@ -6,7 +6,8 @@ of its orientation and streams a known number of rows in total: the pipelined ar
 time per weight tile or a cycle per row, whichever is more, plus one 2N - 1 skew (`timing.matrix_lower_bound`),
 which bounds the analytic model's prediction and the simulated cycles from below, so a schedule whose bound is
 above the best prediction so far is never built (branch and bound). Other strategies get
-bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`).
+bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`). A conv chain's
+(`chain_bound`) counts what its band steps issue: every band recomputes each stage's halo rows.
 
 `cycle_bound` bounds a built kernel's simulated cycles from its counted program (the busiest unit's least busy
 time, `unit_bounds`: an unfused Relu is DRAM time, an unfused conv the load unit's), so a measurement that only
@@ -23,9 +24,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fusion.engine.codegen.conv_chain import band_ranges, band_rows, chain_sizes, parse_chain
+from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.codegen.swapped import matrix_head
 from fusion.engine.context import ModelContext
+from fusion.engine.errors import CodegenError
 from fusion.engine.plan import Group
 from isa import INSTRUCTIONS
 from simulator import timing
@@ -163,6 +167,31 @@ def unit_bounds(cfg: MachineConfig, feats: KernelFeatures) -> UnitBounds:
         matrix=_matrix(cfg, feats),
         phased=max(pipelined) + max(serial),
     )
+
+
+def chain_bound(mc: ModelContext, group: Group) -> float:
+    """A conv chain's matrix-unit time from its shapes (`codegen.conv_chain`): per band and stage, one preload per
+    (Cout tile, tap, input channel block) (a depthwise stage: its tile's own block), each streaming the stage's
+    rows of the band with their halo (a vertically strided stage: each output row's positions alone). 0 when the
+    chain does not run in this schedule (the generator says why)."""
+    graph, cfg = mc.graph, mc.config
+    try:
+        chain = parse_chain(graph, [graph.node(n) for n in group.nodes], cfg)
+        rows = band_rows(cfg, chain_sizes(graph, cfg, mc.qplan, chain, group.resident_a), group.tile_m)
+    except CodegenError:
+        return 0.0
+    n = cfg.array_size
+    last = chain.stages[-1].s
+    preloads = streamed = 0
+    for o0, r in k_slices(last.out[0], rows):
+        for st, (a, b) in zip(chain.stages, band_ranges(chain, o0, r), strict=True):
+            s = st.s
+            run = s.stream_rows(b - a) if s.strides[0] == 1 else (b - a) * s.valid
+            tiles = _ceil(s.cout, n) * s.taps * (1 if st.depthwise else _ceil(s.c, n))
+            preloads += tiles
+            streamed += tiles * run
+    images = last.n
+    return _cycles(mc, images * preloads, images * streamed)
 
 
 def cycle_bound(mc: ModelContext, feats: KernelFeatures) -> int:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fusion.engine.bounds import gemm_bound, swapped_bound
+from fusion.engine.bounds import chain_bound, gemm_bound, swapped_bound
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.attention import attention_forms, attention_steps, group_match
 from fusion.engine.codegen.attention_proj import k_scratch, pack_projection_weights, round_trips, sides
@@ -472,6 +472,7 @@ REGISTRY: Mapping[str, Strategy] = {
             "implicit_gemm",
             ("conv_chain",),
             schedules=_conv_chain_space,
+            matrix_bound=chain_bound,
             pipelinable=False,  # its first phase clears tiles (no loads) and most band steps store nothing
             dram_forms=_conv_chain_forms,
             spread=0.15,
