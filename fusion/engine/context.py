@@ -54,6 +54,12 @@ class ModelContext:
     def _subgraphs(self) -> dict[tuple[str, ...], Graph]:
         return {}
 
+    @cached_property
+    def forms_memo(self) -> dict:
+        """Its nodes' constant forms, quantized and packed once for every candidate (`lower.compiler.constant_forms`'
+        `memo`)."""
+        return {}
+
     def subgraph(self, nodes: tuple[str, ...]) -> Graph:
         """The nodes as a standalone graph (memoised: codegen, guards and features all need it)."""
         sub = self._subgraphs.get(nodes)

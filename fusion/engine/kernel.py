@@ -9,7 +9,6 @@ the baseline's kernel generators (`fusion.lower`); fused ones use `fusion.engine
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -155,15 +154,11 @@ def _dram_image(mc: ModelContext, sub: Graph, group: Group) -> tuple[bytes, dict
     return data, addresses
 
 
-# model -> its nodes' constant forms (`constant_forms`' memo): kept while the model's context lives
-_FORMS: weakref.WeakKeyDictionary[ModelContext, dict] = weakref.WeakKeyDictionary()
-
-
 def dram_forms(mc: ModelContext, sub: Graph, group: Group) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The constants as the group's generator reads them (packed weights included) and its DRAM scratch buffers
     (key -> bytes): what a program holding the group needs in its DRAM image."""
     extra = strategy_of(group).dram_forms  # a generator with its own forms reads no baseline tap-major Conv weight
-    forms = constant_forms(sub, mc.qplan, conv_taps=extra is None, memo=_FORMS.setdefault(mc, {}))
+    forms = constant_forms(sub, mc.qplan, conv_taps=extra is None, memo=mc.forms_memo)
     forms.update(_absorbed_biases(mc, sub))
     if extra is None:
         return forms, {}
