@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -129,6 +129,19 @@ def expected_regret(chosen: float, chosen_sd: float, other: float, other_sd: flo
         return max(0.0, mu)
     z = mu / sd
     return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) + mu * (1 + math.erf(z / math.sqrt(2))) / 2
+
+
+class Scored(NamedTuple):
+    """A fused candidate as `plan_dynamic` weighs it: its gain in score over its nodes' best single kernels
+    (predicted or measured), their separate score, its best schedule and the others built, the candidate, and
+    the share of `base` the gain must exceed (`fusion_bar`)."""
+
+    gain: float
+    base: float
+    best: Evaluated
+    alts: list
+    cand: Candidate
+    bar: float
 
 
 class Evaluator:
@@ -678,7 +691,8 @@ def plan_dynamic(
     re-planning. With `guard`, the plan is then checked region by region against `static` and `none` (`guard_plan`)."""
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
-    scored, rejected = [], []
+    scored: list[Scored] = []
+    rejected: list[tuple[tuple[str, ...], str]] = []
     options = {
         n.name: ev.with_twins(schedules(mc, Candidate((n.name,), "single"))) for n in mc.graph.nodes if n.name in region
     }
@@ -703,13 +717,13 @@ def plan_dynamic(
             continue
         parts = [alone[n][0] for n in cand.nodes]
         if any(p is None for p in parts):
-            scored.append((float("inf"), float("inf"), best, alts, cand, threshold))
+            scored.append(Scored(float("inf"), float("inf"), best, alts, cand, threshold))
             continue
         gain, bar = fusion_gain(ev, best, parts, threshold)
-        scored.append((gain, sum(p.score for p in parts), best, alts, cand, bar))
+        scored.append(Scored(gain, sum(p.score for p in parts), best, alts, cand, bar))
     rivals = _uncertain_rivals(scored, alone)
     settled: set[int] = set()  # candidates whose gain is measured (`_measured_gain`)
-    pending = sorted(range(len(scored)), key=lambda i: (-scored[i][0], i))
+    pending = sorted(range(len(scored)), key=lambda i: (-scored[i].gain, i))
     by_name = {n.name: n for n in mc.graph.nodes}
     planned: dict[str, tuple[Node, ...]] = {}  # the picked groups' nodes, by node
     picked: dict[str, GroupChoice] = {}
@@ -727,14 +741,14 @@ def plan_dynamic(
             rejected.append((best.group.nodes, f"with the groups taken before it: {ordered.reason}"))
             continue
         # rivals still free that might deserve the nodes first: their gains and this one's measured, then re-sorted
-        contest = [j for j in rivals.get(i, ()) if j in pending and planned.keys().isdisjoint(scored[j][4].nodes)]
+        contest = [j for j in rivals.get(i, ()) if j in pending and planned.keys().isdisjoint(scored[j].cand.nodes)]
         unsettled = [k for k in (i, *contest) if k not in settled] if contest else []
         if unsettled:
             for k in unsettled:
                 gain, bar = _measured_gain(ev, scored[k], alone, threshold)
-                scored[k] = (gain, *scored[k][1:5], bar)
+                scored[k] = scored[k]._replace(gain=gain, bar=bar)
             settled.update(unsettled)
-            pending = sorted([i, *pending], key=lambda k: (-scored[k][0], k))
+            pending = sorted([i, *pending], key=lambda k: (-scored[k].gain, k))
             continue
         planned.update(dict.fromkeys(best.group.nodes, members))
         picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"gain {gain:.0f} (score)")
@@ -835,7 +849,7 @@ def _core_spread(fused: Evaluated, core_cycles: float) -> float:
     return relative * abs(fused.cycles - core_cycles)
 
 
-def _uncertain_rivals(scored: list, alone: Mapping[str, tuple]) -> dict[int, set[int]]:
+def _uncertain_rivals(scored: list[Scored], alone: Mapping[str, tuple]) -> dict[int, set[int]]:
     """Candidates sharing nodes compete (the larger gain is taken first): by candidate (its index in `scored`),
     the rivals where the expected regret of that order, from the gains' predicted spreads, is at least
     REGRET_FLOOR of the separate score. `plan_dynamic` measures both gains only when the order decides something:
@@ -845,28 +859,28 @@ def _uncertain_rivals(scored: list, alone: Mapping[str, tuple]) -> dict[int, set
     not hold. Two fused kernels of one strategy and schedule, one's nodes within the other's, share their core
     the same way (`_core_spread`): only their difference in predicted cycles is uncertain."""
 
-    def own(s: tuple, other: tuple) -> float:
-        return sum(alone[n][0].sd for n in s[4].nodes if n not in other[4].nodes)
+    def own(s: Scored, other: Scored) -> float:
+        return sum(alone[n][0].sd for n in s.cand.nodes if n not in other.cand.nodes)
 
-    def spread(a: tuple, b: tuple) -> float:
+    def spread(a: Scored, b: Scored) -> float:
         """The spread of the difference of a's and b's gains."""
-        fa, fb = a[2], b[2]
-        nested = set(a[4].nodes) <= set(b[4].nodes) or set(b[4].nodes) <= set(a[4].nodes)
+        fa, fb = a.best, b.best
+        nested = set(a.cand.nodes) <= set(b.cand.nodes) or set(b.cand.nodes) <= set(a.cand.nodes)
         if nested and _schedule(fa.group) == _schedule(fb.group):
             larger, smaller = (fa, fb) if len(fa.group.nodes) >= len(fb.group.nodes) else (fb, fa)
             return math.hypot(_core_spread(larger, smaller.cycles) + own(a, b), own(b, a))
         return math.hypot(fa.sd + own(a, b), fb.sd + own(b, a))
 
-    finite = [i for i, s in enumerate(scored) if s[1] != float("inf")]
+    finite = [i for i, s in enumerate(scored) if s.base != float("inf")]
     rivals: dict[int, set[int]] = {}
     for x, i in enumerate(finite):
         for j in finite[x + 1 :]:
             a, b = scored[i], scored[j]
-            if set(a[4].nodes).isdisjoint(b[4].nodes):
+            if set(a.cand.nodes).isdisjoint(b.cand.nodes):
                 continue
-            first, second = (a, b) if a[0] >= b[0] else (b, a)
-            regret = expected_regret(-first[0], spread(first, second), -second[0], 0.0)
-            if regret >= REGRET_FLOOR * min(a[1], b[1]):
+            first, second = (a, b) if a.gain >= b.gain else (b, a)
+            regret = expected_regret(-first.gain, spread(first, second), -second.gain, 0.0)
+            if regret >= REGRET_FLOOR * min(a.base, b.base):
                 rivals.setdefault(i, set()).add(j)
                 rivals.setdefault(j, set()).add(i)
     return rivals
@@ -881,16 +895,16 @@ def measured_separate(ev: Evaluator, parts: list[Evaluated]) -> tuple[float, flo
     return cycles + sum(ev.priced_traffic(p.features) for p in parts), cycles
 
 
-def _measured_gain(ev: Evaluator, s: tuple, alone: Mapping[str, tuple], threshold: float) -> tuple[float, float]:
+def _measured_gain(ev: Evaluator, s: Scored, alone: Mapping[str, tuple], threshold: float) -> tuple[float, float]:
     """A scored candidate's gain with its kernels simulated (`measured_separate` less the fused kernel's measured
     score, as `fusion_gain` measures it) and its bar (`fusion_bar`): the scored ones when a kernel is zero-skip
     (its timing depends on the data)."""
-    parts = [alone[n][0] for n in s[4].nodes]
-    if any(_skips(e.group) for e in (s[2], *parts)):
-        return s[0], s[5]
+    parts = [alone[n][0] for n in s.cand.nodes]
+    if any(_skips(e.group) for e in (s.best, *parts)):
+        return s.gain, s.bar
     separate, apart = measured_separate(ev, parts)
-    cycles = ev.measured_cycles(s[2])
-    return separate - cycles - ev.priced_traffic(s[2].features), fusion_bar(threshold, cycles <= apart)
+    cycles = ev.measured_cycles(s.best)
+    return separate - cycles - ev.priced_traffic(s.best.features), fusion_bar(threshold, cycles <= apart)
 
 
 def _regions(graph: Graph, names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:

@@ -11,7 +11,7 @@ from test_planner_rivals import Counting as RivalCounting
 
 from fusion.engine.candidates import Candidate
 from fusion.engine.plan import Group
-from fusion.engine.planner import REGRET_FLOOR, Evaluated, _uncertain_rivals, fusion_gain
+from fusion.engine.planner import REGRET_FLOOR, Evaluated, Scored, _uncertain_rivals, fusion_gain
 
 SPREAD = 0.10  # the conv's relative spread
 
@@ -101,7 +101,7 @@ def _rivals(extra: float, relu_sd: float, strategies: tuple[str, str]) -> bool:
     for (nodes, cycles), strategy in zip(rivals, strategies, strict=True):
         base = sum(alone[n][0].score for n in nodes)
         fused = _evaluated(nodes, strategy, cycles, SPREAD * cycles)
-        scored.append((base - cycles, base, fused, [], Candidate(nodes, "conv")))
+        scored.append(Scored(base - cycles, base, fused, [], Candidate(nodes, "conv"), 0.02))
     return bool(_uncertain_rivals(scored, alone))
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fusion.engine.candidates import Candidate
 from fusion.engine.plan import Group
-from fusion.engine.planner import Evaluated, _measured_gain, _uncertain_rivals
+from fusion.engine.planner import Evaluated, Scored, _measured_gain, _uncertain_rivals
 
 
 class Counting:
@@ -50,11 +50,11 @@ def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> bool
     for nodes, gain in zip((("a", "b"), ("a", "b", "c")), gains, strict=True):
         base = sum(alone[n][0].score for n in nodes)
         fused = _evaluated(nodes, base - gain, 10.0)
-        scored.append((gain, base, fused, [], Candidate(nodes, "chain")))
+        scored.append(Scored(gain, base, fused, [], Candidate(nodes, "chain"), 0.02))
     rivals = _uncertain_rivals(scored, alone)
     assert rivals in ({}, {0: {1}, 1: {0}})  # a pair, both ways
     for s in scored:  # a measured gain is the measured scores' (+1 per part, +1 for the fused kernel)
-        assert _measured_gain(Counting(), (*s, 0.02), alone, 0.02)[0] == pytest.approx(s[0] + len(s[4].nodes) - 1)
+        assert _measured_gain(Counting(), s, alone, 0.02)[0] == pytest.approx(s.gain + len(s.cand.nodes) - 1)
     return bool(rivals)
 
 
