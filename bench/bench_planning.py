@@ -2,8 +2,9 @@
 
 Each (model, size, dtype) is planned by the `dynamic` policy in its own child process (so its peak RSS is its
 own): `plan s` is `FusionEngine.plan_seconds` (candidates, codegen of every schedule tried, cost model, the
-kernels simulated while planning, pipelined pairs), `JIT s` the planned kernels through the cache, `measured`
-the kernels simulated while planning and their host seconds, all three in CPU seconds of the process (the
+kernels simulated while planning, pipelined pairs), `JIT s` the planned kernels through the cache, `built` the
+candidate kernels generated, assembled, linked and counted while planning and `measured` the kernels simulated
+while planning, each with their host seconds, all in CPU seconds of the process (the
 machine is shared with other jobs; alone, wall time is the same), `wall s` plan + JIT in wall seconds, `peak RSS`
 the child's maximum resident set after its first call (plan + JIT + one simulated run), `cycles` the plan's
 simulated cycles, `plan` a digest of the plan (its groups, schedules, predictions, reasons, refusals and
@@ -77,6 +78,18 @@ def plan_child(name: str, size: str, dtype: str, run: str = "run") -> dict:
     inputs = {graph.inputs[0]: entry.input}
     for module in (engine_module, planner_module):  # the engine's timers read this process's CPU time
         module.time = _Clock(time.process_time)
+    built = [0, 0.0]  # candidate builds in this process and their CPU seconds
+    build_and_count = planner_module.build_and_count
+
+    def counted_build(*args, **kwargs):
+        begin = time.process_time()
+        try:
+            return build_and_count(*args, **kwargs)
+        finally:
+            built[0] += 1
+            built[1] += time.process_time() - begin
+
+    planner_module.build_and_count = counted_build
     walls = []
     planned = FusionEngine._planned
 
@@ -109,6 +122,7 @@ def plan_child(name: str, size: str, dtype: str, run: str = "run") -> dict:
         "chosen": chosen,
         "first_call_s": time.perf_counter() - start,
         "measured": None if measured is None else [measured.kernels, measured.seconds],
+        "built": built,
         "pairs": len(plan.pipelined),
         "groups": len(plan.choices),
         "cycles": cycles,
@@ -207,17 +221,20 @@ def _median(runs: list[dict]) -> dict:
     if any((r.get("plan"), r.get("cycles")) != (first.get("plan"), first.get("cycles")) for r in runs):
         return {"error": "plans differ between runs: " + ", ".join(str(r.get("plan")) for r in runs)}
     row = {k: statistics.median(r[k] for r in runs) for k in first if k.endswith(("_s", "_us", "_mb"))}
-    if first.get("measured"):
-        row["measured"] = [first["measured"][0], statistics.median(r["measured"][1] for r in runs)]
+    for figure in ("measured", "built"):
+        if first.get(figure):
+            row[figure] = [first[figure][0], statistics.median(r[figure][1] for r in runs)]
     return {**first, **row}
 
 
 def _plan_cells(r: dict) -> list[str]:
     kernels, seconds = r["measured"] or (0, 0.0)
+    builds, build_s = r.get("built") or (0, 0.0)
     return [
         f"{r['plan_s']:.2f}",
         f"{r['jit_s']:.2f}",
         f"{r['wall_s']:.1f}",
+        f"{builds} / {build_s:.1f}",
         f"{kernels} / {seconds:.1f}",
         str(r["pairs"]),
         f"{r['peak_rss_mb']:.0f}",
@@ -249,7 +266,8 @@ def main() -> None:
         return
     trees = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     start = time.perf_counter()
-    head = ["model", "dtype", "plan s (CPU)", "JIT s (CPU)", "wall s", "measured kernels / s", "pairs", "peak RSS MB"]
+    head = ["model", "dtype", "plan s (CPU)", "JIT s (CPU)", "wall s", "built kernels / s", "measured kernels / s"]
+    head += ["pairs", "peak RSS MB"]
     head += ["cycles", "plan", "chosen"]
     plans = [(name, size, dtype) for name, size, dtype in (m.split(":") for m in filter(None, args.models.split(",")))]
     mode = "plan" if args.no_run else "run"
@@ -271,8 +289,9 @@ def main() -> None:
         f"`python bench/bench_planning.py` on `base`, {machine}{base}; {time.perf_counter() - start:.0f} s. "
         "Dynamic policy, validation off, each model in its own process (`peak RSS` is that process's, after "
         + ("planning and JIT; `--no-run`: no simulated run, no cycles" if args.no_run else "planning, JIT and one run")
-        + "). `wall s`: plan + JIT in wall seconds; `measured`: kernels simulated while "
-        "planning and their host seconds; `pairs`: pipelined pairs taken; `cycles`: the plan's simulated cycles; "
+        + "). `wall s`: plan + JIT in wall seconds; `built`: candidate kernels generated while planning and their "
+        "host seconds; `measured`: kernels simulated while planning and their host seconds; `pairs`: pipelined "
+        "pairs taken; `cycles`: the plan's simulated cycles; "
         "`plan`: digest of the plan (groups, schedules, predictions, reasons, pairs); `chosen`: digest of the "
         "kernels it runs (groups with their schedules, pairs).\n\n"
         + "\n".join(lines)
