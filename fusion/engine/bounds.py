@@ -115,13 +115,16 @@ class UnitBounds:
 
 def _dma(cfg: MachineConfig, transfers: int, bursts: int) -> int:
     """A DMA unit's least busy time for `transfers` transfers of `bursts` bursts in all: each waits the DRAM
-    latency, then moves its bursts (`timing.dma_transfer_cycles`: a ceiling per transfer, at least the sum's)."""
-    return transfers * cfg.dram_latency + _ceil(bursts * cfg.burst_bytes, cfg.dram_bytes_per_cycle)
+    latency, then moves its bursts (`timing.dma_transfer_cycles`: a ceiling per transfer, at least the sum's,
+    which is the time of the bursts as one contiguous transfer)."""
+    burst = cfg.burst_bytes
+    return transfers * cfg.dram_latency + timing.dma_transfer_cycles(cfg, bursts, burst, burst)
 
 
 def _vector(cfg: MachineConfig, passes: int, elems: int, chain_ops: int) -> int:
     pass_latency, chain_latency, _ = _latencies()
-    return _ceil(elems, cfg.vector_lanes) + passes * pass_latency + chain_ops * chain_latency
+    streamed = timing.vector_cycles(cfg, elems, passes * pass_latency)  # the passes' beats and pipelines
+    return streamed + chain_ops * timing.chain_op_cycles(cfg, chain_latency)
 
 
 def _matrix(cfg: MachineConfig, feats: KernelFeatures) -> int:
@@ -131,7 +134,7 @@ def _matrix(cfg: MachineConfig, feats: KernelFeatures) -> int:
     pipeline, so a later preload or matmul starts after it. The last results are out 2N - 1 after the last row."""
     preloads, rows = feats.preloads, feats.matmul_rows
     base = timing.matrix_lower_bound(cfg, preloads, rows)
-    drains = feats.drain_rows + feats.drains * _latencies()[2]
+    drains = timing.drain_cycles(cfg, feats.drain_rows, feats.drains * _latencies()[2])
     skew = timing.matmul_cycles(cfg, 0)
     streamed = rows + max(feats.matrix_segments, 1) * skew if rows else 0
     return max(base, preloads * timing.preload_cycles(cfg) + drains, streamed + drains)
