@@ -51,13 +51,19 @@ class Emitter:
         if r is not None:
             held.move_to_end(value)
             return r
-        value &= 0xFFFFFFFF
-        if value == 0:
-            return 0
-        r = held.get(value)
-        if r is not None:
-            held.move_to_end(value)
-            return r
+        return self._load(value)
+
+    def _load(self, value: int) -> int:
+        """A register for a value not held as given: held as its 32-bit pattern, or loaded with `li`."""
+        held = self._regs
+        if not 0 < value <= 0xFFFFFFFF:
+            value &= 0xFFFFFFFF
+            if value == 0:
+                return 0
+            r = held.get(value)
+            if r is not None:
+                held.move_to_end(value)
+                return r
         if len(held) < len(SCRATCH_REGS):
             r = SCRATCH_REGS[len(held)]
         else:
@@ -99,7 +105,7 @@ class Emitter:
         for value in values:
             r = held.get(value)
             if r is None:
-                r = self.reg(value)
+                r = self._load(value)
             else:
                 held.move_to_end(value)
             out.append(r)

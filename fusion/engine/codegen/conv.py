@@ -570,16 +570,16 @@ class _Kernel:
 
         def matmul(em: Emitter) -> None:
             items, opened = [], t.c0 != 0  # a later K chunk adds to the accumulator the first one opened
+            size, preload = z.mm_dt.size, z.mm_dt.name
+            chunk = [(c0, kb, block) for (c0, kb), block in zip(slices, ready, strict=True) if t.c0 <= c0 < t.c0 + t.kc]
             for kh in range(s.kernel[0]):
                 for kw in range(s.kernel[1]):
-                    tap = kh * s.kernel[1] + kw
-                    for (c0, kb), block in zip(slices, ready, strict=True):
-                        if not t.c0 <= c0 < t.c0 + t.kc:
-                            continue
-                        at = weights + ((c0 - t.c0) * s.taps + tap * kb) * t.tn * z.mm_dt.size
-                        start = block + s.offset(kh, kw) * kb * z.mm_dt.size
+                    tap, offset = kh * s.kernel[1] + kw, s.offset(kh, kw)
+                    for c0, kb, block in chunk:
+                        at = weights + ((c0 - t.c0) * s.taps + tap * kb) * t.tn * size
+                        start = block + offset * kb * size
                         mm = "mx_mma" if opened else "mx_mm"
-                        items.append((("mx_preload", (at,), (kb, t.tn, z.mm_dt.name)), (mm, (t.acc, start), (stream,))))
+                        items.append((("mx_preload", (at,), (kb, t.tn, preload)), (mm, (t.acc, start), (stream,))))
                         opened = True
             emit_items(em, items)
             if last:

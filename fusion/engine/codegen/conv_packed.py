@@ -674,9 +674,10 @@ class _Kernel:
             self.ep.load(em, tiles, t.img, t.col, t.tn, t.oh0, t.rows)
 
         def matmul(em: Emitter) -> None:
+            dt = self.dt.name
             items = [
                 (
-                    ("mx_preload", (w_tile + (p.row - row0) * t.tn * es,), (p.k, t.tn, self.dt.name)),
+                    ("mx_preload", (w_tile + (p.row - row0) * t.tn * es,), (p.k, t.tn, dt)),
                     # a later piece adds to the accumulator the first one opened
                     _matmul(bool(t.kgroup or i), t.acc, tile, stride, p.k * es, stream),
                 )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import product
 
 import numpy as np
@@ -49,6 +50,7 @@ from fusion.quant.plan import QuantPlan
 from isa.enums import DType
 
 QUANTIZED = 1  # the DRAM temp (`LowerContext.temp`) of a float input quantized on the int8 path
+Piece = tuple[int, int, int, int, int]  # one load: (DRAM address, rows, cols, row stride in bytes, local address)
 
 
 def quantized_bytes(graph: Graph, node: Node, plan: QuantPlan | None) -> int:
@@ -93,20 +95,21 @@ def packs(weight_shape: tuple[int, ...]) -> bool:
 
 @dataclass(frozen=True)
 class ConvShape:
-    """The conv's geometry (`frame.lifted`: a 1-D conv has H = OH = 1) and its group count."""
+    """The conv's geometry (`frame.lifted`: a 1-D conv has H = OH = 1) and its group count. (Its sizes are cached:
+    a panel asks them per tap and channel.)"""
 
     f: Frame
     groups: int
 
-    @property
+    @cached_property
     def taps(self) -> int:
         return self.f.kernel[0] * self.f.kernel[1]
 
-    @property
+    @cached_property
     def cg(self) -> int:
         return self.f.c // self.groups
 
-    @property
+    @cached_property
     def plane(self) -> int:
         return self.f.h * self.f.w
 
@@ -217,7 +220,7 @@ class Windows:
         strided = s.f.strides[1] > 1
         sums = arena.tile(kc * width * (4 if self.raw is DType.i8 else es)) if strided else 0
         compact = arena.tile(kc * width * es) if strided else staged
-        loads: list[tuple[View, int]] = []
+        loads: list[Piece] = []
         masks: dict[bytes, int] = {}
         work: list[tuple[int, int, bytes | None]] = []  # (panel row, rows, kept-position pattern or None)
         pieces = self._pieces(k0, kc)
@@ -257,9 +260,9 @@ class Windows:
                     else:
                         b.v_rsum(*em.regs(compact + row * cols * es, src), n, sw, self.raw.name)
 
-        return compact, _merged(loads), [prepare]
+        return compact, _merged(loads, self.raw), [prepare]
 
-    def _dma(self, start: int, c0: int, rows: int, pitch: int, local: int) -> list[tuple[View, int]]:
+    def _dma(self, start: int, c0: int, rows: int, pitch: int, local: int) -> list[Piece]:
         """Rows of `pitch` plane elements from `start` (clamped to the plane's first element, the rows then land
         `lead` elements late) of channels [c0, c0 + rows) of the group; no read passes the tensor's end."""
         s, es = self.s, self.raw.size
@@ -271,10 +274,9 @@ class Windows:
         body = rows - 1 if last else rows
         out = []
         if body:
-            out.append((View(base, (body, pitch), (s.plane * es, es), self.raw), local))
+            out.append((base, body, pitch, s.plane * es, local))
         if last and first < s.plane:
-            tail = View(base + body * s.plane * es, (1, s.plane - first), (es, es), self.raw)
-            out.append((tail, local + body * pitch * es))
+            out.append((base + body * s.plane * es, 1, s.plane - first, es, local + body * pitch * es))
         return out
 
 
@@ -291,21 +293,23 @@ def _joined(work: list[tuple[int, int, bytes | None]]) -> list[tuple[int, int, b
     return out
 
 
-def _merged(loads: list[tuple[View, int]]) -> list[tuple[View, int]]:
+def _merged(pieces: list[Piece], dtype: DType) -> list[tuple[View, int]]:
     """One-row loads continuing a load's run of panel rows from evenly spaced DRAM addresses (a channel's taps
-    along a kernel row, channel-major) joined into it: one strided DMA."""
-    out: list[tuple[View, int]] = []
-    for view, local in loads:
-        if out:
-            run, start = out[-1]
-            rows, cols = run.shape
-            gap = view.address - (run.address + (rows - 1) * run.strides[0])  # from the run's last row
-            adjacent = local == start + rows * cols * view.dtype.size
-            if view.shape == (1, cols) and adjacent and gap > 0 and (rows == 1 or gap == run.strides[0]):
-                out[-1] = (View(run.address, (rows + 1, cols), (gap, run.strides[1]), run.dtype), start)
+    along a kernel row, channel-major) joined into it: one strided DMA. (Runs are plain lists until the end: a
+    panel has a piece per (tap, channel), a view only per merged run.)"""
+    es = dtype.size
+    runs: list[list[int]] = []
+    for address, rows, cols, stride, local in pieces:
+        if runs:
+            run = runs[-1]  # [address, rows, cols, row stride, local]
+            gap = address - (run[0] + (run[1] - 1) * run[3])  # from the run's last row
+            adjacent = local == run[4] + run[1] * run[2] * es
+            if rows == 1 and cols == run[2] and adjacent and gap > 0 and (run[1] == 1 or gap == run[3]):
+                run[1] += 1
+                run[3] = gap
                 continue
-        out.append((view, local))
-    return out
+        runs.append([address, rows, cols, stride, local])
+    return [(View(address, (rows, cols), (stride, es), dtype), local) for address, rows, cols, stride, local in runs]
 
 
 def implicit_conv_phases(cx: LowerContext, node: Node) -> list[list[Step]]:

@@ -24,7 +24,8 @@ MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
-    shapes = [_shape(item) for item in items]
+    # what items of one run share: their instructions, other operands and register operand counts
+    shapes = [tuple([(name, len(values), rest) for name, values, rest in item]) for item in items]
     flat = [_values(item) for item in items]
     # links[i]: how item i + 1's values step from item i's; None where the two differ in shape
     pairs = zip(flat, flat[1:], shapes, shapes[1:], strict=False)  # (each item with the next)
@@ -66,11 +67,6 @@ def _values(item: Item) -> tuple[int, ...]:
     for op in item:
         out += op[1]
     return out
-
-
-def _shape(item: Item) -> tuple:
-    """What items of one run share: their instructions, other operands and register operand counts."""
-    return tuple([(name, len(values), rest) for name, values, rest in item])
 
 
 def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
