@@ -224,7 +224,8 @@ def _array_bytes(kind: str, array: np.ndarray) -> bytes:
     limits = np.iinfo(flat.dtype)
     if flat.size and (limits.min < lo or limits.max > hi) and (flat.min() < lo or flat.max() > hi):
         raise _call_error(f".{kind} array has values outside [{lo}, {hi}]")
-    return flat.astype("<u1" if kind == "i8" else "<u4").tobytes()  # (integer casts wrap: two's complement)
+    # (integer casts wrap: two's complement; an array already of the type is not copied before `tobytes`)
+    return flat.astype("<u1" if kind == "i8" else "<u4", copy=False).tobytes()
 
 
 def _bind(spec: InstructionSpec, args: tuple, kwargs: dict) -> tuple:

@@ -435,12 +435,16 @@ def _plain_operands(mnemonic: str) -> tuple[tuple[int, int] | dict[str, int] | N
     return tuple(plain)
 
 
-def _fill_data(state: _Linker, placed: list[tuple[Item, int]], size: int) -> bytearray:
-    """Pass 2 for data: evaluate every initialiser into its reserved bytes."""
+def _fill_data(state: _Linker, placed: list[tuple[Item, int]], size: int) -> bytes | bytearray:
+    """Pass 2 for data: evaluate every initialiser into its reserved bytes. A section that is one byte string (a
+    kernel's constants image, megabytes) is that string itself, not copied twice more."""
+    inits = [(item, offset) for item, offset in placed if type(item) is Data]
+    if len(inits) == 1:
+        ((item, offset),) = inits
+        if offset == 0 and isinstance(item.items, bytes) and len(item.items) == size:
+            return item.items
     data = bytearray(size)
-    for item, offset in placed:
-        if type(item) is not Data:
-            continue
+    for item, offset in inits:
         if isinstance(item.items, bytes):
             data[offset : offset + len(item.items)] = item.items
             continue
