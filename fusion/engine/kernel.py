@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from assembler.builder import ProgramBuilder
+from assembler.link import paused_gc
 from assembler.objfile import ObjectFile
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.context import ModelContext
@@ -91,7 +92,16 @@ def expected_guard(mc: ModelContext, sub: Graph, group: Group, sparsity: str) ->
 
 
 def build_kernel(mc: ModelContext, group: Group, sparsity: str = "any") -> Kernel:
-    """Generate, assemble and link the group's program. Raises CodegenError/LoweringError when it cannot."""
+    """Generate, assemble and link the group's program. Raises CodegenError/LoweringError when it cannot.
+
+    The cyclic GC is paused meanwhile: a build makes up to millions of small objects that live until it ends
+    (items, operand tuples), and the collections they trigger, each scanning all that survive, took a sixth of
+    the build time (resnet18 224 int8); what the build leaves cyclic is collected after."""
+    with paused_gc():
+        return _build_kernel(mc, group, sparsity)
+
+
+def _build_kernel(mc: ModelContext, group: Group, sparsity: str) -> Kernel:
     start = time.perf_counter()
     sub = mc.subgraph(group.nodes)
     guard = expected_guard(mc, sub, group, sparsity)
