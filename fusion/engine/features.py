@@ -91,19 +91,24 @@ def _unrolled(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n, lend = _fields(words[starts], "n", "lend")
     loops = sorted(zip(starts.tolist(), (starts + lend).tolist(), n.tolist(), strict=True))
 
-    def order(lo: int, hi: int, i: int) -> tuple[list[np.ndarray], int]:
-        """Indices issued over [lo, hi) from loops[i] on; the next loop index past hi."""
+    def spans(lo: int, hi: int, i: int) -> tuple[list[tuple[int, int, int]], int]:
+        """Runs (first, end, times) of the indices issued over [lo, hi) from loops[i] on, in order (a body without
+        loops of its own as one run of `count` times); the next loop index past hi."""
         out, at = [], lo
         while i < len(loops) and loops[i][0] < hi:
             pc, end, count = loops[i]
-            out.append(np.arange(at, pc + 1))
-            body, i = order(pc + 1, end, i + 1)
-            out.extend(body * count)
+            out.append((at, pc + 1, 1))
+            body, i = spans(pc + 1, end, i + 1)
+            out += body * count if len(body) > 1 else [(pc + 1, end, count)]
             at = end
-        out.append(np.arange(at, hi))
+        out.append((at, hi, 1))
         return out, i
 
-    issued = np.concatenate(order(0, len(words), 0)[0])
+    runs = np.array(spans(0, len(words), 0)[0], dtype=np.int64)
+    first, length, times = runs[:, 0], runs[:, 1] - runs[:, 0], runs[:, 2]
+    sizes = length * times
+    which = np.repeat(np.arange(len(runs)), sizes)  # each issued instruction's run
+    issued = first[which] + (np.arange(int(sizes.sum())) - (np.cumsum(sizes) - sizes)[which]) % length[which]
     return words[issued], kind[issued]
 
 

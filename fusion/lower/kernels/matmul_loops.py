@@ -24,12 +24,10 @@ MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
-    # what items of one run share: their instructions, other operands and register operand counts
-    shapes = [tuple([(name, len(values), rest) for name, values, rest in item]) for item in items]
-    flat = [_values(item) for item in items]
+    keyed = [_keyed(item) for item in items]
+    flat = [values for _, values in keyed]
     # links[i]: how item i + 1's values step from item i's; None where the two differ in shape
-    pairs = zip(flat, flat[1:], shapes, shapes[1:], strict=False)  # (each item with the next)
-    links = [tuple(map(sub, b, a)) if sb == sa else None for a, b, sa, sb in pairs]
+    links = [tuple(map(sub, b, a)) if sb == sa else None for (sa, a), (sb, b) in zip(keyed, keyed[1:])]
     i = 0
     while i < len(items):
         j = _run_end(links, i)
@@ -67,6 +65,16 @@ def _values(item: Item) -> tuple[int, ...]:
     for op in item:
         out += op[1]
     return out
+
+
+def _keyed(item: Item) -> tuple[tuple, tuple[int, ...]]:
+    """What items of one run share (their instructions, other operands and register operand counts), and the
+    item's register operand values (`_values`), in one pass."""
+    shape, values = [], ()
+    for name, vals, rest in item:
+        shape.append((name, len(vals), rest))
+        values += vals
+    return tuple(shape), values
 
 
 def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:

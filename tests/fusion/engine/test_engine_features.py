@@ -6,15 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import context, model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from assembler.builder import ProgramBuilder
 
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.engine import EngineOptions, FusionEngine
-from fusion.engine.features import kernel_features
+from fusion.engine.features import _unrolled, kernel_features
 from fusion.engine.kernel import try_build
 from fusion.engine.strategies import strategy_of
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ops import OpType
 from fusion.hpm.schema import FEATURE_NAMES, vectorize
+from isa import INSTRUCTIONS
 from isa.encoding import decode
 from isa.enums import DType
 from simulator.timing import dma_bursts
@@ -58,7 +63,12 @@ def test_dispatched_kernels_features_are_their_own_counts() -> None:
 
 
 def _issued(text) -> list:
-    """The decoded instructions in the order the core issues them: a `loopi`'s body [pc + 1, pc + lend) run n
+    """The decoded instructions in the order the core issues them (`_issued_pcs`)."""
+    return [decode(text[pc]) for pc in _issued_pcs(text)]
+
+
+def _issued_pcs(text) -> list[int]:
+    """The pcs of the instructions in the order the core issues them: a `loopi`'s body [pc + 1, pc + lend) run n
     times (zero times when n is 0), as `simulator.units.scalar` runs it; a loop nested in a body runs each pass."""
     out = []
 
@@ -66,7 +76,7 @@ def _issued(text) -> list:
         pc = lo
         while pc < hi:
             ins = decode(text[pc])
-            out.append(ins)
+            out.append(pc)
             if ins.mnemonic != "loopi":
                 pc += 1
                 continue
@@ -135,3 +145,43 @@ def test_features_count_what_the_isa_decoder_reads(name: str, dtype: str) -> Non
             assert got == want, group
             seen += 1
     assert seen >= 20
+
+
+@st.composite
+def _loop_nests(draw: st.DrawFn, depth: int = 0) -> list:
+    """A body: plain instructions (None) and loops (trip count, body), nested up to three deep."""
+    body = []
+    for _ in range(draw(st.integers(0 if depth else 1, 4))):
+        if depth < 3 and draw(st.booleans()):
+            body.append((draw(st.integers(0, 3)), draw(_loop_nests(depth + 1))))
+        else:
+            body.append(None)
+    return body
+
+
+@given(_loop_nests())
+@settings(max_examples=60, deadline=None)
+def test_unrolled_issues_nested_loops_as_the_core_does(nest: list) -> None:
+    """`features._unrolled` (runs of issued indices, vectorised) against the word-by-word issue order."""
+    b = ProgramBuilder()
+    marks = iter(range(1 << 20))
+
+    def emit(body: list) -> None:
+        for part in body:
+            if part is None:
+                b.nop()
+                continue
+            count, inner = part
+            end = f"end{next(marks)}"
+            b.loopi(count, end)
+            emit(inner)
+            b.nop()  # (a loop body is never empty)
+            b.label(end)
+
+    emit(nest)
+    b.halt()
+    text = b.build().text
+    words, kind = _unrolled(np.asarray(text, dtype=np.uint64))
+    pcs = _issued_pcs(text)
+    assert words.tolist() == [text[pc] for pc in pcs]
+    assert [INSTRUCTIONS[k].mnemonic for k in kind.tolist()] == [decode(text[pc]).mnemonic for pc in pcs]
