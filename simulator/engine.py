@@ -200,6 +200,7 @@ class Engine:
         # or queue head changes
         self.scan_t: float | None = None
         self.scan_u = -1
+        self.tail = LOAD  # the unit last submitted to: when its queue holds every queued op, no other needs a look
         nbanks = cfg.spad_banks + cfg.acc_banks
         self.bank_owner = [-1] * nbanks
         self.bank_until = [0] * nbanks
@@ -228,8 +229,11 @@ class Engine:
             self.advance(now)
         while len(queue) >= self.depth:
             head = queue[0]
-            if head.start < 0:  # (`wait_for`, inline)
-                self.advance(INF, head)
+            if head.start < 0:  # (`wait_for`, inline; `_start` at once when the kept scan says the head goes next)
+                if self.scan_t is not None and self.scan_u == op.unit:
+                    self._start(op.unit, self.scan_t)
+                else:
+                    self.advance(INF, head)
                 if head.start < 0:
                     raise self._stuck(f"the instruction at pc {head.pc} can never start")
             if head.start > now:
@@ -238,6 +242,7 @@ class Engine:
             self.advance(now)
         op.issue = now
         queue.append(op)
+        self.tail = op.unit
         if len(queue) == 1:  # a new head: the earliest start may change
             self.scan_t = None
         self.pending += 1
@@ -274,21 +279,30 @@ class Engine:
         while self.pending:
             best_t = self.scan_t
             if best_t is None:
-                best, best_t = -1, INF
-                for u in QUEUED_UNITS:
-                    queue = queues[u]
-                    if queue:
-                        c = cand[u]
-                        if c is None:
-                            c = cand[u] = candidate(u, queue[0])
-                        if c < best_t:
-                            best, best_t = u, c
+                best = self.tail
+                queue = queues[best]
+                if len(queue) == self.pending:  # the only unit with queued work: no other to look at
+                    best_t = cand[best]
+                    if best_t is None:
+                        best_t = cand[best] = candidate(best, queue[0])
+                    if best_t == INF:
+                        best = -1
+                else:
+                    best, best_t = -1, INF
+                    for u in QUEUED_UNITS:
+                        queue = queues[u]
+                        if queue:
+                            c = cand[u]
+                            if c is None:
+                                c = cand[u] = candidate(u, queue[0])
+                            if c < best_t:
+                                best, best_t = u, c
                 self.scan_u, self.scan_t = best, best_t
             else:
                 best = self.scan_u
             if best < 0 or best_t > limit:
                 return
-            start(best, int(best_t))
+            start(best, best_t)  # (a finite candidate is an int: only INF is a float)
             if until is not None and until.start >= 0:
                 return
 
@@ -321,8 +335,10 @@ class Engine:
         op = self.queues[u].popleft()
         self.pending -= 1
         stats = op.stats
-        stats[S_TOKEN] += op.token
-        stats[S_BANK] += t - op.ready
+        if op.token:
+            stats[S_TOKEN] += op.token
+        if t != op.ready:
+            stats[S_BANK] += t - op.ready
         op.start = t
         kind = op.kind
         if kind == DMA:
@@ -366,13 +382,14 @@ class Engine:
         cand = self.cand
         cand[u] = None
         self.scan_t = None
-        for v in QUEUED_UNITS:
-            c = cand[v]
-            if c is not None and (c == INF or self.queues[v][0].mask & op.mask):
-                cand[v] = None
+        if self.pending != len(self.queues[u]):  # (else no other unit has a queued op, hence a candidate, to drop)
+            for v in QUEUED_UNITS:
+                c = cand[v]
+                if c is not None and (c == INF or self.queues[v][0].mask & op.mask):
+                    cand[v] = None
         if finish == INF:
             return
-        op.finish = int(finish)
+        op.finish = finish
         if self.trace is not None:
             self.trace.append((u, op.pc, op.start, op.finish))
 

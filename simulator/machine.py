@@ -273,6 +273,16 @@ class Machine:
         banks = self._banks.get(mask)
         return Op(unit, pc, dur, self.mem.banks(mask) if banks is None else banks, mask, row, kind, dep)
 
+    def issue(self, unit: int, pc: int, dur: int, row: list[int], kind: int = PLAIN, n: int = 0) -> Op:
+        """`unit_op` and `submit` in one call (`n`: the op's rows), for the instructions straight-line matrix code
+        issues by the hundred thousand."""
+        mask, self.mask = self.mask, 0
+        banks = self._banks.get(mask)
+        op = Op(unit, pc, dur, self.mem.banks(mask) if banks is None else banks, mask, row, kind)
+        op.n = n
+        self.now = self._submit(op, self.now) + 1
+        return op
+
     def submit(self, op: Op) -> None:
         """Hand `op` to its unit's queue (stalling issue while the queue is full); the issue takes one cycle."""
         self.now = self._submit(op, self.now) + 1

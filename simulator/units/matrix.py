@@ -43,10 +43,9 @@ def preload(m: Machine, pc: int, ins: Instruction) -> Step:
         addr = x[rs1]
         w = m.read_local(addr, rows * cols, dt, row).reshape(rows, cols)
         m.weights = w = w.copy() if m.values else w  # (without values only its shape and dtype are used)
-        op = m.unit_op(MATRIX, pc, dur, row, _pipelined(PRELOAD, addr))
+        op = m.issue(MATRIX, pc, dur, row, _pipelined(PRELOAD, addr))
         if m.transactions is not None:
             m.record(op, pc, {"w": w}, w)
-        m.submit(op)
         return nxt
 
     return step
@@ -101,9 +100,7 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
             if accumulate:
                 m.read_local(dest, rows * cols, acc_dt, row)
             m.written(dest, rows * cols, acc_dt, row)
-            op = m.unit_op(MATRIX, pc, dur, row, _pipelined(MATMUL, src))
-            op.n = rows
-            m.submit(op)
+            m.issue(MATRIX, pc, dur, row, _pipelined(MATMUL, src), rows)
             return nxt
 
         def step() -> int:
