@@ -187,8 +187,12 @@ def _stepped(category: np.ndarray, phase: np.ndarray, dst: np.ndarray, main: int
     """Per instruction: whether its fenced phase (`phase`: the fence count before it) is pipelined, i.e. hands
     tiles to the main unit (a `sync.pop` into it). The other phases (a LayerNorm pass after a GEMM, a copy) run
     their loads, vector work and stores in series; a kernel without any step is all one pipeline."""
-    stepped = np.unique(phase[(category == POP) & (dst == main)]) if main is not None else phase[:0]
-    return np.isin(phase, stepped) if stepped.size else np.ones(category.shape, dtype=bool)
+    stepped = phase[(category == POP) & (dst == main)] if main is not None else phase[:0]
+    if not stepped.size:
+        return np.ones(category.shape, dtype=bool)
+    pipelined = np.zeros(int(phase[-1]) + 1, dtype=bool)  # per phase (phases count up from 0: a lookup table)
+    pipelined[stepped] = True
+    return pipelined[phase]
 
 
 def _first_step_token(
