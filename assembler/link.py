@@ -7,6 +7,7 @@ problems are collected; if there are any, one `AssemblyError` lists them all.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import gc
 import re
@@ -40,6 +41,7 @@ from assembler.program import (
 from assembler.texts import TextCache
 from isa import BY_MNEMONIC, INSTRUCTIONS, DType, Field, InstructionSpec, Kind
 from isa.encoding import encode_fields
+from isa.fields import ENUM_KINDS
 
 NAME_RE = re.compile(r"[A-Za-z_.$][A-Za-z0-9_.$]*")
 LOCAL_PREFIX = ".L"
@@ -372,7 +374,7 @@ def _encode_row(
         if fld.kind in TARGET_KINDS:
             values, ok = _target_column(fld, column, pcs, labels)
         else:
-            values, ok = _plain_column(accepts, column)
+            values, ok = _plain_column(accepts, column, ENUM_KINDS.get(fld.kind))
         plain &= ok
         words |= (values.astype(np.uint64) & np.uint64((1 << fld.width) - 1)) << np.uint64(fld.lo)
     return words, plain
@@ -392,9 +394,12 @@ def _target_column(
     return values, ok
 
 
-def _plain_column(accepts: tuple[int, int] | dict[str, int] | None, column: tuple) -> tuple[np.ndarray, np.ndarray]:
+def _plain_column(
+    accepts: tuple[int, int] | dict[str, int] | None, column: tuple, members: type[enum.Enum] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """One operand of many instructions as field values (int64) and which of them are plain; vectorised when the
-    column holds one Python type, element by element when it mixes them."""
+    column holds one Python type, element by element when it mixes them. An enum field (`members`, its enum) takes
+    its members by name as `field_value` takes them (generators pass `Activation.none`, not "none")."""
     count = len(column)
     if accepts is None:
         return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool)
@@ -409,6 +414,9 @@ def _plain_column(accepts: tuple[int, int] | dict[str, int] | None, column: tupl
         typed = [v if type(v) is int and accepts[0] <= v <= accepts[1] else None for v in column]
     elif types == {str}:
         values = np.array(list(map(accepts.get, column, repeat(-1))), dtype=np.int64)
+        return values, values >= 0
+    elif members is not None and types == {members}:
+        values = np.array([accepts.get(v.name, -1) for v in column], dtype=np.int64)
         return values, values >= 0
     else:
         typed = [accepts.get(v) if type(v) is str else None for v in column]

@@ -73,3 +73,19 @@ def test_a_bad_operand_among_plain_ones_is_reported_at_its_line(bad: object) -> 
         b.build()
     (diag,) = info.value.diagnostics
     assert diag.line == line and "rs1" in diag.message + diag.hint + diag.source
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_columns_of_enum_members_encode_as_the_table_does(data: st.DataObject) -> None:
+    """A row whose enum operands are all members (as generators pass `Activation.none`): by name, vectorised,
+    the words the table's encoder makes."""
+    spec = data.draw(st.sampled_from([s for s in ROWS if any(f.kind in ENUM_KINDS for f in s.fields)]))
+    b = ProgramBuilder()
+    expected = []
+    for _ in range(data.draw(st.integers(1, 8))):
+        _, values = data.draw(operands(spec))
+        args = [ENUM_KINDS[f.kind](v) if f.kind in ENUM_KINDS else v for f, v in zip(spec.fields, values, strict=True)]
+        getattr(b, builder_method_name(spec))(*args)
+        expected.append(encode(make(spec.mnemonic, *values)))
+    assert list(b.build().text) == expected
