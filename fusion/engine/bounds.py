@@ -1,13 +1,16 @@
-"""Lower bounds on a GEMM group's matrix-unit time, from shapes alone, to skip generating dominated schedules.
+"""Lower bounds on a group's kernel time from shapes alone, to skip generating dominated schedules.
 
 Planning generates, links and counts a kernel for every schedule it compares; most of that time goes to GEMM
 schedules that cannot win. Every GEMM schedule issues at least one `mx.mm` per (GEMM, weight panel, k-slice)
 of its orientation and streams a known number of rows in total: the pipelined array needs at least a preload's
 time per weight tile or a cycle per row, whichever is more, plus one 2N - 1 skew (`timing.matrix_lower_bound`),
 which bounds the analytic model's prediction and the simulated cycles from below, so a schedule whose bound is
-above the best prediction so far is never built (branch and bound). Other strategies get
-bound 0 (always built). The strategy record names its bound (`strategies.matrix_bound`). A conv chain's
-(`chain_bound`) counts what its band steps issue: every band recomputes each stage's halo rows.
+above the best prediction so far is never built (branch and bound). The conv schedules count the same from
+their geometry (`band_bound`, `packed_bound`, `stationary_bound`; a conv chain's, `chain_bound`, what its band
+steps issue: every band recomputes each stage's halo rows), the unfused baseline's Conv its matrix or its load
+unit (`baseline_conv_bound`: a DMA per tap and column block, so the plan guard never builds the stem's baseline
+to find it past dynamic's cycles). Other strategies get bound 0 (always built). The strategy record names its
+bound (`strategies.shape_bound`).
 
 `cycle_bound` bounds a built kernel's simulated cycles from its counted program (the busiest unit's least busy
 time, `unit_bounds`: an unfused Relu is DRAM time, an unfused conv the load unit's), so a measurement that only
@@ -24,13 +27,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fusion.engine.codegen.conv import band_geometry, conv_shape
 from fusion.engine.codegen.conv_chain import band_ranges, band_rows, chain_sizes, parse_chain
+from fusion.engine.codegen.conv_packed import block_width, pieces
 from fusion.engine.codegen.gemm import k_slices
 from fusion.engine.codegen.matrix_group import EPILOGUE_HEADS
 from fusion.engine.codegen.swapped import matrix_head
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.plan import Group
+from fusion.graph.ir import Node
+from fusion.lower.kernels.conv_geometry import ConvGeometry
+from fusion.graph.ops import OpType
+from fusion.lower.kernels.windows import window_of
+from fusion.lower.views import MAX_ROWS
 from isa import INSTRUCTIONS
 from simulator import timing
 from simulator.config import MachineConfig
@@ -172,6 +182,59 @@ def unit_bounds(cfg: MachineConfig, feats: KernelFeatures) -> UnitBounds:
     )
 
 
+def _conv(mc: ModelContext, group: Group, packed: bool) -> ConvGeometry | None:
+    """The geometry of the group's head Conv as the matrix-unit conv generators see it (`codegen.conv.conv_shape`,
+    `packed`: taps packed into K), None where they refuse it."""
+    try:
+        return conv_shape(mc.graph, mc.config, mc.graph.node(group.nodes[0]), packed)
+    except CodegenError:
+        return None
+
+
+def _banded(mc: ModelContext, per_band: int, out_rows: int, pitch: int, valid: int) -> float:
+    """A conv schedule of `per_band` preloads per band of output rows, each streaming the band's computed
+    positions, (rows - 1) * pitch + valid for `rows` rows (at most MAX_ROWS): with b bands, b * per_band preloads
+    stream (out_rows - b) * pitch + b * valid positions each. More bands, more preloads and fewer rows: the least
+    over every band count bounds any tiling."""
+    tallest = max(1, (MAX_ROWS - valid) // pitch + 1)
+    bands = range(_ceil(out_rows, tallest), out_rows + 1)
+    return min(_cycles(mc, per_band * b, per_band * ((out_rows - b) * pitch + b * valid)) for b in bands)
+
+
+def band_bound(mc: ModelContext, group: Group) -> float:
+    """The band schedule (`codegen.conv`): per band, output channel tile, tap and input channel block, one preload
+    and one matmul streaming the band over the padded width (`ConvGeometry.stream_rows`; the stem's 49 taps of 3
+    channels: 4.6x its channels-last schedule's time)."""
+    s = _conv(mc, group, False)
+    if s is None:
+        return 0.0
+    s = band_geometry(mc.graph, mc.graph.node(group.nodes[0]), s)[0]
+    n = mc.config.array_size
+    return _banded(mc, s.n * s.groups * _ceil(s.coutg, n) * s.taps * _ceil(s.cg, n), s.out[0], s.pitch, s.valid)
+
+
+def packed_bound(mc: ModelContext, group: Group) -> float:
+    """The channels-last schedule (`codegen.conv_packed`): per band, output channel tile and K piece, one preload
+    and one matmul streaming `positions` per output row up to the band's last kept pixel."""
+    s = _conv(mc, group, True)
+    if s is None:
+        return 0.0
+    n = mc.config.array_size
+    per_band = s.n * s.groups * _ceil(s.coutg, n) * len(pieces(s, n, block_width(n, s)))
+    return _banded(mc, per_band, s.out[0], s.positions, s.out[1])
+
+
+def stationary_bound(mc: ModelContext, group: Group) -> float:
+    """The patch-stationary schedule (`codegen.conv_stationary`): per band of at most N output pixels and K piece,
+    one preload of the patch, every output channel of the group streamed through it as a row."""
+    s = _conv(mc, group, True)
+    if s is None:
+        return 0.0
+    n = mc.config.array_size
+    preloads = s.n * s.groups * _ceil(s.out[0] * s.out[1], n) * len(pieces(s, n))
+    return _cycles(mc, preloads, preloads * s.coutg)
+
+
 def chain_bound(mc: ModelContext, group: Group) -> float:
     """A conv chain's matrix-unit time from its shapes (`codegen.conv_chain`): per band and stage, one preload per
     (Cout tile, tap, input channel block) (a depthwise stage: its tile's own block), each streaming the stage's
@@ -195,6 +258,57 @@ def chain_bound(mc: ModelContext, group: Group) -> float:
             streamed += tiles * run
     images = last.n
     return _cycles(mc, images * preloads, images * streamed)
+
+
+def _taps_read(mc: ModelContext, node: Node) -> np.ndarray:
+    """For the baseline's implicit GEMM Conv (`lower.kernels.conv_implicit`), per kernel row, kernel column and
+    column block (at most N output positions: inside one output row, or any run for a "same" stride-1 conv):
+    whether the tap reads some element inside the image there (a tap reading only padding is zeroed, not
+    loaded)."""
+    w = window_of(mc.graph, node)
+    lift = 2 - w.s  # a 1-D conv as a 2-D one of height 1
+    kernel, strides, dilations = (1,) * lift + w.kernel, (1,) * lift + w.strides, (1,) * lift + w.dilations
+    begins, size, out = (0,) * lift + w.pads[: w.s], (1,) * lift + w.in_shape[2:], (1,) * lift + w.out_spatial
+
+    def inside(axis: int) -> np.ndarray:  # [kernel offset, output index]: the input index is in the image
+        at = np.arange(out[axis]) * strides[axis] - begins[axis] + (np.arange(kernel[axis]) * dilations[axis])[:, None]
+        return (at >= 0) & (at < size[axis])
+
+    reads = inside(0)[:, None, :, None] & inside(1)[None, :, None, :]  # [kh, kw, output row, output column]
+    n = mc.config.array_size
+    width = out[0] * out[1] if strides == (1, 1) and size[1] == out[1] else out[1]
+    runs = reads.reshape(*kernel, -1, width)
+    padded = np.zeros((*runs.shape[:3], _ceil(width, n) * n), bool)
+    padded[..., :width] = runs
+    return padded.reshape(*kernel, -1, n).any(axis=3)
+
+
+def baseline_conv_bound(mc: ModelContext, group: Group) -> float:
+    """The unfused baseline's Conv (`lower.kernels.conv_implicit`), whichever is more: its matrix unit (per image,
+    group, column block and K slice one preload, the group's output channels streamed through it), or its load
+    unit, each DMA waiting the DRAM latency: per column block, one DMA per tap used there (K tap-major, a tap's
+    channels are rows a plane apart) or per channel and kernel row used (channel-major: only a kernel row's taps,
+    evenly spaced, join one DMA), and each channel row of a used tap its own burst. 0 for any other node."""
+    graph, cfg = mc.graph, mc.config
+    node = graph.node(group.nodes[0])
+    if len(group.nodes) != 1 or node.op != OpType.Conv:
+        return 0.0
+    used = _taps_read(mc, node)
+    kh, kw, blocks = used.shape
+    x, (cout, cg, *_) = graph.types[node.inputs[0]].shape, graph.types[node.inputs[1]].shape
+    groups, n = node.attr("group"), cfg.array_size
+    per_block = used.reshape(kh * kw, blocks).sum(axis=0)  # taps used per column block
+    if cg >= kw:  # tap-major: a tap's channels one DMA (a 1-channel tap may join the next, evenly spaced)
+        transfers = int(per_block.sum()) if cg > 1 else int(np.count_nonzero(per_block))
+    else:  # channel-major: one DMA per channel and kernel row used (its taps along the row evenly spaced)
+        dilated = window_of(graph, node).dilations
+        rows_apart = x[-1] * dilated[0] if len(dilated) == 2 else 0  # a kernel row's first tap past the last's
+        joined = rows_apart == kw * dilated[-1]  # the next kernel row continues the run: one DMA per channel
+        rows = np.count_nonzero(per_block) if joined else int(used.any(axis=1).sum())
+        transfers = cg * rows
+    preloads = x[0] * groups * blocks * _ceil(cg * kh * kw, n)
+    load = _dma(cfg, x[0] * groups * transfers, x[0] * groups * cg * int(per_block.sum()))
+    return max(_cycles(mc, preloads, preloads * (cout // groups)), load)
 
 
 def cycle_bound(mc: ModelContext, feats: KernelFeatures) -> int:

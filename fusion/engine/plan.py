@@ -55,7 +55,6 @@ class GroupChoice:
 
     group: Group
     predicted_cycles: float
-    unfused_cycles: float  # the same nodes as separate unfused kernels, predicted
     reason: str
     alternatives: tuple[tuple[str, float], ...] = ()  # (schedule, predicted cycles) of the other candidates
     zero_skip: Group | None = None  # the zero-skip kernel the dispatch table switches to on sparse data

@@ -31,9 +31,10 @@ from fusion.engine.kernel import Kernel, storage_dtypes, try_build
 from fusion.engine.legality import generator_accepts, no_cycle_through_outside, structurally_legal
 from fusion.engine.plan import Group, GroupChoice, Measurement, Plan, baseline_group
 from fusion.engine.profile import SPARSE_TILE_FRACTION, TensorProfile
-from fusion.engine.strategies import REGISTRY, matrix_bound, strategy_of
+from fusion.engine.strategies import REGISTRY, shape_bound, strategy_of
 from fusion.engine.workers import CompilePool, build_and_count
 from fusion.graph.ir import Graph, Node
+from fusion.graph.ops import OpType
 from fusion.lower.compiler import ALIAS_OPS
 from simulator.errors import SimulatorTrap
 
@@ -183,7 +184,7 @@ class Evaluator:
         self.stopped = 0  # simulations stopped past their budget (`simulated_within`)
         self.guarded = Counter[str]()  # guard outcomes by region: "measured", "fallback"
         self._joint: dict[tuple[tuple[Group, KernelFeatures], ...], list[Evaluated]] = {}  # see `jointly`
-        self._cores: dict[Group, Group] = {}  # a group priced from its view-less core (`_viewless`)
+        self._cores: dict[Group, Group] = {}  # a group priced and timed from its view-less core (`_viewless`)
         self._bounds: dict[Group, float] = {}  # `bound` by group (a pure function of it: no lock)
         self._lock = threading.Lock()
         self.evaluations: Counter[tuple[str, ...]] = Counter()  # evaluate() calls by the group's nodes: planning work
@@ -219,7 +220,7 @@ class Evaluator:
             try:
                 sparsity = "sparse" if skip else "any"
                 like = self._like(group, key[1])
-                feats = like.features if like is not None else self._viewless(group, key[1])
+                feats = like.features if like is not None else self._viewless(group, key[1]) or self._folded(group)
                 if feats is not None:
                     entry.set_result(self._priced(group, _later(self.mc, group, sparsity), feats))
                     if like is None:  # a repeated layer's view variant is priced as this one (`_like`)
@@ -272,6 +273,23 @@ class Evaluator:
         # the core's program as this group's kernel: `kernel_features` counts the program for the group's nodes
         return kernel_features(self.mc, replace(built.source, group=group), fraction)
 
+    def _folded(self, group: Group) -> KernelFeatures | None:
+        """The features of a group ending in a Relu its strategy folds into its drain (`Strategy.folds_relu`), from
+        the group without it (its core, built for this if need be): the two kernels differ only in the drain's
+        configuration, so the core's program counted for this group's nodes is what building this one would
+        count, but for a `li` or two where the drain's bounds hit or miss the register cache (resnet18 224: 45 of
+        210 builds, a conv or conv + Add with and without its Relu). It is built when its program is needed
+        (`Evaluated.kernel`): to be measured, its own program is simulated, so measured cycles stay exact."""
+        graph, folds = self.mc.graph, strategy_of(group).folds_relu
+        if folds is None or len(group.nodes) < 2 or graph.node(group.nodes[-1]).op != OpType.Relu:
+            return None
+        if not folds(self.mc, graph.node(group.nodes[0])):
+            return None
+        built = self.evaluate(replace(group, nodes=group.nodes[:-1]))
+        if not isinstance(built, Evaluated) or not isinstance(built.source, Kernel):
+            return None
+        return kernel_features(self.mc, replace(built.source, group=group))
+
     def _priced(
         self,
         group: Group,
@@ -313,7 +331,7 @@ class Evaluator:
         return found
 
     def _bound(self, group: Group) -> float:
-        cycles = matrix_bound(self.mc, group)
+        cycles = shape_bound(self.mc, group)
         if not cycles:
             return 0.0
         sub = self.mc.subgraph(group.nodes)
@@ -567,15 +585,6 @@ class Evaluator:
         with self._lock:
             self.guarded[outcome] += 1
 
-    def unfused(self, nodes: tuple[str, ...]) -> float:
-        total = 0.0
-        for name in nodes:
-            ev = self.evaluate(baseline_group(self.mc.graph.node(name)))
-            if isinstance(ev, str):
-                raise EngineError(f"node {name!r} cannot be lowered: {ev}")
-            total += ev.cycles
-        return total
-
 
 def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Group | None, Group | None]:
     """The dispatch table of a planned group: (zero-skip kernel for sparse calls, dense kernel for dense calls).
@@ -593,7 +602,7 @@ def _dispatch_variants(ev: Evaluator, cand: Candidate, best: Group) -> tuple[Gro
     if priced:
         return zero_skip_twin(min(priced, key=lambda e: e.score).group), None
     if gemm:
-        return zero_skip_twin(min(gemm, key=lambda g: matrix_bound(ev.mc, g))), None
+        return zero_skip_twin(min(gemm, key=lambda g: shape_bound(ev.mc, g))), None
     return None, None
 
 
@@ -607,18 +616,21 @@ def _choice(ev: Evaluator, cand: Candidate, best: Evaluated, alts: list, reason:
         reason += f"; measured: beats the predicted best {best.group.schedule}"
         best = chosen
     twin, dense = _dispatch_variants(ev, cand, best.group)
-    return GroupChoice(best.group, best.cycles, ev.unfused(best.group.nodes), reason, tuple(alts), twin, dense)
+    return GroupChoice(best.group, best.cycles, reason, tuple(alts), twin, dense)
 
 
-def plan_none(ev: Evaluator, nodes: Collection[str] | None = None) -> Plan:
-    """Every node (of `nodes`, default all) its own baseline kernel."""
-    choices = []
+def plan_none(ev: Evaluator, nodes: Collection[str] | None = None, priced: bool = True) -> Plan:
+    """Every node (of `nodes`, default all) its own baseline kernel. Not `priced`: nothing is built, each choice's
+    predicted cycles are NaN (the plan guard prices a rival's groups only where it takes them, `_guarded`)."""
     graph_nodes = [n for n in ev.mc.graph.nodes if nodes is None or n.name in nodes]
     groups = [baseline_group(n) for n in graph_nodes]
+    if not priced:
+        return Plan("none", tuple(GroupChoice(g, math.nan, "unfused baseline") for g in groups))
+    choices = []
     for node, group, (best, _, reason) in zip(graph_nodes, groups, ev.map(lambda g: ev.best([g]), groups), strict=True):
         if best is None:
             raise EngineError(f"node {node.name!r} cannot be lowered: {reason}")
-        choices.append(GroupChoice(group, best.cycles, best.cycles, "unfused baseline"))
+        choices.append(GroupChoice(group, best.cycles, "unfused baseline"))
     return Plan("none", tuple(choices))
 
 
@@ -648,7 +660,7 @@ def plan_static(ev: Evaluator, nodes: Collection[str] | None = None) -> Plan:
                 raise EngineError(f"node {name!r} cannot be lowered: {reason}")
             left -= set(group.nodes)
             why = "TVM FuseOps group " + "+".join(tvm_group)
-            choices.append(GroupChoice(group, best.cycles, ev.unfused(group.nodes), why))
+            choices.append(GroupChoice(group, best.cycles, why))
     return Plan("static", in_execution_order(mc, choices), tuple(rejected))
 
 
@@ -769,20 +781,25 @@ def within_reach(ev: Evaluator, groups: list[Group], parts: list[Evaluated | Non
     its predicted and its simulated score) leaves a predicted gain at most `threshold` of the separate score and
     a measured one at most its bar (`fusion_gain`: the parts simulated, as it would) is dropped. resnet18 224: a
     basic block as a conv chain recomputes its halo rows, and in narrow bands re-reads its weights per band
-    (layer4.0: ~1.6M cycles streamed against ~0.8M for its two convs), so those schedules are never built. All
-    kept for zero-skip kernels (their timing depends on the data) and strategies without a bound."""
+    (layer4.0: ~1.6M cycles streamed against ~0.8M for its two convs), so those schedules are never built. A
+    bound so far past the parts' predicted score that the expected regret of not fusing is under REGRET_FLOOR
+    (the kernel's score, predicted or simulated, is at least its bound: E[max(0, parts - bound)] bounds that
+    regret) drops the schedule without simulating the parts (the stem's conv + Relu in the band schedule: 4.6x). All kept for zero-skip kernels (their timing depends on the
+    data) and strategies without a bound."""
     known = [p for p in parts if p is not None]
     if len(known) < len(parts) or any(map(_skips, (*groups, *(p.group for p in known)))):
         return groups
-    share = sum(p.score for p in known)
+    share, share_sd = sum(p.score for p in known), math.hypot(*(p.sd for p in known))
     passing, low = threshold * share, fusion_bar(threshold, True) * share
     measured: tuple[float, float] | None = None
     kept = []
     for group in groups:
-        cycles, score = matrix_bound(ev.mc, group), ev.bound(group)
+        cycles, score = shape_bound(ev.mc, group), ev.bound(group)
         if cycles <= 0 or share - score > passing:  # no bound, or the prediction might pass
             kept.append(group)
             continue
+        if expected_regret(share, share_sd, score, 0.0) < REGRET_FLOOR * share:
+            continue  # so far past the parts that `fusion_gain` would not measure it: nor are the parts here
         measured = measured or measured_separate(ev, known)
         separate, apart = measured
         traffic = score - cycles
@@ -822,12 +839,19 @@ def fusion_gain(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], thresho
         regret = expected_regret(base, base_sd, fused.score, fused_sd)
     if regret < REGRET_FLOOR * base or any(_skips(e.group) for e in (fused, *parts)):
         return gain, threshold
+    return measured_fusion(ev, fused, parts, threshold)
+
+
+def measured_fusion(ev: Evaluator, fused: Evaluated, parts: list[Evaluated], threshold: float) -> tuple[float, float]:
+    """A fused kernel's gain over its parts as separate kernels, simulated (`measured_separate`), and its bar
+    (`fusion_bar`). The fused kernel is simulated only as far as it could still pass a bar: past it, it is not
+    taken whatever it measures (`plan_dynamic`), so its exact cycles decide nothing, and the gain returned is then
+    at most `threshold` of the separate score, with that bar: it does not pass (resnet18 224: the basic blocks as
+    conv chains, ~1.2M cycles each against ~1.0M apart)."""
     separate, apart = measured_separate(ev, parts)
     share = sum(p.score for p in parts)
     passing, low = threshold * share, fusion_bar(threshold, True) * share
     traffic = ev.priced_traffic(fused.features)
-    # the fused kernel simulated only as far as it could still pass a bar: past it, it is not taken whatever it
-    # measures (`plan_dynamic`), so its exact cycles decide nothing
     limit = max(separate - traffic - passing, min(separate - traffic - low, apart))
     if not limit > 0:  # cannot pass at any cycle count (or overlap hides everything)
         return min(separate - traffic, passing), threshold
@@ -896,15 +920,12 @@ def measured_separate(ev: Evaluator, parts: list[Evaluated]) -> tuple[float, flo
 
 
 def _measured_gain(ev: Evaluator, s: Scored, alone: Mapping[str, tuple], threshold: float) -> tuple[float, float]:
-    """A scored candidate's gain with its kernels simulated (`measured_separate` less the fused kernel's measured
-    score, as `fusion_gain` measures it) and its bar (`fusion_bar`): the scored ones when a kernel is zero-skip
-    (its timing depends on the data)."""
+    """A scored candidate's gain with its kernels simulated and its bar (`measured_fusion`, as `fusion_gain`
+    measures them): the scored ones when a kernel is zero-skip (its timing depends on the data)."""
     parts = [alone[n][0] for n in s.cand.nodes]
     if any(_skips(e.group) for e in (s.best, *parts)):
         return s.gain, s.bar
-    separate, apart = measured_separate(ev, parts)
-    cycles = ev.measured_cycles(s.best)
-    return separate - cycles - ev.priced_traffic(s.best.features), fusion_bar(threshold, cycles <= apart)
+    return measured_fusion(ev, s.best, parts, threshold)
 
 
 def _regions(graph: Graph, names: Collection[str], plans: Iterable[Plan]) -> list[frozenset[str]]:
@@ -992,7 +1013,7 @@ def guard_plan(ev: Evaluator, plan: Plan, region: frozenset[str]) -> Plan:
     escapes the regret tests but not this one. A region with a zero-skip group (its timing depends on the data)
     keeps dynamic's. `region`: the nodes planned (local re-planning); rivals'
     groups reaching outside it are not candidates."""
-    rivals = [plan_none(ev, region), plan_static(ev, region)]
+    rivals = [plan_none(ev, region, priced=False), plan_static(ev, region)]
     choices: list[GroupChoice] = []
     for part in _regions(ev.mc.graph, region, [plan, *rivals]):
         mine = [c for c in plan.choices if part.issuperset(c.group.nodes)]
@@ -1017,8 +1038,12 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
 
     def within(cs: list[GroupChoice], budget: int) -> int | None:
         """The rival's measured cycles when at most `budget`; its kernels are simulated only while it can still
-        come in under the budget, and not at all when their lower bounds (`Evaluator.cycle_bound`) add up past
-        it (the plan's kernels run one after another: their cycles add up)."""
+        come in under the budget, and not at all when their lower bounds add up past it (the plan's kernels run
+        one after another: their cycles add up): first from shapes (`strategies.shape_bound`: nothing built;
+        the stem's baseline Conv, 1.9M cycles at least against ~0.85M), then from the built kernels' programs
+        (`Evaluator.cycle_bound`)."""
+        if sum(shape_bound(ev.mc, c.group) for c in cs) > budget:  # past it from shapes alone: nothing built
+            return None
         rival = list(priced(cs))
         if sum(map(ev.cycle_bound, rival)) > budget:
             return None
@@ -1043,7 +1068,12 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
         return mine
     ev.count("fallback")
     why = f"plan guard: measured {measured[best]} cycles here against dynamic's {measured[0]}"
-    return [replace(c, reason=f"{c.reason}; {why}") for c in others[best - 1]]
+    taken = []
+    for c in others[best - 1]:  # priced now: the unpriced rival (`plan_none`) is built where it is taken
+        e = ev.evaluate(c.group)
+        cycles = e.cycles if isinstance(e, Evaluated) else c.predicted_cycles
+        taken.append(replace(c, predicted_cycles=cycles, reason=f"{c.reason}; {why}"))
+    return taken
 
 
 def below(limit: float) -> int:
@@ -1147,7 +1177,7 @@ def plan_oracle(ev: Evaluator, measure: Callable[[Evaluated], float]) -> Plan:
 
     _, chosen = search(0, frozenset())
     choices = (
-        GroupChoice(best[n][1].group, best[n][0], ev.unfused(n), f"oracle: best of {count} plans, measured")
+        GroupChoice(best[n][1].group, best[n][0], f"oracle: best of {count} plans, measured")
         for n in chosen
     )
     return Plan("oracle", in_execution_order(mc, choices))

@@ -152,7 +152,7 @@ def _with_fallbacks(engine: FusionEngine, c: _Call, replaced: Mapping[tuple[str,
         group = choice.group
         if _fused(group) and (group.nodes in replaced or engine._signature(c.state, group) in engine.blocked):
             why = replaced.get(group.nodes, "fusion blocked for this signature after a failed validation")
-            out += [GroupChoice(baseline_group(engine.graph.node(n)), 0.0, 0.0, why) for n in group.nodes]
+            out += [GroupChoice(baseline_group(engine.graph.node(n)), 0.0, why) for n in group.nodes]
         else:
             out.append(_buildable_variants(engine, c, choice))
     return tuple(out)

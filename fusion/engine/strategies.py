@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fusion.engine.bounds import chain_bound, gemm_bound, swapped_bound
+from fusion.engine.bounds import (
+    band_bound,
+    baseline_conv_bound,
+    chain_bound,
+    gemm_bound,
+    packed_bound,
+    stationary_bound,
+    swapped_bound,
+)
 from fusion.engine.codegen.absorbed_layout import layout_chain_steps, layout_load_phases, layout_prefix
 from fusion.engine.codegen.attention import attention_forms, attention_steps, group_match
 from fusion.engine.codegen.attention_proj import k_scratch, pack_projection_weights, round_trips, sides
@@ -106,8 +114,9 @@ class Strategy:
     sparse_twin: str | None = None  # the strategy of its zero-skip variant (the dispatch table's sparse kernel)
     tiled: bool = False  # schedules vary the Group's tile rows, flattening, weight panels and loop order
     loop_order: str | None = None  # the GEMM loop order it always runs (None: "mn", or "nm" when A-stationary)
-    # a lower bound on its matrix-unit cycles from shapes (branch and bound); None: 0, always built
-    matrix_bound: Callable[[ModelContext, Group], float] | None = None
+    # a lower bound on its kernel's cycles from shapes alone (branch and bound, the plan guard's rivals); None: 0,
+    # always built
+    shape_bound: Callable[[ModelContext, Group], float] | None = None
     # extra constant forms and DRAM scratch buffers its generator reads; a strategy with its own forms reads its own
     # packing of a Conv weight, never the baseline's tap-major one (`constant_forms(conv_taps=False)`)
     dram_forms: Forms | None = None
@@ -115,6 +124,10 @@ class Strategy:
     # its steps hand work back and forth between the matrix and vector units on one dependency chain, so the
     # analytic model prices the two as one stage (`fusion.cost.analytic`; measured per record below)
     serial_compute: bool = False
+    # whether a trailing Relu is the drain's activation for this head node: the kernel without it then differs
+    # only in configuration fields (and a `li` or two), so the planner prices it from that kernel (`planner.Evaluator
+    # ._folded`; tests/fusion/engine/test_planner_folded.py holds it for every such strategy); None: never
+    folds_relu: Callable[[ModelContext, Node], bool] | None = None
 
     @property
     def host_view(self) -> bool:
@@ -130,6 +143,12 @@ class Strategy:
 
 
 # --- generators (each the strategy's codegen entry point, called with the group) ---------------------------
+
+
+def _drain_relu(mc: ModelContext, head: Node) -> bool:
+    """A conv's epilogue (`codegen.conv.Epilogue`) applies a Relu in its drain, unless the conv dequantizes (int8,
+    read only by Adds): its Relu is then a vector pass after the rescale (`Epilogue.late`)."""
+    return not (mc.int8 and mc.qplan is not None and mc.qplan.matrix[head.name].dequantize)
 
 
 def _unfused(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
@@ -426,7 +445,15 @@ REGISTRY: Mapping[str, Strategy] = {
     s.name: s
     for s in (
         Strategy("alias", None, "other", schedules=_views, pipelinable=False, baseline=True),
-        Strategy("unfused", _unfused, "unfused", single=lambda n: True, baseline=True, spread=0.15),
+        Strategy(
+            "unfused",
+            _unfused,
+            "unfused",
+            single=lambda n: True,
+            baseline=True,
+            shape_bound=baseline_conv_bound,
+            spread=0.15,
+        ),
         Strategy("chain", _chain, "chain", ("chain", "layout_chain"), single=lambda n: n.op in CHAIN_OPS, spread=0.02),
         Strategy(
             "transpose_load",
@@ -441,12 +468,20 @@ REGISTRY: Mapping[str, Strategy] = {
             "implicit_gemm",
             ("conv",),
             single=lambda n: n.op == OpType.Conv,
+            shape_bound=band_bound,
             dram_forms=_conv_forms,
             spread=0.10,
+            folds_relu=_drain_relu,
         ),
         # the conv family's channels-last schedule: kernel taps packed into K, only kept pixels computed
         Strategy(
-            "implicit_packed", _conv_packed, "implicit_gemm", schedules=_conv_space, dram_forms=_conv_packed_forms
+            "implicit_packed",
+            _conv_packed,
+            "implicit_gemm",
+            schedules=_conv_space,
+            shape_bound=packed_bound,
+            dram_forms=_conv_packed_forms,
+            folds_relu=_drain_relu,
         ),
         # few output pixels, many channels: the patch preloaded, the weights streamed as rows
         Strategy(
@@ -455,6 +490,7 @@ REGISTRY: Mapping[str, Strategy] = {
             "implicit_gemm",
             schedules=_conv_space,
             loop_order="knm",  # as the swapped GEMM: each K piece of A^T preloaded, the weights streamed as rows
+            shape_bound=stationary_bound,
             dram_forms=_conv_stationary_forms,
             spread=0.11,
         ),
@@ -472,7 +508,7 @@ REGISTRY: Mapping[str, Strategy] = {
             "implicit_gemm",
             ("conv_chain",),
             schedules=_conv_chain_space,
-            matrix_bound=chain_bound,
+            shape_bound=chain_bound,
             pipelinable=False,  # its first phase clears tiles (no loads) and most band steps store nothing
             dram_forms=_conv_chain_forms,
             spread=0.15,
@@ -529,7 +565,7 @@ REGISTRY: Mapping[str, Strategy] = {
             schedules=_gemm_space,
             sparse_twin="zero_skip",
             tiled=True,
-            matrix_bound=gemm_bound,
+            shape_bound=gemm_bound,
             dram_forms=_packed_forms,
             spread=0.09,
         ),
@@ -550,7 +586,7 @@ REGISTRY: Mapping[str, Strategy] = {
             ("swapped",),
             schedules=_swapped_space,
             loop_order="knm",
-            matrix_bound=swapped_bound,
+            shape_bound=swapped_bound,
             dram_forms=_swapped_forms,
             spread=0.02,
         ),
@@ -597,9 +633,9 @@ def strategy_of(group: Group | str) -> Strategy:
     return record
 
 
-def matrix_bound(mc: ModelContext, group: Group) -> float:
-    """Cycles the matrix unit needs at least for this group's schedule (0 when its strategy states no bound)."""
-    bound = strategy_of(group).matrix_bound
+def shape_bound(mc: ModelContext, group: Group) -> float:
+    """Cycles this group's kernel takes at least, from shapes alone (0 when its strategy states no bound)."""
+    bound = strategy_of(group).shape_bound
     return 0.0 if bound is None else bound(mc, group)
 
 

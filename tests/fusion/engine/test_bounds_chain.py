@@ -21,7 +21,7 @@ from fusion.engine.features import kernel_features
 from fusion.engine.kernel import try_build
 from fusion.engine.plan import Group
 from fusion.engine.planner import Evaluated, Evaluator, fusion_bar, measured_separate, within_reach
-from fusion.engine.strategies import matrix_bound
+from fusion.engine.strategies import shape_bound
 from simulator import timing
 
 
@@ -36,7 +36,7 @@ def _check_counts(graph, names, dtype: str, band: int, simulate: bool = False) -
             continue
         feats = kernel_features(mc, kernel, 0.0)
         counted = timing.matrix_lower_bound(mc.config, feats.preloads, feats.matmul_rows)
-        assert chain_bound(mc, group) == matrix_bound(mc, group) == counted, (rows, wide)
+        assert chain_bound(mc, group) == shape_bound(mc, group) == counted, (rows, wide)
         if simulate:
             assert counted <= timing_cycles(mc, kernel)
 

@@ -1,7 +1,9 @@
-"""`bounds.cycle_bound` against the simulator over generated kernels: every schedule of every candidate of small
+"""`bounds.cycle_bound` (from a built kernel's program) and the strategies' shape bounds (`strategies.shape_bound`,
+from shapes alone) against the simulator over generated kernels: every schedule of every candidate of small
 resnet-like conv blocks, GEMM epilogues and memory-bound elementwise graphs, int8 and fp32. A bound above a
-kernel's simulated cycles would let the plan guard or `settle` drop a rival that could win, so it must hold on
-every kernel; and it must be tight enough to matter: on each kind some kernel is within 1.3x of its bound (an
+kernel's simulated cycles would let the plan guard or `settle` drop a rival that could win, and a shape bound
+above its predicted cycles would let branch and bound skip a schedule the model prefers, so both must hold on
+every kernel; and they must be tight enough to matter: on each kind some kernel is within 1.3x of its bound (an
 inflated bound fails the property on it)."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from engine_helpers import context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fusion.cost.analytic import AnalyticCostModel
 from fusion.engine.bounds import cycle_bound
 from fusion.engine.candidates import enumerate_candidates, schedules
 from fusion.engine.context import ModelContext
@@ -19,11 +22,13 @@ from fusion.engine.execute import timing_cycles
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import try_build
 from fusion.engine.legality import structurally_legal
+from fusion.engine.strategies import shape_bound, strategy_of
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ir import Graph
 from fusion.graph.ops import OpType
 
 TIGHT = 1.3  # on each kind, some kernel's cycles are below TIGHT x its bound
+SHAPE_TIGHT = 1.4  # the same for a conv schedule's shape bound (it cannot see the tiling the generator picks)
 
 
 def conv_block(c: int, cout: int, size: int, kernel: int, stride: int, residual: bool, seed: int = 0) -> Graph:
@@ -69,8 +74,12 @@ def elementwise(shape: tuple[int, ...]) -> Graph:
     return b.build()
 
 
-def kernels(graph: Graph, dtype: str) -> list[tuple[str, int, int]]:
-    """(schedule, bound, simulated cycles) of every buildable kernel without zero tests of every candidate."""
+Bounded = tuple[str, int, float, float, int]  # schedule, cycle_bound, shape bound, predicted and simulated cycles
+
+
+def kernels(graph: Graph, dtype: str) -> list[Bounded]:
+    """The bounds, predicted and simulated cycles of every buildable kernel without zero tests of every
+    candidate."""
     rng = np.random.default_rng(1)
     inputs = {v: rng.standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs}
     mc: ModelContext = context(graph, inputs, dtype)
@@ -85,23 +94,26 @@ def kernels(graph: Graph, dtype: str) -> list[tuple[str, int, int]]:
             feats = kernel_features(mc, built)
             if feats.zero_tests:
                 continue
-            out.append((f"{'+'.join(group.nodes)} {group.schedule}", cycle_bound(mc, feats), timing_cycles(mc, built)))
+            name = f"{'+'.join(group.nodes)} {group.schedule}"
+            predicted = AnalyticCostModel().predict(feats, mc.config).cycles
+            out.append((name, cycle_bound(mc, feats), shape_bound(mc, group), predicted, timing_cycles(mc, built)))
     return out
 
 
 def _check(graph: Graph, dtype: str) -> None:
     found = kernels(graph, dtype)
     assert found
-    for schedule, bound, cycles in found:
+    for schedule, bound, shape, predicted, cycles in found:
         assert 0 < bound <= cycles, (schedule, bound, cycles)
+        assert shape <= min(predicted, cycles), (schedule, shape, predicted, cycles)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    c=st.sampled_from([8, 16, 32, 64]),
+    c=st.sampled_from([3, 8, 16, 32, 64]),
     cout=st.sampled_from([16, 32, 64]),
-    size=st.sampled_from([4, 7, 8, 14]),
-    kernel=st.sampled_from([1, 3]),
+    size=st.sampled_from([4, 7, 8, 14, 19]),
+    kernel=st.sampled_from([1, 3, 7]),
     stride=st.sampled_from([1, 2]),
     residual=st.booleans(),
     dtype=st.sampled_from(["int8", "fp32"]),
@@ -143,4 +155,20 @@ def test_the_bound_is_tight_on_each_kind(graph: Graph, head: str) -> None:
     """Some kernel of each kind (led by `head`) is within TIGHT of its bound, so a bound inflated by TIGHT fails
     the property on it."""
     found = [k for dtype in ("int8", "fp32") for k in kernels(graph, dtype) if k[0].startswith(head)]
-    assert max(bound / cycles for _, bound, cycles in found) > 1 / TIGHT, found
+    assert max(bound / cycles for _, bound, _, _, cycles in found) > 1 / TIGHT, found
+
+
+@pytest.mark.parametrize("strategy", ["unfused", "implicit_gemm", "implicit_packed", "implicit_stationary"])
+def test_the_shape_bounds_of_conv_schedules_are_tight(strategy: str) -> None:
+    """Each conv schedule's shape bound is within SHAPE_TIGHT of the simulated cycles of some kernel of it (resnet
+    3x3 convs, where the matrix unit's work dominates: on small ones the layout passes do), so an inflated one
+    fails the property."""
+    graphs = [conv_block(128, 128, 14, 3, 1, False), conv_block(256, 256, 4, 3, 1, False)]
+    found = [
+        (name, shape, cycles)
+        for graph in graphs
+        for dtype in ("int8", "fp32")
+        for name, _, shape, _, cycles in kernels(graph, dtype)
+        if name.endswith(f" {strategy}") and name.startswith("conv ")
+    ]
+    assert found and max(shape / cycles for _, shape, cycles in found) > 1 / SHAPE_TIGHT, found

@@ -170,7 +170,7 @@ def test_bound_pruning_finds_the_same_best_schedule_as_building_every_one() -> N
     from fusion.cost import AnalyticCostModel
     from fusion.engine.candidates import Candidate, schedules
     from fusion.engine.planner import Evaluator
-    from fusion.engine.strategies import matrix_bound
+    from fusion.engine.strategies import shape_bound
 
     graph, inputs = model("encoder_post_d64")
     mc = context(graph, inputs, "int8")
@@ -180,7 +180,7 @@ def test_bound_pruning_finds_the_same_best_schedule_as_building_every_one() -> N
         groups = schedules(mc, Candidate((name,), "single"))
         built = [e for e in (full.evaluate(g) for g in groups) if not isinstance(e, str)]
         for e in built:
-            assert matrix_bound(mc, e.group) <= e.cycles
+            assert shape_bound(mc, e.group) <= e.cycles
         best, _, _ = pruned.best(groups)
         exhaustive, _, _ = full.best(groups)
         assert best is not None and best.group == exhaustive.group and best.score == min(e.score for e in built)

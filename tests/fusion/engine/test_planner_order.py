@@ -50,7 +50,7 @@ def _self_attention(seq: int = 16, dim: int = 32, heads: int = 2, seed: int = 0)
 
 
 def _choices(*groups: tuple[str, ...]) -> list[GroupChoice]:
-    return [GroupChoice(Group(g, "unfused" if len(g) == 1 else "chain"), 0.0, 0.0, "") for g in groups]
+    return [GroupChoice(Group(g, "unfused" if len(g) == 1 else "chain"), 0.0, "") for g in groups]
 
 
 def _chain_graph() -> Graph:
@@ -120,8 +120,8 @@ def test_dynamic_runs_the_projections_side_by_side_beside_the_attention() -> Non
     graph, inputs = _self_attention()
     mc = context(graph, inputs, "fp32")
     attention = tuple(n.name for n in graph.nodes if n.name not in {"q", "k", "v"})
-    side_by_side = GroupChoice(Group(("q", "k", "v"), "siblings"), 0.0, 0.0, "")
-    order = in_execution_order(mc, [GroupChoice(Group(attention, "attention"), 0.0, 0.0, ""), side_by_side])
+    side_by_side = GroupChoice(Group(("q", "k", "v"), "siblings"), 0.0, "")
+    order = in_execution_order(mc, [GroupChoice(Group(attention, "attention"), 0.0, ""), side_by_side])
     assert [c.group.strategy for c in order] == ["siblings", "attention"]
     plan = plan_dynamic(Evaluator(mc, AnalyticCostModel(), {}))
     strategies = {c.group.strategy: c.group.nodes for c in plan.choices}

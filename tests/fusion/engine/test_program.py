@@ -95,7 +95,7 @@ def _sparse_choice():
     mc = engine.mc
     dense = Group(("fc", "relu"), "epilogue", tile_m=64)
     zero_skip = Group(("fc", "relu"), "zero_skip", tile_m=64)
-    choice = GroupChoice(dense, 0.0, 0.0, "test", zero_skip=zero_skip)
+    choice = GroupChoice(dense, 0.0, "test", zero_skip=zero_skip)
     return graph, mc, choice, dense_x
 
 

@@ -46,7 +46,7 @@ def priced():
 
 def _measured_gain(mc, groups, x) -> int:
     """The simulator's answer: the two kernels linked with a fence, minus token-ordered."""
-    choices = [GroupChoice(g, 0.0, 0.0, "test") for g in groups]
+    choices = [GroupChoice(g, 0.0, "test") for g in groups]
     apart = run_program(mc, link_plan(mc, choices, join=False), x).cycles
     return apart - run_program(mc, link_plan(mc, choices), x).cycles
 
@@ -79,7 +79,7 @@ def test_what_the_previous_kernel_writes_is_never_an_early_load_even_through_vie
     assert predicted == BoundaryOverlap(plain.mc)(ev_plain.evaluate(pre), ev_plain.evaluate(mm))
     views = [baseline_group(n) for n in mc.graph.nodes if n.op is OpType.Reshape]
     assert views
-    choices = [GroupChoice(g, 0.0, 0.0, "test") for g in (pre, *views, mm)]
+    choices = [GroupChoice(g, 0.0, "test") for g in (pre, *views, mm)]
     apart = run_program(mc, link_plan(mc, choices, join=False), x).cycles
     assert predicted > 0 and apart > run_program(mc, link_plan(mc, choices), x).cycles
 
