@@ -30,12 +30,14 @@ from simulator.engine import DMA, PLAIN, S_ACC_RD, S_ACC_WR, S_SPAD_RD, S_SPAD_W
 from simulator.errors import Fault, SimulatorTrap
 from simulator.memory import Memory
 from simulator.races import RaceChecker
+from simulator.remaining import remaining_bounds
 
 Step = Callable[[], int]
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
 # straight-line code checks the watchdog at least this often (taken branches and loop ends check it too), so a
 # cycle budget (`MachineConfig.max_cycles`) stops a long unrolled kernel soon after it is exceeded
 WATCHDOG_EVERY = 256
+BOUND_FROM = 32  # a checkpoint asks whether the run can still finish within its budget from 1/32 of it on
 
 
 # hardware loops, from the ISA table: the instructions with a loop-end field (where a step jumps back), by mnemonic
@@ -185,6 +187,7 @@ class Machine:
         # the pcs whose step `_step` wraps (a loop end, a kernel entry, a watchdog checkpoint): most are not, and
         # straight-line code builds a step per instruction run, so the others skip those tests
         self._wrapped = self._loop_ends | self._entered.keys() | set(range(WATCHDOG_EVERY, n, WATCHDOG_EVERY))
+        self._remaining: np.ndarray | None | bool = False  # `watchdog`'s bounds (False: not computed yet)
 
     @property
     def instructions(self) -> list[Instruction | None]:
@@ -296,9 +299,21 @@ class Machine:
         """Keep a unit instruction's inputs and output for RTL replay (callers check `transactions` first)."""
         self.transactions.append((op, pc, operands, result))
 
-    def watchdog(self) -> None:
-        if self.now > self.cfg.max_cycles:
-            raise Fault(f"watchdog: the run exceeded max_cycles={self.cfg.max_cycles}")
+    def watchdog(self, pc: int = -1) -> None:
+        """Stop a run past its cycle budget; at a checkpoint `pc` outside loops, also one that cannot finish within
+        it (`simulator.remaining`: the least time its unissued instructions need). The bound is computed once the
+        run has used 1/BOUND_FROM of its budget: a run far inside its budget (every run without one) never pays
+        for it."""
+        budget = self.cfg.max_cycles
+        if self.now > budget:
+            raise Fault(f"watchdog: the run exceeded max_cycles={budget}")
+        if pc < 0 or self.now * BOUND_FROM < budget:
+            return
+        if self._remaining is False:
+            self._remaining = remaining_bounds(self.cfg, self._words, self._table)
+        if self._remaining is not None and self.now + int(self._remaining[pc]) > budget:
+            least = self.now + int(self._remaining[pc])
+            raise Fault(f"watchdog: the run cannot finish within max_cycles={budget} (it needs at least {least})")
 
     def release(self) -> None:
         """Drop the step closures (they refer back to the machine) so the run's memory is freed at once."""
@@ -366,7 +381,7 @@ class Machine:
             for k in self._entered.get(pc, ()):
                 step = self._kernel_entry(k, step)
             if pc < self._n and pc and not pc % WATCHDOG_EVERY:
-                step = self._watched(step)
+                step = self._watched(pc, step)
         if self.races is not None:
             step = self._checked(self.races, self.units[pc], pc, step)
         self.steps[pc] = step
@@ -412,9 +427,9 @@ class Machine:
 
         return step
 
-    def _watched(self, inner: Step) -> Step:
+    def _watched(self, pc: int, inner: Step) -> Step:
         def step() -> int:
-            self.watchdog()
+            self.watchdog(pc)
             return inner()
 
         return step

@@ -4,7 +4,8 @@ resnet-like conv blocks, GEMM epilogues and memory-bound elementwise graphs, int
 kernel's simulated cycles would let the plan guard or `settle` drop a rival that could win, and a shape bound
 above its predicted cycles would let branch and bound skip a schedule the model prefers, so both must hold on
 every kernel; and they must be tight enough to matter: on each kind some kernel is within 1.3x of its bound (an
-inflated bound fails the property on it)."""
+inflated bound fails the property on it). Each kernel simulated with its own cycles as its budget runs to its end:
+the simulator's bound on what a run still needs (`simulator.remaining`) holds on the generators' loops."""
 
 from __future__ import annotations
 
@@ -96,7 +97,10 @@ def kernels(graph: Graph, dtype: str) -> list[Bounded]:
                 continue
             name = f"{'+'.join(group.nodes)} {group.schedule}"
             predicted = AnalyticCostModel().predict(feats, mc.config).cycles
-            out.append((name, cycle_bound(mc, feats), shape_bound(mc, group), predicted, timing_cycles(mc, built)))
+            cycles = timing_cycles(mc, built)
+            # within its budget, never stopped (the watchdog's `simulator.remaining` bound holds on its loops)
+            assert timing_cycles(mc, built, max_cycles=cycles) == cycles, name
+            out.append((name, cycle_bound(mc, feats), shape_bound(mc, group), predicted, cycles))
     return out
 
 
