@@ -5,12 +5,12 @@ The planner measures rival kernels only as far as they could still win (`max_cyc
 rival that loses by a third used to run two thirds of its program before the watchdog saw the budget passed. From
 any pc outside hardware loops of a program without branches (a straight line and `loopi`s, whose trips are in
 their words, up to its first `halt`) every later instruction issues as often as its loops repeat it, no earlier
-than now: the run ends no earlier than now plus the busiest unit's time for them by `simulator.timing`'s rules: an issue cycle each; the load and store units'
-DMAs one at a time (the DRAM latency and the transfer, as if contiguous); the DRAM channel the bursts of both; the
-matrix unit its drains (which hold the whole unit) and, between them, the weight port's preloads or the input's
-rows, whichever is more, and the last result's skew. Work already queued only adds to that. A program with a
-branch, a register-counted `loop` or a `loopi` of zero trips gets no bound (the watchdog then sees the budget only
-once it is passed)."""
+than now: the run ends no earlier than now plus the busiest unit's time for them by `simulator.timing`'s rules:
+an issue cycle each; the load and store units' DMAs one at a time (the DRAM latency and the transfer, as if
+contiguous); the DRAM channel the bursts of both; the matrix unit its drains (which hold the whole unit) and,
+between them, the weight port's preloads or the input's rows, whichever is more, and the last result's skew.
+Work already queued only adds to that. A program with a branch, a register-counted `loop` or a `loopi` of zero
+trips gets no bound (the watchdog then sees the budget only once it is passed)."""
 
 from __future__ import annotations
 

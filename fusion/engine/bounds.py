@@ -37,8 +37,8 @@ from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.plan import Group
 from fusion.graph.ir import Node
-from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.graph.ops import OpType
+from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.views import MAX_ROWS
 from isa import INSTRUCTIONS

@@ -786,8 +786,8 @@ def within_reach(ev: Evaluator, groups: list[Group], parts: list[Evaluated | Non
     (layer4.0: ~1.6M cycles streamed against ~0.8M for its two convs), so those schedules are never built. A
     bound so far past the parts' predicted score that the expected regret of not fusing is under REGRET_FLOOR
     (the kernel's score, predicted or simulated, is at least its bound: E[max(0, parts - bound)] bounds that
-    regret) drops the schedule without simulating the parts (the stem's conv + Relu in the band schedule: 4.6x). All kept for zero-skip kernels (their timing depends on the
-    data) and strategies without a bound."""
+    regret) drops the schedule without simulating the parts (the stem's conv + Relu in the band schedule: 4.6x).
+    All kept for zero-skip kernels (their timing depends on the data) and strategies without a bound."""
     known = [p for p in parts if p is not None]
     if len(known) < len(parts) or any(map(_skips, (*groups, *(p.group for p in known)))):
         return groups
@@ -1178,10 +1178,7 @@ def plan_oracle(ev: Evaluator, measure: Callable[[Evaluated], float]) -> Plan:
         return found
 
     _, chosen = search(0, frozenset())
-    choices = (
-        GroupChoice(best[n][1].group, best[n][0], f"oracle: best of {count} plans, measured")
-        for n in chosen
-    )
+    choices = (GroupChoice(best[n][1].group, best[n][0], f"oracle: best of {count} plans, measured") for n in chosen)
     return Plan("oracle", in_execution_order(mc, choices))
 
 

@@ -46,7 +46,8 @@ def test_no_pc_is_bounded_past_what_its_run_still_takes(source: str, seed: int) 
 
 
 def _dmas(count: int) -> str:
-    loads = [f"li x1, {64 * (i % 8)}\nli x2, D + {64 * i}\nli x3, 64\ndma.ld x1, x2, x3, 4, 16, i8" for i in range(count)]
+    load = "li x1, {local}\nli x2, D + {dram}\nli x3, 64\ndma.ld x1, x2, x3, 4, 16, i8"
+    loads = [load.format(local=64 * (i % 8), dram=64 * i) for i in range(count)]
     return "\n".join([".kernel k", *loads, "halt", ".endkernel", ".data", f"D: .zero {64 * count}", ""])
 
 

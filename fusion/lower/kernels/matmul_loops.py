@@ -27,7 +27,7 @@ def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     keyed = [_keyed(item) for item in items]
     flat = [values for _, values in keyed]
     # links[i]: how item i + 1's values step from item i's; None where the two differ in shape
-    links = [tuple(map(sub, b, a)) if sb == sa else None for (sa, a), (sb, b) in zip(keyed, keyed[1:])]
+    links = [tuple(map(sub, b, a)) if sb == sa else None for (sa, a), (sb, b) in zip(keyed, keyed[1:], strict=False)]
     i = 0
     while i < len(items):
         j = _run_end(links, i)

@@ -23,7 +23,7 @@ from fusion.engine.execute import timing_cycles
 from fusion.engine.features import kernel_features
 from fusion.engine.kernel import try_build
 from fusion.engine.legality import structurally_legal
-from fusion.engine.strategies import shape_bound, strategy_of
+from fusion.engine.strategies import shape_bound
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.ir import Graph
 from fusion.graph.ops import OpType

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from assembler.builder import ProgramBuilder
-
 from fusion.engine.candidates import Candidate, enumerate_candidates, schedules, zero_skip_twin
 from fusion.engine.engine import EngineOptions, FusionEngine
 from fusion.engine.features import _unrolled, kernel_features
