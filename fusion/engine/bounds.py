@@ -36,10 +36,9 @@ from fusion.engine.codegen.swapped import matrix_head
 from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.plan import Group
-from fusion.graph.ir import Node
 from fusion.graph.ops import OpType
 from fusion.lower.kernels.conv_geometry import ConvGeometry
-from fusion.lower.kernels.windows import window_of
+from fusion.lower.kernels.windows import Window, window_of
 from fusion.lower.views import MAX_ROWS
 from isa import INSTRUCTIONS
 from simulator import timing
@@ -260,12 +259,11 @@ def chain_bound(mc: ModelContext, group: Group) -> float:
     return _cycles(mc, images * preloads, images * streamed)
 
 
-def _taps_read(mc: ModelContext, node: Node) -> np.ndarray:
+def _taps_read(mc: ModelContext, w: Window) -> np.ndarray:
     """For the baseline's implicit GEMM Conv (`lower.kernels.conv_implicit`), per kernel row, kernel column and
     column block (at most N output positions: inside one output row, or any run for a "same" stride-1 conv):
     whether the tap reads some element inside the image there (a tap reading only padding is zeroed, not
     loaded)."""
-    w = window_of(mc.graph, node)
     lift = 2 - w.s  # a 1-D conv as a 2-D one of height 1
     kernel, strides, dilations = (1,) * lift + w.kernel, (1,) * lift + w.strides, (1,) * lift + w.dilations
     begins, size, out = (0,) * lift + w.pads[: w.s], (1,) * lift + w.in_shape[2:], (1,) * lift + w.out_spatial
@@ -287,27 +285,34 @@ def baseline_conv_bound(mc: ModelContext, group: Group) -> float:
     """The unfused baseline's Conv (`lower.kernels.conv_implicit`), whichever is more: its matrix unit (per image,
     group, column block and K slice one preload, the group's output channels streamed through it), or its load
     unit, each DMA waiting the DRAM latency: per column block, one DMA per tap used there (K tap-major, a tap's
-    channels are rows a plane apart) or per channel and kernel row used (channel-major: only a kernel row's taps,
-    evenly spaced, join one DMA), and each channel row of a used tap its own burst. 0 for any other node."""
+    channels are rows a plane apart) or per channel and kernel row used (channel-major: a kernel row's taps,
+    evenly spaced, join one DMA, and so may the next kernel row's or channel's where they continue the spacing),
+    and each channel row of a used tap a burst of its own (the rows of a block spanning the whole plane may be
+    contiguous: a burst per tap then). 0 for any other node."""
     graph, cfg = mc.graph, mc.config
     node = graph.node(group.nodes[0])
     if len(group.nodes) != 1 or node.op != OpType.Conv:
         return 0.0
-    used = _taps_read(mc, node)
+    w = window_of(graph, node)
+    used = _taps_read(mc, w)
     kh, kw, blocks = used.shape
     x, (cout, cg, *_) = graph.types[node.inputs[0]].shape, graph.types[node.inputs[1]].shape
     groups, n = node.attr("group"), cfg.array_size
     per_block = used.reshape(kh * kw, blocks).sum(axis=0)  # taps used per column block
     if cg >= kw:  # tap-major: a tap's channels one DMA (a 1-channel tap may join the next, evenly spaced)
         transfers = int(per_block.sum()) if cg > 1 else int(np.count_nonzero(per_block))
-    else:  # channel-major: one DMA per channel and kernel row used (its taps along the row evenly spaced)
-        dilated = window_of(graph, node).dilations
-        rows_apart = x[-1] * dilated[0] if len(dilated) == 2 else 0  # a kernel row's first tap past the last's
-        joined = rows_apart == kw * dilated[-1]  # the next kernel row continues the run: one DMA per channel
-        rows = np.count_nonzero(per_block) if joined else int(used.any(axis=1).sum())
-        transfers = cg * rows
+    else:  # channel-major: one-row loads, joined while they keep the spacing of a kernel row's taps
+        width, dh, dw = x[-1], w.dilations[0] if w.s == 2 else 0, w.dilations[-1]
+        plane = math.prod(x[2:])
+        next_row = w.s == 2 and width * dh == kw * dw  # a kernel row's run continues into the next kernel row's
+        next_channel = plane - (kh - 1) * width * dh - (kw - 1) * dw == dw  # ... into the next channel's
+        if next_channel:
+            transfers = int(np.count_nonzero(per_block))
+        else:
+            transfers = cg * int(np.count_nonzero(per_block) if next_row else used.any(axis=1).sum())
+    bursts = int(per_block.sum()) * (1 if blocks == 1 else cg)
     preloads = x[0] * groups * blocks * _ceil(cg * kh * kw, n)
-    load = _dma(cfg, x[0] * groups * transfers, x[0] * groups * cg * int(per_block.sum()))
+    load = _dma(cfg, x[0] * groups * transfers, x[0] * groups * bursts)
     return max(_cycles(mc, preloads, preloads * (cout // groups)), load)
 
 

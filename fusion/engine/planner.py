@@ -265,13 +265,18 @@ class Evaluator:
         if not views:
             return None
         core = replace(group, nodes=tuple(n for n in group.nodes if n not in views))
-        built = self._done(core, fraction)
-        if built is None or not isinstance(built.source, Kernel):
+        feats = self._counted_as(group, self._done(core, fraction), fraction)
+        if feats is not None:
+            with self._lock:
+                self._cores[group] = core
+        return feats
+
+    def _counted_as(self, group: Group, core: Evaluated | str | None, fraction: float) -> KernelFeatures | None:
+        """The core's program counted for `group`'s nodes (`kernel_features` of it as `group`'s kernel), None
+        unless the core is built."""
+        if not isinstance(core, Evaluated) or not isinstance(core.source, Kernel):
             return None
-        with self._lock:
-            self._cores[group] = core
-        # the core's program as this group's kernel: `kernel_features` counts the program for the group's nodes
-        return kernel_features(self.mc, replace(built.source, group=group), fraction)
+        return kernel_features(self.mc, replace(core.source, group=group), fraction)
 
     def _folded(self, group: Group) -> KernelFeatures | None:
         """The features of a group ending in a Relu its strategy folds into its drain (`Strategy.folds_relu`), from
@@ -285,10 +290,7 @@ class Evaluator:
             return None
         if not folds(self.mc, graph.node(group.nodes[0])):
             return None
-        built = self.evaluate(replace(group, nodes=group.nodes[:-1]))
-        if not isinstance(built, Evaluated) or not isinstance(built.source, Kernel):
-            return None
-        return kernel_features(self.mc, replace(built.source, group=group))
+        return self._counted_as(group, self.evaluate(replace(group, nodes=group.nodes[:-1])), 0.0)
 
     def _priced(
         self,
@@ -1035,8 +1037,10 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
     if not others or any(_skips(c.group) for c in mine):
         return mine
 
-    def priced(cs: list[GroupChoice]) -> Iterable[Evaluated]:
-        return (e for c in cs if isinstance(e := ev.evaluate(c.group), Evaluated))
+    def priced(cs: list[GroupChoice]) -> list[Evaluated] | None:
+        """The choices' groups built and priced; None when one cannot be built (a rival that cannot run)."""
+        built = [ev.evaluate(c.group) for c in cs]
+        return [e for e in built if isinstance(e, Evaluated)] if all(isinstance(e, Evaluated) for e in built) else None
 
     def within(cs: list[GroupChoice], budget: int) -> int | None:
         """The rival's measured cycles when at most `budget`; its kernels are simulated only while it can still
@@ -1046,8 +1050,8 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
         (`Evaluator.cycle_bound`)."""
         if sum(shape_bound(ev.mc, c.group) for c in cs) > budget:  # past it from shapes alone: nothing built
             return None
-        rival = list(priced(cs))
-        if sum(map(ev.cycle_bound, rival)) > budget:
+        rival = priced(cs)
+        if rival is None or sum(map(ev.cycle_bound, rival)) > budget:
             return None
         total = 0
         for e in rival:
@@ -1059,7 +1063,9 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
 
     # the best of (measured, index): a rival wins only strictly under the best so far, so it is measured only
     # as far as that budget
-    measured = [sum(ev.measured_cycles(e) for e in priced(mine))]
+    own = priced(mine)
+    assert own is not None, "dynamic's groups are built before the guard"
+    measured = [sum(map(ev.measured_cycles, own))]
     best = 0
     for i, cs in enumerate(others, 1):
         total = within(cs, measured[best] - 1)
@@ -1070,12 +1076,12 @@ def _guarded(ev: Evaluator, mine: list[GroupChoice], others: list[list[GroupChoi
         return mine
     ev.count("fallback")
     why = f"plan guard: measured {measured[best]} cycles here against dynamic's {measured[0]}"
-    taken = []
-    for c in others[best - 1]:  # priced now: the unpriced rival (`plan_none`) is built where it is taken
-        e = ev.evaluate(c.group)
-        cycles = e.cycles if isinstance(e, Evaluated) else c.predicted_cycles
-        taken.append(replace(c, predicted_cycles=cycles, reason=f"{c.reason}; {why}"))
-    return taken
+    rival = priced(others[best - 1])  # all built: it was measured (the unpriced `plan_none` priced here)
+    assert rival is not None
+    return [
+        replace(c, predicted_cycles=e.cycles, reason=f"{c.reason}; {why}")
+        for c, e in zip(others[best - 1], rival, strict=True)
+    ]
 
 
 def below(limit: float) -> int:

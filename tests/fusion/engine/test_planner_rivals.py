@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fusion.engine.candidates import Candidate
-from fusion.engine.plan import Group
-from fusion.engine.planner import Evaluated, Scored, _measured_gain, _uncertain_rivals
+from fusion.engine.plan import Group, GroupChoice
+from fusion.engine.planner import Evaluated, Scored, _guarded, _measured_gain, _uncertain_rivals
 
 
 class Counting:
@@ -79,3 +79,39 @@ def test_the_nodes_both_rivals_hold_do_not_decide_what_is_measured(
     shared: float, own: float, gains: tuple[float, float]
 ) -> None:
     assert bool(_settle(shared, own, gains)) == bool(_settle(0.0, own, gains))
+
+
+class Guarding(Counting):
+    """The plan guard's side of the evaluator: the groups in `refused` cannot be built (a generator refuses them);
+    every other kernel measures its predicted score (+1)."""
+
+    mc = None
+
+    def __init__(self, built: list[Evaluated], refused: set[Group]) -> None:
+        super().__init__()
+        self.built, self.refused, self.counted = {e.group: e for e in built}, refused, []
+
+    def evaluate(self, group: Group) -> Evaluated | str:
+        return "the generator refuses it" if group in self.refused else self.built[group]
+
+    def cycle_bound(self, e: Evaluated) -> int:
+        return 0
+
+    def measured_within(self, e: Evaluated, budget: int) -> float | None:
+        cycles = self.measured_cycles(e)
+        return cycles if cycles <= budget else None
+
+    def count(self, outcome: str) -> None:
+        self.counted.append(outcome)
+
+
+def test_a_rival_with_a_kernel_that_cannot_be_built_is_never_taken() -> None:
+    """A rival region whose kernels would measure fewer cycles than dynamic's, but one of which cannot be built,
+    cannot run: dynamic's choices stay (before, the refused kernel was left out of the rival's sum)."""
+    fused = _evaluated(("a", "b"), 9000.0, 0.0)
+    # (of a strategy without a shape bound: the guard's bounds leave both rivals to be measured)
+    a, b = (Evaluated(Group((n,), "chain"), lambda: None, None, 1000.0, 0.0, 1000.0, 0.0) for n in "ab")
+    mine = [GroupChoice(fused.group, fused.cycles, "dynamic")]
+    rival = [GroupChoice(a.group, a.cycles, "rival"), GroupChoice(b.group, b.cycles, "rival")]
+    assert _guarded(Guarding([fused, a, b], set()), mine, [rival])[0].group == a.group  # measured faster: taken
+    assert _guarded(Guarding([fused, a], {b.group}), mine, [rival]) == mine
