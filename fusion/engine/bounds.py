@@ -299,8 +299,9 @@ def baseline_conv_bound(mc: ModelContext, group: Group) -> float:
     x, (cout, cg, *_) = graph.types[node.inputs[0]].shape, graph.types[node.inputs[1]].shape
     groups, n = node.attr("group"), cfg.array_size
     per_block = used.reshape(kh * kw, blocks).sum(axis=0)  # taps used per column block
-    if cg >= kw:  # tap-major: a tap's channels one DMA (a 1-channel tap may join the next, evenly spaced)
-        transfers = int(per_block.sum()) if cg > 1 else int(np.count_nonzero(per_block))
+    if cg >= kw:  # tap-major: a tap's channels one DMA, of 2 rows or more wherever K chunks cut them (only
+        # one-row loads join another's run); fewer channels: at least one DMA per column block
+        transfers = int(per_block.sum()) if cg >= 3 else int(np.count_nonzero(per_block))
     else:  # channel-major: one-row loads, joined while they keep the spacing of a kernel row's taps
         width, dh, dw = x[-1], w.dilations[0] if w.s == 2 else 0, w.dilations[-1]
         plane = math.prod(x[2:])
