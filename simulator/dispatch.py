@@ -8,6 +8,7 @@ fails, naming what is missing. No dispatch by name reflection.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ from simulator.units import chain, dma, matrix, scalar, vector
 
 if TYPE_CHECKING:
     from simulator.machine import Builder, Machine
+
+Once = Callable[["Machine", int, Instruction], int]  # an instruction run without a step: returns the next pc
 
 
 def _vector_family(prefix: str, module: ModuleType) -> dict[str, Builder]:
@@ -88,7 +91,30 @@ BUILDERS: dict[str, Builder] = {
 # instructions run at once the first time a pc is reached, without a step (`Machine._first`): a step is built for
 # such a pc only when it is reached again (a loop or a branch back); these are the most frequent ones in
 # straight-line code, whose step would cost more to build than the instruction costs to run
-RUN_ONCE: dict[str, Callable[[Machine, int, Instruction], int]] = {"li": scalar.li_now}
+RUN_ONCE: dict[str, Once] = {"li": scalar.li_now}
+
+# a run without values (`Machine.values` False) does the frequent unit instructions of straight-line code each by one
+# function of (machine, pc, instruction) that makes the accesses and queues the op but computes nothing: run once at
+# first reach as `RUN_ONCE`, and bound to its pc (`partial`) as its step when reached again
+def _bound(run: Once) -> Builder:
+    """The builder of `run`'s steps: `run` bound to the machine, pc and instruction."""
+    return lambda m, pc, ins: partial(run, m, pc, ins)
+
+
+TIMED: dict[str, Once] = {
+    "mx.preload": matrix.preload_timed,
+    "mx.mm": matrix.matmul_timed(accumulate=False),
+    "mx.mma": matrix.matmul_timed(accumulate=True),
+    "mx.mm.s": matrix.matmul_timed(accumulate=False, strided=True),
+    "mx.mma.s": matrix.matmul_timed(accumulate=True, strided=True),
+    "dma.ld": dma.dma_load_timed(transposed=False),
+    "dma.ldt": dma.dma_load_timed(transposed=True),
+    "dma.st": dma.dma_store_timed(counting=False),
+    "dma.stz": dma.dma_store_timed(counting=True),
+    **{f"v.{n}{suffix}": vector.binary_timed(n, mode) for n, *_ in VECTOR_BINARY for suffix, mode, _ in VECTOR_MODES},
+}
+TIMED_ONCE: dict[str, Once] = RUN_ONCE | TIMED
+TIMED_BUILDERS: dict[str, Builder] = BUILDERS | {name: _bound(run) for name, run in TIMED.items()}
 
 
 def instruction_unit(ins: Instruction) -> Unit:

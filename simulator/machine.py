@@ -25,7 +25,7 @@ from isa.enums import Extension, Unit
 from isa.fields import NUM_VREGS, NUM_XREGS, Kind
 from simulator.config import MachineConfig
 from simulator.decode import decode_words, decoded
-from simulator.dispatch import BUILDERS, RUN_ONCE
+from simulator.dispatch import BUILDERS, RUN_ONCE, TIMED_BUILDERS, TIMED_ONCE
 from simulator.engine import DMA, PLAIN, S_ACC_RD, S_ACC_WR, S_SPAD_RD, S_SPAD_WR, STAT_FIELDS, Engine, Op
 from simulator.errors import Fault, SimulatorTrap
 from simulator.memory import Memory
@@ -172,6 +172,9 @@ class Machine:
         # (banks, bytes, races) and timing as with values, but compute and move no data
         self.values = not timing_only or text.reads_data or record_transactions
         self.mem = Memory(cfg, obj, self.values)
+        # the builders of steps and the instructions run once without one (`_first`); without values, those of
+        # `simulator.dispatch.TIMED` too, which compute nothing
+        self._builders, self._once = (BUILDERS, RUN_ONCE) if self.values else (TIMED_BUILDERS, TIMED_ONCE)
         self._resolved = self.mem.resolved  # (`read_local`, `written` look an access up here before `Memory.local`)
         self._banks = self.mem.banks_of_mask  # (`unit_op` looks a mask up here before asking `Memory.banks`)
         self.count = [0] * (n + 1)
@@ -351,12 +354,12 @@ class Machine:
             return self._step(pc)()
         mnemonic = ins.spec.mnemonic
         if pc in self._wrapped or self.races is not None:
-            return self._wrap(pc, BUILDERS[mnemonic](self, pc, ins))()
-        now = RUN_ONCE.get(mnemonic)
+            return self._wrap(pc, self._builders[mnemonic](self, pc, ins))()
+        now = self._once.get(mnemonic)
         if now is not None and self.steps[pc] is None:
             self.steps[pc] = False
             return now(self, pc, ins)
-        step = self.steps[pc] = BUILDERS[mnemonic](self, pc, ins)  # (nothing to wrap it with: `_wrap`)
+        step = self.steps[pc] = self._builders[mnemonic](self, pc, ins)  # (nothing to wrap it with: `_wrap`)
         return step()
 
     def _step(self, pc: int) -> Step:
@@ -364,7 +367,7 @@ class Machine:
         n = self._n
         ins, self.units[pc] = self._table[self._words[pc]] if pc < n else (None, Unit.scalar)
         if ins is not None:
-            step = BUILDERS[ins.spec.mnemonic](self, pc, ins)
+            step = self._builders[ins.spec.mnemonic](self, pc, ins)
         elif pc == n:
             step = self._fell_off(n)
         else:

@@ -132,20 +132,27 @@ class Memory:
 
     def dram_rows(self, addr: int, rows: int, row_bytes: int, stride: int, align: int) -> np.ndarray:
         """A (rows, row_bytes) uint8 view of a strided DRAM region."""
-        if addr < 0 or stride < 0:
-            raise Fault(f"negative DRAM address {addr} or stride {stride}")
-        if addr % align or stride % align:
-            raise Fault(f"misaligned DRAM access: address {addr:#x} and stride {stride} must be multiples of {align}")
+        self.check_dram_rows(addr, rows, row_bytes, stride, align)
         if rows == 0 or row_bytes == 0:
             return self.dram[0:0].reshape(rows, row_bytes)
         end = addr + (rows - 1) * stride + row_bytes
-        if end > self.cfg.dram_bytes:
-            raise Fault(f"DRAM access [{addr:#x}, {end:#x}) is outside the {self.cfg.dram_bytes:#x}-byte DRAM")
         if stride == row_bytes:
             return self.dram[addr:end].reshape(rows, row_bytes)
         if stride > row_bytes and addr + rows * stride <= self.cfg.dram_bytes:
             return self.dram[addr : addr + rows * stride].reshape(rows, stride)[:, :row_bytes]
         return np.lib.stride_tricks.as_strided(self.dram[addr:], shape=(rows, row_bytes), strides=(stride, 1))
+
+    def check_dram_rows(self, addr: int, rows: int, row_bytes: int, stride: int, align: int) -> None:
+        """The faults of `dram_rows` (a run without values makes no view: `simulator.dispatch.TIMED`)."""
+        if addr < 0 or stride < 0:
+            raise Fault(f"negative DRAM address {addr} or stride {stride}")
+        if addr % align or stride % align:
+            raise Fault(f"misaligned DRAM access: address {addr:#x} and stride {stride} must be multiples of {align}")
+        if rows == 0 or row_bytes == 0:
+            return
+        end = addr + (rows - 1) * stride + row_bytes
+        if end > self.cfg.dram_bytes:
+            raise Fault(f"DRAM access [{addr:#x}, {end:#x}) is outside the {self.cfg.dram_bytes:#x}-byte DRAM")
 
     def dram_word(self, addr: int) -> np.ndarray:
         """The 4-byte int32 view at `addr` (scalar `lw`/`sw`/`dispatch`)."""

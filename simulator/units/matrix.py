@@ -6,6 +6,8 @@ uses the weights of the latest preload before it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,23 +34,47 @@ def _pipelined(kind: int, operand: int) -> int:
     return PLAIN if operand >= LOCAL_ACC_BASE else kind
 
 
+def _check_tile(n: int, rows: int, cols: int) -> None:
+    if rows > n or cols > n:
+        raise Fault(f"weight tile {rows} x {cols} exceeds the {n} x {n} array")
+
+
 def preload(m: Machine, pc: int, ins: Instruction) -> Step:
     rs1, rows, cols, dtype = ins.values
     n, dt = m.cfg.array_size, NUMPY_DTYPES[dtype]
     x, nxt, row, dur = m.x, pc + 1, m.row(pc), preload_cycles(m.cfg)
 
     def step() -> int:
-        if rows > n or cols > n:
-            raise Fault(f"weight tile {rows} x {cols} exceeds the {n} x {n} array")
+        _check_tile(n, rows, cols)
         addr = x[rs1]
         w = m.read_local(addr, rows * cols, dt, row).reshape(rows, cols)
-        m.weights = w = w.copy() if m.values else w  # (without values only its shape and dtype are used)
+        m.weights = w = w.copy()
         op = m.issue(MATRIX, pc, dur, row, _pipelined(PRELOAD, addr))
         if m.transactions is not None:
             m.record(op, pc, {"w": w}, w)
         return nxt
 
     return step
+
+
+def preload_timed(m: Machine, pc: int, ins: Instruction) -> int:
+    """`mx.preload` without values (`simulator.dispatch.TIMED`): the read's accesses; the weights stand in by their
+    shape and dtype alone (`_stand_in`), which is all a run without values uses of them."""
+    rs1, rows, cols, dtype = ins.values
+    _check_tile(m.cfg.array_size, rows, cols)
+    addr, row = m.x[rs1], m.row(pc)
+    m.read_local(addr, rows * cols, NUMPY_DTYPES[dtype], row)
+    m.weights = _stand_in(rows, cols, dtype)
+    m.issue(MATRIX, pc, preload_cycles(m.cfg), row, _pipelined(PRELOAD, addr))
+    return pc + 1
+
+
+@cache
+def _stand_in(rows: int, cols: int, dtype: int) -> np.ndarray:
+    """Read-only weights of a shape and dtype (never read: shared by every run without values)."""
+    w = np.zeros((rows, cols), NUMPY_DTYPES[dtype])
+    w.flags.writeable = False
+    return w
 
 
 def _weights(m: Machine) -> np.ndarray:
@@ -86,23 +112,6 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
         rd, rs1, *rs2, rows = ins.values
         x, nxt, row, dur = m.x, pc + 1, m.row(pc), matmul_cycles(m.cfg, rows)
 
-        def timed() -> int:
-            """Timing only (no values, no transactions): the accesses `step` makes, without its arrays."""
-            w = _weights(m)
-            k, cols = w.shape
-            dt, src = w.dtype, x[rs1]
-            if strided:
-                m.read_local_rows(src, rows, k, x[rs2[0]], dt, row)
-            else:
-                m.read_local(src, rows * k, dt, row)
-            row[S_MACS_I8 if dt == _I8 else S_MACS_F32] += rows * k * cols
-            dest, acc_dt = _acc_address(x[rd]), _ACC_OF[dt]
-            if accumulate:
-                m.read_local(dest, rows * cols, acc_dt, row)
-            m.written(dest, rows * cols, acc_dt, row)
-            m.issue(MATRIX, pc, dur, row, _pipelined(MATMUL, src), rows)
-            return nxt
-
         def step() -> int:
             src, stride = x[rs1], x[rs2[0]] if strided else None
             a, w, product = _product(m, src, rows, row, stride)
@@ -125,9 +134,36 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
             m.submit(op)
             return nxt
 
-        return step if m.values else timed
+        return step
 
     return build
+
+
+def matmul_timed(accumulate: bool, strided: bool = False) -> Callable[[Machine, int, Instruction], int]:
+    """`matmul` without values (`simulator.dispatch.TIMED`): the accesses its step makes, without its arrays."""
+
+    def run(m: Machine, pc: int, ins: Instruction) -> int:
+        if strided:
+            rd, rs1, rs2, rows = ins.values
+        else:
+            rd, rs1, rows = ins.values
+        x, row = m.x, m.row(pc)
+        w = _weights(m)
+        k, cols = w.shape
+        dt, src = w.dtype, x[rs1]
+        if strided:
+            m.read_local_rows(src, rows, k, x[rs2], dt, row)
+        else:
+            m.read_local(src, rows * k, dt, row)
+        row[S_MACS_I8 if dt == _I8 else S_MACS_F32] += rows * k * cols
+        dest, acc_dt = _acc_address(x[rd]), _ACC_OF[dt]
+        if accumulate:
+            m.read_local(dest, rows * cols, acc_dt, row)
+        m.written(dest, rows * cols, acc_dt, row)
+        m.issue(MATRIX, pc, matmul_cycles(m.cfg, rows), row, _pipelined(MATMUL, src), rows)
+        return pc + 1
+
+    return run
 
 
 def matmul_stream(m: Machine, pc: int, ins: Instruction) -> Step:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from simulator.machine import Builder, Machine, Step
 
 MODE_VV, MODE_VS, MODE_VR, MODE_VC = 0, 1, 2, 3
+DTYPES: tuple[DType, ...] = tuple(DType(v) for v in range(len(DType)))  # by value, without an enum call
 
 
 def scalar_operand(value: int, dtype: DType) -> int | float:
@@ -58,44 +59,64 @@ def _timed(m: Machine, pc: int, row: list[int], dur: int, dest: int, n: int, dty
     m.submit(m.unit_op(VECTOR, pc, dur, row))
 
 
+def _binary_operands(
+    m: Machine, x: list[int], fields: tuple[int, int, int, int], mode: int, dt: DType, row: list[int]
+) -> tuple[np.ndarray, np.ndarray | int | float]:
+    """The operands of a binary op (`fields`: rs1, rs2, n, period) read (.vr/.vc: `b` as read, not broadcast)."""
+    rs1, rs2, n, period = fields
+    a = m.read_local(x[rs1], n, dt.numpy, row)
+    if mode == MODE_VV:
+        return a, m.read_local(x[rs2], n, dt.numpy, row)
+    if mode == MODE_VS:
+        return a, scalar_operand(x[rs2], dt)
+    if period <= 0 or n % period:
+        raise Fault(f"n={n} is not a whole number of rows of period {period}")
+    return a, m.read_local(x[rs2], period if mode == MODE_VR else n // period, dt.numpy, row)
+
+
 def binary(op_name: str, mode: int) -> Builder:
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         f = ins.by_name()
-        rd, rs1, rs2, n, dt = f["rd"], f["rs1"], f["rs2"], f["n"], DType(f["dtype"])
-        period = f.get("period", 0)
-        npdt, x, nxt, row = dt.numpy, m.x, pc + 1, m.row(pc)
+        rd, dt = f["rd"], DType(f["dtype"])
+        fields, x, nxt, row = (f["rs1"], f["rs2"], f["n"], f.get("period", 0)), m.x, pc + 1, m.row(pc)
+        n = fields[2]
         dur, vops = vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
-        whole_rows = period > 0 and n % period == 0
-        b_count = -1 if not whole_rows else (period if mode == MODE_VR else n // period)
-
-        values = m.values
 
         def step() -> int:
-            a = m.read_local(x[rs1], n, npdt, row)
-            if mode == MODE_VV:
-                b = m.read_local(x[rs2], n, npdt, row)
-            elif mode == MODE_VS:
-                b = scalar_operand(x[rs2], dt)
-            else:
-                if b_count < 0:
-                    raise Fault(f"n={n} is not a whole number of rows of period {period}")
-                b = m.read_local(x[rs2], b_count, npdt, row)
-                shaped, bb = broadcast_rows(a, b, mode)
+            a, b = _binary_operands(m, x, fields, mode, dt, row)
             row[vops] += n
-            if not values:  # (the result: n elements of dt)
-                sem.check_binary(op_name, dt)
-                _timed(m, pc, row, dur, x[rd], n, npdt)
-                return nxt
             if mode <= MODE_VS:
                 result = sem.binary(op_name, a, b, dt)
             else:
-                result = sem.binary(op_name, shaped, bb, dt).reshape(-1)
+                result = sem.binary(op_name, *broadcast_rows(a, b, mode), dt).reshape(-1)
             _finish(m, pc, row, dur, x[rd], result, lambda: {"a": a.copy(), "b": np.copy(b)})
             return nxt
 
         return step
 
     return build
+
+
+def binary_timed(op_name: str, mode: int) -> Callable[[Machine, int, Instruction], int]:
+    """`binary` without values (`simulator.dispatch.TIMED`): its reads, the faults that do not depend on values and
+    the write of its result (n elements of its dtype)."""
+    broadcast = mode > MODE_VS
+
+    def run(m: Machine, pc: int, ins: Instruction) -> int:
+        if broadcast:
+            rd, rs1, rs2, n, period, dtype = ins.values
+        else:
+            (rd, rs1, rs2, n, dtype), period = ins.values, 0
+        dt, x, row = DTYPES[dtype], m.x, m.row(pc)
+        a, b = _binary_operands(m, x, (rs1, rs2, n, period), mode, dt, row)
+        if broadcast:
+            broadcast_rows(a, b, mode)  # (its faults)
+        row[vops_field(dt)] += n
+        sem.check_binary(op_name, dt)
+        _timed(m, pc, row, vector_cycles(m.cfg, n, ins.spec.latency), x[rd], n, dt.numpy)
+        return pc + 1
+
+    return run
 
 
 def unary(op_name: str) -> Builder:
