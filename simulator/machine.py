@@ -31,6 +31,7 @@ from simulator.errors import Fault, SimulatorTrap
 from simulator.memory import Memory
 from simulator.races import RaceChecker
 from simulator.remaining import remaining_bounds
+from simulator.units.matrix import WeightShape
 
 Step = Callable[[], int]
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
@@ -155,7 +156,7 @@ class Machine:
         self.tokens: dict[tuple[int, int], deque[tuple[Op, np.ndarray | None]]] = {}
         self.stream: deque[list] = deque()  # [mx.mms op, flat data, consumed, cols, global index of its row 0]
         self.stream_rows = 0  # rows every mx.mms so far has streamed
-        self.weights: np.ndarray | None = None
+        self.weights: np.ndarray | WeightShape | None = None  # (without values: their shape alone)
         self.epilogue: tuple | None = None
         self.transactions: list | None = [] if record_transactions else None
         self.kernel_entries: list[tuple[int, int]] = []  # (kernel index, cycle) each time a kernel is entered

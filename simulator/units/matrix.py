@@ -7,6 +7,7 @@ uses the weights of the latest preload before it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 _ACC_DTYPE = {DType.i8: np.dtype(np.int32), DType.f32: np.dtype(np.float32)}
 _ACC_OF = {np.dtype(np.int8): _ACC_DTYPE[DType.i8], np.dtype(np.float32): _ACC_DTYPE[DType.f32]}  # by weight dtype
+_I8 = np.dtype(np.int8)
 
 
 def _pipelined(kind: int, operand: int) -> int:
@@ -59,7 +61,7 @@ def preload(m: Machine, pc: int, ins: Instruction) -> Step:
 
 def preload_timed(m: Machine, pc: int, ins: Instruction) -> int:
     """`mx.preload` without values (`simulator.dispatch.TIMED`): the read's accesses; the weights stand in by their
-    shape and dtype alone (`_stand_in`), which is all a run without values uses of them."""
+    shape and dtype (`WeightShape`)."""
     rs1, rows, cols, dtype = ins.values
     _check_tile(m.cfg.array_size, rows, cols)
     addr, row = m.x[rs1], m.row(pc)
@@ -69,21 +71,27 @@ def preload_timed(m: Machine, pc: int, ins: Instruction) -> int:
     return pc + 1
 
 
+@dataclass(frozen=True, slots=True)
+class WeightShape:
+    """What a run without values keeps of a preload's weights: their shape and dtype, all it uses of them, and what
+    a matmul derives from the dtype (its accumulator's element type, the statistics field its MACs count in)."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    acc: np.dtype
+    macs: int
+
+
 @cache
-def _stand_in(rows: int, cols: int, dtype: int) -> np.ndarray:
-    """Read-only weights of a shape and dtype (never read: shared by every run without values)."""
-    w = np.zeros((rows, cols), NUMPY_DTYPES[dtype])
-    w.flags.writeable = False
-    return w
+def _stand_in(rows: int, cols: int, dtype: int) -> WeightShape:
+    dt = NUMPY_DTYPES[dtype]
+    return WeightShape((rows, cols), dt, _ACC_OF[dt], S_MACS_I8 if dt == _I8 else S_MACS_F32)
 
 
-def _weights(m: Machine) -> np.ndarray:
+def _weights(m: Machine) -> np.ndarray | WeightShape:
     if m.weights is None:
         raise Fault("matmul before any mx.preload: the array holds no weights")
     return m.weights
-
-
-_I8 = np.dtype(np.int8)
 
 
 def _product(
@@ -149,14 +157,13 @@ def matmul_timed(accumulate: bool, strided: bool = False) -> Callable[[Machine, 
             rd, rs1, rows = ins.values
         x, row = m.x, m.row(pc)
         w = _weights(m)
-        k, cols = w.shape
-        dt, src = w.dtype, x[rs1]
+        (k, cols), dt, src = w.shape, w.dtype, x[rs1]
         if strided:
             m.read_local_rows(src, rows, k, x[rs2], dt, row)
         else:
             m.read_local(src, rows * k, dt, row)
-        row[S_MACS_I8 if dt == _I8 else S_MACS_F32] += rows * k * cols
-        dest, acc_dt = _acc_address(x[rd]), _ACC_OF[dt]
+        row[w.macs] += rows * k * cols
+        dest, acc_dt = _acc_address(x[rd]), w.acc
         if accumulate:
             m.read_local(dest, rows * cols, acc_dt, row)
         m.written(dest, rows * cols, acc_dt, row)
