@@ -15,7 +15,7 @@ is pushed later, just before its own pop (`_matched`).
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,17 +41,19 @@ class Emitter:
         self.b = builder
         self._li = builder.emitter("li")  # (a kernel loads hundreds of thousands of constants)
         self._emitters: dict[str, Callable[..., None]] = {"li": self._li}  # builder method -> `emitter`
-        # value -> register, least recently used first (a `claim`ed register: ("claimed", register) -> register)
-        self._regs: OrderedDict[int | tuple[str, int], int] = OrderedDict()
+        # value -> register, least recently used first (a `claim`ed register: ("claimed", register) -> register);
+        # a plain dict, a use moving its value to the end by `pop` and re-insertion: cheaper than an OrderedDict's
+        # `move_to_end` and `get` (a kernel asks millions of values)
+        self._regs: dict[int | tuple[str, int], int] = {}
         self._labels = 0  # local labels made so far (`local_label`)
 
     def reg(self, value: int) -> int:
         held = self._regs
-        r = held.get(value)  # (a held value is already a nonzero 32-bit one)
-        if r is not None:
-            held.move_to_end(value)
-            return r
-        return self._load(value)
+        r = held.pop(value, None)  # (a held value is already a nonzero 32-bit one)
+        if r is None:
+            return self._load(value)
+        held[value] = r
+        return r
 
     def _load(self, value: int) -> int:
         """A register for a value not held as given: held as its 32-bit pattern, or loaded with `li`."""
@@ -60,27 +62,26 @@ class Emitter:
             value &= 0xFFFFFFFF
             if value == 0:
                 return 0
-            r = held.get(value)
+            r = held.pop(value, None)
             if r is not None:
-                held.move_to_end(value)
+                held[value] = r
                 return r
-        if len(held) < len(SCRATCH_REGS):
-            r = SCRATCH_REGS[len(held)]
-        else:
-            _, r = held.popitem(last=False)
+        # (`_free` inlined: nearly every load evicts)
+        r = SCRATCH_REGS[len(held)] if len(held) < len(SCRATCH_REGS) else held.pop(next(iter(held)))
         held[value] = r
         self._li(r, value)
         return r
 
+    def _free(self) -> int:
+        """A register for a new value: an unused one, else the least recently used one's (evicted)."""
+        held = self._regs
+        return SCRATCH_REGS[len(held)] if len(held) < len(SCRATCH_REGS) else held.pop(next(iter(held)))
+
     def claim(self, value: int) -> int:
         """A register of the caller's own, set to `value`, that it may change (step it with `addi` in a hardware
         loop): no `reg` hands it out for a value; it is evicted, least recently used, as a cached one."""
-        held = self._regs
-        if len(held) < len(SCRATCH_REGS):
-            r = SCRATCH_REGS[len(held)]
-        else:
-            _, r = held.popitem(last=False)
-        held[("claimed", r)] = r
+        r = self._free()
+        self._regs[("claimed", r)] = r
         self._li(r, value & 0xFFFFFFFF)
         return r
 
@@ -103,11 +104,11 @@ class Emitter:
         value of the same call). A held value is found here without a `reg` call (a kernel asks millions)."""
         held, out = self._regs, []
         for value in values:
-            r = held.get(value)
+            r = held.pop(value, None)
             if r is None:
                 r = self._load(value)
             else:
-                held.move_to_end(value)
+                held[value] = r
             out.append(r)
         return tuple(out)
 
@@ -175,9 +176,10 @@ def run_pipeline(em: Emitter, steps: Sequence[Step], depth: int = DEPTH) -> None
     its last unit to the first unit of step s + depth, and only if that step exists, so no token is left
     over when the kernel ends."""
     plans = [segs for segs in (step.segments() for step in steps) if segs]
+    push, pop = em.emitter("sync_push"), em.emitter("sync_pop")  # (a kernel's tokens: tens of thousands)
     for action in _matched(_actions([[unit for unit, _ in segs] for segs in plans], _streamed_sets(plans), depth)):
-        if isinstance(action, Token):
-            (em.push if action.push else em.pop)(action.src, action.dst)
+        if type(action) is Token:
+            (push if action.push else pop)(UNIT_NAME[action.src], UNIT_NAME[action.dst])
         else:
             s, i = action
             plans[s][i][1](em)

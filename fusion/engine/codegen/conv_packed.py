@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -596,6 +597,11 @@ class _Kernel:
         """Channels per block of X."""
         return self.x.shape[-1] // self.s.phase_width
 
+    @cached_property
+    def starts(self) -> tuple[tuple[int, ...], ...]:
+        """Per K group, each piece's `piece_start` (asked by every step reading X in place, tens of thousands)."""
+        return tuple(tuple(piece_start(self.s, self.block, p) for p in group) for group in self.tiling.groups)
+
     def a_sizes(self, rows: int, group: Sequence[Piece]) -> list[int]:
         """Bytes of a band's A tiles: resident, its windows of X; else one packed tile per piece."""
         if self.tiling.whole:
@@ -648,7 +654,7 @@ class _Kernel:
         a_stride = [p.k * es for p in group]
         if self.tiling.whole:  # in place in X, rows stride_w * block elements apart
             base = resident[0] + self.origin(t) - self.x.address
-            a_tiles = [base + piece_start(s, self.block, p) * es for p in group]
+            a_tiles = [base + start * es for start in self.starts[t.kgroup]]
             a_stride = [s.strides[1] * self.block * es] * len(group)
         elif self.tiling.resident:  # in place in the band's windows, rows stride_w * block elements apart
             at = windows(s, self.block, t.rows, group).at
