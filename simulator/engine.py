@@ -122,17 +122,17 @@ def retired_token(now: int) -> Op:
 
 
 class MatrixPipe:
-    """The matrix unit's pipeline: when each of its resources frees up, by the rules of `simulator.timing`.
+    """The matrix unit's pipeline: when each of its resources frees up, by the rules of `simulator.timing` (the
+    engine's `_candidate` and `_start` apply them, inline: they run for every matrix instruction).
 
     Instructions start in order (never before the previous one started). A preload holds the weight port, a
     matmul the array's input (`matmul_input_cycles`); their results are in at their finish. PLAIN instructions
     (`mx.drain`, `sync.push`) and `mx.mms` wait for every earlier finish; a drain holds the whole unit until its own.
     """
 
-    __slots__ = ("cfg", "last", "hold", "weights", "input", "done", "open", "busy_until")
+    __slots__ = ("last", "hold", "weights", "input", "done", "open", "busy_until")
 
-    def __init__(self, cfg: MachineConfig) -> None:
-        self.cfg = cfg
+    def __init__(self) -> None:
         self.last = 0  # start of the previous instruction
         self.hold = 0  # finish of the last instruction that holds the whole unit
         self.weights = 0  # finish of the last preload: the weight port is free and its weights are in
@@ -140,47 +140,6 @@ class MatrixPipe:
         self.done = 0  # latest known finish of any instruction
         self.open = False  # an mx.mms whose finish waits for the stream FIFO
         self.busy_until = 0  # end of the busy time counted so far (overlapping instructions count once)
-
-    def results(self) -> float:
-        return INF if self.open else self.done
-
-    def ready(self, op: Op) -> float:
-        """Earliest start of `op` as far as the matrix unit is concerned (tokens and banks aside)."""
-        t = op.issue  # the latest of issue, the previous start and the unit's hold (max() without the call)
-        if self.last > t:
-            t = self.last
-        if self.hold > t:
-            t = self.hold
-        kind = op.kind
-        if kind == MATMUL:
-            return matmul_start(t, self.input, self.weights)
-        if kind == PRELOAD:
-            return preload_start(t, self.weights)
-        if kind in (PLAIN, PRODUCER):
-            return matrix_drained_start(t, self.results())
-        return t  # CONFIG, POP
-
-    def started(self, op: Op, t: int, finish: float) -> int:
-        """Book `op` started at t; returns the busy cycles it adds beyond those already counted."""
-        self.last = t
-        kind = op.kind
-        if kind == PRELOAD:
-            self.weights = int(finish)
-        elif kind == MATMUL:
-            self.input = t + matmul_input_cycles(self.cfg, op.n)
-        elif kind == PRODUCER:
-            self.input = finish
-            self.open = finish == INF
-        elif kind == PLAIN:
-            self.hold = int(finish)
-        if finish != INF and finish > self.done:
-            self.done = int(finish)
-        end = t + op.dur
-        counted = self.busy_until
-        if end <= counted:
-            return 0
-        self.busy_until = end
-        return end - (t if t > counted else counted)
 
     def resolved(self, finish: int) -> None:
         """The open mx.mms is done at `finish`."""
@@ -212,7 +171,7 @@ class Engine:
         self.row_out: list[int] = []  # cycle each row did leave it (known prefix)
         self.row_taken: list[int] = []  # cycle the vector unit took each row (known prefix)
         self.open: tuple[Op, int] | None = None  # an mx.mms whose finish waits for FIFO room, with its last row
-        self.matrix = MatrixPipe(cfg)
+        self.matrix = MatrixPipe()
         self.behind_open: dict[int, int] = {}  # bank -> latest finish of matrix ops on it while an mx.mms is open
         # the store path's zero-tile counter: `dma.stz` adds (at issue, like all data work), `zc.clr` clears, and
         # `zc.rd` waits for the last `dma.stz` issued (`counted`) before it reads
@@ -221,28 +180,35 @@ class Engine:
 
     def submit(self, op: Op, now: int) -> int:
         """Queue `op` at cycle `now`; returns the (possibly later) cycle at which it could be issued."""
-        queue = self.queues[op.unit]
-        # advance(now) when something may start by now (not when the kept scan says none can), and not when the queue
-        # is full: the loop below starts, in the same time order, all that advance(now) would and then more
-        scan_t = self.scan_t
-        if self.pending and (scan_t is None or scan_t <= now) and len(queue) < self.depth:
-            self.advance(now)
-        while len(queue) >= self.depth:
-            head = queue[0]
-            if head.start < 0:  # (`wait_for`, inline; `_start` at once when the kept scan says the head goes next)
-                if self.scan_t is not None and self.scan_u == op.unit:
-                    self._start(op.unit, self.scan_t)
-                else:
-                    self.advance(INF, head)
-                if head.start < 0:
-                    raise self._stuck(f"the instruction at pc {head.pc} can never start")
-            if head.start > now:
-                op.stats[S_QUEUE] += head.start - now
-                now = head.start
-            self.advance(now)
+        u = op.unit
+        queue = self.queues[u]
+        depth = self.depth
+        if len(queue) < depth:
+            # advance(now) when something may start by now (not when the kept scan says none can); with the queue full,
+            # the loop below starts, in the same time order, all that advance(now) would and then more
+            if self.pending:
+                scan_t = self.scan_t
+                if scan_t is None or scan_t <= now:
+                    self.advance(now)
+        else:
+            while len(queue) >= depth:
+                head = queue[0]
+                if head.start < 0:  # (`wait_for`, inline; `_start` at once when the kept scan says the head goes next)
+                    scan_t = self.scan_t
+                    if scan_t is not None and self.scan_u == u:
+                        self._start(u, scan_t)
+                    else:
+                        self.advance(INF, head)
+                    if head.start < 0:
+                        raise self._stuck(f"the instruction at pc {head.pc} can never start")
+                start = head.start
+                if start > now:
+                    op.stats[S_QUEUE] += start - now
+                    now = start
+                self.advance(now)
         op.issue = now
         queue.append(op)
-        self.tail = op.unit
+        self.tail = u
         if len(queue) == 1:  # a new head: the earliest start may change
             self.scan_t = None
         self.pending += 1
@@ -310,8 +276,20 @@ class Engine:
         """The earliest start of `op` at the head of unit `u`'s queue; keeps on `op` its readiness before the banks
         (`ready`) and the cycles it waits for its token (`token`) for `_start`'s stall counters (valid as long as
         the candidate is: `_finish` drops both together)."""
-        if u == MATRIX:
-            t = self.matrix.ready(op)
+        if u == MATRIX:  # in order, after the unit's hold, and by its kind's rule
+            pipe = self.matrix
+            t = op.issue
+            if pipe.last > t:
+                t = pipe.last
+            if pipe.hold > t:
+                t = pipe.hold
+            kind = op.kind
+            if kind == MATMUL:
+                t = matmul_start(t, pipe.input, pipe.weights)
+            elif kind == PRELOAD:
+                t = preload_start(t, pipe.weights)
+            elif kind == PLAIN or kind == PRODUCER:
+                t = matrix_drained_start(t, INF if pipe.open else pipe.done)
         else:
             t = op.issue
             if self.free[u] > t:
@@ -356,8 +334,24 @@ class Engine:
             finish = self._produce(op, t)
         else:
             finish = t + op.dur
-        if u == MATRIX:
-            stats[S_BUSY] += self.matrix.started(op, t, finish)
+        if u == MATRIX:  # book it on the pipe; busy cycles beyond those already counted (overlaps count once)
+            pipe = self.matrix
+            pipe.last = t
+            if kind == PRELOAD:
+                pipe.weights = finish
+            elif kind == MATMUL:
+                pipe.input = t + matmul_input_cycles(self.cfg, op.n)
+            elif kind == PRODUCER:
+                pipe.input = finish
+                pipe.open = finish == INF
+            elif kind == PLAIN:
+                pipe.hold = finish
+            if finish != INF and finish > pipe.done:
+                pipe.done = int(finish)
+            end, counted = t + op.dur, pipe.busy_until
+            if end > counted:
+                pipe.busy_until = end
+                stats[S_BUSY] += end - (t if t > counted else counted)
         elif kind != DMA and kind != STREAM:
             stats[S_BUSY] += op.dur
         self._finish(op, finish)
@@ -369,7 +363,7 @@ class Engine:
         u = op.unit
         owner, until = self.bank_owner, self.bank_until
         if u == MATRIX:  # overlapping instructions: each bank is held until the latest of them finishes
-            self.free[u] = INF if self.matrix.open else self.matrix.done  # (`MatrixPipe.results`, inline)
+            self.free[u] = INF if self.matrix.open else self.matrix.done  # (every result in)
             for b in op.banks:
                 if owner[b] != u or until[b] < finish:
                     owner[b], until[b] = u, finish
