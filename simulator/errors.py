@@ -27,6 +27,8 @@ class SimulatorTrap(DynfuseError):
 class Fault(Exception):
     """Raised inside an instruction's work; the machine turns it into a SimulatorTrap with pc and cycle."""
 
+    pc: int | None = None  # the instruction's, when the issue loop does not know it (`Machine._first`)
+
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)

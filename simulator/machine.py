@@ -342,26 +342,38 @@ class Machine:
                     trace.append((Unit.scalar, pc, issued, max(self.now, issued + 1)))
                     pc = nxt
         except Fault as fault:
-            raise SimulatorTrap(pc, self.describe(pc), self.now, fault.reason) from None
+            at = pc if fault.pc is None else fault.pc
+            raise SimulatorTrap(at, self.describe(at), self.now, fault.reason) from None
 
     def _first(self, pc: int) -> int:
         """Run `pc` reached with no step built: a `RUN_ONCE` instruction the first time at once (marked False), unless
         its step must be wrapped (see `_step`) or the race checker watches it; any other, or one reached again, by
-        building its step (kept) and running it."""
-        if pc >= self._n:
-            return self._step(pc)()
-        ins, self.units[pc] = self._table[self._words[pc]]
-        if ins is None:
-            return self._step(pc)()
-        mnemonic = ins.spec.mnemonic
-        if pc in self._wrapped or self.races is not None:
-            return self._wrap(pc, self._builders[mnemonic](self, pc, ins))()
-        now = self._once.get(mnemonic)
-        if now is not None and self.steps[pc] is None:
-            self.steps[pc] = False
-            return now(self, pc, ins)
-        step = self.steps[pc] = self._builders[mnemonic](self, pc, ins)  # (nothing to wrap it with: `_wrap`)
-        return step()
+        building its step (kept) and running it. After an instruction run once, the straight line goes on here while
+        the next pc has no step either (the issue loop's work for it, inline); a fault says at which pc."""
+        n, table, words, units, steps, count = self._n, self._table, self._words, self.units, self.steps, self.count
+        once, builders, plain = self._once, self._builders, self._wrapped if self.races is None else None
+        try:
+            while True:
+                if pc >= n:
+                    return self._step(pc)()
+                ins, units[pc] = table[words[pc]]
+                if ins is None:
+                    return self._step(pc)()
+                mnemonic = ins.spec.mnemonic
+                if plain is None or pc in plain:
+                    return self._wrap(pc, builders[mnemonic](self, pc, ins))()
+                now = once.get(mnemonic)
+                if now is None or steps[pc] is not None:
+                    step = steps[pc] = builders[mnemonic](self, pc, ins)  # (nothing to wrap it with: `_wrap`)
+                    return step()
+                steps[pc] = False
+                pc = now(self, pc, ins)
+                if steps[pc] is not None:  # (a RUN_ONCE instruction is never the last: `pc` is in the text or at its end)
+                    return pc
+                count[pc] += 1
+        except Fault as fault:
+            fault.pc = pc
+            raise
 
     def _step(self, pc: int) -> Step:
         """Build the step of `pc`: its instruction's builder (`simulator.dispatch`), wrapped (`_wrap`)."""
