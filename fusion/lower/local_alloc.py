@@ -9,6 +9,7 @@ the step three back, so loading, computing and storing overlap instead of altern
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from fusion.lower.errors import MemoryPlanError
 from isa.memory_map import LOCAL_ACC_BASE
@@ -19,6 +20,10 @@ ALIGN = 64
 
 def _up(x: int, a: int) -> int:
     return -(-x // a) * a
+
+
+def _aligned(x: int) -> int:
+    return -(-x // ALIGN) * ALIGN
 
 
 DEPTH = 3
@@ -32,6 +37,7 @@ class Slot:
     size: int
 
 
+@cache  # (a pure function of a few ints: planning makes tens of thousands of arenas, each asking two)
 def slot(total: int, banks: int, index: int, base: int = 0, rotation: int = 0) -> Slot:
     """Step (or block) `index`'s slot: (index + rotation) % DEPTH. A generator whose steps follow another
     program's `rotation` steps in one pipeline (`fusion.engine.pipelined`; `LowerContext.rotation`) then starts in
@@ -66,10 +72,7 @@ class TileArena:
 
     def fits(self, spad_sizes: list[int], acc_sizes: list[int] = ()) -> bool:
         """Whether these tiles (bytes) fit one slot each, alignment included."""
-        return (
-            sum(_up(s, ALIGN) for s in spad_sizes) <= self.spad.size
-            and sum(_up(s, ALIGN) for s in acc_sizes) <= self.acc.size
-        )
+        return sum(map(_aligned, spad_sizes)) <= self.spad.size and sum(map(_aligned, acc_sizes)) <= self.acc.size
 
     def tile(self, nbytes: int) -> int:
         addr = self.spad.base + self._spad_used

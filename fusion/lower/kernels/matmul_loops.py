@@ -9,7 +9,7 @@ issues the same matrix instructions in the same order; its `addi`s take the issu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import sub
+from operator import itemgetter, sub
 
 from fusion.lower.emitter import Emitter
 
@@ -19,6 +19,7 @@ Item = tuple[Op, ...]
 MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
 MAX_TRIPS = 0xFFFF  # `loopi`'s count field
 MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
+_VALUE = itemgetter(0)  # of a (value, step) key
 
 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
@@ -107,31 +108,33 @@ def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...
     keys = list(zip(values, step, strict=True))  # (value, step): one register each
     if len(keys) > MAX_REGS and len(set(keys)) > MAX_REGS:
         return False
-    b, claim, held = em.b, em.claim, em.regs
+    b, claim, held, emitter = em.b, em.claim, em.regs, em.emitter
     regs: dict[tuple[int, int], int] = {}
+    reg = regs.__getitem__  # (operands by `map`: no comprehension frame per instruction)
     ops, k = [], 0
     for name, vals, rest in item:
         used = keys[k : k + len(vals)]
         k += len(vals)
-        method = em.emitter(name)
-        ops.append((method, used, rest))
-        fixed = [key for key in used if not key[1]]
-        if len(fixed) < len(used):
-            for key in used:
-                if key[1] and key not in regs:
-                    regs[key] = claim(key[0])
+        fixed = []
+        for key in used:  # the op's stepping values claimed in order, then its fixed ones looked up at once
+            if not key[1]:
+                fixed.append(key)
+            elif key not in regs:
+                regs[key] = claim(key[0])
         if fixed:
-            regs.update(zip(fixed, held(*[v for v, _ in fixed]), strict=True))
-        method(*[regs[key] for key in used], *rest)
+            regs.update(zip(fixed, held(*map(_VALUE, fixed)), strict=True))
+        method = emitter(name)
+        method(*map(reg, used), *rest)
+        ops.append((method, used, rest))
     end = em.local_label("taps")
     b.loopi(count - 1, end)
-    addi, stepped = em.emitter("addi"), set()
+    addi, stepped = emitter("addi"), set()
     for method, used, rest in ops:
         for key in used:
             if key[1] and key not in stepped:
                 stepped.add(key)
                 r = regs[key]
                 addi(r, r, key[1])
-        method(*[regs[key] for key in used], *rest)
+        method(*map(reg, used), *rest)
     b.label(end)
     return True
