@@ -19,6 +19,7 @@ from typing import NamedTuple, TypeVar
 
 import numpy as np
 
+from fusion.cost.analytic import unit_times
 from fusion.cost.interface import CostEstimate, CostModel, KernelFeatures
 from fusion.engine.bounds import cycle_bound
 from fusion.engine.candidates import CONV_ABSORBABLE, Candidate, enumerate_candidates, schedules, zero_skip_twin
@@ -345,7 +346,7 @@ class Evaluator:
         """The `keep` best buildable schedules by score, best first, and the last refusal reason. Groups are built
         in the order of their lower bound (`bound`); once a bound reaches the `keep`-th best score, the rest are
         dominated and never generated. A group absorbing consumers into its head's drain is also skipped once
-        the head alone in its schedule (`head_alone`, a lower bound on its predicted score) is past the
+        the head alone in its schedule (`head_floor`, a lower bound on its predicted score) is past the
         `keep`-th best by more than the spreads leave uncertain: its expected regret against that one is below
         REGRET_FLOOR, so neither this ranking nor `settle` would take or measure it."""
         done: list[Evaluated] = []
@@ -353,8 +354,8 @@ class Evaluator:
         for bound, _, group in sorted((self.bound(g), i, g) for i, g in enumerate(groups)):
             if len(done) >= keep and bound >= done[keep - 1].score:
                 break
-            head = self.head_alone(group)
-            if len(done) >= keep and head is not None and self._dominated(done[keep - 1], head):
+            floor = self.head_floor(group) if len(done) >= keep else None
+            if floor is not None and self._dominated(done[keep - 1], *floor):
                 continue
             ev = self.evaluate(group)
             if isinstance(ev, str):
@@ -370,8 +371,8 @@ class Evaluator:
         Clip): they only add work (their loads and vector passes) to the head's, and the analytic model never
         predicts more work on any unit or the channel faster (`fusion.cost.analytic`), nor prices more traffic
         lower, so the head's score bounds the group's from below (resnet18: every conv + Relu or + Add + Relu of
-        a strategy is predicted within 0.1% of the conv alone in it). None otherwise, and for zero-skip kernels
-        (priced at the data's zero-tile fraction)."""
+        a strategy is predicted within 0.1% of the conv alone in it; an int8 head that dequantizes bounds less:
+        `head_floor`). None otherwise, and for zero-skip kernels (priced at the data's zero-tile fraction)."""
         graph = self.mc.graph
         if len(group.nodes) < 2 or _skips(group):
             return None
@@ -379,13 +380,29 @@ class Evaluator:
             return None
         return self._done(replace(group, nodes=group.nodes[:1]))
 
+    def head_floor(self, group: Group) -> tuple[float, float] | None:
+        """(a lower bound on the group's predicted score, the head's spread) from its head alone in its schedule
+        (`head_alone`), None when that is not priced. The head's score, but for an int8 head that dequantizes
+        (read only by Adds): alone it stores float32, four times the bytes its group stores, and its vector work
+        differs, so only its load and matrix stages (a group loads what its head loads and runs its matmuls; the
+        analytic model's cycles are at least each stage, `fusion.cost.analytic`) and its priced reads bound the
+        group's (tests/fusion/engine/test_planner_lazy.py)."""
+        head = self.head_alone(group)
+        if head is None:
+            return None
+        qplan = self.mc.qplan
+        quant = qplan.matrix.get(group.nodes[0]) if qplan is not None else None
+        if quant is None or not quant.dequantize:
+            return head.score, head.sd
+        stages = unit_times(head.features, self.mc.config)
+        reads = self.dram_weight * head.features.dram_read_bytes / self.mc.config.dram_bytes_per_cycle
+        return max(stages.load, stages.matrix) + reads, head.sd
+
     @staticmethod
-    def _dominated(best: Evaluated, head: Evaluated) -> bool:
-        """Whether a group whose score is at least `head`'s (with about its spread) is too far past `best` to be
+    def _dominated(best: Evaluated, floor: float, sd: float) -> bool:
+        """Whether a group whose score is at least `floor` (with about `sd` of spread) is too far past `best` to be
         worth building: the expected regret of taking `best` over it is below REGRET_FLOOR of `best`'s score."""
-        return head.score > best.score and expected_regret(best.score, best.sd, head.score, head.sd) < (
-            REGRET_FLOOR * best.score
-        )
+        return floor > best.score and expected_regret(best.score, best.sd, floor, sd) < REGRET_FLOOR * best.score
 
     def jointly(self, done: list[Evaluated]) -> list[Evaluated]:
         """Built schedules of one set of nodes re-priced together (`CostModel.predict_group`: the learned model
@@ -704,10 +721,15 @@ def plan_dynamic(
     and whose nodes are still free; every remaining node gets its best single-node schedule. GEMM-led candidates
     include their zero-skip variants when the operand's live profile is sparse. With `nodes`, only those nodes are
     planned (candidates inside them; no other node is built or priced) and the plan holds their groups only: local
-    re-planning. With `guard`, the plan is then checked region by region against `static` and `none` (`guard_plan`)."""
+    re-planning. With `guard`, the plan is then checked region by region against `static` and `none` (`guard_plan`).
+
+    Candidates are weighed (built, priced, their gain measured where uncertain) lazily, branch and bound on the
+    gain (`gain_bound`, from shapes and the single-node kernels already priced): one is weighed only while its
+    bound reaches the largest gain still to be decided, or when it might contest the candidate about to be taken
+    (`may_rival`). A candidate whose nodes are taken before then is never weighed (resnet18 224: a conv + Add is
+    never built once its conv + Add + Relu, whose gain it cannot reach, is taken)."""
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
-    scored: list[Scored] = []
     rejected: list[tuple[tuple[str, ...], str]] = []
     options = {
         n.name: ev.with_twins(schedules(mc, Candidate((n.name,), "single"))) for n in mc.graph.nodes if n.name in region
@@ -718,32 +740,63 @@ def plan_dynamic(
     singles = ev.map(lambda name: ev.best(options[name]), names)
     alone: dict[str, tuple[Evaluated | None, list, str]] = dict(zip(names, singles, strict=True))
     cands = [c for c in enumerate_candidates(mc.graph) if c.family != "single" and region.issuperset(c.nodes)]
+    bounds = [gain_bound(ev, c, [alone[n][0] for n in c.nodes]) for c in cands]
 
-    def fused(cand: Candidate) -> tuple[Evaluated | None, list, str]:
+    def weigh(i: int) -> Scored | str:
+        """Candidate i built and its gain priced (`fusion_gain`), or why it cannot run."""
+        cand = cands[i]
         decision = structurally_legal(mc, [mc.graph.node(n) for n in cand.nodes], cand.family)
         if not decision:
-            return None, [], decision.reason
+            return decision.reason
         groups = ev.with_twins(_narrowed(ev, cand))
-        kept = within_reach(ev, groups, [alone[n][0] for n in cand.nodes], threshold)
-        return ev.best(kept) if kept else (None, [], "every schedule's lower bound leaves no gain past its bar")
-
-    for cand, (best, alts, reason) in zip(cands, ev.map(fused, cands), strict=True):
-        if best is None:
-            rejected.append((cand.nodes, reason))
-            continue
         parts = [alone[n][0] for n in cand.nodes]
+        kept = within_reach(ev, groups, parts, threshold)
+        if not kept:
+            return "every schedule's lower bound leaves no gain past its bar"
+        best, alts, reason = ev.best(kept)
+        if best is None:
+            return reason
         if any(p is None for p in parts):
-            scored.append(Scored(float("inf"), float("inf"), best, alts, cand, threshold))
-            continue
+            return Scored(float("inf"), float("inf"), best, alts, cand, threshold)
         gain, bar = fusion_gain(ev, best, parts, threshold)
-        scored.append(Scored(gain, sum(p.score for p in parts), best, alts, cand, bar))
-    rivals = _uncertain_rivals(scored, alone)
+        return Scored(gain, sum(p.score for p in parts), best, alts, cand, bar)
+
+    scored: dict[int, Scored] = {}  # the candidates weighed and able to run, by index
+    unweighed = set(range(len(cands)))
+    rivals: dict[int, set[int]] = {}
     settled: set[int] = set()  # candidates whose gain is measured (`_measured_gain`)
-    pending = sorted(range(len(scored)), key=lambda i: (-scored[i].gain, i))
+    pending: list[int] = []  # weighed candidates not decided yet, largest gain first
     by_name = {n.name: n for n in mc.graph.nodes}
     planned: dict[str, tuple[Node, ...]] = {}  # the picked groups' nodes, by node
     picked: dict[str, GroupChoice] = {}
-    while pending:
+
+    def order(k: int) -> tuple[float, int]:
+        return -scored[k].gain, k
+
+    def weigh_all(batch: list[int]) -> None:
+        nonlocal rivals
+        for j, weighed in zip(batch, ev.map(weigh, batch), strict=True):
+            unweighed.discard(j)
+            if isinstance(weighed, str):
+                rejected.append((cands[j].nodes, weighed))
+            else:
+                scored[j] = weighed
+                pending.append(j)
+        pending.sort(key=order)
+        rivals = _uncertain_rivals(scored, alone)
+
+    def free(j: int) -> bool:
+        return planned.keys().isdisjoint(cands[j].nodes)
+
+    while True:
+        # branch and bound: the candidate of the largest gain bound is weighed while it reaches the largest gain
+        # still to be decided (one at a time, so what is weighed does not depend on a compile pool)
+        reach = max((j for j in unweighed if free(j)), key=lambda j: (bounds[j][0], -j), default=None)
+        if reach is not None and (not pending or bounds[reach][0] >= scored[pending[0]].gain):
+            weigh_all([reach])
+            continue
+        if not pending:
+            break
         i = pending.pop(0)
         gain, base, best, alts, cand, bar = scored[i]
         if gain <= bar * base:
@@ -756,6 +809,12 @@ def plan_dynamic(
         if not ordered:
             rejected.append((best.group.nodes, f"with the groups taken before it: {ordered.reason}"))
             continue
+        # candidates not weighed yet that might contest this one: weighed first, then it is decided again
+        contenders = sorted(j for j in unweighed if free(j) and may_rival(scored[i], cands[j], bounds[j], alone))
+        if contenders:
+            weigh_all(contenders)
+            pending = sorted([i, *pending], key=order)
+            continue
         # rivals still free that might deserve the nodes first: their gains and this one's measured, then re-sorted
         contest = [j for j in rivals.get(i, ()) if j in pending and planned.keys().isdisjoint(scored[j].cand.nodes)]
         unsettled = [k for k in (i, *contest) if k not in settled] if contest else []
@@ -764,10 +823,12 @@ def plan_dynamic(
                 gain, bar = _measured_gain(ev, scored[k], alone, threshold)
                 scored[k] = scored[k]._replace(gain=gain, bar=bar)
             settled.update(unsettled)
-            pending = sorted([i, *pending], key=lambda k: (-scored[k].gain, k))
+            pending = sorted([i, *pending], key=order)
             continue
         planned.update(dict.fromkeys(best.group.nodes, members))
         picked[best.group.nodes[0]] = _choice(ev, cand, best, alts, f"gain {gain:.0f} (score)")
+    for j in sorted(unweighed):
+        rejected.append((cands[j].nodes, f"not weighed: gain bound {bounds[j][0]:.0f} (score), its nodes taken"))
     for node in mc.graph.nodes:
         if node.name in planned or node.name not in region:
             continue
@@ -777,6 +838,55 @@ def plan_dynamic(
         picked[node.name] = _choice(ev, Candidate((node.name,), "single"), best, alts, "cheapest single-node schedule")
     plan = Plan("dynamic", in_execution_order(mc, picked.values()), tuple(rejected))
     return guard_plan(ev, plan, region) if guard else replace(plan, measured=ev.measurement())
+
+
+def gain_bound(ev: Evaluator, cand: Candidate, parts: list[Evaluated | None]) -> tuple[float, float]:
+    """(an upper bound on the candidate's predicted gain, a lower bound on its fused kernel's score), from what is
+    known without building it: its nodes' best single kernels (priced) and, per schedule, the larger of the
+    schedule's lower bound (`Evaluator.bound`) and, for a head whose drain absorbs the other nodes, the head alone
+    in that schedule when priced (`Evaluator.head_floor`, a lower bound on the group's prediction). The boundary
+    overlap `fusion_gain` subtracts from the parts is left out (it only lowers the gain), and every schedule is
+    counted, the narrowed epilogue ones too (a bound over more schedules is lower). (inf, 0) where a node cannot
+    run alone or a schedule skips zero tiles (priced by the data) or has no bound. A measured gain
+    (`measured_fusion`: the parts simulated) may pass it: the planner weighs a candidate whose bound falls short
+    of a rival's gain only when the rival's uncertainty leaves it a chance (`may_rival`)."""
+    if any(p is None for p in parts):
+        return math.inf, 0.0
+    groups = ev.with_twins(schedules(ev.mc, cand))
+    floors = []
+    for group in groups:
+        head = ev.head_floor(group)
+        floor = max(ev.bound(group), head[0] if head is not None else 0.0)
+        if _skips(group) or floor <= 0.0:
+            return math.inf, 0.0
+        floors.append(floor)
+    if not floors:  # no schedule: weighed last, refused
+        return -math.inf, 0.0
+    least = min(floors)
+    return sum(p.score for p in parts if p is not None) - least, least
+
+
+def may_rival(top: Scored, cand: Candidate, bound: tuple[float, float], alone: Mapping[str, tuple]) -> bool:
+    """Whether a candidate not weighed yet might contest `top` (about to be taken), the test `_uncertain_rivals`
+    makes of two weighed ones with the candidate's gain at its bound: they share nodes and the expected regret of
+    taking `top` first is at least REGRET_FLOOR of the smaller separate score. Nodes both hold cancel in the
+    difference of the gains; the rest is uncertain by their single kernels' spreads and `top`'s fused kernel's
+    (the candidate's fused score is at least its floor, simulated or predicted: no spread), and only by the
+    difference in fused scores when the candidate is a head and consumers inside `top`'s (their core is one:
+    `_core_spread`)."""
+    inside = set(cand.nodes)
+    if inside.isdisjoint(top.cand.nodes) or not math.isfinite(top.base):
+        return False
+    gain, floor = bound
+    mine = sum(alone[n][0].sd for n in top.cand.nodes if n not in inside)
+    theirs = sum(alone[n][0].sd for n in cand.nodes if n not in top.cand.nodes)
+    fused = top.best
+    if inside <= set(top.cand.nodes) and cand.nodes[0] == top.cand.nodes[0]:
+        fused_sd = fused.sd / fused.score * abs(fused.score - floor) if fused.score else 0.0
+    else:
+        fused_sd = fused.sd
+    regret = expected_regret(-top.gain, math.hypot(fused_sd + mine, theirs), -gain, 0.0)
+    return regret >= REGRET_FLOOR * min(top.base, sum(alone[n][0].score for n in cand.nodes))
 
 
 def within_reach(ev: Evaluator, groups: list[Group], parts: list[Evaluated | None], threshold: float) -> list[Group]:
@@ -877,7 +987,7 @@ def _core_spread(fused: Evaluated, core_cycles: float) -> float:
     return relative * abs(fused.cycles - core_cycles)
 
 
-def _uncertain_rivals(scored: list[Scored], alone: Mapping[str, tuple]) -> dict[int, set[int]]:
+def _uncertain_rivals(scored: Mapping[int, Scored], alone: Mapping[str, tuple]) -> dict[int, set[int]]:
     """Candidates sharing nodes compete (the larger gain is taken first): by candidate (its index in `scored`),
     the rivals where the expected regret of that order, from the gains' predicted spreads, is at least
     REGRET_FLOOR of the separate score. `plan_dynamic` measures both gains only when the order decides something:
@@ -899,7 +1009,7 @@ def _uncertain_rivals(scored: list[Scored], alone: Mapping[str, tuple]) -> dict[
             return math.hypot(_core_spread(larger, smaller.cycles) + own(a, b), own(b, a))
         return math.hypot(fa.sd + own(a, b), fb.sd + own(b, a))
 
-    finite = [i for i, s in enumerate(scored) if s.base != float("inf")]
+    finite = [i for i, s in scored.items() if s.base != float("inf")]
     rivals: dict[int, set[int]] = {}
     for x, i in enumerate(finite):
         for j in finite[x + 1 :]:

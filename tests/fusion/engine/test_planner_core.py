@@ -102,7 +102,7 @@ def _rivals(extra: float, relu_sd: float, strategies: tuple[str, str]) -> bool:
         base = sum(alone[n][0].score for n in nodes)
         fused = _evaluated(nodes, strategy, cycles, SPREAD * cycles)
         scored.append(Scored(base - cycles, base, fused, [], Candidate(nodes, "conv"), 0.02))
-    return bool(_uncertain_rivals(scored, alone))
+    return bool(_uncertain_rivals(dict(enumerate(scored)), alone))
 
 
 def test_nested_rivals_of_one_schedule_share_their_core() -> None:

@@ -61,7 +61,7 @@ def _ranked(dtype, make) -> list:
         assert done[0].group == min(built, key=lambda e: e.score).group
         for g in groups:  # what was skipped: past the best's score by its matrix bound, or its head far past it
             if (g, 0.0) not in ev._memo and ev.bound(g) < done[0].score:
-                head = ev.head_alone(g)
-                assert head is not None and ev._dominated(done[0], head)
+                floor = ev.head_floor(g)
+                assert floor is not None and ev._dominated(done[0], *floor)
                 skipped.append(g)
     return skipped

@@ -55,7 +55,7 @@ def _settle(shared_sd: float, own_sd: float, gains: tuple[float, float]) -> bool
         base = sum(alone[n][0].score for n in nodes)
         fused = _evaluated(nodes, base - gain, 10.0)
         scored.append(Scored(gain, base, fused, [], Candidate(nodes, "chain"), 0.02))
-    rivals = _uncertain_rivals(scored, alone)
+    rivals = _uncertain_rivals(dict(enumerate(scored)), alone)
     assert rivals in ({}, {0: {1}, 1: {0}})  # a pair, both ways
     for s in scored:  # a measured gain is the measured scores' (+1 per part, +1 for the fused kernel) where it
         # passes its bar; below, the fused kernel's simulation stops at the budget and the gain is at most the bar
