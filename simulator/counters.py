@@ -9,7 +9,8 @@ aggregation gives whole-run and per-kernel counters.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, make_dataclass
-from itertools import chain
+from itertools import repeat
+from operator import is_not
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,17 +100,15 @@ class Snapshot:
 
 def snapshot(m: Machine) -> Snapshot:
     """The run's per-pc lists as arrays (`np.fromiter`: no per-element type discovery; a planning run converts
-    tens of thousands of pcs)."""
+    tens of thousands of pcs); the statistics rows (`array`s of int64, `Machine.row`) as one buffer."""
     n = len(m.stats)
     fusion = np.zeros(n, dtype=bool)
     fusion[: len(m.fusion)] = m.fusion
     stats = np.zeros((n, E.STAT_FIELDS), dtype=np.int64)
-    rows = [row for row in m.stats if row is not None]
+    rows = b"".join(filter(None, m.stats))  # (a row is never empty)
     if rows:
-        used = np.fromiter((row is not None for row in m.stats), dtype=bool, count=n)
-        stats[used] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * E.STAT_FIELDS).reshape(
-            len(rows), E.STAT_FIELDS
-        )
+        used = np.fromiter(map(is_not, m.stats, repeat(None)), dtype=bool, count=n)
+        stats[used] = np.frombuffer(rows, dtype=np.int64).reshape(-1, E.STAT_FIELDS)
     return Snapshot(
         stats,
         np.fromiter(m.count, dtype=np.int64, count=len(m.count)),

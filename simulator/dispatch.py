@@ -43,6 +43,11 @@ def _vector_family(prefix: str, module: ModuleType) -> dict[str, Builder]:
     }
 
 
+def _bound(run: Once) -> Builder:
+    """The builder of `run`'s steps: `run` bound to the machine, pc and instruction."""
+    return lambda m, pc, ins: partial(run, m, pc, ins)
+
+
 BUILDERS: dict[str, Builder] = {
     **{name: scalar.alu(name, immediate=False) for name, _, _ in SCALAR_ALU},
     **{name + "i": scalar.alu(name, immediate=True) for name, _, _ in SCALAR_ALU if name in SCALAR_IMM},
@@ -58,8 +63,8 @@ BUILDERS: dict[str, Builder] = {
     "nop": scalar.nop,
     "halt": scalar.halt,
     "fence": scalar.fence,
-    "sync.push": scalar.sync_push,
-    "sync.pop": scalar.sync_pop,
+    "sync.push": _bound(scalar.sync_push),
+    "sync.pop": _bound(scalar.sync_pop),
     "bz.tile": scalar.zero_test(branch_if_zero=True),
     "bnz.tile": scalar.zero_test(branch_if_zero=False),
     "dispatch": scalar.dispatch,
@@ -91,16 +96,11 @@ BUILDERS: dict[str, Builder] = {
 # instructions run at once the first time a pc is reached, without a step (`Machine._first`): a step is built for
 # such a pc only when it is reached again (a loop or a branch back); these are the most frequent ones in
 # straight-line code, whose step would cost more to build than the instruction costs to run
-RUN_ONCE: dict[str, Once] = {"li": scalar.li_now}
+RUN_ONCE: dict[str, Once] = {"li": scalar.li_now, "sync.push": scalar.sync_push, "sync.pop": scalar.sync_pop}
 
 # a run without values (`Machine.values` False) does the frequent unit instructions of straight-line code each by one
 # function of (machine, pc, instruction) that makes the accesses and queues the op but computes nothing: run once at
 # first reach as `RUN_ONCE`, and bound to its pc (`partial`) as its step when reached again
-def _bound(run: Once) -> Builder:
-    """The builder of `run`'s steps: `run` bound to the machine, pc and instruction."""
-    return lambda m, pc, ins: partial(run, m, pc, ins)
-
-
 TIMED: dict[str, Once] = {
     "mx.preload": matrix.preload_timed,
     "mx.mm": matrix.matmul_timed(accumulate=False),

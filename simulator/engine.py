@@ -241,7 +241,7 @@ class Engine:
     def advance(self, limit: float, until: Op | None = None) -> None:
         """Start, in time order, every queued instruction that can start at or before `limit` (with `until`: stop
         once that one has started)."""
-        queues, cand, candidate, start = self.queues, self.cand, self._candidate, self._start
+        queues, cand = self.queues, self.cand
         while self.pending:
             best_t = self.scan_t
             if best_t is None:
@@ -250,7 +250,7 @@ class Engine:
                 if len(queue) == self.pending:  # the only unit with queued work: no other to look at
                     best_t = cand[best]
                     if best_t is None:
-                        best_t = cand[best] = candidate(best, queue[0])
+                        best_t = cand[best] = self._candidate(best, queue[0])
                     if best_t == INF:
                         best = -1
                 else:
@@ -260,7 +260,7 @@ class Engine:
                         if queue:
                             c = cand[u]
                             if c is None:
-                                c = cand[u] = candidate(u, queue[0])
+                                c = cand[u] = self._candidate(u, queue[0])
                             if c < best_t:
                                 best, best_t = u, c
                 self.scan_u, self.scan_t = best, best_t
@@ -268,7 +268,7 @@ class Engine:
                 best = self.scan_u
             if best < 0 or best_t > limit:
                 return
-            start(best, best_t)  # (a finite candidate is an int: only INF is a float)
+            self._start(best, best_t)  # (a finite candidate is an int: only INF is a float)
             if until is not None and until.start >= 0:
                 return
 

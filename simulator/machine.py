@@ -10,6 +10,7 @@ built of the same words. Each step is built when the run first reaches it.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from simulator.remaining import remaining_bounds
 from simulator.units.matrix import WeightShape
 
 Step = Callable[[], int]
+# a statistics row: int64s (`counters.snapshot` takes all of a run's rows as one buffer, no int converted one by one)
+_ZERO_ROW = array("q", bytes(8 * STAT_FIELDS))
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
 # straight-line code checks the watchdog at least this often (taken branches and loop ends check it too), so a
 # cycle budget (`MachineConfig.max_cycles`) stops a long unrolled kernel soon after it is exceeded
@@ -210,7 +213,7 @@ class Machine:
         """The statistics row of `pc` (see simulator.engine's S_* fields), allocated on first use."""
         row = self.stats[pc]
         if row is None:
-            row = self.stats[pc] = [0] * STAT_FIELDS
+            row = self.stats[pc] = _ZERO_ROW[:]
         return row
 
     def read_local(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:

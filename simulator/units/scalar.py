@@ -235,48 +235,42 @@ def halt(m: Machine, pc: int, ins: Instruction) -> Step:
     return step
 
 
-def sync_push(m: Machine, pc: int, ins: Instruction) -> Step:
+def sync_push(m: Machine, pc: int, ins: Instruction) -> int:
+    """`sync.push` run (`simulator.dispatch.RUN_ONCE`; bound to its pc as its step when reached again)."""
     src, dst = ins.values
-    nxt, row = pc + 1, m.row(pc)
-    tokens = m.tokens.setdefault((src, dst), deque())
-
-    def step() -> int:
-        clock = m.races.token(src) if m.races is not None else None
-        if src == Unit.scalar:
-            tokens.append((retired_token(m.now), clock))
-            m.now += scalar_cycles(m.cfg)
-            return nxt
-        op = m.unit_op(src, pc, sync_cycles(m.cfg), row)
-        tokens.append((op, clock))
-        m.submit(op)
-        return nxt
-
-    return step
+    tokens = m.tokens.get((src, dst))
+    if tokens is None:
+        tokens = m.tokens[src, dst] = deque()
+    clock = m.races.token(src) if m.races is not None else None
+    if src == Unit.scalar:
+        tokens.append((retired_token(m.now), clock))
+        m.now += scalar_cycles(m.cfg)
+        return pc + 1
+    op = m.unit_op(src, pc, sync_cycles(m.cfg), m.row(pc))
+    tokens.append((op, clock))
+    m.submit(op)
+    return pc + 1
 
 
-def sync_pop(m: Machine, pc: int, ins: Instruction) -> Step:
+def sync_pop(m: Machine, pc: int, ins: Instruction) -> int:
+    """`sync.pop` run (`simulator.dispatch.RUN_ONCE`; bound to its pc as its step when reached again)."""
     src, dst = ins.values
-    nxt, row = pc + 1, m.row(pc)
-    tokens = m.tokens.setdefault((src, dst), deque())
-    names = f"{Unit(src).name} -> {Unit(dst).name}"
-
-    def step() -> int:
-        if not tokens:
-            raise Fault(f"sync.pop {names} has no earlier sync.push to match (push tokens earlier in program order)")
-        push, clock = tokens.popleft()
-        if m.races is not None:
-            m.races.join(dst, clock)
-        if dst == Unit.scalar:
-            m.engine.wait_for(push)
-            if push.finish > m.now:
-                row[S_TOKEN] += push.finish - m.now
-                m.now = push.finish
-            m.now += scalar_cycles(m.cfg)
-            return nxt
-        m.submit(m.unit_op(dst, pc, sync_cycles(m.cfg), row, POP, push))
-        return nxt
-
-    return step
+    tokens, row = m.tokens.get((src, dst)), m.row(pc)
+    if not tokens:
+        names = f"{Unit(src).name} -> {Unit(dst).name}"
+        raise Fault(f"sync.pop {names} has no earlier sync.push to match (push tokens earlier in program order)")
+    push, clock = tokens.popleft()
+    if m.races is not None:
+        m.races.join(dst, clock)
+    if dst == Unit.scalar:
+        m.engine.wait_for(push)
+        if push.finish > m.now:
+            row[S_TOKEN] += push.finish - m.now
+            m.now = push.finish
+        m.now += scalar_cycles(m.cfg)
+        return pc + 1
+    m.submit(m.unit_op(dst, pc, sync_cycles(m.cfg), row, POP, push))
+    return pc + 1
 
 
 def zero_test(branch_if_zero: bool) -> Builder:
