@@ -145,7 +145,11 @@ class ProgramBuilder:
     # --- data ------------------------------------------------------------------------------
 
     def i8(self, *values: Any) -> ProgramBuilder:
-        """Bytes in [-128, 255]: ints, symbol names, or one sequence / numpy array."""
+        """Bytes in [-128, 255]: ints, symbol names, or one sequence / numpy array; or one bytes object, taken
+        as it is (a kernel's constants image, megabytes: not copied)."""
+        if len(values) == 1 and type(values[0]) is bytes and values[0]:
+            self._add(ir.Data("i8", values[0], _caller()))
+            return self
         return self._data("i8", values)
 
     def i32(self, *values: Any) -> ProgramBuilder:

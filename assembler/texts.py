@@ -18,6 +18,7 @@ from collections import OrderedDict
 MAX_TEXTS = 1024
 MAX_WORDS = 1 << 21  # words kept (~80 MB as Python ints at most, most of it shared with live programs)
 MAX_DATA_BYTES = 1 << 28  # data section bytes kept (shared with the live programs holding them)
+SAMPLE = 257  # a data section's bytes its key hashes: every SAMPLE-th (`_Section`)
 
 
 class TextCache:
@@ -28,7 +29,7 @@ class TextCache:
         self.hits = self.misses = 0
         self._texts: OrderedDict[tuple[int, ...], tuple[int, ...]] = OrderedDict()  # a text -> itself
         self._words = 0
-        self._data: OrderedDict[bytes, bytes] = OrderedDict()
+        self._data: OrderedDict[_Section, bytes] = OrderedDict()
         self._data_bytes = 0
         self._lock = threading.Lock()
 
@@ -56,12 +57,32 @@ class TextCache:
         out first within `max_data` bytes (a section over the bound alone is not kept)."""
         if not data or len(data) > self.max_data:
             return data
+        key = _Section(data)
         with self._lock:
-            kept = self._data.setdefault(data, data)
+            kept = self._data.setdefault(key, data)
             if kept is data:
                 self._data_bytes += len(data)
-            self._data.move_to_end(data)
+            self._data.move_to_end(key)
             while self._data and self._data_bytes > self.max_data:
                 _, old = self._data.popitem(last=False)
                 self._data_bytes -= len(old)
             return kept
+
+
+class _Section:
+    """A data section as a key of `TextCache._data`: hashed by its length and every SAMPLE-th byte, equal by all
+    of its bytes (hashing every byte of a model's sections, megabytes of weights each, cost a planner more than
+    the rest of their sharing; sections of one length that sample alike are then told apart by comparing them,
+    which stops at their first difference)."""
+
+    __slots__ = ("data", "_hash")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._hash = hash((len(data), data[::SAMPLE]))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Section) and self.data == other.data

@@ -182,12 +182,15 @@ def _intervals(graph: Graph, plan: QuantPlan | None, roots: Mapping[str, str]) -
 
 
 def _data_section(forms: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, int]]:
-    chunks, addresses, offset = [], {}, 0
+    """The constants back to back, each aligned, and their offsets. Joined from the arrays' own buffers: one
+    copy of the section (megabytes of weights per candidate kernel), not one more per array first."""
+    chunks: list = []
+    addresses, offset = {}, 0
     for key, array in forms.items():
-        raw = np.ascontiguousarray(array).tobytes()
+        raw = np.ascontiguousarray(array)
         addresses[key] = offset
-        padded = align(max(len(raw), 1))
-        chunks.append(raw + bytes(padded - len(raw)))
+        padded = align(max(raw.nbytes, 1))
+        chunks += [raw, bytes(padded - raw.nbytes)]
         offset += padded
     return b"".join(chunks), addresses
 
@@ -359,7 +362,7 @@ def finish_program(b: ProgramBuilder, data: bytes) -> ObjectFile:
     if data:
         b.data()
         b.label("constants")
-        b.i8(np.frombuffer(data, dtype=np.uint8))
+        b.i8(data)
     return b.build()
 
 

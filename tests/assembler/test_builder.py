@@ -146,6 +146,11 @@ def test_numpy_data_is_range_checked_and_encoded_like_text() -> None:
     b.data().i8(values).i32(np.array([-1, 2**32 - 1], dtype=np.int64))
     text = ".data\n.i8 " + ", ".join(map(str, values)) + "\n.i32 -1, 4294967295\n"
     assert b.build().data == assemble(text).data
+    image = bytes(range(256)) * 3  # one bytes object: the section's bytes as they are, the object itself kept
+    b = ProgramBuilder()
+    b.data().i8(image)
+    assert b.build().data == assemble(".data\n.i8 " + ", ".join(map(str, image)) + "\n").data
+    assert ProgramBuilder().data().i8(image).build().data is image
     with pytest.raises(AssemblyError, match=r"outside \[-128, 255\]"):
         ProgramBuilder().data().i8(np.array([256]))
     with pytest.raises(AssemblyError, match="too large for single precision"):

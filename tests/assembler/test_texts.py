@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from assembler import AssemblyError, ProgramBuilder, TextCache
+from assembler.texts import SAMPLE
 
 
 def _program(texts: TextCache | None, imm: int = 7, data: int = 1, pad: int = 4, kernel: str = "k") -> ProgramBuilder:
@@ -82,3 +83,13 @@ def test_equal_data_sections_are_one_object_and_bounded() -> None:
     kept = fresh(b"ab")
     assert texts.shared_data(kept) is kept and texts.shared_data(fresh(b"ab")) is kept
     assert texts.shared_data(fresh(third.data)) is not third.data  # evicted for "ab": over 8 bytes together
+
+
+def test_data_sections_that_sample_alike_are_told_apart() -> None:
+    """A section's key hashes a sample of its bytes; sections equal there but not elsewhere stay apart."""
+    texts = TextCache()
+    base = bytes(4 * SAMPLE)
+    other = base[:1] + b"\x01" + base[2:]  # differs at byte 1, outside the sample (every SAMPLE-th byte)
+    assert base[::SAMPLE] == other[::SAMPLE]
+    assert texts.shared_data(base) is base and texts.shared_data(other) is other
+    assert texts.shared_data(bytes(bytearray(other))) is other and texts.shared_data(bytes(len(base))) is base
