@@ -56,7 +56,7 @@ def _timed(m: Machine, pc: int, row: list[int], dur: int, dest: int, n: int, dty
     """Timing only (no values): the accesses of writing an `n`-element result of `dtype`, and the queued
     instruction, as `_finish` makes them, without the result."""
     m.written(dest, n, dtype, row)
-    m.submit(m.unit_op(VECTOR, pc, dur, row))
+    m.issue(VECTOR, pc, dur, row)
 
 
 def _binary_operands(
