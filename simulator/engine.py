@@ -346,8 +346,8 @@ class Engine:
                 pipe.open = finish == INF
             elif kind == PLAIN:
                 pipe.hold = finish
-            if finish != INF and finish > pipe.done:
-                pipe.done = int(finish)
+            if finish != INF and finish > pipe.done:  # (a known finish is an int)
+                pipe.done = finish
             end, counted = t + op.dur, pipe.busy_until
             if end > counted:
                 pipe.busy_until = end
