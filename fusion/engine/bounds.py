@@ -37,6 +37,7 @@ from fusion.engine.context import ModelContext
 from fusion.engine.errors import CodegenError
 from fusion.engine.plan import Group
 from fusion.graph.ops import OpType
+from fusion.lower.kernels.conv_depthwise import is_depthwise
 from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.windows import Window, window_of
 from fusion.lower.views import MAX_ROWS
@@ -288,11 +289,12 @@ def baseline_conv_bound(mc: ModelContext, group: Group) -> float:
     channels are rows a plane apart) or per channel and kernel row used (channel-major: a kernel row's taps,
     evenly spaced, join one DMA, and so may the next kernel row's or channel's where they continue the spacing),
     and each channel row of a used tap a burst of its own (the rows of a block spanning the whole plane may be
-    contiguous: a burst per tap then). 0 for any other node."""
+    contiguous: a burst per tap then). 0 for any other node, and for a depthwise Conv (the baseline's vector
+    kernel, `lower.kernels.conv_depthwise`: mobilenet_v2's were bounded up to 16x past their cycles)."""
     graph, cfg = mc.graph, mc.config
     node = graph.node(group.nodes[0])
-    if len(group.nodes) != 1 or node.op != OpType.Conv:
-        return 0.0
+    if len(group.nodes) != 1 or node.op != OpType.Conv or is_depthwise(graph, node):
+        return 0.0  # (a depthwise Conv runs on the vector unit where its kernel applies: `lower.kernels.windows`)
     w = window_of(graph, node)
     used = _taps_read(mc, w)
     kh, kw, blocks = used.shape

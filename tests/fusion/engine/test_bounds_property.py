@@ -32,12 +32,17 @@ TIGHT = 1.3  # on each kind, some kernel's cycles are below TIGHT x its bound
 SHAPE_TIGHT = 1.4  # the same for a conv schedule's shape bound (it cannot see the tiling the generator picks)
 
 
-def conv_block(c: int, cout: int, size: int, kernel: int, stride: int, residual: bool, seed: int = 0) -> Graph:
-    """Conv (+ bias) -> Relu (-> + x -> Relu when the shapes allow): a resnet basic block's first half."""
+def conv_block(
+    c: int, cout: int, size: int, kernel: int, stride: int, residual: bool, seed: int = 0, depthwise: bool = False
+) -> Graph:
+    """Conv (+ bias) -> Relu (-> + x -> Relu when the shapes allow): a resnet basic block's first half; depthwise:
+    one channel a group (Cout = C, as MobileNet's)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("block")
     x = b.input("x", (1, c, size, size))
-    w = (rng.standard_normal((cout, c, kernel, kernel)) / np.sqrt(c * kernel * kernel)).astype(np.float32)
+    cout = c if depthwise else cout
+    cg = 1 if depthwise else c
+    w = (rng.standard_normal((cout, cg, kernel, kernel)) / np.sqrt(cg * kernel * kernel)).astype(np.float32)
     pad = kernel // 2
     h = b.op(
         OpType.Conv,
@@ -48,7 +53,7 @@ def conv_block(c: int, cout: int, size: int, kernel: int, stride: int, residual:
         pads=(pad,) * 4,
         strides=(stride, stride),
         dilations=(1, 1),
-        group=1,
+        group=c if depthwise else 1,
     )
     h = b.op(OpType.Relu, h, name="relu")
     if residual and c == cout and stride == 1:
@@ -121,9 +126,10 @@ def _check(graph: Graph, dtype: str) -> None:
     stride=st.sampled_from([1, 2]),
     residual=st.booleans(),
     dtype=st.sampled_from(["int8", "fp32"]),
+    depthwise=st.booleans(),
 )
-def test_the_bound_holds_on_conv_blocks(c, cout, size, kernel, stride, residual, dtype) -> None:
-    _check(conv_block(c, cout, size, kernel, stride, residual), dtype)
+def test_the_bound_holds_on_conv_blocks(c, cout, size, kernel, stride, residual, dtype, depthwise) -> None:
+    _check(conv_block(c, cout, size, kernel, stride, residual, depthwise=depthwise), dtype)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from engine_helpers import context
+from engine_helpers import context, gemm_graph, linear_relu_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +76,38 @@ def test_the_gain_bound_is_at_least_every_schedules_predicted_gain(block, seed) 
         assert floor <= least * (1 + 1e-9), (cand.nodes, floor, least)
         assert bound >= sum(p.score for p in parts) - least - 1e-6 * least, (cand.nodes, bound)
         checked += 1
+    assert checked
+
+
+GRAPHS = [
+    lambda: basic_block(16, 8, 1, 0),
+    lambda: basic_block(16, 8, 2, 1),
+    lambda: gemm_graph(48, 64, 80),
+    lambda: linear_relu_graph(48, 64, 80),
+]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp32"])
+@pytest.mark.parametrize("make", GRAPHS)
+def test_the_score_bound_holds_for_every_built_schedule(make, dtype) -> None:
+    """`Evaluator.bound` (the shape bound plus the priced traffic every schedule has, weights included) is at most
+    every built schedule's predicted score and its simulated cycles plus its priced traffic."""
+    graph = make()
+    rng = np.random.default_rng(2)
+    mc = context(graph, {v: rng.standard_normal(graph.types[v].shape).astype(np.float32) for v in graph.inputs}, dtype)
+    ev = Evaluator(mc, AnalyticCostModel(), {}, repeats=False)
+    checked = 0
+    for cand in enumerate_candidates(graph):
+        for group in schedules(mc, cand):
+            bound = ev.bound(group)
+            if bound <= 0.0:
+                continue
+            e = ev.evaluate(group)
+            if not isinstance(e, Evaluated):
+                continue
+            assert bound <= e.score * (1 + 1e-9), (group, bound, e.score)
+            assert bound <= ev.measured_score(e) * (1 + 1e-9), (group, bound)
+            checked += 1
     assert checked
 
 
