@@ -32,7 +32,7 @@ from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emit, Emitter, Step, f32_bits
 from fusion.lower.kernels.conv_geometry import ConvGeometry, conv_geometry
 from fusion.lower.kernels.frame import MAX_N
-from fusion.lower.kernels.matmul_loops import emit_items
+from fusion.lower.kernels.matmul_loops import emit_keyed
 from fusion.lower.kernels.matrix import bias_view, dequant_scales, requant, requant_table
 from fusion.lower.kernels.movement import copy_steps
 from fusion.lower.kernels.vector_ops import dequantize, fill, quantize_tile
@@ -579,9 +579,9 @@ class _Kernel:
                         at = weights + ((c0 - t.c0) * s.taps + tap * kb) * t.tn * size
                         start = block + offset * kb * size
                         mm = "mx_mma" if opened else "mx_mm"
-                        items.append((("mx_preload", (at,), (kb, t.tn, preload)), (mm, (t.acc, start), (stream,))))
+                        items.append(((("mx_preload", 1, (kb, t.tn, preload)), (mm, 2, (stream,))), (at, t.acc, start)))
                         opened = True
-            emit_items(em, items)
+            emit_keyed(em, items)
             if last:
                 rows = DrainBand(t.acc, t.rows, t.tn, s.pitch, s.valid, s.cols)
                 self.ep.drain(em, rows, tiles, out_tile)

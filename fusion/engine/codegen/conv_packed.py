@@ -60,7 +60,7 @@ from fusion.lower.emitter import Emit, Emitter, Step
 from fusion.lower.errors import MemoryPlanError
 from fusion.lower.kernels.conv_geometry import ConvGeometry
 from fusion.lower.kernels.frame import MAX_N
-from fusion.lower.kernels.matmul_loops import emit_items
+from fusion.lower.kernels.matmul_loops import emit_keyed
 from fusion.lower.kernels.vector_ops import fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting, slot
@@ -426,12 +426,15 @@ def _run(address: int, size: int, tile: int, dt: DType) -> list[tuple[View, int]
     return loads + ([(dense(address + head, (rest,), dt), tile + head)] if rest else [])
 
 
-def _matmul(accumulate: bool, acc: int, tile: int, stride: int, dense_stride: int, rows: int) -> tuple:
-    """The matrix op of one piece: mx.mm(a) on a dense A tile, mx.mm(a).s on rows `stride` bytes apart."""
+def _matmul(
+    accumulate: bool, acc: int, tile: int, stride: int, dense_stride: int, rows: int
+) -> tuple[tuple[str, int, tuple], tuple[int, ...]]:
+    """The matrix op of one piece (its shape and register operand values, as `matmul_loops.Keyed` holds them):
+    mx.mm(a) on a dense A tile, mx.mm(a).s on rows `stride` bytes apart."""
     name = "mx_mma" if accumulate else "mx_mm"
     if stride == dense_stride:
-        return (name, (acc, tile), (rows,))
-    return (name + "_s", (acc, tile, stride), (rows,))
+        return (name, 2, (rows,)), (acc, tile)
+    return (name + "_s", 3, (rows,)), (acc, tile, stride)
 
 
 def channels_last_view(address: int, s: ConvGeometry, block: int, dtype: DType) -> View:
@@ -681,15 +684,12 @@ class _Kernel:
 
         def matmul(em: Emitter) -> None:
             dt = self.dt.name
-            items = [
-                (
-                    ("mx_preload", (w_tile + (p.row - row0) * t.tn * es,), (p.k, t.tn, dt)),
-                    # a later piece adds to the accumulator the first one opened
-                    _matmul(bool(t.kgroup or i), t.acc, tile, stride, p.k * es, stream),
-                )
-                for i, (p, tile, stride) in enumerate(zip(group, a_tiles, a_stride, strict=True))
-            ]
-            emit_items(em, items)
+            items = []
+            for i, (p, tile, stride) in enumerate(zip(group, a_tiles, a_stride, strict=True)):
+                # a later piece adds to the accumulator the first one opened
+                op, values = _matmul(bool(t.kgroup or i), t.acc, tile, stride, p.k * es, stream)
+                items.append(((("mx_preload", 1, (p.k, t.tn, dt)), op), (w_tile + (p.row - row0) * t.tn * es, *values)))
+            emit_keyed(em, items)
             if last:
                 band = DrainBand(t.acc, t.rows, t.tn, s.positions, s.out[1], s.out[1])
                 self.ep.drain(em, band, tiles, out_tile)

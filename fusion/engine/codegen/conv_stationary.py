@@ -44,7 +44,7 @@ from fusion.graph.ir import Graph, Node
 from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.conv_geometry import ConvGeometry
-from fusion.lower.kernels.matmul_loops import emit_items
+from fusion.lower.kernels.matmul_loops import emit_keyed
 from fusion.lower.kernels.windows import window_of
 from fusion.lower.local_alloc import TileArena, largest_fitting
 from fusion.lower.views import MAX_COLS, MAX_ROWS, View, dense
@@ -364,10 +364,11 @@ class _Kernel:
             for t, tile in zip(tiles, a_tiles, strict=True):
                 m, local = self.m(t), w_tile
                 for i, p in enumerate(group):
-                    preload = ("mx_preload", (tile + (p.row - group[0].row) * m * es,), (p.k, m, self.mm_dt.name))
-                    items.append((preload, ("mx_mma" if t.kgroup or i else "mx_mm", (t.acc, local), (t.nc,))))
+                    mm = "mx_mma" if t.kgroup or i else "mx_mm"
+                    shape = (("mx_preload", 1, (p.k, m, self.mm_dt.name)), (mm, 2, (t.nc,)))
+                    items.append((shape, (tile + (p.row - group[0].row) * m * es, t.acc, local)))
                     local += t.nc * p.k * es
-            emit_items(em, items)
+            emit_keyed(em, items)
 
         def epilogue(em: Emitter) -> None:
             for t, out_tile in zip(tiles, outs, strict=True):

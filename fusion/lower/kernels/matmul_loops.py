@@ -16,6 +16,11 @@ from fusion.lower.emitter import Emitter
 # (builder method, register operand values, the other operands): one instruction of an item
 Op = tuple[str, tuple[int, ...], tuple]
 Item = tuple[Op, ...]
+# An item as what the items of one run share, per op (builder method, register operand count, the other operands),
+# and its register operand values in op order: a generator making many items makes them so (`emit_keyed`), each
+# shape once, not an op tuple and a value tuple per instruction taken apart again here
+Shape = tuple[tuple[str, int, tuple], ...]
+Keyed = tuple[Shape, tuple[int, ...]]
 MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
 MAX_TRIPS = 0xFFFF  # `loopi`'s count field
 MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
@@ -25,16 +30,18 @@ _VALUE = itemgetter(0)  # of a (value, step) key
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
     """Emit `items` in order: each maximal run of items of the same instructions whose operand values step by
     the same amounts from one item to the next as a hardware loop, the rest unrolled."""
-    keyed = [_keyed(item) for item in items]
-    flat = [values for _, values in keyed]
+    emit_keyed(em, [_keyed(item) for item in items])
+
+
+def emit_keyed(em: Emitter, items: Sequence[Keyed]) -> None:
+    """`emit_items` of items given as (shape, values) (`Keyed`)."""
     # links[i]: how item i + 1's values step from item i's; None where the two differ in shape
-    links = [tuple(map(sub, b, a)) if sb == sa else None for (sa, a), (sb, b) in zip(keyed, keyed[1:], strict=False)]
+    links = [tuple(map(sub, b, a)) if sb == sa else None for (sa, a), (sb, b) in zip(items, items[1:], strict=False)]
     i = 0
     while i < len(items):
         j = _run_end(links, i)
         step = links[i] if j > i + 1 else ()
-        if not (j - i >= MIN_LOOP and _loop(em, items[i], flat[i], step, j - i)):
-            _unrolled(em, items[i], step, j - i)
+        _emit_run(em, *items[i], step, j - i)
         i = j
 
 
@@ -42,49 +49,39 @@ def emit_run(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None
     """`count` items: `item`, then each with its register operand values (in order) stepped by `step` from the
     one before, as a hardware loop when it is worth one (a generator that knows its run asks this directly,
     without building every item)."""
-    if not (count >= MIN_LOOP and _loop(em, item, _values(item), step, count)):
-        _unrolled(em, item, step, count)
+    _emit_run(em, *_keyed(item), step, count)
 
 
-def _unrolled(em: Emitter, item: Item, step: tuple[int, ...], count: int) -> None:
+def _emit_run(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, ...], count: int) -> None:
+    if not (count >= MIN_LOOP and _loop(em, shape, values, step, count)):
+        _unrolled(em, shape, values, step, count)
+
+
+def _unrolled(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, ...], count: int) -> None:
     emitter, regs = em.emitter, em.regs
     for i in range(count):
-        for name, values, rest in _stepped(item, step, i) if i else item:
-            emitter(name)(*regs(*values), *rest)
+        vals = tuple(v + i * d for v, d in zip(values, step, strict=True)) if i else values
+        k = 0
+        for name, n, rest in shape:
+            emitter(name)(*regs(*vals[k : k + n]), *rest)
+            k += n
 
 
 def steps(first: Item, second: Item) -> tuple[int, ...]:
     """How far each register operand value of `second` is from `first`'s (the step of a run they begin)."""
-    a, b = _values(first), _values(second)
+    a, b = _keyed(first)[1], _keyed(second)[1]
     if len(a) != len(b):
         raise ValueError(f"items of {len(a)} and {len(b)} register operands do not step")
     return tuple(map(sub, b, a))
 
 
-def _values(item: Item) -> tuple[int, ...]:
-    out: tuple[int, ...] = ()
-    for op in item:
-        out += op[1]
-    return out
-
-
-def _keyed(item: Item) -> tuple[tuple, tuple[int, ...]]:
-    """What items of one run share (their instructions, other operands and register operand counts), and the
-    item's register operand values (`_values`), in one pass."""
+def _keyed(item: Item) -> Keyed:
+    """The item as (shape, values) (`Keyed`), in one pass."""
     shape, values = [], ()
     for name, vals, rest in item:
         shape.append((name, len(vals), rest))
         values += vals
     return tuple(shape), values
-
-
-def _stepped(item: Item, step: tuple[int, ...], i: int) -> Item:
-    """`item` with its register operand values moved by i steps."""
-    out, k = [], 0
-    for name, values, rest in item:
-        out.append((name, tuple(v + i * d for v, d in zip(values, step[k : k + len(values)], strict=True)), rest))
-        k += len(values)
-    return tuple(out)
 
 
 def _run_end(links: list[tuple[int, ...] | None], i: int) -> int:
@@ -100,8 +97,8 @@ def _run_end(links: list[tuple[int, ...] | None], i: int) -> int:
     return j + 1
 
 
-def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...], count: int) -> bool:
-    """`run` (`values`: its first item's register operand values): its first item unrolled, the values that step
+def _loop(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, ...], count: int) -> bool:
+    """The run (`values`: its first item's register operand values): its first item unrolled, the values that step
     in registers of its own (`Emitter.claim`), then one `loopi` over the others, each stepping a register (`addi`)
     just before its first use: the matrix unit's first instruction issues as early as unrolled, and the loop costs
     one issue slot more (its `loopi`). False, nothing emitted: the run needs more registers than a loop may hold."""
@@ -112,9 +109,9 @@ def _loop(em: Emitter, item: Item, values: tuple[int, ...], step: tuple[int, ...
     regs: dict[tuple[int, int], int] = {}
     reg = regs.__getitem__  # (operands by `map`: no comprehension frame per instruction)
     ops, k = [], 0
-    for name, vals, rest in item:
-        used = keys[k : k + len(vals)]
-        k += len(vals)
+    for name, n, rest in shape:
+        used = keys[k : k + n]
+        k += n
         fixed = []
         for key in used:  # the op's stepping values claimed in order, then its fixed ones looked up at once
             if not key[1]:
