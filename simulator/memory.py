@@ -114,9 +114,8 @@ class Memory:
         starts = shadow + stride * np.arange(rows)
         first = starts - (self._spad_bytes if is_acc else 0)  # offsets within the scratchpad or accumulator
         bank_bytes, bank0 = (self._acc_bank_bytes, self._acc_bank0) if is_acc else (self._spad_bank_bytes, 0)
-        mask = 0
-        for lo, hi in dict.fromkeys(zip(first // bank_bytes, (first + count * size - 1) // bank_bytes, strict=True)):
-            mask |= ((2 << int(hi)) - (1 << int(lo))) << bank0
+        lo, hi = first // bank_bytes, (first + count * size - 1) // bank_bytes  # each row's first and last bank
+        mask = int(np.bitwise_or.reduce((np.left_shift(2, hi) - np.left_shift(1, lo)) << bank0))
         found = view, mask if count else 0, is_acc, (starts[:, None] + np.arange(count * size)).ravel()
         if len(self._strided) >= RESOLVED_ACCESSES:
             self._strided.clear()
