@@ -401,9 +401,10 @@ class Evaluator:
         """(a lower bound on the group's predicted score, the head's spread) from its head alone in its schedule
         (`head_alone`), None when that is not priced. The head's score, but for an int8 head that dequantizes
         (read only by Adds): alone it stores float32, four times the bytes its group stores, and its vector work
-        differs, so only its load and matrix stages (a group loads what its head loads and runs its matmuls; the
-        analytic model's cycles are at least each stage, `fusion.cost.analytic`) and its priced reads bound the
-        group's (tests/fusion/engine/test_planner_lazy.py)."""
+        differs (resnet18 224: conv2 + Add + Relu is predicted up to 6% below its stores-less head), so only its
+        load and matrix stages (a group loads what its head loads and runs its matmuls; the analytic model's cycles
+        are at least each stage, `fusion.cost.analytic`) and its priced reads bound the group's
+        (tests/fusion/engine/test_planner_lazy.py)."""
         head = self.head_alone(group)
         if head is None:
             return None
