@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import compress
 from operator import attrgetter, itemgetter
+from typing import TypeVar
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from simulator.remaining import remaining_bounds
 from simulator.units.matrix import WeightShape
 
 Step = Callable[[], int]
+T = TypeVar("T")
 # a statistics row: int64s (`counters.snapshot` takes all of a run's rows as one buffer, no int converted one by one)
 _ZERO_ROW = array("q", bytes(8 * STAT_FIELDS))
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
@@ -87,29 +90,28 @@ def decode_text(text: Sequence[int]) -> DecodedText:
         errors: dict[int, str] = {}
     except EncodingError:
         table, errors = _with_illegal(text)
-    mnemonics = set(map(_mnemonic, filter(None, map(_first, table.values()))))  # (the word passes run in C)
+    legal = {w: d for w, d in table.items() if d[0] is not None} if errors else table
+    words, names = list(legal), list(map(_mnemonic, map(_first, legal.values())))  # (the word passes run in C)
+    mnemonics = set(names)
     loops = (
-        {
-            w: i.field(LOOP_END_FIELD[i.spec.mnemonic])
-            for w, (i, _) in table.items()
-            if i is not None and i.spec.mnemonic in LOOP_END_FIELD
-        }
+        {w: legal[w][0].field(LOOP_END_FIELD[legal[w][0].spec.mnemonic]) for w in _where(words, names, LOOP_END_FIELD)}
         if not mnemonics.isdisjoint(LOOP_END_FIELD)
         else {}
     )
-    fusion = (
-        [w for w, (i, _) in table.items() if i is not None and i.spec.extension is Extension.fusion]
-        if not mnemonics.isdisjoint(FUSION)
-        else []
-    )
+    fusion = list(_where(words, names, FUSION)) if not mnemonics.isdisjoint(FUSION) else []
     return DecodedText(
         text,
         table,
         {pc: errors[w] for pc, w in enumerate(text) if w in errors} if errors else {},
-        frozenset(pc + loops[w] for pc, w in enumerate(text) if w in loops) if loops else frozenset(),
+        frozenset(pc + loops[text[pc]] for pc in _where(range(len(text)), text, loops)) if loops else frozenset(),
         not mnemonics.isdisjoint(READS_DATA),
         _fusion_pcs(text, fusion),
     )
+
+
+def _where(items: Iterable[T], keys: Iterable[object], wanted: Container[object]) -> Iterator[T]:
+    """The items whose key is in `wanted` (one pass in C)."""
+    return compress(items, map(wanted.__contains__, keys))
 
 
 _first, _mnemonic = itemgetter(0), attrgetter("spec.mnemonic")
