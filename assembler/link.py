@@ -314,18 +314,15 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
     the general path (`_general_word`), in program order, so problems are reported as they were."""
     rows: list[int] = []
     args: list[tuple] = []
-    locs: list[Any] = []
     cols: dict[int, tuple[int, ...]] = {}  # text items: the column of each operand
     for item, pc in placed:
         kind = type(item)
         if kind is InstrRun:
             rows += item.rows
             args += item.args
-            locs += item.locs
         elif kind is Instr:
             rows.append(ROW[item.spec.mnemonic])
             args.append(item.args)
-            locs.append(item.loc)
             cols[pc] = item.cols
     words = np.zeros(len(rows), dtype=np.uint64)
     ids = np.array(rows, dtype=np.intp)
@@ -338,9 +335,24 @@ def _encode(state: _Linker, placed: list[tuple[Item, int]]) -> list[int]:
         words[at[plain]] = encoded[plain]
         general.append(at[~plain])
     text_len = len(rows)
-    for pc in np.sort(np.concatenate(general)).tolist() if general else ():
+    pcs = np.sort(np.concatenate(general)).tolist() if general else []
+    locs = _locations(placed) if pcs else []
+    for pc in pcs:
         words[pc] = _general_word(state, INSTRUCTIONS[rows[pc]], args[pc], locs[pc], cols.get(pc, ()), pc, text_len)
     return words.tolist()
+
+
+def _locations(placed: list[tuple[Item, int]]) -> list[Any]:
+    """Where each instruction was written, by pc: only a general-path word needs one (a builder's programs mostly
+    have none, and a million locations cost a list as long)."""
+    locs: list[Any] = []
+    for item, _ in placed:
+        kind = type(item)
+        if kind is InstrRun:
+            locs += item.locs
+        elif kind is Instr:
+            locs.append(item.loc)
+    return locs
 
 
 def _general_word(state: _Linker, spec: InstructionSpec, args: tuple, loc: Any, cols: tuple, pc: int, n: int) -> int:

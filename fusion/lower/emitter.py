@@ -18,6 +18,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from assembler.builder import ProgramBuilder
 from fusion.lower.errors import LoweringError
@@ -185,10 +186,10 @@ def run_pipeline(em: Emitter, steps: Sequence[Step], depth: int = DEPTH) -> None
             plans[s][i][1](em)
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):
     """A `sync.push` or `sync.pop` of the pipeline; `key` names the hand-over or credit, the same for the push
-    and the pop meant to take it."""
+    and the pop meant to take it. (A named tuple: a kernel's pipeline plans tens of thousands, and a frozen
+    dataclass's `__init__` costs several times a tuple's.)"""
 
     push: bool
     src: Unit
