@@ -422,6 +422,7 @@ def _tile_step(
             em.b.v_sub(*em.regs(acc, acc, acc), rows * width, "i32")
 
     def matmul(em: Emitter) -> None:
+        preload, mx_mm, mx_mma = em.emitter("mx_preload"), em.emitter("mx_mm"), em.emitter("mx_mma")  # (unrolled)
         for index, (k0, kb, a_addr, dt) in enumerate(a_slices):
             ra = em.reg(a_addr)
             skip = em.local_label("zs")
@@ -431,8 +432,8 @@ def _tile_step(
                 ra = em.reg(a_addr)
                 em.b.bz_tile(ra, rows * kb, dt.name, skip)
             for _, (_, width), b_addr, es, _, acc, _ in tiles:
-                em.b.mx_preload(em.reg(b_addr + k0 * width * es), kb, width, dt.name)
-                mm = em.b.mx_mm if index == 0 and not zero_skip else em.b.mx_mma
+                preload(em.reg(b_addr + k0 * width * es), kb, width, dt.name)
+                mm = mx_mm if index == 0 and not zero_skip else mx_mma
                 mm(*em.regs(acc, a_addr), rows)
             if zero_skip:
                 em.b.label(skip)

@@ -483,11 +483,12 @@ def _chunk_step(
             prepare(em)
 
     def matmul(em: Emitter) -> None:
-        b, size, name = em.b, dt.size, dt.name
+        size, name = dt.size, dt.name
+        preload, mx_mm, mx_mma = em.emitter("mx_preload"), em.emitter("mx_mm"), em.emitter("mx_mma")  # (unrolled)
         for c in columns:
             for index, (a_addr, (k0, kb)) in enumerate(zip(chunk.a.ready, chunk.slices, strict=True)):
-                b.mx_preload(em.reg(c.b + k0 * c.cols * size), kb, c.cols, name)
-                mm = b.mx_mm if index == 0 and chunk.first else b.mx_mma
+                preload(em.reg(c.b + k0 * c.cols * size), kb, c.cols, name)
+                mm = mx_mm if index == 0 and chunk.first else mx_mma
                 mm(*em.regs(c.acc, a_addr), rows)
 
     def epilogue(em: Emitter) -> None:

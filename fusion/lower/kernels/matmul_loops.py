@@ -105,7 +105,7 @@ def _loop(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, .
     keys = list(zip(values, step, strict=True))  # (value, step): one register each
     if len(keys) > MAX_REGS and len(set(keys)) > MAX_REGS:
         return False
-    b, claim, held, emitter = em.b, em.claim, em.regs, em.emitter
+    claim, held, emitter = em.claim, em.regs, em.emitter
     regs: dict[tuple[int, int], int] = {}
     reg = regs.__getitem__  # (operands by `map`: no comprehension frame per instruction)
     ops, k = [], 0
@@ -124,7 +124,7 @@ def _loop(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, .
         method(*map(reg, used), *rest)
         ops.append((method, used, rest))
     end = em.local_label("taps")
-    b.loopi(count - 1, end)
+    emitter("loopi")(count - 1, end)
     addi, stepped = emitter("addi"), set()
     for method, used, rest in ops:
         for key in used:
@@ -133,5 +133,5 @@ def _loop(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, .
                 r = regs[key]
                 addi(r, r, key[1])
         method(*map(reg, used), *rest)
-    b.label(end)
+    em.b.label(end)
     return True
