@@ -9,7 +9,7 @@ issues the same matrix instructions in the same order; its `addi`s take the issu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter, sub
+from operator import sub
 
 from fusion.lower.emitter import Emitter
 
@@ -24,7 +24,6 @@ Keyed = tuple[Shape, tuple[int, ...]]
 MIN_LOOP = 3  # fewer items are emitted unrolled (a loop's setup costs about as much text as it saves)
 MAX_TRIPS = 0xFFFF  # `loopi`'s count field
 MAX_REGS = 24  # registers a loop may hold (the emitter's 31, less room for the values it keeps cached)
-_VALUE = itemgetter(0)  # of a (value, step) key
 
 
 def emit_items(em: Emitter, items: Sequence[Item]) -> None:
@@ -105,21 +104,19 @@ def _loop(em: Emitter, shape: Shape, values: tuple[int, ...], step: tuple[int, .
     keys = list(zip(values, step, strict=True))  # (value, step): one register each
     if len(keys) > MAX_REGS and len(set(keys)) > MAX_REGS:
         return False
-    claim, held, emitter = em.claim, em.regs, em.emitter
+    claim, held, emitter = em.claim, em.reg, em.emitter
     regs: dict[tuple[int, int], int] = {}
     reg = regs.__getitem__  # (operands by `map`: no comprehension frame per instruction)
     ops, k = [], 0
     for name, n, rest in shape:
         used = keys[k : k + n]
         k += n
-        fixed = []
-        for key in used:  # the op's stepping values claimed in order, then its fixed ones looked up at once
-            if not key[1]:
-                fixed.append(key)
-            elif key not in regs:
+        for key in used:  # the op's stepping values claimed in order, then its fixed ones looked up
+            if key[1] and key not in regs:
                 regs[key] = claim(key[0])
-        if fixed:
-            regs.update(zip(fixed, held(*map(_VALUE, fixed)), strict=True))
+        for key in used:  # (one `reg` each: the cache's steps of one `regs` call over them)
+            if not key[1]:
+                regs[key] = held(key[0])
         method = emitter(name)
         method(*map(reg, used), *rest)
         ops.append((method, used, rest))
