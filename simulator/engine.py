@@ -288,7 +288,7 @@ class Engine:
                 t = matmul_start(t, pipe.input, pipe.weights)
             elif kind == PRELOAD:
                 t = preload_start(t, pipe.weights)
-            elif kind == PLAIN or kind == PRODUCER:
+            elif kind in (PLAIN, PRODUCER):
                 t = matrix_drained_start(t, INF if pipe.open else pipe.done)
         else:
             t = op.issue

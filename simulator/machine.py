@@ -5,7 +5,9 @@ explicit mnemonic -> builder map in `simulator.dispatch`. A step does its instru
 issue, in program order, and hands unit instructions to the timing engine, which decides when they run.
 Words decode with numpy through a bounded table shared by every machine (`simulator.decode`): a word's
 instruction and unit are a function of the word alone (the ISA table), and the planner simulates many programs
-built of the same words. Each step is built when the run first reaches it.
+built of the same words. Each step is built when the run first reaches it, but for the instructions straight-line
+code runs most (`simulator.dispatch.RUN_ONCE`, and in a run without values `TIMED`): those run at once the first
+time, and get a step only when reached again.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from simulator.remaining import remaining_bounds
 from simulator.units.matrix import WeightShape
 
 Step = Callable[[], int]
+Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
 T = TypeVar("T")
 # a statistics row: int64s (`counters.snapshot` takes all of a run's rows as one buffer, no int converted one by one)
 _ZERO_ROW = array("q", bytes(8 * STAT_FIELDS))
-Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
 # straight-line code checks the watchdog at least this often (taken branches and loop ends check it too), so a
 # cycle budget (`MachineConfig.max_cycles`) stops a long unrolled kernel soon after it is exceeded
 WATCHDOG_EVERY = 256
@@ -373,7 +375,7 @@ class Machine:
                     return step()
                 steps[pc] = False
                 pc = now(self, pc, ins)
-                if steps[pc] is not None:  # (a RUN_ONCE instruction is never the last: `pc` is in the text or at its end)
+                if steps[pc] is not None:  # (never the last pc: a RUN_ONCE instruction goes on to the next)
                     return pc
                 count[pc] += 1
         except Fault as fault:
