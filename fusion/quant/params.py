@@ -41,8 +41,24 @@ MSE_BINS = 2048  # histogram of |x| the search prices the candidates on
 
 def quantization_mse(x: np.ndarray, scale: float) -> float:
     """Mean squared error of x against its int8 round trip at `scale` (the `v.qnt` rule, saturating), in float64."""
-    back = quantize_tensor(x, scale).astype(np.float64) * scale
-    return float(np.mean((back - np.asarray(x, np.float64)) ** 2))
+    return _round_trip_errors(x, (scale,))[0]
+
+
+def _round_trip_errors(x: np.ndarray, scales: tuple[float, ...]) -> list[float]:
+    """`quantization_mse` at each scale, bit for bit: x converted once for all of them and the round trip done in
+    place (calibration prices whole activation tensors, megabytes each, twice per value)."""
+    x32, x64 = np.asarray(x, np.float32), np.asarray(x, np.float64)
+    out = []
+    for scale in scales:
+        q = x32 * np.float32(1.0 / scale)  # `quantize_tensor`, then back to float64 less x, squared
+        np.rint(q, out=q)
+        np.clip(q, -128, 127, out=q)
+        back = q.astype(np.float64)  # (whole numbers in int8's range by now, or NaN where x is: as its int8 would)
+        back *= scale
+        back -= x64
+        back *= back
+        out.append(float(np.mean(back)))
+    return out
 
 
 def mse_scale(x: np.ndarray) -> float:
@@ -65,7 +81,8 @@ def mse_scale(x: np.ndarray) -> float:
     cost = (counts[None, :] * (rounding + over**2)).sum(axis=1)
     best = scale_for(float(clips[int(np.argmin(cost)), 0]))
     widest = scale_for(top)
-    return best if quantization_mse(x, best) < quantization_mse(x, widest) else widest
+    best_error, widest_error = _round_trip_errors(x, (best, widest))
+    return best if best_error < widest_error else widest
 
 
 def requant_params(real: float) -> tuple[int, int]:

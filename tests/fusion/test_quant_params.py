@@ -78,6 +78,19 @@ def test_mse_scale_never_has_more_error_than_max_abs(values, outlier) -> None:
     assert quantization_mse(x, chosen) <= quantization_mse(x, scale_for(float(np.max(np.abs(x)))))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1e4, 1e4, allow_nan=False), min_size=1, max_size=200),
+    st.floats(1e-3, 1e2),
+    st.booleans(),
+)
+def test_quantization_mse_is_the_round_trip_error_bit_for_bit(values, scale, wide) -> None:
+    """Its in-place form against the plain formula: quantize as `v.qnt`, back to float64, squared error, mean."""
+    x = np.array(values, np.float64 if wide else np.float32)
+    back = quantize_tensor(x, scale).astype(np.float64) * scale
+    assert quantization_mse(x, scale) == float(np.mean((back - np.asarray(x, np.float64)) ** 2))
+
+
 def test_mse_scale_clips_a_tail_and_keeps_a_grid() -> None:
     bulk = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
     top = scale_for(float(np.max(np.abs(bulk))))
