@@ -380,9 +380,13 @@ def _encode_row(
     count = len(args)
     words = np.full(count, spec.match, dtype=np.uint64)
     plain = np.ones(count, dtype=bool)
-    if count and set(map(len, args)) != {len(spec.fields)}:
+    try:
+        columns = list(zip(*args, strict=True))  # (one length each: a strict transpose checks it)
+    except ValueError:
+        columns = []
+    if len(columns) != len(spec.fields):
         return words, ~plain  # (the general path reports the operand count)
-    for fld, accepts, column in zip(spec.fields, _plain_operands(spec.mnemonic), zip(*args, strict=True), strict=True):
+    for fld, accepts, column in zip(spec.fields, _plain_operands(spec.mnemonic), columns, strict=True):
         if fld.kind in TARGET_KINDS:
             values, ok = _target_column(fld, column, pcs, labels)
         else:
