@@ -222,11 +222,11 @@ class Machine:
 
     def read_local(self, addr: int, count: int, dtype: np.dtype, row: list[int]) -> np.ndarray:
         found = self._resolved.get((addr, count, dtype))
-        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype) if found is None else found
+        view, mask, is_acc, shadow, nbytes = self.mem.local(addr, count, dtype) if found is None else found
         self.mask |= mask
-        row[S_ACC_RD if is_acc else S_SPAD_RD] += view.nbytes
+        row[S_ACC_RD if is_acc else S_SPAD_RD] += nbytes
         if self.races is not None:
-            self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=False)
+            self.races.access(self.races.local, slice(shadow, shadow + nbytes), addr, write=False)
         return view
 
     def read_local_rows(
@@ -245,11 +245,11 @@ class Machine:
         """A write of `count` elements at `addr` as the timing sees it (banks, bytes, races); returns the view to
         fill (`write_local`; left as it is when values are off)."""
         found = self._resolved.get((addr, count, dtype))
-        view, mask, is_acc, shadow = self.mem.local(addr, count, dtype) if found is None else found
+        view, mask, is_acc, shadow, nbytes = self.mem.local(addr, count, dtype) if found is None else found
         self.mask |= mask
-        row[S_ACC_WR if is_acc else S_SPAD_WR] += view.nbytes
+        row[S_ACC_WR if is_acc else S_SPAD_WR] += nbytes
         if self.races is not None:
-            self.races.access(self.races.local, slice(shadow, shadow + view.nbytes), addr, write=True)
+            self.races.access(self.races.local, slice(shadow, shadow + nbytes), addr, write=True)
         return view
 
     def written_rows(

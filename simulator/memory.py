@@ -43,7 +43,7 @@ class Memory:
         self._acc_bank_bytes = cfg.acc_bank_bytes
         self._acc_bank0 = cfg.spad_banks
         self.banks_of_mask: dict[int, tuple[int, ...]] = {}  # see `banks`
-        self.resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int]] = {}  # see `local`
+        self.resolved: dict[tuple[int, int, np.dtype], tuple[np.ndarray, int, bool, int, int]] = {}  # see `local`
         self._strided: dict[tuple[int, int, int, int, np.dtype, bool], tuple[np.ndarray, int, bool, np.ndarray]] = {}
         # one typed view of each local memory per element type: an access is then a single slice
         self._typed = {
@@ -52,8 +52,8 @@ class Memory:
             for d in DType
         }
 
-    def local(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int]:
-        """A typed view of `count` elements at local address `addr`: (view, bank mask, is_acc, shadow offset).
+    def local(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int, int]:
+        """A typed view of `count` elements at local address `addr`: (view, bank mask, is_acc, shadow offset, bytes).
         Resolved accesses are kept (a kernel touches few distinct buffers, each many times); the view is of the
         memory itself, so a kept one reads and writes what a new one would."""
         key = (addr, count, dtype)
@@ -66,7 +66,7 @@ class Memory:
         self.resolved[key] = found
         return found
 
-    def _resolve(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int]:
+    def _resolve(self, addr: int, count: int, dtype: np.dtype) -> tuple[np.ndarray, int, bool, int, int]:
         size = dtype.itemsize
         nbytes = count * size
         if addr >= 0 and addr + nbytes <= self._spad_bytes:
@@ -89,9 +89,9 @@ class Memory:
         first = off // size
         view = typed[first : first + count]
         if nbytes == 0:
-            return view, 0, is_acc, off
+            return view, 0, is_acc, off, 0
         mask = ((2 << ((off + nbytes - 1) // bank_bytes)) - (1 << (off // bank_bytes))) << bank0
-        return view, mask, is_acc, off + self._spad_bytes if is_acc else off
+        return view, mask, is_acc, off + self._spad_bytes if is_acc else off, nbytes
 
     def local_rows(
         self, addr: int, rows: int, count: int, stride: int, dtype: np.dtype, write: bool = False
@@ -109,7 +109,7 @@ class Memory:
             raise Fault(f"row stride {stride} of a local access must be a non-negative multiple of {size} ({dtype})")
         if write and stride < count * size:
             raise Fault(f"row stride {stride} of a local write overlaps its rows of {count * size} bytes")
-        span, _, is_acc, shadow = self._resolve(addr, (rows - 1) * (stride // size) + count, dtype)
+        span, _, is_acc, shadow, _ = self._resolve(addr, (rows - 1) * (stride // size) + count, dtype)
         view = np.lib.stride_tricks.as_strided(span, shape=(rows, count), strides=(stride, size), writeable=write)
         starts = shadow + stride * np.arange(rows)
         first = starts - (self._spad_bytes if is_acc else 0)  # offsets within the scratchpad or accumulator
