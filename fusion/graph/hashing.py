@@ -7,6 +7,7 @@ inputs hash by position and type, constants by content. The kernel cache keys co
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterable
 
 import numpy as np
@@ -20,7 +21,26 @@ def _digest(*parts: object) -> str:
 
 
 def constant_digest(array: np.ndarray) -> str:
-    return _digest("const", array.dtype.str, array.shape, hashlib.sha256(np.ascontiguousarray(array)).hexdigest())
+    return _digest("const", array.dtype.str, array.shape, content_digest(array))
+
+
+_CONTENT: dict[int, tuple[weakref.ref, str]] = {}  # id -> (the array, its `content_digest`), while it lives
+
+
+def content_digest(array: np.ndarray) -> str:
+    """sha256 (hex) of the array's bytes in C order. A graph's constants are read-only arrays owning their data
+    (`ir._readonly`), shared by the graphs the passes make: each is hashed once while it lives (cleanup hashes
+    every constant each round, CSE too: a ResNet's 45 MB of weights six times), others every time."""
+    frozen = array.flags.owndata and not array.flags.writeable
+    if frozen:
+        found = _CONTENT.get(id(array))
+        if found is not None and found[0]() is array:
+            return found[1]
+    digest = hashlib.sha256(np.ascontiguousarray(array)).hexdigest()
+    if frozen:
+        key = id(array)
+        _CONTENT[key] = (weakref.ref(array, lambda _, key=key: _CONTENT.pop(key, None)), digest)
+    return digest
 
 
 def value_hashes(graph: Graph) -> dict[str, str]:

@@ -3,16 +3,15 @@ and inputs) are computed once."""
 
 from __future__ import annotations
 
-import hashlib
-
 from fusion.graph.assemble import rebuild
+from fusion.graph.hashing import content_digest
 from fusion.graph.ir import Graph, Node
 from fusion.passes.dce import eliminate_dead_nodes
 from fusion.passes.rewrite import apply_equivalences, resolve
 
 
 def _constant_key(array) -> tuple:
-    return (array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest())
+    return (array.dtype.str, array.shape, content_digest(array))
 
 
 def eliminate_common_subexpressions(graph: Graph) -> Graph:

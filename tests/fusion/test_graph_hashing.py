@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import hashlib
+
 import numpy as np
 
+from fusion.graph import hashing
 from fusion.graph.builder import GraphBuilder
 from fusion.graph.hashing import extract_subgraph, structural_hash, subgraph_hash
 from fusion.graph.ops import OpType
@@ -51,3 +55,22 @@ def test_identical_subgraphs_hash_equal_and_extract_cleanly() -> None:
     assert subgraph_hash(g, ["mm0", "relu0"]) != subgraph_hash(g, ["mm0"])
     sub = extract_subgraph(g, ["mm1", "relu1"])
     assert sub.inputs == ("relu0",) and sub.outputs == ("relu1",) and len(sub.constants) == 1
+
+
+def test_content_digest_is_kept_only_for_read_only_arrays_while_they_live() -> None:
+    """A read-only array owning its data (a graph constant) is hashed once; a writeable one every time."""
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frozen = data.copy()
+    frozen.setflags(write=False)
+    assert hashing.content_digest(frozen) == hashlib.sha256(frozen.tobytes()).hexdigest()
+    assert (
+        id(frozen) in hashing._CONTENT
+        and hashing.content_digest(frozen.T) == hashlib.sha256(frozen.T.tobytes()).hexdigest()
+    )
+    before = hashing.content_digest(data)
+    data[0, 0] = 99.0  # writeable: never memoised
+    assert hashing.content_digest(data) != before and id(data) not in hashing._CONTENT
+    key = id(frozen)
+    del frozen
+    gc.collect()
+    assert key not in hashing._CONTENT
