@@ -122,12 +122,18 @@ def _node_forms(graph: Graph, plan: QuantPlan | None, node: Node, conv_taps: boo
         if not graph.is_constant(value):
             continue
         data = np.asarray(graph.constants[value])
+        # an int8 weight quantized once for both its forms (a conv's weights: megabytes)
+        weight = (
+            plan.matrix[node.name].quantize_weight(data)
+            if plan is not None and node.op in MATRIX_OPS and pos == 1
+            else None
+        )
         if conv_taps and node.op == OpType.Conv and pos == 1 and packs(data.shape):  # the baseline's tap-major
-            stored = data if plan is None else plan.matrix[node.name].quantize_weight(data)
+            stored = data if plan is None else weight
             forms[const_key(value, taps_form(plan is not None))] = pack_weight(stored)
         if plan is not None and node.op in MATRIX_OPS and pos < 2:
             q = plan.matrix[node.name]
-            quantized = quantize_tensor(data, q.input_scale) if pos == 0 else q.quantize_weight(data)
+            quantized = quantize_tensor(data, q.input_scale) if pos == 0 else weight
             forms[const_key(value, CONST_I8)] = quantized
             if pos == 1 and q.per_channel and not q.dequantize:
                 forms[const_key(value, CONST_RQNT)] = q.requant_table()
