@@ -15,6 +15,7 @@ from isa import Instruction
 from isa.enums import DType
 from simulator.engine import STREAM, VECTOR
 from simulator.errors import Fault
+from simulator.memory import NUMPY_DTYPES
 from simulator.semantics import vector as sem
 from simulator.timing import chain_op_cycles, vector_cycles
 from simulator.units.vector import MODE_VS, TO_INT8, broadcast_rows, scalar_operand, vops_field
@@ -59,11 +60,11 @@ def _compute(
 
 def chain_load(m: Machine, pc: int, ins: Instruction) -> Step:
     vd, rs1, n, dtype = ins.values
-    dt = DType(dtype)
+    dt, npdt = DType(dtype), NUMPY_DTYPES[dtype]
     x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
 
     def step() -> int:
-        value = m.read_local(x[rs1], n, dt.numpy, row).copy()
+        value = m.read_local(x[rs1], n, npdt, row).copy()
         _compute(m, pc, row, dur, vd, value, 0, dt, lambda: {"a": value})
         return nxt
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 _ACC_DTYPE = {DType.i8: np.dtype(np.int32), DType.f32: np.dtype(np.float32)}
 _ACC_OF = {np.dtype(np.int8): _ACC_DTYPE[DType.i8], np.dtype(np.float32): _ACC_DTYPE[DType.f32]}  # by weight dtype
-_I8 = np.dtype(np.int8)
+_I8, _I32 = np.dtype(np.int8), np.dtype(np.int32)
 
 
 def _pipelined(kind: int, operand: int) -> int:
@@ -231,11 +231,11 @@ def drain(strided: bool) -> Builder:
             )
             table = None
             if flags & EpilogueFlags.pc:  # rs3 holds the local address of the per-column (mult, shift) table
-                table = m.read_local(mult, 2 * cols, DType.i32.numpy, row).reshape(cols, 2)
+                table = m.read_local(mult, 2 * cols, _I32, row).reshape(cols, 2)
             dest, stride = x[rd], x[rs2[0]] if strided else cols * out.size
             if not m.values:  # timing only: the configuration checked, the output's accesses made
                 sem.check_epilogue(acc.dtype, act, out, table is not None)
-                m.written_rows(dest, rows, cols, stride, out.numpy, row)
+                m.written_rows(dest, rows, cols, stride, NUMPY_DTYPES[out], row)
                 m.submit(m.unit_op(MATRIX, pc, dur, row))
                 return nxt
             result = sem.epilogue(acc, bias, res, act, mult, shift, out, table)
@@ -245,7 +245,7 @@ def drain(strided: bool) -> Builder:
                 operands = {"acc": acc.copy(), "mult": mult, "shift": shift, "act": int(act), "out_dtype": int(out)}
                 operands |= {k: v.copy() for k, v in extra.items() if v is not None}
                 operands |= {"out_addr": dest, "out_stride": stride}  # what the RTL's write address generator uses
-            m.written_rows(dest, rows, cols, stride, out.numpy, row)[:] = result.reshape(rows, cols)
+            m.written_rows(dest, rows, cols, stride, NUMPY_DTYPES[out], row)[:] = result.reshape(rows, cols)
             op = m.unit_op(MATRIX, pc, dur, row)
             if operands is not None:
                 m.record(op, pc, operands, result)

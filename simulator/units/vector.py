@@ -11,6 +11,7 @@ from isa import Instruction
 from isa.enums import DType
 from simulator.engine import S_VOPS_F32, S_VOPS_INT, VECTOR
 from simulator.errors import Fault
+from simulator.memory import NUMPY_DTYPES
 from simulator.semantics import vector as sem
 from simulator.semantics.scalar import f32_from_bits
 from simulator.timing import vector_cycles
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 MODE_VV, MODE_VS, MODE_VR, MODE_VC = 0, 1, 2, 3
 DTYPES: tuple[DType, ...] = tuple(DType(v) for v in range(len(DType)))  # by value, without an enum call
+_I8, _I32 = DType.i8.numpy, DType.i32.numpy  # (`DType.numpy` is a lookup by enum member: not per step)
 
 
 def scalar_operand(value: int, dtype: DType) -> int | float:
@@ -60,18 +62,20 @@ def _timed(m: Machine, pc: int, row: list[int], dur: int, dest: int, n: int, dty
 
 
 def _binary_operands(
-    m: Machine, x: list[int], fields: tuple[int, int, int, int], mode: int, dt: DType, row: list[int]
+    m: Machine, fields: tuple[int, int, int, int], mode: int, dt: DType, npdt: np.dtype, row: list[int]
 ) -> tuple[np.ndarray, np.ndarray | int | float]:
-    """The operands of a binary op (`fields`: rs1, rs2, n, period) read (.vr/.vc: `b` as read, not broadcast)."""
+    """The operands of a binary op (`fields`: rs1, rs2, n, period; `npdt`: `dt.numpy`, a property lookup) read
+    (.vr/.vc: `b` as read, not broadcast)."""
     rs1, rs2, n, period = fields
-    a = m.read_local(x[rs1], n, dt.numpy, row)
+    x = m.x
+    a = m.read_local(x[rs1], n, npdt, row)
     if mode == MODE_VV:
-        return a, m.read_local(x[rs2], n, dt.numpy, row)
+        return a, m.read_local(x[rs2], n, npdt, row)
     if mode == MODE_VS:
         return a, scalar_operand(x[rs2], dt)
     if period <= 0 or n % period:
         raise Fault(f"n={n} is not a whole number of rows of period {period}")
-    return a, m.read_local(x[rs2], period if mode == MODE_VR else n // period, dt.numpy, row)
+    return a, m.read_local(x[rs2], period if mode == MODE_VR else n // period, npdt, row)
 
 
 def binary(op_name: str, mode: int) -> Builder:
@@ -79,11 +83,11 @@ def binary(op_name: str, mode: int) -> Builder:
         f = ins.by_name()
         rd, dt = f["rd"], DType(f["dtype"])
         fields, x, nxt, row = (f["rs1"], f["rs2"], f["n"], f.get("period", 0)), m.x, pc + 1, m.row(pc)
-        n = fields[2]
+        n, npdt = fields[2], dt.numpy
         dur, vops = vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
 
         def step() -> int:
-            a, b = _binary_operands(m, x, fields, mode, dt, row)
+            a, b = _binary_operands(m, fields, mode, dt, npdt, row)
             row[vops] += n
             if mode <= MODE_VS:
                 result = sem.binary(op_name, a, b, dt)
@@ -107,13 +111,13 @@ def binary_timed(op_name: str, mode: int) -> Callable[[Machine, int, Instruction
             rd, rs1, rs2, n, period, dtype = ins.values
         else:
             (rd, rs1, rs2, n, dtype), period = ins.values, 0
-        dt, x, row = DTYPES[dtype], m.x, m.row(pc)
-        a, b = _binary_operands(m, x, (rs1, rs2, n, period), mode, dt, row)
+        dt, npdt, row = DTYPES[dtype], NUMPY_DTYPES[dtype], m.row(pc)
+        a, b = _binary_operands(m, (rs1, rs2, n, period), mode, dt, npdt, row)
         if broadcast:
             broadcast_rows(a, b, mode)  # (its faults)
         row[vops_field(dt)] += n
         sem.check_binary(op_name, dt)
-        _timed(m, pc, row, vector_cycles(m.cfg, n, ins.spec.latency), x[rd], n, dt.numpy)
+        _timed(m, pc, row, vector_cycles(m.cfg, n, ins.spec.latency), m.x[rd], n, npdt)
         return pc + 1
 
     return run
@@ -122,17 +126,17 @@ def binary_timed(op_name: str, mode: int) -> Callable[[Machine, int, Instruction
 def unary(op_name: str) -> Builder:
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         rd, rs1, n, dtype = ins.values
-        dt = DType(dtype)
+        dt, npdt = DTYPES[dtype], NUMPY_DTYPES[dtype]
         x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
 
         values = m.values
 
         def step() -> int:
-            a = m.read_local(x[rs1], n, dt.numpy, row)
+            a = m.read_local(x[rs1], n, npdt, row)
             if not values:  # (the result: n elements of dt)
                 sem.unary_function(op_name, dt)
                 row[vops] += n
-                _timed(m, pc, row, dur, x[rd], n, dt.numpy)
+                _timed(m, pc, row, dur, x[rd], n, npdt)
                 return nxt
             result = sem.unary(op_name, a, dt)
             row[vops] += n
@@ -147,13 +151,13 @@ def unary(op_name: str) -> Builder:
 def reduce(op_name: str) -> Builder:
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         rd, rs1, n, period, dtype = ins.values
-        dt = DType(dtype)
+        dt, npdt = DTYPES[dtype], NUMPY_DTYPES[dtype]
         x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
 
         values, out = m.values, sem.reduce_output_dtype(op_name, dt).numpy
 
         def step() -> int:
-            a = m.read_local(x[rs1], n, dt.numpy, row)
+            a = m.read_local(x[rs1], n, npdt, row)
             if not values:  # (the result: a row's reduction per row)
                 rows = sem.reduce_rows(n, period)
                 row[vops] += n
@@ -171,11 +175,11 @@ def reduce(op_name: str) -> Builder:
 
 def clip(m: Machine, pc: int, ins: Instruction) -> Step:
     rd, rs1, rs2, rs3, n, dtype = ins.values
-    dt = DType(dtype)
+    dt, npdt = DTYPES[dtype], NUMPY_DTYPES[dtype]
     x, nxt, row, dur, vops = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency), vops_field(dt)
 
     def step() -> int:
-        a = m.read_local(x[rs1], n, dt.numpy, row)
+        a = m.read_local(x[rs1], n, npdt, row)
         lo, hi = scalar_operand(x[rs2], dt), scalar_operand(x[rs3], dt)
         result = sem.clip(a, lo, hi, dt)
         row[vops] += n
@@ -187,17 +191,17 @@ def clip(m: Machine, pc: int, ins: Instruction) -> Step:
 
 def convert(m: Machine, pc: int, ins: Instruction) -> Step:
     rd, rs1, n, dtype, dtype2 = ins.values
-    src, dst = DType(dtype), DType(dtype2)
+    src, dst = DTYPES[dtype], DTYPES[dtype2]
     x, nxt, row, dur = m.x, pc + 1, m.row(pc), vector_cycles(m.cfg, n, ins.spec.latency)
     vops = vops_field(DType.f32 if DType.f32 in (src, dst) else src)
 
-    values = m.values
+    values, src_np, dst_np = m.values, NUMPY_DTYPES[dtype], NUMPY_DTYPES[dtype2]
 
     def step() -> int:
-        a = m.read_local(x[rs1], n, src.numpy, row)
+        a = m.read_local(x[rs1], n, src_np, row)
         if not values:  # (the result: n elements of dst)
             row[vops] += n
-            _timed(m, pc, row, dur, x[rd], n, dst.numpy)
+            _timed(m, pc, row, dur, x[rd], n, dst_np)
             return nxt
         result = sem.convert(a, src, dst)
         row[vops] += n
@@ -225,6 +229,7 @@ TO_INT8: dict[str, tuple[DType, Callable[[int, int], dict], Callable[..., np.nda
 def to_int8(kind: str) -> Builder:
     """`v.rqnt` (i32 * mult >> shift) and `v.qnt` (f32 * scale): n elements to int8."""
     src, decode, convert = TO_INT8[kind]
+    src_np = src.numpy
 
     def build(m: Machine, pc: int, ins: Instruction) -> Step:
         f = ins.by_name()
@@ -234,10 +239,10 @@ def to_int8(kind: str) -> Builder:
         values = m.values
 
         def step() -> int:
-            a = m.read_local(x[rs1], n, src.numpy, row)
+            a = m.read_local(x[rs1], n, src_np, row)
             if not values:  # (the result: n int8 elements)
                 row[vops] += n
-                _timed(m, pc, row, dur, x[rd], n, DType.i8.numpy)
+                _timed(m, pc, row, dur, x[rd], n, _I8)
                 return nxt
             params = decode(x[rs2], shift)
             result = convert(a, *params.values())
@@ -266,11 +271,11 @@ def requantize_channels(per_row: bool) -> Builder:
             index = np.arange(n)
             channel = index // period if per_row else index % period
             count = (-(-n // period)) if per_row else min(n, period)
-            a = m.read_local(x[rs1], n, DType.i32.numpy, row)
-            table = m.read_local(x[rs2], 2 * count, DType.i32.numpy, row).reshape(count, 2)
+            a = m.read_local(x[rs1], n, _I32, row)
+            table = m.read_local(x[rs2], 2 * count, _I32, row).reshape(count, 2)
             row[vops] += n
             if not m.values:  # timing only (the table's shifts are values: out of range, they fault only with values)
-                m.written(x[rd], n, DType.i8.numpy, row)
+                m.written(x[rd], n, _I8, row)
                 m.submit(m.unit_op(VECTOR, pc, dur, row))
                 return nxt
             result = sem.requantize_channels(a, table, channel)
