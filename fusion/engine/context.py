@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+
+import numpy as np
 
 from assembler.texts import TextCache
 from fusion.graph.hashing import extract_subgraph
@@ -59,6 +62,15 @@ class ModelContext:
         """Its nodes' constant forms, quantized and packed once for every candidate (`lower.compiler.constant_forms`'
         `memo`)."""
         return {}
+
+    def packed(self, key: tuple, pack: Callable[[], np.ndarray]) -> np.ndarray:
+        """A constant's packing for a generator (`key`: its form, value and every input of the packing besides the
+        model's constants), made once per model in `forms_memo`: a planner builds several candidates of one layer
+        (fusions, schedules), each reading the same weight packed the same way."""
+        found = self.forms_memo.get(key)
+        if found is None:
+            found = self.forms_memo.setdefault(key, pack())
+        return found
 
     def subgraph(self, nodes: tuple[str, ...]) -> Graph:
         """The nodes as a standalone graph (memoised: codegen, guards and features all need it)."""

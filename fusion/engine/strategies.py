@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -233,7 +234,9 @@ def _packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray])
     if w is None:
         return {}, {}
     data = forms[const_key(w, _weight_form(mc))]
-    return {const_key(w, PACKED): pack_panels(np.asarray(data), mc.config.array_size)}, {}
+    return {
+        const_key(w, PACKED): mc.packed((PACKED, w), partial(pack_panels, np.asarray(data), mc.config.array_size))
+    }, {}
 
 
 def _swapped_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
@@ -255,7 +258,11 @@ def _conv_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarray]) -
     conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
     weights = np.asarray(forms[const_key(conv.inputs[1], _weight_form(mc))])
     s = conv_shape(sub, mc.config, conv)
-    taps = {const_key(conv.inputs[1], TAPS): pack_band_taps(weights, s, mc.config.array_size)}
+    taps = {
+        const_key(conv.inputs[1], TAPS): mc.packed(
+            (TAPS, conv.inputs[1], s), partial(pack_band_taps, weights, s, mc.config.array_size)
+        )
+    }
     scratch = {temp_key(conv, 2): conv_scratch_bytes(sub, mc.config, conv, storage_dtype(sub, mc.qplan, last))}
     if mc.int8 and storage_dtype(sub, mc.qplan, conv.inputs[0]) is DType.f32:
         scratch[temp_key(conv, QUANTIZED)] = quantized_bytes(sub, conv)
@@ -267,7 +274,11 @@ def _conv_packed_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndar
     conv, last = sub.nodes[0], sub.nodes[-1].outputs[0]
     s = conv_shape(sub, mc.config, conv, packed=True)
     weights = np.asarray(forms[const_key(conv.inputs[1], _weight_form(mc))])
-    taps = {const_key(conv.inputs[1], CONV_PANELS): pack_conv_panels(weights, s, panel_width(mc.config, s))}
+    taps = {
+        const_key(conv.inputs[1], CONV_PANELS): mc.packed(
+            (CONV_PANELS, conv.inputs[1], s), partial(pack_conv_panels, weights, s, panel_width(mc.config, s))
+        )
+    }
     mm_dt = DType.i8 if mc.int8 else DType.f32
     sizes = packed_scratch_sizes(sub, mc.config, sub.nodes, storage_dtype(sub, mc.qplan, last), mm_dt)
     return taps, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
@@ -280,8 +291,9 @@ def _conv_chain_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.ndarr
     taps = {}
     for st in chain.stages:
         weight = st.conv.inputs[1]
-        taps[const_key(weight, CHAIN_TAPS)] = pack_stage(
-            st, forms[const_key(weight, _weight_form(mc))], mc.config.array_size
+        taps[const_key(weight, CHAIN_TAPS)] = mc.packed(
+            (CHAIN_TAPS, weight, st.s, st.depthwise),
+            partial(pack_stage, st, forms[const_key(weight, _weight_form(mc))], mc.config.array_size),
         )
     taps[const_key(chain.stages[0].conv.inputs[1], CHAIN_ZEROS)] = np.zeros(zero_bytes(mc.config), np.int8)
     out_dt = storage_dtype(sub, mc.qplan, chain.stages[-1].nodes[-1].outputs[0])
@@ -305,7 +317,11 @@ def _conv_stationary_forms(mc: ModelContext, sub: Graph, forms: Mapping[str, np.
     conv, cfg = sub.nodes[0], mc.config
     weights = forms[const_key(conv.inputs[1], _weight_form(mc))]
     s = conv_shape(sub, cfg, conv, packed=True)
-    packed = {const_key(conv.inputs[1], PIECES): pack_pieces(np.asarray(weights), s, cfg.array_size)}
+    packed = {
+        const_key(conv.inputs[1], PIECES): mc.packed(
+            (PIECES, conv.inputs[1], s), partial(pack_pieces, np.asarray(weights), s, cfg.array_size)
+        )
+    }
     sizes = stationary_scratch_sizes(sub, cfg, conv, DType.i8 if mc.int8 else DType.f32)
     return packed, {temp_key(conv, k): nbytes for k, nbytes in sizes.items()}
 
