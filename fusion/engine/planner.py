@@ -401,7 +401,7 @@ class Evaluator:
         """(a lower bound on the group's predicted score, the head's spread) from its head alone in its schedule
         (`head_alone`), None when that is not priced. The head's score, but for an int8 head that dequantizes
         (read only by Adds): alone it stores float32, four times the bytes its group stores, and its vector work
-        differs (resnet18 224: conv2 + Add + Relu is predicted up to 6% below its stores-less head), so only its
+        differs (resnet18 224: conv2 + Add + Relu is predicted up to 7% below its stores-less head), so only its
         load and matrix stages (a group loads what its head loads and runs its matmuls; the analytic model's cycles
         are at least each stage, `fusion.cost.analytic`) and its priced reads bound the group's
         (tests/fusion/engine/test_planner_lazy.py)."""
@@ -744,8 +744,9 @@ def plan_dynamic(
     Candidates are weighed (built, priced, their gain measured where uncertain) lazily, branch and bound on the
     gain (`gain_bound`, from shapes and the single-node kernels already priced): one is weighed only while its
     bound reaches the largest gain still to be decided, or when it might contest the candidate about to be taken
-    (`may_rival`). A candidate whose nodes are taken before then is never weighed (resnet18 224: a conv + Add is
-    never built once its conv + Add + Relu, whose gain it cannot reach, is taken)."""
+    (`may_rival`). A candidate whose nodes are taken before then is never weighed (resnet18 224 int8: 8 conv
+    chains, layer 1's whole blocks among them; an fp32 basic block's conv + Add once its conv + Add + Relu, whose
+    gain it cannot reach, is taken)."""
     mc = ev.mc
     region = frozenset(n.name for n in mc.graph.nodes) if nodes is None else frozenset(nodes)
     rejected: list[tuple[tuple[str, ...], str]] = []
