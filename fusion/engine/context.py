@@ -42,6 +42,12 @@ class ModelContext:
     def scale(self, value: str) -> float | None:
         return None if self.qplan is None else self.qplan.scales.get(value)
 
+    def dequantizes(self, node: str) -> bool:
+        """Whether an int8 matrix node's drain dequantizes to float32 instead of requantizing (read only by Adds:
+        `quant.plan.MatrixQuant.dequantize`)."""
+        quant = None if self.qplan is None else self.qplan.matrix.get(node)
+        return quant is not None and quant.dequantize
+
     @cached_property
     def config_hash(self) -> str:
         """The machine config's hash (a guard field), computed once: planning builds many kernels."""

@@ -408,9 +408,7 @@ class Evaluator:
         head = self.head_alone(group)
         if head is None:
             return None
-        qplan = self.mc.qplan
-        quant = qplan.matrix.get(group.nodes[0]) if qplan is not None else None
-        if quant is None or not quant.dequantize:
+        if not self.mc.dequantizes(group.nodes[0]):
             return head.score, head.sd
         stages = unit_times(head.features, self.mc.config)
         reads = self.dram_weight * head.features.dram_read_bytes / self.mc.config.dram_bytes_per_cycle
@@ -821,7 +819,7 @@ def plan_dynamic(
         if gain <= bar * base:
             rejected.append((best.group.nodes, f"gain {gain:.0f} (score) is at most {bar:.1%} of the separate score"))
             continue
-        if not planned.keys().isdisjoint(best.group.nodes):
+        if not free(i):
             continue
         members = tuple(by_name[n] for n in best.group.nodes)
         ordered = no_cycle_through_outside(mc.graph, members, planned)  # the groups keep an order to run in
@@ -835,7 +833,7 @@ def plan_dynamic(
             pending = sorted([i, *pending], key=order)
             continue
         # rivals still free that might deserve the nodes first: their gains and this one's measured, then re-sorted
-        contest = [j for j in rivals.get(i, ()) if j in pending and planned.keys().isdisjoint(scored[j].cand.nodes)]
+        contest = [j for j in rivals.get(i, ()) if j in pending and free(j)]
         unsettled = [k for k in (i, *contest) if k not in settled] if contest else []
         if unsettled:
             for k in unsettled:

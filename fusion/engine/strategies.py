@@ -149,7 +149,7 @@ class Strategy:
 def _drain_relu(mc: ModelContext, head: Node) -> bool:
     """A conv's epilogue (`codegen.conv.Epilogue`) applies a Relu in its drain, unless the conv dequantizes (int8,
     read only by Adds): its Relu is then a vector pass after the rescale (`Epilogue.late`)."""
-    return mc.qplan is None or not mc.qplan.matrix[head.name].dequantize
+    return not mc.dequantizes(head.name)
 
 
 def _unfused(cx: LowerContext, nodes: Sequence[Node], group: Group, rounding_change: bool) -> list[list[Step]]:
