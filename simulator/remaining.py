@@ -36,10 +36,10 @@ LOAD, STORE, CHANNEL, WEIGHTS, ROWS, DRAINS = range(6)
 _DMA = {"dma_load": LOAD, "dma_load_transposed": LOAD, "dma_store": STORE}
 _BRANCHING = frozenset({"branch", "zero_test", "dispatch"})  # control flow a straight line does not have
 _TIMED = frozenset({*_DMA, "preload", "matmul", "matmul_stream", "drain", *_BRANCHING})
-# the specs that matter here (their opcodes: a word of any other opcode costs nothing beyond its issue cycle)
-_SPECS = [s for s in INSTRUCTIONS if s.timing in _TIMED or s.mnemonic in ("loop", "loopi", "halt")]
-_OPCODES = np.array(sorted({s.opcode for s in _SPECS}), dtype=np.uint64)
-_FIELDS = {s.mnemonic: {f.name: i for i, f in enumerate(s.fields)} for s in _SPECS}  # positions in `values`
+# the specs that matter here (a word of any other costs nothing beyond its issue cycle)
+_MNEMONICS = frozenset(
+    s.mnemonic for s in INSTRUCTIONS if s.timing in _TIMED or s.mnemonic in ("loop", "loopi", "halt")
+)
 
 
 def remaining_bounds(
@@ -51,21 +51,19 @@ def remaining_bounds(
     costs = np.zeros((len(words), 6), dtype=np.int64)
     halts = np.zeros(len(words), dtype=bool)
     trips: dict[int, tuple[int, int]] = {}  # a loopi word: (its body's length, its trips)
-    for i in np.flatnonzero(np.isin(words & np.uint64(0xFF), _OPCODES)).tolist():
-        word = int(words[i])
+    for i, word in enumerate(words.tolist()):
         ins = table[word][0]
-        at = None if ins is None else _FIELDS.get(ins.spec.mnemonic)
-        if at is None:
+        if ins is None or ins.spec.mnemonic not in _MNEMONICS:
             continue
         spec = ins.spec
         if spec.timing in _BRANCHING or spec.mnemonic == "loop":
             return None
         if spec.mnemonic == "loopi":
-            if ins.values[at["n"]] == 0:
+            if ins.field("n") == 0:
                 return None
-            trips[word] = (ins.values[at["lend"]] - 1, ins.values[at["n"]])
+            trips[word] = (ins.field("lend") - 1, ins.field("n"))
         halts[i] = spec.mnemonic == "halt"
-        _cost(cfg, ins, at, costs[i])
+        _cost(cfg, ins, costs[i])
     times = np.ones(len(text), dtype=np.int64)  # how often each pc issues
     for pc in np.flatnonzero(np.isin(words[inverse], list(trips))).tolist() if trips else ():
         body, count = trips[int(text[pc])]
@@ -84,17 +82,17 @@ def remaining_bounds(
     return bound
 
 
-def _cost(cfg: MachineConfig, ins: Instruction, at: Mapping[str, int], into: np.ndarray) -> None:
-    """One instruction's least time on each of the units it occupies (`at`: its fields' positions)."""
-    timing, values = ins.spec.timing, ins.values
+def _cost(cfg: MachineConfig, ins: Instruction, into: np.ndarray) -> None:
+    """One instruction's least time on each of the units it occupies."""
+    timing = ins.spec.timing
     if timing in _DMA:
-        row_bytes = values[at["cols"]] * NUMPY_DTYPES[values[at["dtype"]]].itemsize
-        transfer = dma_transfer_cycles(cfg, values[at["rows"]], row_bytes, row_bytes)  # contiguous: fewest bursts
+        row_bytes = ins.field("cols") * NUMPY_DTYPES[ins.field("dtype")].itemsize
+        transfer = dma_transfer_cycles(cfg, ins.field("rows"), row_bytes, row_bytes)  # contiguous: fewest bursts
         into[_DMA[timing]] = cfg.dram_latency + transfer
         into[CHANNEL] = transfer
     elif timing == "preload":
         into[WEIGHTS] = preload_cycles(cfg)
     elif timing in ("matmul", "matmul_stream"):
-        into[ROWS] = matmul_input_cycles(cfg, values[at["rows"]])
+        into[ROWS] = matmul_input_cycles(cfg, ins.field("rows"))
     elif timing == "drain":
-        into[DRAINS] = drain_cycles(cfg, values[at["rows"]], ins.spec.latency)
+        into[DRAINS] = drain_cycles(cfg, ins.field("rows"), ins.spec.latency)
