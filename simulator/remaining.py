@@ -23,6 +23,7 @@ from isa.enums import Unit
 from simulator.config import MachineConfig
 from simulator.memory import NUMPY_DTYPES
 from simulator.timing import (
+    dma_cycles,
     dma_transfer_cycles,
     drain_cycles,
     matmul_cycles,
@@ -86,10 +87,9 @@ def _cost(cfg: MachineConfig, ins: Instruction, into: np.ndarray) -> None:
     """One instruction's least time on each of the units it occupies."""
     timing = ins.spec.timing
     if timing in _DMA:
-        row_bytes = ins.field("cols") * NUMPY_DTYPES[ins.field("dtype")].itemsize
-        transfer = dma_transfer_cycles(cfg, ins.field("rows"), row_bytes, row_bytes)  # contiguous: fewest bursts
-        into[_DMA[timing]] = cfg.dram_latency + transfer
-        into[CHANNEL] = transfer
+        rows, row_bytes = ins.field("rows"), ins.field("cols") * NUMPY_DTYPES[ins.field("dtype")].itemsize
+        into[_DMA[timing]] = dma_cycles(cfg, rows, row_bytes, row_bytes)  # contiguous: fewest bursts
+        into[CHANNEL] = dma_transfer_cycles(cfg, rows, row_bytes, row_bytes)
     elif timing == "preload":
         into[WEIGHTS] = preload_cycles(cfg)
     elif timing in ("matmul", "matmul_stream"):
