@@ -198,7 +198,6 @@ class Machine:
         # the pcs whose step `_step` wraps (a loop end, a kernel entry, a watchdog checkpoint): most are not, and
         # straight-line code builds a step per instruction run, so the others skip those tests
         self._wrapped = self._loop_ends | self._entered.keys() | set(range(WATCHDOG_EVERY, n, WATCHDOG_EVERY))
-        self._remaining: np.ndarray | None | bool = False  # `watchdog`'s bounds (False: not computed yet)
 
     @property
     def instructions(self) -> list[Instruction | None]:
@@ -320,11 +319,15 @@ class Machine:
             raise Fault(f"watchdog: the run exceeded max_cycles={budget}")
         if pc < 0 or self.now * BOUND_FROM < budget:
             return
-        if self._remaining is False:
-            self._remaining = remaining_bounds(self.cfg, self._words, self._table)
-        if self._remaining is not None and self.now + int(self._remaining[pc]) > budget:
-            least = self.now + int(self._remaining[pc])
+        bounds = self._remaining
+        least = -1 if bounds is None else self.now + int(bounds[pc])
+        if least > budget:
             raise Fault(f"watchdog: the run cannot finish within max_cycles={budget} (it needs at least {least})")
+
+    @cached_property
+    def _remaining(self) -> np.ndarray | None:
+        """`watchdog`'s bounds (`simulator.remaining`), computed at the first checkpoint that asks."""
+        return remaining_bounds(self.cfg, self._words, self._table)
 
     def release(self) -> None:
         """Drop the step closures (they refer back to the machine) so the run's memory is freed at once."""
