@@ -18,12 +18,9 @@ from simulator.config import MachineConfig
 ALIGN = 64
 
 
-def _up(x: int, a: int) -> int:
-    return -(-x // a) * a
-
-
-def _aligned(x: int) -> int:
-    return -(-x // ALIGN) * ALIGN
+def aligned(nbytes: int) -> int:
+    """Bytes a tile of `nbytes` takes in local memory (every tile starts ALIGN-aligned)."""
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 DEPTH = 3
@@ -72,18 +69,18 @@ class TileArena:
 
     def fits(self, spad_sizes: list[int], acc_sizes: list[int] = ()) -> bool:
         """Whether these tiles (bytes) fit one slot each, alignment included."""
-        return sum(map(_aligned, spad_sizes)) <= self.spad.size and sum(map(_aligned, acc_sizes)) <= self.acc.size
+        return sum(map(aligned, spad_sizes)) <= self.spad.size and sum(map(aligned, acc_sizes)) <= self.acc.size
 
     def tile(self, nbytes: int) -> int:
         addr = self.spad.base + self._spad_used
-        self._spad_used += _up(max(nbytes, 1), ALIGN)
+        self._spad_used += aligned(max(nbytes, 1))
         if self._spad_used > self.spad.size:
             raise MemoryPlanError(f"tiles need {self._spad_used} scratchpad bytes, a buffer slot has {self.spad.size}")
         return addr
 
     def acc_tile(self, nbytes: int) -> int:
         addr = self.acc.base + self._acc_used
-        self._acc_used += _up(max(nbytes, 1), ALIGN)
+        self._acc_used += aligned(max(nbytes, 1))
         if self._acc_used > self.acc.size:
             raise MemoryPlanError(f"tiles need {self._acc_used} accumulator bytes, a buffer slot has {self.acc.size}")
         return addr

@@ -63,7 +63,7 @@ from fusion.lower.kernels.frame import MAX_N
 from fusion.lower.kernels.matmul_loops import emit_keyed
 from fusion.lower.kernels.vector_ops import fill, quantize_tile
 from fusion.lower.kernels.windows import window_of
-from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, largest_fitting, slot
+from fusion.lower.local_alloc import ALIGN, DEPTH, Slot, TileArena, aligned, largest_fitting, slot
 from fusion.lower.views import MAX_ROWS, View, dense
 from isa.enums import DType, Unit
 from simulator.config import MachineConfig
@@ -228,9 +228,7 @@ def choose_tiling(cfg: MachineConfig, s: ConvGeometry, mm_dt: DType, out_dt: DTy
         if not resident:
             return probe.fits(a + step)
         region = step_region(cfg, probe.spad, a)
-        return (
-            probe.fits(a) and sum(-(-size // ALIGN) * ALIGN for size in step) <= region.size // DEPTH // ALIGN * ALIGN
-        )
+        return probe.fits(a) and sum(map(aligned, step)) <= region.size // DEPTH // ALIGN * ALIGN
 
     rows = largest_fitting(s.out[0], lambda r: fits(r, every, True))
     whole = _whole(cfg, s, mm_dt, out_dt, residual, tn, every)
@@ -256,7 +254,7 @@ def _whole(
     size = x_bytes(s, mm_dt)
     if spare is None or s.groups > 1 or size > region.size:
         return None
-    held = _up(size) + _up(s.taps * s.cg * s.cout * mm_dt.size) <= region.size
+    held = aligned(size) + aligned(s.taps * s.cg * s.cout * mm_dt.size) <= region.size
     third = spare.spad.size // DEPTH // ALIGN * ALIGN
 
     def fits(rows: int, group: Sequence[Piece]) -> bool:
@@ -264,7 +262,7 @@ def _whole(
         step = [tn * 4, tn * 8, rows * s.out[1] * tn * out_dt.size]
         step += [] if held else [sum(p.k for p in group) * tn * mm_dt.size]
         step += [rows * s.out[1] * tn * 4] if residual else []
-        return stream <= MAX_ROWS and probe.fits([], [stream * tn * 4]) and sum(map(_up, step)) <= third
+        return stream <= MAX_ROWS and probe.fits([], [stream * tn * 4]) and sum(map(aligned, step)) <= third
 
     widest = max(every, key=lambda p: p.k)
     rows = largest_fitting(s.out[0], lambda r: fits(r, [widest]))
@@ -311,7 +309,7 @@ def packed_phases(cx: LowerContext, nodes: Sequence[Node]) -> list[list[Step]]:
     # (the stem at 224: 9.4 KB, read once per 2-row band before, 0.53 MB)
     # (with X whole: beside X, loaded once)
     region = slots_region(cfg) if tiling.whole else TileArena(cfg, 0).spad
-    held = tiling.resident and sum(map(_up, [*reserved, weights.size * mm_dt.size])) <= region.size
+    held = tiling.resident and sum(map(aligned, [*reserved, weights.size * mm_dt.size])) <= region.size
     reserved += [weights.size * mm_dt.size] if held else []
     k = replace(k, held=held)
     spans = [(img, g, *band) for img in range(s.n) for g in range(s.groups) for band in k_slices(s.out[0], tiling.rows)]
@@ -378,7 +376,7 @@ def _row_pool(
         return None
     pool = RowPool.of(g, s.n, tiling.rows, per_band, DEPTH)
     cols = tuple(gi * s.coutg + j0 for gi in range(s.groups) for j0, _ in k_slices(s.coutg, tiling.tn))
-    ring = -(-len(cols) * pool.ring * pool.tile_bytes(tiling.tn, dt) // ALIGN) * ALIGN
+    ring = aligned(len(cols) * pool.ring * pool.tile_bytes(tiling.tn, dt))
     if ring >= spare.spad.size:
         return None
     region = Slot(spare.spad.base, spare.spad.size - ring)
@@ -396,10 +394,6 @@ def _row_pool(
     dst = dense(cx.temp(node, POOLED), (s.n, oh * pool.pitch, s.cout), dt)
     stride = pool.tile_bytes(tiling.tn, dt)
     return _Pooled(pool, region.base + region.size, stride, cols, dst, dt), region
-
-
-def _up(size: int) -> int:
-    return -(-size // ALIGN) * ALIGN
 
 
 def _arena(cfg: MachineConfig, b: int, rotation: int, whole: bool) -> TileArena:

@@ -32,7 +32,7 @@ from fusion.lower.context import LowerContext, const_key
 from fusion.lower.emitter import Emitter, Step
 from fusion.lower.kernels.gemm import Operand
 from fusion.lower.kernels.matrix import matrix_operand, requant
-from fusion.lower.local_alloc import ALIGN, DEPTH, TileArena
+from fusion.lower.local_alloc import DEPTH, TileArena, aligned
 from fusion.lower.views import View, dense
 from isa.enums import DType
 
@@ -235,7 +235,7 @@ def _rotary_store(
         if spare is None or not consts:
             return None
         blocks = -(-m // tm)
-        sizes = [_aligned(tm * view.shape[-1] * 4) for view, _ in consts.values()]
+        sizes = [aligned(tm * view.shape[-1] * 4) for view, _ in consts.values()]
         regions = 1 if blocks == 1 else DEPTH
         base = spare.spad.base + spare.spad.size - regions * sum(sizes)
         if base < spare.spad.base + (a_spare if blocks == 1 else 0):
@@ -304,11 +304,6 @@ def _rotary_store(
     return step
 
 
-def _aligned(nbytes: int) -> int:
-    """Bytes a tile takes in local memory (`TileArena` aligns every tile)."""
-    return -(-nbytes // ALIGN) * ALIGN
-
-
 def pack_siblings(weights: Sequence[np.ndarray], n_arr: int) -> np.ndarray:
     """The K x N_i weights side by side, as (sum N_i / n_arr, K, n_arr) panels."""
     for w in weights:
@@ -362,7 +357,7 @@ def sibling_steps(cx: LowerContext, nodes: Sequence[Node], panels: int) -> list[
         schedule = Schedule(tile_m=cfg.vreg_elems // widest, panels=panels, panel_multiple=whole)
         per_elem = max(len(r.region.spills) + len(r.region.packed) for r in rotated) + 2  # + output, + a copy
         a_spare = sum(
-            _aligned(rows * kb * (av.dtype.size + (a.quantize_scale is not None))) for _, kb in k_slices(k, n_arr)
+            aligned(rows * kb * (av.dtype.size + (a.quantize_scale is not None))) for _, kb in k_slices(k, n_arr)
         )
         chain = ChainEpilogue(_rotary_store(cx, rotated, split_out, rows, a_spare), (4,) * per_elem, ())
     g = FusedGemm(
