@@ -68,7 +68,7 @@ def test_branches_and_register_counted_loops_have_no_bound() -> None:
 
 
 def test_a_run_that_cannot_meet_its_budget_stops_early_and_one_that_can_never_does() -> None:
-    source = _dmas(4 * WATCHDOG_EVERY // 4)  # four instructions a load: checkpoints every 64 loads
+    source = _dmas(WATCHDOG_EVERY)  # four instructions a load: a checkpoint every WATCHDOG_EVERY // 4 loads
     obj = assemble(source)
     cycles = simulate(obj, CFG).counters.cycle
     assert simulate(obj, replace(CFG, max_cycles=cycles)).counters.cycle == cycles
