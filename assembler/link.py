@@ -383,9 +383,9 @@ def _encode_row(
     try:
         columns = list(zip(*args, strict=True))  # (one length each: a strict transpose checks it)
     except ValueError:
-        columns = []
-    if len(columns) != len(spec.fields):
         return words, ~plain  # (the general path reports the operand count)
+    if len(columns) != len(spec.fields):
+        return words, ~plain
     for fld, accepts, column in zip(spec.fields, _plain_operands(spec.mnemonic), columns, strict=True):
         if fld.kind in TARGET_KINDS:
             values, ok = _target_column(fld, column, pcs, labels)

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from assembler import AssemblyError, ProgramBuilder
 from assembler.builder import builder_method_name
+from assembler.link import _encode_row
 from assembler.operands import ENUM_TEXT
-from isa import INSTRUCTIONS, Kind, encode, make
+from isa import BY_MNEMONIC, INSTRUCTIONS, Kind, encode, make
 from isa.fields import ENUM_KINDS
 
 ROWS = [spec for spec in INSTRUCTIONS if not any(f.kind in (Kind.target, Kind.loop_end) for f in spec.fields)]
@@ -89,3 +90,13 @@ def test_columns_of_enum_members_encode_as_the_table_does(data: st.DataObject) -
         getattr(b, builder_method_name(spec))(*args)
         expected.append(encode(make(spec.mnemonic, *values)))
     assert list(b.build().text) == expected
+
+
+@pytest.mark.parametrize("mnemonic", ["nop", "addi"])
+def test_a_row_of_mixed_operand_counts_is_left_to_the_general_path(mnemonic: str) -> None:
+    """Operand tuples of different lengths (one of them the row's count, even none) are never encoded as plain:
+    the general path reports the count."""
+    spec = BY_MNEMONIC[mnemonic]
+    right = tuple(range(1, len(spec.fields) + 1))
+    _, plain = _encode_row(spec, [right, (*right, 1)], np.arange(2), {})
+    assert not plain.any()
