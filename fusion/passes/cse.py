@@ -4,21 +4,17 @@ and inputs) are computed once."""
 from __future__ import annotations
 
 from fusion.graph.assemble import rebuild
-from fusion.graph.hashing import content_digest
+from fusion.graph.hashing import constant_digest
 from fusion.graph.ir import Graph, Node
 from fusion.passes.dce import eliminate_dead_nodes
 from fusion.passes.rewrite import apply_equivalences, resolve
 
 
-def _constant_key(array) -> tuple:
-    return (array.dtype.str, array.shape, content_digest(array))
-
-
 def eliminate_common_subexpressions(graph: Graph) -> Graph:
     mapping: dict[str, str] = {}
-    first_constant: dict[tuple, str] = {}
+    first_constant: dict[str, str] = {}  # by `constant_digest`: dtype, shape and bytes
     for name, array in graph.constants.items():
-        key = _constant_key(array)
+        key = constant_digest(array)
         if key in first_constant:
             mapping[name] = first_constant[key]
         else:
