@@ -7,7 +7,6 @@ fails, naming what is missing. No dispatch by name reflection.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -22,9 +21,7 @@ from simulator.timing import TIMING_RULES
 from simulator.units import chain, dma, matrix, scalar, vector
 
 if TYPE_CHECKING:
-    from simulator.machine import Builder, Machine
-
-Once = Callable[["Machine", int, Instruction], int]  # an instruction run without a step: returns the next pc
+    from simulator.machine import Builder, Once
 
 
 def _vector_family(prefix: str, module: ModuleType) -> dict[str, Builder]:

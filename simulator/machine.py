@@ -40,6 +40,7 @@ from simulator.units.matrix import WeightShape
 
 Step = Callable[[], int]
 Builder = Callable[["Machine", int, Instruction], Step]  # what simulator.dispatch maps each mnemonic to
+Once = Callable[["Machine", int, Instruction], int]  # an instruction run without a step: returns the next pc
 T = TypeVar("T")
 # a statistics row: int64s (`counters.snapshot` takes all of a run's rows as one buffer, no int converted one by one)
 _ZERO_ROW = array("q", bytes(8 * STAT_FIELDS))

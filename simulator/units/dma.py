@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from isa import Instruction
@@ -13,7 +12,7 @@ from simulator.semantics.store import zero_tiles
 from simulator.timing import dma_cycles, dma_transfer_cycles, dma_transposed_cycles, zero_count_clear_cycles
 
 if TYPE_CHECKING:
-    from simulator.machine import Builder, Machine, Step
+    from simulator.machine import Builder, Machine, Once, Step
 
 
 def dma_load(transposed: bool) -> Builder:
@@ -38,7 +37,7 @@ def dma_load(transposed: bool) -> Builder:
     return build
 
 
-def dma_load_timed(transposed: bool) -> Callable[[Machine, int, Instruction], int]:
+def dma_load_timed(transposed: bool) -> Once:
     """`dma_load` without values (`simulator.dispatch.TIMED`): its checks and accesses, no data moved."""
 
     def run(m: Machine, pc: int, ins: Instruction) -> int:
@@ -93,7 +92,7 @@ def dma_store(counting: bool) -> Builder:
     return build
 
 
-def dma_store_timed(counting: bool) -> Callable[[Machine, int, Instruction], int]:
+def dma_store_timed(counting: bool) -> Once:
     """`dma_store` without values (`simulator.dispatch.TIMED`): its checks and accesses, no data moved and no zero
     tiles counted (without values no `zc.rd` reads the count: `machine.READS_DATA`)."""
 

@@ -6,7 +6,6 @@ uses the weights of the latest preload before it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from simulator.semantics import matrix as sem
 from simulator.timing import drain_cycles, epilogue_config_cycles, matmul_cycles, preload_cycles
 
 if TYPE_CHECKING:
-    from simulator.machine import Builder, Machine, Step
+    from simulator.machine import Builder, Machine, Once, Step
 
 _ACC_DTYPE = {DType.i8: np.dtype(np.int32), DType.f32: np.dtype(np.float32)}
 _ACC_OF = {np.dtype(np.int8): _ACC_DTYPE[DType.i8], np.dtype(np.float32): _ACC_DTYPE[DType.f32]}  # by weight dtype
@@ -147,7 +146,7 @@ def matmul(accumulate: bool, strided: bool = False) -> Builder:
     return build
 
 
-def matmul_timed(accumulate: bool, strided: bool = False) -> Callable[[Machine, int, Instruction], int]:
+def matmul_timed(accumulate: bool, strided: bool = False) -> Once:
     """`matmul` without values (`simulator.dispatch.TIMED`): the accesses its step makes, without its arrays."""
 
     def run(m: Machine, pc: int, ins: Instruction) -> int:

@@ -17,7 +17,7 @@ from simulator.semantics.scalar import f32_from_bits
 from simulator.timing import vector_cycles
 
 if TYPE_CHECKING:
-    from simulator.machine import Builder, Machine, Step
+    from simulator.machine import Builder, Machine, Once, Step
 
 MODE_VV, MODE_VS, MODE_VR, MODE_VC = 0, 1, 2, 3
 DTYPES: tuple[DType, ...] = tuple(DType(v) for v in range(len(DType)))  # by value, without an enum call
@@ -101,7 +101,7 @@ def binary(op_name: str, mode: int) -> Builder:
     return build
 
 
-def binary_timed(op_name: str, mode: int) -> Callable[[Machine, int, Instruction], int]:
+def binary_timed(op_name: str, mode: int) -> Once:
     """`binary` without values (`simulator.dispatch.TIMED`): its reads, the faults that do not depend on values and
     the write of its result (n elements of its dtype)."""
     broadcast = mode > MODE_VS
